@@ -1,0 +1,248 @@
+"""Hardware catalog: GPUs, interconnect fabrics and clusters, loaded from ``autotune/data/*.yaml``.
+
+Units: TFLOP/s for compute peaks, GiB (2^30 bytes) for memory capacity, GB/s (1e9 bytes/s, per GPU,
+per direction) for link bandwidth, microseconds for latency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from autotune.errors import ConfigError
+
+GIB = 1024**3
+
+
+@lru_cache(maxsize=None)
+def _load_data(name: str) -> dict[str, Any]:
+    text = resources.files("autotune").joinpath("data", name).read_text()
+    return yaml.safe_load(text)
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model (datasheet figures, dense math).
+
+    Attributes:
+        name: catalog key (``h200``).
+        bf16_tflops: dense BF16 peak, TFLOP/s (the MFU denominator).
+        fp8_tflops: dense FP8 peak, TFLOP/s, or None.
+        hbm_gib: device memory, GiB.
+        hbm_bandwidth_gbs: HBM bandwidth, GB/s.
+        cuda_context_gib: memory taken before the first tensor (context, cuBLAS, NCCL), GiB.
+        default_intra_node: the fabric preset inside a node when ``--interconnect`` names none.
+    """
+
+    name: str
+    display_name: str
+    bf16_tflops: float
+    fp8_tflops: float | None
+    hbm_gib: float
+    hbm_bandwidth_gbs: float
+    cuda_context_gib: float = 1.0
+    default_intra_node: str = "nvlink4"
+
+    @property
+    def usable_hbm_bytes(self) -> int:
+        """Capacity a plan may use: HBM minus the CUDA context, bytes."""
+        return int((self.hbm_gib - self.cuda_context_gib) * GIB)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One tier of the interconnect.
+
+    Attributes:
+        name: preset name (``nvlink4``, ``ib-ndr400``) or a user label.
+        bandwidth_gbs: per GPU, per direction, GB/s.
+        latency_us: per-step latency of a collective (one ring hop), microseconds.
+        gpus_per_node: GPUs that share this tier (intra-node tiers only; 0 for inter-node).
+        calibration_tier: which measured efficiency curve of the calibration profile applies
+            (``nvlink``, ``host``, ``network``, ``sockets``).
+    """
+
+    name: str
+    bandwidth_gbs: float
+    latency_us: float
+    gpus_per_node: int = 0
+    calibration_tier: str = "nvlink"
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    """The cluster's interconnect: a tier inside a node (NVLink domain) and one between nodes."""
+
+    name: str
+    intra_node: LinkSpec
+    inter_node: LinkSpec | None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.intra_node.gpus_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``num_gpus`` identical GPUs joined by ``fabric``.
+
+    Raises:
+        ConfigError: num_gpus < 1; a cluster larger than one node that is not a whole number of nodes;
+            or a multi-node cluster whose fabric has no inter-node tier.
+    """
+
+    gpu: GPUSpec
+    num_gpus: int
+    fabric: FabricSpec
+
+    def __post_init__(self) -> None:
+        n, per = self.num_gpus, self.fabric.gpus_per_node
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"--gpus must be a positive integer, got {n!r}")
+        if n > per and n % per:
+            lo, hi = (n // per) * per, (n // per + 1) * per
+            raise ConfigError(
+                f"--gpus {n} is not a whole number of {per}-GPU nodes on {self.fabric.intra_node.name}; "
+                f"use at most {per} or a multiple of {per} (e.g. {lo} or {hi})")
+        if n > per and self.fabric.inter_node is None:
+            raise ConfigError(
+                f"--gpus {n} spans {math.ceil(n / per)} nodes but fabric {self.fabric.name!r} has no "
+                f"inter-node tier; name one, e.g. {self.fabric.intra_node.name}+ib-ndr400")
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, math.ceil(self.num_gpus / self.fabric.gpus_per_node))
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(self.num_gpus, self.fabric.gpus_per_node)
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu.name}x{self.num_gpus}/{self.fabric.name}"
+
+
+def known_gpus() -> list[str]:
+    return list(_load_data("gpus.yaml")["gpus"])
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """GPU by catalog name (case-insensitive; ``H100``, ``h100-sxm`` and ``h100`` are the same).
+
+    Raises:
+        ConfigError: unknown GPU; lists the known ones.
+    """
+    gpus = _load_data("gpus.yaml")["gpus"]
+    key = name.strip().lower().replace("_", "-")
+    for suffix in ("-sxm", "-sxm5"):
+        if key.endswith(suffix) and key[: -len(suffix)] in gpus:
+            key = key[: -len(suffix)]
+    if key not in gpus:
+        raise ConfigError(f"unknown GPU {name!r}; known GPUs: {', '.join(gpus)}")
+    return GPUSpec(name=key, **gpus[key])
+
+
+def known_fabrics() -> tuple[list[str], list[str]]:
+    d = _load_data("fabrics.yaml")
+    return list(d["intra_node"]), list(d["inter_node"])
+
+
+def _link_from_mapping(d: Mapping[str, Any], *, name: str, where: str, intra: bool) -> LinkSpec:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with bandwidth_gbs and latency_us, got {d!r}")
+    try:
+        bw = float(d["bandwidth_gbs"])
+        lat = float(d.get("latency_us", 5.0))
+    except KeyError as e:
+        raise ConfigError(f"{where}: missing field {e.args[0]!r} (a number, GB/s per GPU per direction)") from None
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: bandwidth_gbs and latency_us must be numbers, got {dict(d)!r}") from None
+    if bw <= 0 or lat < 0:
+        raise ConfigError(f"{where}: bandwidth_gbs must be > 0 and latency_us >= 0, got {bw} and {lat}")
+    per = 0
+    if intra:
+        per = d.get("gpus_per_node")
+        if not isinstance(per, int) or per < 1:
+            raise ConfigError(f"{where}: gpus_per_node must be a positive integer, got {per!r}")
+    tier = str(d.get("calibration_tier", "nvlink" if intra else "network"))
+    if tier not in ("nvlink", "host", "network", "sockets"):
+        raise ConfigError(f"{where}: calibration_tier must be one of nvlink, host, network, sockets; got {tier!r}")
+    return LinkSpec(name=str(d.get("name", name)), bandwidth_gbs=bw, latency_us=lat, gpus_per_node=per,
+                    calibration_tier=tier)
+
+
+def get_fabric(spec: str) -> FabricSpec:
+    """Parse ``--interconnect``: ``nvlink4+ib-ndr400``, a single intra-node preset, or a YAML file.
+
+    A YAML file holds ``name``, ``intra_node: {bandwidth_gbs, latency_us, gpus_per_node}`` and
+    optionally ``inter_node: {bandwidth_gbs, latency_us}``.
+
+    Raises:
+        ConfigError: unknown preset (lists the known ones) or a malformed file (names file and field).
+    """
+    p = Path(spec)
+    if spec.endswith((".yaml", ".yml")) or p.is_file():
+        return _fabric_from_file(p)
+    data = _load_data("fabrics.yaml")
+    intra_names, inter_names = list(data["intra_node"]), list(data["inter_node"])
+    parts = [s.strip().lower() for s in spec.split("+")]
+    if len(parts) > 2 or not parts[0]:
+        raise ConfigError(f"interconnect {spec!r}: expected <intra-node>[+<inter-node>], "
+                          f"e.g. nvlink4+ib-ndr400")
+    if parts[0] not in data["intra_node"]:
+        raise ConfigError(f"unknown intra-node fabric {parts[0]!r} in {spec!r}; known: {', '.join(intra_names)} "
+                          f"(inter-node: {', '.join(inter_names)}), or a YAML file")
+    intra = _link_from_mapping(data["intra_node"][parts[0]], name=parts[0], where=parts[0], intra=True)
+    inter = None
+    if len(parts) == 2:
+        if parts[1] not in data["inter_node"]:
+            raise ConfigError(f"unknown inter-node fabric {parts[1]!r} in {spec!r}; known: {', '.join(inter_names)}")
+        inter = _link_from_mapping(data["inter_node"][parts[1]], name=parts[1], where=parts[1], intra=False)
+    return FabricSpec(name="+".join(parts), intra_node=intra, inter_node=inter)
+
+
+def _fabric_from_file(p: Path) -> FabricSpec:
+    try:
+        d = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"interconnect file {p} does not exist") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"interconnect file {p} is not readable YAML: {e}") from None
+    if not isinstance(d, Mapping) or "intra_node" not in d:
+        raise ConfigError(f"interconnect file {p}: expected a mapping with 'intra_node' "
+                          "({bandwidth_gbs, latency_us, gpus_per_node}) and optional 'inter_node'")
+    name = str(d.get("name", p.stem))
+    intra = _link_from_mapping(d["intra_node"], name=f"{name}-intra", where=f"{p}: intra_node", intra=True)
+    inter = None
+    if d.get("inter_node") is not None:
+        inter = _link_from_mapping(d["inter_node"], name=f"{name}-inter", where=f"{p}: inter_node", intra=False)
+    return FabricSpec(name=name, intra_node=intra, inter_node=inter)
+
+
+def fabric_from_dict(d: Mapping[str, Any], *, where: str = "fabric") -> FabricSpec:
+    """Inverse of :meth:`FabricSpec.to_dict` (used by plan YAML files)."""
+    if not isinstance(d, Mapping) or "intra_node" not in d:
+        raise ConfigError(f"{where}: expected a mapping with name, intra_node and inter_node")
+    intra = _link_from_mapping(d["intra_node"], name=d["intra_node"].get("name", "intra"),
+                               where=f"{where}.intra_node", intra=True)
+    inter = None
+    if d.get("inter_node") is not None:
+        inter = _link_from_mapping(d["inter_node"], name=d["inter_node"].get("name", "inter"),
+                                   where=f"{where}.inter_node", intra=False)
+    return FabricSpec(name=str(d.get("name", intra.name)), intra_node=intra, inter_node=inter)
+
+
+def make_cluster(gpu: str, num_gpus: int, interconnect: str | None = None) -> ClusterSpec:
+    """Build a :class:`ClusterSpec`; ``interconnect`` defaults to the GPU's NVLink + ib-ndr400."""
+    g = get_gpu(gpu)
+    fabric = get_fabric(interconnect or f"{g.default_intra_node}+ib-ndr400")
+    return ClusterSpec(gpu=g, num_gpus=num_gpus, fabric=fabric)

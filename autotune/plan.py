@@ -1,0 +1,445 @@
+"""The parallelism plan: every tunable, validated, and its YAML form.
+
+A :class:`Plan` is a frozen dataclass; its field names are also the Optuna parameter names. Plans are
+checked in two steps:
+
+* :class:`Plan` construction checks what a plan says on its own (types, enum values, positive
+  degrees, ``param_gather_overlap`` needs ``dp_grad_reduce_overlap``);
+* :func:`validate_plan` checks the plan against a model, a GPU count and a workload (TP divides the
+  heads, layers split over PP x VPP, global batch = micro-batch x count x DP, sequence divisible for
+  CP/SP ...) and returns warnings for settings that have no effect.
+
+Both raise :class:`autotune.errors.PlanError` (a ``ValueError``) naming the numbers and what would be
+valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from autotune.errors import ConfigError, PlanError
+from autotune.models import ModelSpec
+
+log = logging.getLogger(__name__)
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+RECOMPUTE_MODES = ("none", "selective", "full")
+MEMORY_RECLAIM_POLICIES = ("none", "empty_cache_per_step", "empty_cache_per_microbatch",
+                           "expandable_segments")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step processes.
+
+    Attributes:
+        seq_len: tokens per sequence T.
+        global_batch_size: sequences per optimizer step (global batch in tokens = this x seq_len).
+        dtype: parameter/activation dtype; ``bf16`` (FP32 master weights and Adam moments).
+    """
+
+    seq_len: int
+    global_batch_size: int
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for f in ("seq_len", "global_batch_size"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"workload {f} must be a positive integer, got {v!r}")
+        if self.dtype != "bf16":
+            raise ConfigError(f"workload dtype {self.dtype!r} is not supported; valid: bf16")
+
+    @property
+    def global_batch_tokens(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+    @property
+    def label(self) -> str:
+        return f"seq{self.seq_len}-gbs{self.global_batch_size}"
+
+    @classmethod
+    def from_tokens(cls, *, seq_len: int, global_batch_tokens: int) -> "Workload":
+        """Workload from a global batch in tokens; it must be a whole number of sequences.
+
+        Raises:
+            ConfigError: tokens not a multiple of seq_len (names both and the nearest valid values).
+        """
+        if global_batch_tokens % seq_len:
+            lo = (global_batch_tokens // seq_len) * seq_len
+            raise ConfigError(
+                f"global batch of {global_batch_tokens} tokens is not a whole number of {seq_len}-token "
+                f"sequences; use a multiple of {seq_len}, e.g. {lo or seq_len} or {lo + seq_len}")
+        return cls(seq_len=seq_len, global_batch_size=global_batch_tokens // seq_len)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every tunable of a training step's parallelism, memory and communication.
+
+    Degrees (``*_degree``) multiply to the GPU count: ``tp x pp x dp x cp = num_gpus``.
+
+    Attributes:
+        tp_degree: tensor-parallel degree (Megatron-LM column/row split of attention and MLP).
+        pp_degree: pipeline stages (ranks along the pipeline).
+        dp_degree: data-parallel replicas (derived by the tuner: num_gpus / (tp pp cp)).
+        cp_degree: context-parallel degree (sequence split with ring attention over K/V).
+        vpp_degree: virtual pipeline stages (model chunks) per pipeline rank; 1 = none.
+        micro_batch_size: sequences per micro-batch.
+        num_micro_batches: micro-batches per step per DP replica (gradient accumulation steps).
+        pipeline_schedule: ``gpipe``, ``1f1b`` or ``interleaved_1f1b``.
+        sequence_parallel: Megatron sequence parallelism (norm/dropout regions split over TP).
+        recompute: activation recomputation, ``none``, ``selective`` (attention core) or ``full``.
+        zero_stage: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded over DP x CP.
+        async_collectives: collectives are issued on a communication stream (async handles) so
+            independent compute runs beside them; off = every collective blocks the compute stream.
+        tp_comm_overlap: overlap TP/SP collectives with the neighbouring GEMMs (chunked pipelining).
+        dp_grad_reduce_overlap: reduce DP gradients bucket by bucket during backward.
+        param_gather_overlap: prefetch ZeRO/distributed-optimizer parameter all-gathers during the
+            previous layer's compute (needs ``dp_grad_reduce_overlap``).
+        bucket_size_mib: DP gradient bucket size, MiB.
+        memory_reclaim: allocator setting, ``none``, ``empty_cache_per_step``,
+            ``empty_cache_per_microbatch`` or ``expandable_segments``.
+        stage_layers: explicit transformer layers per virtual pipeline stage in model order (length
+            pp x vpp; or length pp with each entry divisible by vpp); None = even split.
+
+    Raises:
+        PlanError: wrong type or value for any field (names the field and the valid values).
+    """
+
+    tp_degree: int = 1
+    pp_degree: int = 1
+    dp_degree: int = 1
+    cp_degree: int = 1
+    vpp_degree: int = 1
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    pipeline_schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    zero_stage: int = 1
+    async_collectives: bool = True
+    tp_comm_overlap: bool = False
+    dp_grad_reduce_overlap: bool = True
+    param_gather_overlap: bool = False
+    bucket_size_mib: int = 64
+    memory_reclaim: str = "none"
+    stage_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("tp_degree", "pp_degree", "dp_degree", "cp_degree", "vpp_degree", "micro_batch_size",
+                  "num_micro_batches", "bucket_size_mib"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"{f} must be an integer >= 1, got {v!r}")
+        for f in ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
+                  "param_gather_overlap"):
+            if not isinstance(getattr(self, f), bool):
+                raise PlanError(f"{f} must be true or false, got {getattr(self, f)!r}")
+        for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
+                         ("memory_reclaim", MEMORY_RECLAIM_POLICIES)):
+            if getattr(self, f) not in valid:
+                raise PlanError(f"{f}={getattr(self, f)!r} is not valid; choose one of {', '.join(valid)}")
+        if self.zero_stage not in ZERO_STAGES or isinstance(self.zero_stage, bool):
+            raise PlanError(f"zero_stage={self.zero_stage!r} is not valid; choose one of 0, 1, 2, 3")
+        if self.param_gather_overlap and not self.dp_grad_reduce_overlap:
+            raise PlanError("param_gather_overlap=true needs dp_grad_reduce_overlap=true (parameter "
+                            "all-gathers are overlapped only in the overlapped DP path, as in Megatron-LM's "
+                            "--overlap-param-gather, which requires --overlap-grad-reduce)")
+        if self.stage_layers is not None:
+            sl = self.stage_layers
+            if isinstance(sl, list):
+                object.__setattr__(self, "stage_layers", tuple(sl))
+                sl = self.stage_layers
+            if not isinstance(sl, tuple) or not sl or any(
+                    not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in sl):
+                raise PlanError(f"stage_layers must be a list of integers >= 1, got {sl!r}")
+
+    # ---- derived ----
+    @property
+    def num_gpus(self) -> int:
+        return self.tp_degree * self.pp_degree * self.dp_degree * self.cp_degree
+
+    @property
+    def num_virtual_stages(self) -> int:
+        """pp x vpp model chunks."""
+        return self.pp_degree * self.vpp_degree
+
+    @property
+    def global_batch_size(self) -> int:
+        """micro_batch_size x num_micro_batches x dp_degree sequences."""
+        return self.micro_batch_size * self.num_micro_batches * self.dp_degree
+
+    @property
+    def effective_vpp(self) -> int:
+        """Chunks per rank the schedule really uses (1 unless interleaved 1F1B)."""
+        return self.vpp_degree if self.pipeline_schedule == "interleaved_1f1b" else 1
+
+    @property
+    def sp_active(self) -> bool:
+        return self.sequence_parallel and self.tp_degree > 1
+
+    def layers_per_virtual_stage(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers of each virtual stage in model order (length pp x effective VPP).
+
+        Raises:
+            PlanError: layers do not split (see :func:`validate_plan`).
+        """
+        v = self.effective_vpp
+        n = self.pp_degree * v
+        if self.stage_layers is not None:
+            sl = self.stage_layers
+            if len(sl) == n:
+                out = sl
+            elif len(sl) == self.pp_degree and all(x % v == 0 for x in sl):
+                # per-rank counts: rank r's chunks are virtual stages r, r+p, r+2p ...
+                out = tuple(sl[i % self.pp_degree] // v for i in range(n))
+            elif len(sl) == self.pp_degree:
+                bad = [x for x in sl if x % v]
+                raise PlanError(f"stage_layers {list(sl)} per pipeline rank cannot form {v} equal chunks "
+                                f"(entries {bad} are not multiples of vpp_degree={v}); give {n} entries, "
+                                f"one per virtual stage")
+            else:
+                raise PlanError(f"stage_layers has {len(sl)} entries; expected pp_degree={self.pp_degree} "
+                                f"(per rank) or pp_degree x vpp_degree={n} (per virtual stage)")
+            if sum(out) != num_layers:
+                raise PlanError(f"stage_layers {list(sl)} sum to {sum(out)} layers but the model has "
+                                f"{num_layers}")
+            return tuple(out)
+        if num_layers % n:
+            per_stage = num_layers / self.pp_degree
+            if v > 1 and num_layers % self.pp_degree == 0:
+                raise PlanError(
+                    f"{num_layers} layers over pp_degree={self.pp_degree} give {int(per_stage)} layers per "
+                    f"stage, which cannot form vpp_degree={v} equal chunks ({num_layers} is not a multiple "
+                    f"of pp x vpp = {n}); valid vpp_degree here: "
+                    f"{_divisors(num_layers // self.pp_degree)}, or give stage_layers")
+            raise PlanError(
+                f"{num_layers} layers do not split evenly over pp_degree x vpp_degree = "
+                f"{self.pp_degree} x {v} = {n} stages ({num_layers / n:g} per stage); pp x vpp must divide "
+                f"{num_layers} (divisors: {_divisors(num_layers)}), or give stage_layers")
+        return tuple([num_layers // n] * n)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stage_layers"] = list(self.stage_layers) if self.stage_layers is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan") -> "Plan":
+        """Build from a mapping (YAML); unknown keys and wrong types raise :class:`PlanError`."""
+        if not isinstance(d, Mapping):
+            raise PlanError(f"{source}: expected a mapping of plan fields, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PlanError(f"{source}: unknown plan field(s) {unknown}; valid fields: {sorted(known)}")
+        kw = dict(d)
+        if kw.get("stage_layers") is not None:
+            if not isinstance(kw["stage_layers"], (list, tuple)):
+                raise PlanError(f"{source}: stage_layers must be a list of integers, got {kw['stage_layers']!r}")
+            kw["stage_layers"] = tuple(kw["stage_layers"])
+        try:
+            return cls(**kw)
+        except PlanError as e:
+            raise PlanError(f"{source}: {e}") from None
+
+    def replace(self, **changes: Any) -> "Plan":
+        return replace(self, **changes)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workload,
+                  *, gpus_per_node: int | None = None) -> list[str]:
+    """Check ``plan`` against a model, a GPU count and a workload.
+
+    Returns:
+        Warnings (strings) for settings that have no effect in this plan; each is also logged.
+
+    Raises:
+        PlanError: the first rule the plan breaks, naming the numbers and what would be valid.
+    """
+    p, m, w = plan, model, workload
+    tp = p.tp_degree
+    # 1. GPU count
+    if p.num_gpus != num_gpus:
+        raise PlanError(f"tp x pp x dp x cp = {tp} x {p.pp_degree} x {p.dp_degree} x {p.cp_degree} = "
+                        f"{p.num_gpus} GPUs, but the cluster has {num_gpus}")
+    # 2. TP divides heads, KV heads and the split widths (Megatron-LM column/row parallel layers)
+    dims = {"heads": m.num_heads, "kv_heads": m.num_kv_heads, "ffn_hidden_size": m.ffn_hidden_size,
+            "hidden_size": m.hidden_size}
+    bad = {k: v for k, v in dims.items() if v % tp}
+    if bad:
+        ok = [d for d in _divisors(math.gcd(*dims.values()))]
+        raise PlanError(f"tp_degree={tp} does not divide " + ", ".join(f"{k}={v}" for k, v in bad.items())
+                        + f" of {m.name}; valid tp_degree: {ok}")
+    # 3. layers over PP x VPP
+    p.layers_per_virtual_stage(m.num_layers)
+    # 4. global batch = micro-batch x count x DP
+    if p.global_batch_size != w.global_batch_size:
+        per = w.global_batch_size / (p.micro_batch_size * p.dp_degree)
+        raise PlanError(
+            f"global batch {w.global_batch_size} != micro_batch_size {p.micro_batch_size} x num_micro_batches "
+            f"{p.num_micro_batches} x dp_degree {p.dp_degree} = {p.global_batch_size}"
+            + (f"; with micro-batch {p.micro_batch_size} and DP {p.dp_degree} it would need "
+               f"{per:g} micro-batches, which is not a whole number" if per != int(per) else
+               f"; use num_micro_batches={int(per)}"))
+    # 5. sequence divisibility for CP (2 x cp load-balanced chunks) and SP (tokens split over TP)
+    seq_mult = p.cp_degree * math.lcm(2 if p.cp_degree > 1 else 1, tp if p.sp_active else 1)
+    if w.seq_len % seq_mult:
+        why = []
+        if p.cp_degree > 1:
+            why.append(f"cp_degree={p.cp_degree} (2 x cp chunks for load-balanced causal attention)")
+        if p.sp_active:
+            why.append(f"sequence parallel over tp_degree={tp}")
+        raise PlanError(f"seq_len={w.seq_len} is not a multiple of {seq_mult} = cp x lcm(2, tp) needed by "
+                        + " and ".join(why) + f"; e.g. seq_len {(w.seq_len // seq_mult + 1) * seq_mult}")
+    # 6. interleaved 1F1B needs micro-batches in whole rounds of pp (Megatron-LM's rule)
+    if p.pipeline_schedule == "interleaved_1f1b" and p.pp_degree > 1 and p.vpp_degree > 1 \
+            and p.num_micro_batches % p.pp_degree:
+        raise PlanError(f"interleaved_1f1b needs num_micro_batches ({p.num_micro_batches}) to be a multiple "
+                        f"of pp_degree ({p.pp_degree})")
+    # warnings: settings with no effect
+    warn: list[str] = []
+    dp_group = p.dp_degree * p.cp_degree
+    if p.sequence_parallel and tp == 1:
+        warn.append("sequence_parallel has no effect with tp_degree=1")
+    if p.vpp_degree > 1 and p.pipeline_schedule != "interleaved_1f1b":
+        warn.append(f"vpp_degree={p.vpp_degree} has no effect with pipeline_schedule={p.pipeline_schedule} "
+                    "(only interleaved_1f1b uses virtual stages)")
+    if p.pipeline_schedule == "interleaved_1f1b" and p.vpp_degree == 1 and p.pp_degree > 1:
+        warn.append("interleaved_1f1b with vpp_degree=1 is plain 1F1B")
+    if p.pp_degree == 1 and p.pipeline_schedule != "1f1b":
+        warn.append(f"pipeline_schedule={p.pipeline_schedule} has no effect with pp_degree=1")
+    if p.tp_comm_overlap and tp == 1:
+        warn.append("tp_comm_overlap has no effect with tp_degree=1")
+    if p.tp_comm_overlap and not p.async_collectives:
+        warn.append("tp_comm_overlap has no effect with async_collectives=false (collectives block)")
+    if dp_group == 1 and (p.zero_stage > 0 or p.dp_grad_reduce_overlap or p.param_gather_overlap):
+        warn.append("zero_stage and DP overlap settings have no effect with dp_degree x cp_degree = 1")
+    elif p.dp_grad_reduce_overlap and not p.async_collectives:
+        warn.append("dp_grad_reduce_overlap has no effect with async_collectives=false (collectives block)")
+    if p.param_gather_overlap and p.zero_stage == 0:
+        warn.append("param_gather_overlap has no effect with zero_stage=0 (parameters are not sharded)")
+    if gpus_per_node and tp > gpus_per_node:
+        warn.append(f"tp_degree={tp} spans nodes ({gpus_per_node} GPUs per node): TP traffic crosses the "
+                    "inter-node network")
+    for msg in warn:
+        log.warning(msg)
+    return warn
+
+
+# ---------------------------------------------------------------- YAML document
+PLAN_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanDocument:
+    """A plan with everything needed to re-evaluate or launch it; the YAML form of ``autotune export``.
+
+    Attributes:
+        plan: the plan.
+        model: the model spec (written in full, so custom configs round-trip).
+        gpu: GPU catalog name; num_gpus: GPU count; fabric: the fabric as a mapping (FabricSpec.to_dict()).
+        workload: sequence length and global batch.
+        study: Optuna study name it came from, or None; trial_id: its trial number, or None.
+        prediction: what the evaluator predicted (step_time_ms, mfu, ...), or empty.
+    """
+
+    plan: Plan
+    model: ModelSpec
+    gpu: str
+    num_gpus: int
+    fabric: Mapping[str, Any]
+    workload: Workload
+    study: str | None = None
+    trial_id: int | None = None
+    prediction: Mapping[str, Any] = field(default_factory=dict)
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "study": self.study,
+            "trial_id": self.trial_id,
+            "model": self.model.to_dict(),
+            "cluster": {"gpu": self.gpu, "num_gpus": self.num_gpus, "fabric": _plain(self.fabric)},
+            "workload": asdict(self.workload),
+            "plan": self.plan.to_dict(),
+            "prediction": _plain(self.prediction),
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan file") -> "PlanDocument":
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source}: expected a mapping at the top level")
+        ver = d.get("schema_version")
+        if ver != PLAN_SCHEMA_VERSION:
+            raise ConfigError(f"{source}: schema_version is {ver!r}; this autotune reads version "
+                              f"{PLAN_SCHEMA_VERSION}")
+        for key in ("model", "cluster", "workload", "plan"):
+            if not isinstance(d.get(key), Mapping):
+                raise ConfigError(f"{source}: field {key!r} is missing or not a mapping")
+        c = d["cluster"]
+        for key in ("gpu", "num_gpus", "fabric"):
+            if key not in c:
+                raise ConfigError(f"{source}: field cluster.{key} is missing (gpu: name, num_gpus: int, "
+                                  "fabric: mapping)")
+        wl = d["workload"]
+        try:
+            workload = Workload(**wl)
+        except TypeError as e:
+            raise ConfigError(f"{source}: field workload: {e} (expected seq_len, global_batch_size)") from None
+        return cls(
+            plan=Plan.from_dict(d["plan"], source=f"{source}: field plan"),
+            model=ModelSpec.from_dict(d["model"], source=f"{source}: field model"),
+            gpu=str(c["gpu"]), num_gpus=int(c["num_gpus"]), fabric=dict(c["fabric"]),
+            workload=workload, study=d.get("study"), trial_id=d.get("trial_id"),
+            prediction=dict(d.get("prediction") or {}), schema_version=ver,
+        )
+
+    @classmethod
+    def from_yaml(cls, text: str, *, source: str = "plan file") -> "PlanDocument":
+        try:
+            d = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source}: not valid YAML: {e}") from None
+        return cls.from_dict(d, source=source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PlanDocument":
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"plan file {p} does not exist") from None
+        except OSError as e:
+            raise ConfigError(f"plan file {p} cannot be read: {e}") from None
+        return cls.from_yaml(text, source=str(p))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+
+def _plain(x: Any) -> Any:
+    """Mappings/sequences/numpy scalars to plain YAML-safe Python values."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        return x.item()
+    return x
