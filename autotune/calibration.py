@@ -1,0 +1,360 @@
+"""Calibration profiles and the op cost model the simulator uses.
+
+A *calibration profile* is a versioned YAML file of kernel and collective timings from one GPU host
+(``autotune profile`` writes one; ``autotune/data/calibration/`` ships the default). Schema
+(``schema_version: 1``)::
+
+    label: h200-2026-11-30           # shown in reports
+    measured: true|false             # false: derived from published/probe figures, not a full profile
+    source: free text                # how the numbers were obtained
+    environment: {gpu_name, gpu_count, driver, torch, cuda, nccl, date}
+    gpu: h200                        # catalog GPU the timings belong to
+    peak_bf16_tflops: 989
+    hbm_bandwidth_gbs: 4800
+    gemm:         [[m, n, k, tflops], ...]      # BF16 (m x k) @ (k x n), achieved TFLOP/s, forward
+    gemm_backward_factor: 1.0                   # dgrad/wgrad time per FLOP relative to forward
+    attention:    [[seq_len, heads, kv_heads, head_dim, fwd_tflops, bwd_tflops], ...]  # causal, batch 1
+    memory_bound_bandwidth_gbs: 4250            # achieved HBM bandwidth (read + write bytes / time)
+    collectives:                                # per interconnect tier
+      <tier>:                                   # nvlink | host | network | sockets
+        link_bandwidth_gbs: 450                 # nominal bandwidth of the measured path (per GPU/dir)
+        group_size: 2                           # group the curves were measured on
+        measured: true|false
+        all_reduce|all_gather|reduce_scatter|send_recv|all_to_all: [[bytes, busbw_gbs], ...]
+    overlap: {compute_slowdown: 0.15}           # fractional GEMM slowdown while a collective runs
+    reclaim: {empty_cache_ms: 2.0, alloc_after_empty_cache_ms_per_gib: 0.5}
+    fragmentation: {none: 0.10, ...}            # allocator overhead fraction per memory_reclaim policy
+
+Bus bandwidth (busbw) follows nccl-tests' convention (``PERFORMANCE.md``): with S the collective's
+full buffer size (all-reduce buffer, all-gather output, reduce-scatter input) and n ranks,
+``busbw = S / t x 2(n-1)/n`` for all-reduce, ``S / t x (n-1)/n`` for all-gather, reduce-scatter and
+all-to-all, and ``S / t`` for send/recv.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from autotune.errors import ConfigError
+from autotune.hardware import GPUSpec, LinkSpec
+
+CALIBRATION_SCHEMA_VERSION = 1
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
+TIERS = ("nvlink", "host", "network", "sockets")
+DEFAULT_FRAGMENTATION = {"none": 0.10, "empty_cache_per_step": 0.07, "empty_cache_per_microbatch": 0.04,
+                         "expandable_segments": 0.03}
+
+
+@dataclass(frozen=True)
+class CollectiveCurve:
+    """Bus bandwidth of one collective on one tier as a function of message size.
+
+    Attributes:
+        sizes_bytes: ascending message sizes S (nccl-tests convention), bytes.
+        busbw_gbs: bus bandwidth at each size, GB/s.
+    """
+
+    sizes_bytes: tuple[float, ...]
+    busbw_gbs: tuple[float, ...]
+
+    def busbw(self, nbytes: float) -> float:
+        """Bus bandwidth at ``nbytes`` (GB/s): linear in log2(size) between points, flat outside."""
+        return _interp_log(self.sizes_bytes, self.busbw_gbs, nbytes)
+
+
+@dataclass(frozen=True)
+class TierCalibration:
+    """Collective curves measured on one interconnect tier (see module docstring)."""
+
+    link_bandwidth_gbs: float
+    group_size: int
+    measured: bool
+    curves: Mapping[str, CollectiveCurve]
+
+
+@dataclass(frozen=True)
+class CalibrationProfile:
+    """A parsed calibration profile (module docstring gives the YAML schema)."""
+
+    label: str
+    measured: bool
+    source: str
+    environment: Mapping[str, Any]
+    gpu: str
+    peak_bf16_tflops: float
+    hbm_bandwidth_gbs: float
+    gemm: tuple[tuple[int, int, int, float], ...]
+    gemm_backward_factor: float
+    attention: tuple[tuple[int, int, int, int, float, float], ...]
+    memory_bound_bandwidth_gbs: float
+    collectives: Mapping[str, TierCalibration]
+    overlap_compute_slowdown: float
+    empty_cache_ms: float
+    alloc_after_empty_cache_ms_per_gib: float
+    fragmentation: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FRAGMENTATION))
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "calibration") -> "CalibrationProfile":
+        """Parse and check a profile mapping.
+
+        Raises:
+            ConfigError: wrong schema version, a missing field (named) or a malformed table.
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source}: expected a mapping at the top level")
+        if d.get("schema_version") != CALIBRATION_SCHEMA_VERSION:
+            raise ConfigError(f"{source}: schema_version is {d.get('schema_version')!r}; expected "
+                              f"{CALIBRATION_SCHEMA_VERSION}")
+
+        def need(key: str) -> Any:
+            if key not in d:
+                raise ConfigError(f"{source}: missing field {key!r}")
+            return d[key]
+
+        try:
+            gemm = tuple(sorted((int(m), int(n), int(k), float(t)) for m, n, k, t in need("gemm")))
+            attn = tuple(sorted((int(s), int(h), int(kv), int(hd), float(f), float(b))
+                                for s, h, kv, hd, f, b in need("attention")))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{source}: gemm rows must be [m, n, k, tflops] and attention rows "
+                              f"[seq_len, heads, kv_heads, head_dim, fwd_tflops, bwd_tflops]: {e}") from None
+        if not gemm or not attn:
+            raise ConfigError(f"{source}: gemm and attention tables must not be empty")
+        tiers: dict[str, TierCalibration] = {}
+        for tier, td in (need("collectives") or {}).items():
+            if tier not in TIERS:
+                raise ConfigError(f"{source}: collectives tier {tier!r} unknown; valid: {', '.join(TIERS)}")
+            curves = {}
+            for kind in COLLECTIVE_KINDS:
+                rows = td.get(kind)
+                if not rows:
+                    continue
+                rows = sorted((float(s), float(b)) for s, b in rows)
+                if any(b <= 0 for _, b in rows):
+                    raise ConfigError(f"{source}: collectives.{tier}.{kind} has a non-positive bandwidth")
+                curves[kind] = CollectiveCurve(tuple(r[0] for r in rows), tuple(r[1] for r in rows))
+            if "all_reduce" not in curves:
+                raise ConfigError(f"{source}: collectives.{tier} needs at least an all_reduce curve")
+            tiers[tier] = TierCalibration(link_bandwidth_gbs=float(td["link_bandwidth_gbs"]),
+                                          group_size=int(td.get("group_size", 2)),
+                                          measured=bool(td.get("measured", False)), curves=curves)
+        if "nvlink" not in tiers:
+            raise ConfigError(f"{source}: collectives must include the 'nvlink' tier")
+        overlap = d.get("overlap") or {}
+        reclaim = d.get("reclaim") or {}
+        frag = dict(DEFAULT_FRAGMENTATION)
+        frag.update({str(k): float(v) for k, v in (d.get("fragmentation") or {}).items()})
+        return cls(
+            label=str(need("label")), measured=bool(d.get("measured", False)), source=str(d.get("source", "")),
+            environment=dict(d.get("environment") or {}), gpu=str(need("gpu")),
+            peak_bf16_tflops=float(need("peak_bf16_tflops")), hbm_bandwidth_gbs=float(need("hbm_bandwidth_gbs")),
+            gemm=gemm, gemm_backward_factor=float(d.get("gemm_backward_factor", 1.0)), attention=attn,
+            memory_bound_bandwidth_gbs=float(need("memory_bound_bandwidth_gbs")), collectives=tiers,
+            overlap_compute_slowdown=float(overlap.get("compute_slowdown", 0.0)),
+            empty_cache_ms=float(reclaim.get("empty_cache_ms", 0.0)),
+            alloc_after_empty_cache_ms_per_gib=float(reclaim.get("alloc_after_empty_cache_ms_per_gib", 0.0)),
+            fragmentation=frag, raw=dict(d),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibrationProfile":
+        p = Path(path)
+        try:
+            d = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"calibration file {p} does not exist") from None
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"calibration file {p} is not readable YAML: {e}") from None
+        return cls.from_dict(d, source=str(p))
+
+
+DEFAULT_CALIBRATION_FILE = "h200.yaml"
+
+
+@lru_cache(maxsize=4)
+def default_calibration(name: str = DEFAULT_CALIBRATION_FILE) -> CalibrationProfile:
+    """The shipped calibration profile (``autotune/data/calibration/<name>``)."""
+    text = resources.files("autotune").joinpath("data", "calibration", name).read_text()
+    return CalibrationProfile.from_dict(yaml.safe_load(text), source=f"autotune/data/calibration/{name}")
+
+
+def _interp_log(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear interpolation of ys over log2(xs); clamped (flat) outside the range."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, x)
+    x0, x1 = math.log2(xs[i - 1]), math.log2(xs[i])
+    t = (math.log2(x) - x0) / (x1 - x0) if x1 > x0 else 0.0
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
+# ----------------------------------------------------------------------------- cost model
+class OpCosts(abc.ABC):
+    """Times of the operations a step graph contains, for one GPU type; what the simulator asks.
+
+    All shapes are per rank (after TP/CP sharding); times are in ms. ``label`` names the source of the
+    numbers (shown in reports); ``provenance`` counts how each op time was obtained.
+    """
+
+    label: str = ""
+
+    @abc.abstractmethod
+    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False) -> float:
+        """BF16 GEMM (m x k) @ (k x n), 2 m n k FLOPs; backward=True for one dgrad or wgrad GEMM."""
+
+    @abc.abstractmethod
+    def attention_ms(self, *, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
+                     backward: bool = False) -> float:
+        """Causal flash attention over ``seq_len`` tokens, ``heads`` query heads on this rank."""
+
+    @abc.abstractmethod
+    def memory_bound_ms(self, nbytes: float) -> float:
+        """An elementwise/memory-bound kernel moving ``nbytes`` (reads + writes)."""
+
+    @abc.abstractmethod
+    def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:
+        """One collective of ``kind`` over ``group_size`` ranks whose slowest link is ``link``."""
+
+    def overlap_slowdown(self) -> float:
+        """Fractional slowdown of compute while a collective runs beside it (0 = none)."""
+        return 0.0
+
+    def empty_cache_ms(self, reserved_bytes: float) -> float:
+        """``torch.cuda.empty_cache()`` plus re-allocating ``reserved_bytes`` afterwards, ms."""
+        return 0.0
+
+    def fragmentation(self) -> Mapping[str, float]:
+        return DEFAULT_FRAGMENTATION
+
+    def provenance(self) -> Mapping[str, Any]:
+        return {"label": self.label}
+
+
+#: collective -> (bandwidth factor f(n) with t = f(n) S / busbw, latency steps g(n))
+def collective_factors(kind: str, n: int) -> tuple[float, float]:
+    """Ring bandwidth factor and latency step count of a collective over ``n`` ranks.
+
+    Bandwidth term (nccl-tests PERFORMANCE.md, ring algorithms): all-reduce moves 2(n-1)/n x S per rank,
+    all-gather / reduce-scatter / all-to-all (n-1)/n x S, send/recv S; with busbw defined as in the
+    module docstring, ``t = S / busbw x factor`` where factor is 1 for every kind once busbw is known,
+    so we return the algorithm-bandwidth factor relative to busbw: t = f(n) S / busbw with
+    f = 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (send/recv).
+    Latency term: NCCL picks tree algorithms for latency-bound sizes on large groups, so steps are
+    2 ceil(log2 n) for all-reduce (double binary tree, Sanders et al. 2009) and ceil(log2 n) for
+    all-gather / reduce-scatter, n-1 for all-to-all (pairwise), 1 for send/recv.
+    """
+    if n <= 1:
+        return 0.0, 0.0
+    lg = math.ceil(math.log2(n))
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n, 2.0 * lg
+    if kind in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n, float(lg)
+    if kind == "all_to_all":
+        return (n - 1) / n, float(n - 1)
+    if kind == "send_recv":
+        return 1.0, 1.0
+    raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVE_KINDS)}")
+
+
+class CalibratedCosts(OpCosts):
+    """Op costs from a :class:`CalibrationProfile`, scaled to ``gpu`` by roofline ratios.
+
+    * GEMM: achieved TFLOP/s interpolated over log2(m n k) among the profile's points (nearest shape
+      class), times ``gpu.bf16_tflops / profile.peak_bf16_tflops`` for another GPU.
+    * attention: achieved TFLOP/s interpolated over log2(seq_len) among the profile's rows with the
+      closest heads-per-rank, scaled by the same compute ratio. FLOPs: forward 2 x 2 s^2 d h / 2 (causal),
+      backward 2.5x forward (FlashAttention-2, Dao 2023, Sec. 3.1: 5 vs 2 matmuls).
+    * memory-bound: bytes / (achieved bandwidth x gpu.hbm_bandwidth / profile.hbm_bandwidth).
+    * collectives: t = f(n) S / busbw(S) + (g(n) - g(n0)) x latency (see :func:`collective_factors`),
+      busbw from the tier's curve measured on n0 ranks, scaled by link.bandwidth / measured link
+      bandwidth (the same fraction of a faster or slower link is assumed reachable).
+    """
+
+    def __init__(self, *, profile: CalibrationProfile, gpu: GPUSpec) -> None:
+        self.profile = profile
+        self.gpu = gpu
+        self.compute_scale = gpu.bf16_tflops / profile.peak_bf16_tflops
+        self.memory_scale = gpu.hbm_bandwidth_gbs / profile.hbm_bandwidth_gbs
+        self.estimated = gpu.name != profile.gpu
+        self.label = profile.label + (f" (estimated for {gpu.name} from {profile.gpu} by roofline ratios)"
+                                      if self.estimated else "")
+        g = profile.gemm
+        order = sorted(g, key=lambda r: r[0] * r[1] * r[2])
+        self._gemm_x = tuple(float(r[0]) * r[1] * r[2] for r in order)
+        self._gemm_y = tuple(r[3] for r in order)
+        self._cache: dict[tuple, float] = {}
+
+    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False) -> float:
+        key = ("g", m, n, k, backward)
+        v = self._cache.get(key)
+        if v is None:
+            tflops = _interp_log(self._gemm_x, self._gemm_y, float(m) * n * k) * self.compute_scale
+            v = 2.0 * m * n * k / (tflops * 1e9)
+            if backward:
+                v *= self.profile.gemm_backward_factor
+            self._cache[key] = v
+        return v
+
+    def attention_ms(self, *, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
+                     backward: bool = False) -> float:
+        key = ("a", batch, seq_len, heads, kv_heads, head_dim, backward)
+        v = self._cache.get(key)
+        if v is None:
+            rows = self.profile.attention
+            best_h = min({r[1] for r in rows}, key=lambda h: (abs(math.log2(h) - math.log2(heads)), -h))
+            sel = sorted((r for r in rows if r[1] == best_h), key=lambda r: r[0])
+            xs = tuple(float(r[0]) for r in sel)
+            ys = tuple(r[5] if backward else r[4] for r in sel)
+            tflops = _interp_log(xs, ys, float(seq_len)) * self.compute_scale
+            fwd_flops = 2.0 * seq_len * seq_len * head_dim * heads * batch  # causal: 4 s^2 d h / 2
+            flops = fwd_flops * (2.5 if backward else 1.0)
+            v = flops / (tflops * 1e9)
+            self._cache[key] = v
+        return v
+
+    def memory_bound_ms(self, nbytes: float) -> float:
+        return nbytes / (self.profile.memory_bound_bandwidth_gbs * self.memory_scale * 1e6)
+
+    def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:
+        if group_size <= 1 or nbytes <= 0:
+            return 0.0
+        key = ("c", kind, nbytes, group_size, link)
+        v = self._cache.get(key)
+        if v is None:
+            tier = self.profile.collectives.get(link.calibration_tier) or self.profile.collectives["nvlink"]
+            curve = tier.curves.get(kind) or tier.curves["all_reduce"]
+            busbw = curve.busbw(nbytes) * link.bandwidth_gbs / tier.link_bandwidth_gbs
+            f, steps = collective_factors(kind, group_size)
+            _, steps0 = collective_factors(kind, max(tier.group_size, 2))
+            # busbw is independent of n for bandwidth-bound ring collectives (nccl-tests' definition),
+            # so t(n) = f(n) S / busbw; extra latency steps beyond the measured group are added.
+            v = nbytes * f / (busbw * 1e6) + max(0.0, steps - steps0) * link.latency_us / 1e3
+            self._cache[key] = v
+        return v
+
+    def overlap_slowdown(self) -> float:
+        return self.profile.overlap_compute_slowdown
+
+    def empty_cache_ms(self, reserved_bytes: float) -> float:
+        return (self.profile.empty_cache_ms
+                + self.profile.alloc_after_empty_cache_ms_per_gib * reserved_bytes / 2**30)
+
+    def fragmentation(self) -> Mapping[str, float]:
+        return self.profile.fragmentation
+
+    def provenance(self) -> Mapping[str, Any]:
+        return {"label": self.label, "measured": self.profile.measured, "estimated": self.estimated,
+                "calibration_gpu": self.profile.gpu, "environment": dict(self.profile.environment)}
