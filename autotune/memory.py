@@ -1,0 +1,426 @@
+"""Per-GPU memory of one training step, per pipeline stage (pure arithmetic, no graph).
+
+For every pipeline rank the estimate adds, in bytes per GPU:
+
+* **model states** (weights, gradients, optimizer): 16 bytes per parameter for mixed-precision Adam,
+  bf16 weights (2) + bf16 gradients (2) + fp32 master weights, momentum and variance (12)
+  (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1, K = 12). A stage holds its transformer layers'
+  parameters split over TP, the vocabulary-parallel input embedding on the first stage and the
+  LM head plus final RMSNorm on the last (Megatron-LM layout; a tied model keeps a copy of the
+  shared matrix on both end stages). ZeRO shards over the data-parallel group, DP x CP, only, never
+  over TP a second time: stage 1 shards the 12 optimizer bytes, stage 2 also the 2 gradient bytes,
+  stage 3 also the 2 weight bytes (ZeRO paper, Sec. 5.1-5.3; Megatron-LM shards its distributed
+  optimizer over the DP x CP group).
+* **activations** saved for backward by all in-flight micro-batches (:func:`activation_bytes_per_layer`,
+  re-derived for Llama from Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4 and Table 2) times
+  the in-flight count of the pipeline schedule (:func:`inflight_microbatches`).
+* **transient** buffers alive at the peak: the last stage's logits and loss buffers, one layer's
+  backward working set under full recomputation, the DP gradient buckets, ZeRO-3's gathered layer
+  parameters and the sequence-parallel all-gather buffer.
+* **allocator overhead**: a fragmentation fraction of everything else, per ``memory_reclaim`` policy
+  (:data:`DEFAULT_FRAGMENTATION`, assumptions until a calibration profile supplies measured values).
+
+The OOM verdict uses the largest stage (never the average) against the GPU's usable HBM
+(:attr:`autotune.hardware.GPUSpec.usable_hbm_bytes`: HBM minus the CUDA context).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from autotune.errors import ConfigError, PlanError
+from autotune.hardware import GIB, GPUSpec
+from autotune.models import ModelSpec
+from autotune.plan import MEMORY_RECLAIM_POLICIES, RECOMPUTE_MODES, Plan, Workload
+
+MIB = 1024**2
+
+#: Bytes per element of bf16 weights, gradients and activations.
+BF16_BYTES = 2
+#: fp32 master weights + Adam momentum + Adam variance (ZeRO paper Sec. 3.1, K = 12).
+ADAM_STATE_BYTES = 12
+#: Bytes per parameter of mixed-precision Adam: 2 + 2 + 12 (ZeRO paper Sec. 3.1).
+MODEL_STATE_BYTES_PER_PARAM = BF16_BYTES + BF16_BYTES + ADAM_STATE_BYTES
+#: Bytes per logit on the last stage: bf16 logits (2) + fp32 softmax / loss gradient (4).
+LOGITS_BYTES_PER_ELEMENT = 2 + 4
+#: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
+LSE_BYTES = 4
+
+#: Allocator overhead as a fraction of all other bytes, per ``memory_reclaim`` policy. ASSUMPTIONS
+#: until measured: the calibration profile overrides them through ``estimate_memory(fragmentation=)``.
+#: Ordering rationale: caching allocator without release keeps the most fragmented blocks (none);
+#: emptying the cache returns more the more often it runs; expandable segments avoid most
+#: fragmentation by growing segments in place (PyTorch CUDA allocator notes).
+DEFAULT_FRAGMENTATION: Mapping[str, float] = {
+    "none": 0.10,
+    "empty_cache_per_step": 0.07,
+    "empty_cache_per_microbatch": 0.04,
+    "expandable_segments": 0.03,
+}
+
+
+def _gib(x: float) -> float:
+    return x / GIB
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Memory of one pipeline rank (all its virtual chunks), bytes per GPU.
+
+    Attributes:
+        stage: pipeline rank, 0 = first.
+        num_layers: transformer layers on this rank (summed over its virtual chunks).
+        num_inflight_microbatches: micro-batches whose activations are held at the peak (float:
+            interleaved 1F1B multiplies by 1 + (p-1)/(p m)).
+        weights_bytes: bf16 parameters held (after ZeRO-3 sharding if any).
+        grads_bytes: bf16 gradients held (after ZeRO-2/3 sharding if any).
+        optimizer_bytes: fp32 master weights + Adam moments held (after ZeRO-1/2/3 sharding if any).
+        activations_bytes: saved activations of all in-flight micro-batches, including the
+            embedding output on the first stage.
+        transient_bytes: logits/CE buffer (last stage), one layer's backward working set under full
+            recompute, DP gradient buckets, ZeRO-3 gathered layer parameters, SP all-gather buffer.
+        allocator_overhead_bytes: fragmentation fraction x the sum of all other terms.
+    """
+
+    stage: int
+    num_layers: int
+    num_inflight_microbatches: float
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    transient_bytes: int
+    allocator_overhead_bytes: int
+
+    @property
+    def model_state_bytes(self) -> int:
+        """weights + grads + optimizer, bytes."""
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Every term summed, bytes: the stage's predicted peak allocation per GPU."""
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.transient_bytes + self.allocator_overhead_bytes)
+
+
+#: Terms of :class:`StageMemory` in the order :meth:`MemoryEstimate.describe` prints them.
+_TERMS = (("weights", "weights_bytes"), ("grads", "grads_bytes"), ("optimizer", "optimizer_bytes"),
+          ("activations", "activations_bytes"), ("transient", "transient_bytes"),
+          ("allocator", "allocator_overhead_bytes"))
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-stage memory of a plan and the verdict against one GPU's capacity.
+
+    Attributes:
+        stages: one :class:`StageMemory` per pipeline rank, rank 0 first.
+        capacity_bytes: usable HBM per GPU, bytes (HBM minus CUDA context).
+    """
+
+    stages: tuple[StageMemory, ...]
+    capacity_bytes: int
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ConfigError("a memory estimate needs at least one pipeline stage, got none")
+
+    @property
+    def peak_bytes(self) -> int:
+        """Largest stage total, bytes (the maximum over stages, never the average)."""
+        return max(s.total_bytes for s in self.stages)
+
+    @property
+    def peak_stage(self) -> int:
+        """Pipeline rank of the largest stage (the first one on ties)."""
+        peak = self.peak_bytes
+        return next(s.stage for s in self.stages if s.total_bytes == peak)
+
+    @property
+    def fits(self) -> bool:
+        """peak_bytes <= capacity_bytes."""
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        """capacity - peak, bytes (negative when the plan does not fit)."""
+        return self.capacity_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping (for Optuna user_attrs / JSON): peak, capacity, fits and every stage's terms."""
+        return {"peak_bytes": self.peak_bytes, "peak_stage": self.peak_stage,
+                "capacity_bytes": self.capacity_bytes, "fits": self.fits,
+                "stages": [dict(asdict(s), total_bytes=s.total_bytes) for s in self.stages]}
+
+    def describe(self) -> str:
+        """A table of every term per stage in GiB (2^30 bytes), the capacity and the verdict."""
+        head = ["stage", "layers", "in-flight"] + [name for name, _ in _TERMS] + ["total"]
+        rows = []
+        for s in self.stages:
+            rows.append([str(s.stage), str(s.num_layers), f"{s.num_inflight_microbatches:.4g}"]
+                        + [f"{_gib(getattr(s, attr)):.2f}" for _, attr in _TERMS]
+                        + [f"{_gib(s.total_bytes):.2f}"])
+        widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
+        fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+        lines = ["memory per GPU by pipeline stage (GiB; in-flight = micro-batches of activations held)",
+                 fmt(head), fmt(["-" * w for w in widths])]
+        lines += [fmt(r) for r in rows]
+        peak = self.peak_bytes
+        lines.append(f"peak: {_gib(peak):.2f} GiB on stage {self.peak_stage}; "
+                     f"capacity (usable HBM): {_gib(self.capacity_bytes):.2f} GiB")
+        if self.fits:
+            lines.append(f"verdict: fits ({_gib(self.headroom_bytes):.2f} GiB headroom)")
+        else:
+            lines.append(f"verdict: does NOT fit (stage {self.peak_stage} is over by "
+                         f"{_gib(-self.headroom_bytes):.2f} GiB)")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- activations
+def _seq_per_rank(plan: Plan, workload: Workload) -> int:
+    if workload.seq_len % plan.cp_degree:
+        lo = (workload.seq_len // plan.cp_degree) * plan.cp_degree
+        raise PlanError(f"seq_len={workload.seq_len} does not split over cp_degree={plan.cp_degree}; "
+                        f"use a multiple of {plan.cp_degree}, e.g. {lo or plan.cp_degree} or "
+                        f"{lo + plan.cp_degree}")
+    return workload.seq_len // plan.cp_degree
+
+
+def _check_tp(model: ModelSpec, plan: Plan) -> None:
+    t = plan.tp_degree
+    dims = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
+            "ffn_hidden_size": model.ffn_hidden_size, "hidden_size": model.hidden_size}
+    bad = {k: v for k, v in dims.items() if v % t}
+    if bad:
+        g = math.gcd(*dims.values())
+        raise PlanError(f"tp_degree={t} does not divide " + ", ".join(f"{k}={v}" for k, v in bad.items())
+                        + f" of {model.name}; valid tp_degree: {[d for d in range(1, g + 1) if g % d == 0]}")
+
+
+def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload) -> dict[str, int]:
+    """Bytes of each tensor one layer saves for backward, one micro-batch, one GPU, no recompute.
+
+    Keys name the tensors; see :func:`activation_bytes_per_layer` for the derivation.
+    """
+    s = _seq_per_rank(plan, workload)
+    b, h, t = plan.micro_batch_size, model.hidden_size, plan.tp_degree
+    q, kv, f = model.q_dim, model.kv_dim, model.ffn_hidden_size
+    sbh = BF16_BYTES * s * b * h // (t if plan.sp_active else 1)
+    terms = {
+        "attn_norm_input": sbh,
+        "attn_norm_output": sbh,
+        "qkv": BF16_BYTES * s * b * (q + 2 * kv) // t,
+        "attn_output": BF16_BYTES * s * b * q // t,
+        "attn_logsumexp": LSE_BYTES * s * b * model.num_heads // t,
+        "mlp_norm_input": sbh,
+        "mlp_norm_output": sbh,
+    }
+    if model.gated_mlp:
+        terms["mlp_gate_up"] = 2 * BF16_BYTES * s * b * f // t
+        terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # SwiGLU output, input of down proj
+    else:
+        terms["mlp_fc1"] = BF16_BYTES * s * b * f // t
+        terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # GeLU output, input of fc2
+    return terms
+
+
+#: Tensors that selective recomputation (Megatron-LM ``--recompute-granularity selective`` extended to
+#: the MLP activation) does not keep: the attention core's output and the MLP activation's output.
+_SELECTIVE_DROPPED = ("attn_output", "mlp_act_output")
+
+
+def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload, *,
+                               recompute: str | None = None) -> int:
+    """Activation bytes one transformer layer keeps for backward: one micro-batch, one GPU.
+
+    Re-derived for Llama from Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1 and Table 2), bf16
+    (2 bytes), with s = seq_len / cp_degree, b = micro_batch_size, h hidden, t = tp_degree,
+    q = heads x head_dim, kv = kv_heads x head_dim, f = ffn_hidden_size; no dropout (Llama has none,
+    so the paper's dropout masks vanish) and flash attention (no s x s scores or softmax, only an
+    fp32 logsumexp per query row and head)::
+
+        attention: RMSNorm input 2sbh + norm output 2sbh + Q, K, V after RoPE 2sb(q + 2kv)/t
+                   + attention output 2sbq/t + logsumexp 4sb heads/t
+        MLP:       RMSNorm input 2sbh + norm output 2sbh
+                   + SwiGLU: gate and up outputs 2 x 2sbf/t + SwiGLU output 2sbf/t
+                   (plain GeLU MLP: fc1 output 2sbf/t + GeLU output 2sbf/t)
+
+    The four h-sized terms are divided by t only with sequence parallelism active (sp and tp > 1;
+    Korthikanti Sec. 4.2.2); without it every TP rank holds them whole.
+
+    Recomputation (``recompute``, default ``plan.recompute``):
+
+    * ``none``: all of the above.
+    * ``selective``: drops the attention output and the MLP activation output (recomputed from the
+      kept Q/K/V and gate/up outputs; Korthikanti Sec. 4.3 recomputes the attention core, Megatron-LM
+      selective recompute). The logsumexp is kept (conservative; 4sb heads/t is < 0.5% of a layer).
+    * ``full``: only the layer's input, 2sbh (/t with SP); the backward working set of one layer is
+      accounted as transient by :func:`estimate_memory`.
+
+    Worked value (Llama 3.1 8B, s = 8192, b = 1, t = 1, none): 1,141,899,264 bytes (see tests).
+
+    Raises:
+        PlanError: seq_len not divisible by cp_degree, tp_degree not dividing the heads/widths, or an
+            unknown recompute mode.
+    """
+    mode = plan.recompute if recompute is None else recompute
+    if mode not in RECOMPUTE_MODES:
+        raise PlanError(f"recompute={mode!r} is not valid; choose one of {', '.join(RECOMPUTE_MODES)}")
+    _check_tp(model, plan)
+    terms = _layer_activation_terms(model, plan, workload)
+    if mode == "none":
+        return sum(terms.values())
+    if mode == "selective":
+        return sum(v for k, v in terms.items() if k not in _SELECTIVE_DROPPED)
+    return terms["attn_norm_input"]
+
+
+def inflight_microbatches(plan: Plan, stage: int) -> float:
+    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak.
+
+    With p = pp_degree and m = num_micro_batches:
+
+    * p = 1: 1 (gradient accumulation frees each micro-batch's activations after its backward);
+    * GPipe (Huang et al. 2019): all m forwards run before any backward, so m;
+    * 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+      Using Megatron-LM", Sec. 2.2.1): stage i warms up with p - i forwards, so min(p - i, m);
+    * interleaved 1F1B with v > 1 chunks per rank (same paper, Sec. 2.2.2): min(p - i, m) x
+      (1 + (p - 1) / (p m)), the factor Korthikanti et al. 2022 (Sec. 4.2.3) give for the first stage,
+      applied to every stage as design.md states.
+
+    Raises:
+        PlanError: stage outside 0 .. p-1.
+    """
+    p, m = plan.pp_degree, plan.num_micro_batches
+    if not 0 <= stage < p:
+        raise PlanError(f"pipeline stage {stage} does not exist; valid stages are 0 .. {p - 1}")
+    if p == 1:
+        return 1.0
+    if plan.pipeline_schedule == "gpipe":
+        return float(m)
+    held = float(min(p - stage, m))
+    if plan.pipeline_schedule == "interleaved_1f1b" and plan.effective_vpp > 1:
+        held *= 1.0 + (p - 1) / (p * m)
+    return held
+
+
+# ----------------------------------------------------------------------------- estimate
+def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None) -> float:
+    if fragmentation is not None:
+        unknown = sorted(set(fragmentation) - set(MEMORY_RECLAIM_POLICIES))
+        if unknown:
+            raise ConfigError(f"fragmentation has unknown memory_reclaim policies {unknown}; valid: "
+                              f"{', '.join(MEMORY_RECLAIM_POLICIES)}")
+        if policy in fragmentation:
+            v = fragmentation[policy]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ConfigError(f"fragmentation[{policy!r}]={v!r} must be a fraction in [0, 1)")
+            return float(v)
+    return DEFAULT_FRAGMENTATION[policy]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
+                    fragmentation: Mapping[str, float] | None = None) -> MemoryEstimate:
+    """Bytes per GPU on every pipeline rank of ``plan`` during one training step.
+
+    Rank r of p holds the virtual stages r, r + p, r + 2p, ... of
+    ``plan.layers_per_virtual_stage(model.num_layers)``. Per rank (module docstring for sources):
+
+    * parameters N_r = layers_r x params_per_layer / t, + ceil(V / t) h on rank 0 (vocab-parallel input
+      embedding), + ceil(V / t) h + h on rank p-1 (LM head + final RMSNorm; a tied model still holds
+      the shared matrix on both end ranks, once when p = 1);
+    * weights 2 N_r, grads 2 N_r, optimizer 12 N_r bytes; with g = dp x cp, ZeRO stage >= 1 divides the
+      optimizer term by g, >= 2 also the grads, 3 also the weights (ceil to whole elements);
+    * activations = ceil(in-flight x (layers_r x :func:`activation_bytes_per_layer` + embedding
+      output on rank 0: 2sbh, /t with SP));
+    * transient = last rank: logits s b ceil(V/t) x (2 + 4) bytes; full recompute: one layer's
+      no-recompute activations (the backward working set of one micro-batch); g > 1: two DP gradient
+      buckets 2 x bucket_size_mib MiB; ZeRO-3 with g > 1: one layer's gathered bf16 parameters
+      2 params_per_layer / t (x2 with param_gather_overlap for the prefetched next layer); SP: the
+      all-gathered norm output of one layer, 2sbh. The terms are summed (conservative: not all peak
+      at the same instant);
+    * allocator overhead = fraction x (all the above), the fraction by ``plan.memory_reclaim`` from
+      ``fragmentation`` or :data:`DEFAULT_FRAGMENTATION`.
+
+    Args:
+        model: architecture; plan: the parallelism plan; gpu: supplies the capacity
+            (``usable_hbm_bytes``); workload: sequence length (global batch is not needed here).
+        fragmentation: overrides of the allocator fraction per ``memory_reclaim`` policy (a partial
+            mapping is fine; the calibration profile supplies measured values).
+
+    Returns:
+        :class:`MemoryEstimate` with one :class:`StageMemory` per pipeline rank.
+
+    Raises:
+        PlanError: layers do not split over pp x vpp, seq_len not divisible by cp_degree, tp_degree
+            not dividing heads/widths.
+        ConfigError: a fragmentation key that is not a memory_reclaim policy, or a value outside [0, 1).
+    """
+    _check_tp(model, plan)
+    frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation)
+    p, t = plan.pp_degree, plan.tp_degree
+    g = plan.dp_degree * plan.cp_degree
+    z = plan.zero_stage if g > 1 else 0
+    h, V = model.hidden_size, model.vocab_size
+    s = _seq_per_rank(plan, workload)
+    b = plan.micro_batch_size
+    sp = plan.sp_active
+
+    per_virtual = plan.layers_per_virtual_stage(model.num_layers)
+    layers_per_rank = [sum(per_virtual[r::p]) for r in range(p)]
+
+    terms = _layer_activation_terms(model, plan, workload)
+    full_layer_act = sum(terms.values())
+    if plan.recompute == "none":
+        layer_act = full_layer_act
+    elif plan.recompute == "selective":
+        layer_act = sum(v for k, v in terms.items() if k not in _SELECTIVE_DROPPED)
+    else:
+        layer_act = terms["attn_norm_input"]
+    embed_out = BF16_BYTES * s * b * h // (t if sp else 1)
+    vocab_shard = _ceil_div(V, t)
+    layer_params = _ceil_div(model.params_per_layer, t)
+
+    # transient terms common to every rank
+    common_transient = 0
+    if plan.recompute == "full":
+        common_transient += full_layer_act
+    if g > 1:
+        common_transient += 2 * plan.bucket_size_mib * MIB
+    if z == 3:
+        common_transient += BF16_BYTES * layer_params * (2 if plan.param_gather_overlap else 1)
+    if sp:
+        common_transient += BF16_BYTES * s * b * h
+    logits = s * b * vocab_shard * LOGITS_BYTES_PER_ELEMENT
+
+    stages = []
+    for r in range(p):
+        n = layers_per_rank[r]
+        params = n * layer_params
+        if r == 0:
+            params += vocab_shard * h
+        if r == p - 1:
+            if not (model.tied_embeddings and p == 1):
+                params += vocab_shard * h
+            params += h
+        weights = BF16_BYTES * (_ceil_div(params, g) if z >= 3 else params)
+        grads = BF16_BYTES * (_ceil_div(params, g) if z >= 2 else params)
+        optim = ADAM_STATE_BYTES * (_ceil_div(params, g) if z >= 1 else params)
+
+        held = inflight_microbatches(plan, r)
+        act_one = n * layer_act + (embed_out if r == 0 else 0)
+        acts = math.ceil(held * act_one)
+        transient = common_transient + (logits if r == p - 1 else 0)
+        subtotal = weights + grads + optim + acts + transient
+        stages.append(StageMemory(
+            stage=r, num_layers=n, num_inflight_microbatches=held, weights_bytes=weights,
+            grads_bytes=grads, optimizer_bytes=optim, activations_bytes=acts, transient_bytes=transient,
+            allocator_overhead_bytes=math.ceil(frac * subtotal)))
+    return MemoryEstimate(stages=tuple(stages), capacity_bytes=gpu.usable_hbm_bytes)
