@@ -1,0 +1,336 @@
+"""Tests of autotune.memory against values worked out by hand.
+
+Llama 3.1 8B numbers used throughout (models.py docstring; Llama 3 paper Table 3):
+  h = 4096, V = 128256, L = 32, heads 32, kv heads 8, head dim 128, f = 14336
+  params_per_layer = h(q + 2kv) + q h + 3 h f + 2h
+                   = 4096*6144 + 4096*4096 + 3*4096*14336 + 8192
+                   = 25,165,824 + 16,777,216 + 176,160,768 + 8,192 = 218,112,000
+  V h = 128256 * 4096 = 525,336,576
+  N = 2 V h + L ppl + h = 1,050,673,152 + 6,979,584,000 + 4,096 = 8,030,261,248
+At s = 8192, b = 1 one h-sized bf16 tensor is 2 s b h = 2*8192*4096 = 67,108,864 bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from autotune.errors import ConfigError, PlanError
+from autotune.hardware import get_gpu
+from autotune.memory import (DEFAULT_FRAGMENTATION, MemoryEstimate, StageMemory,
+                             activation_bytes_per_layer, estimate_memory, inflight_microbatches)
+from autotune.models import get_model
+from autotune.plan import Plan, Workload
+
+M8 = get_model("8b")
+M405 = get_model("405b")
+H200 = get_gpu("h200")
+W = Workload(seq_len=8192, global_batch_size=8)
+
+N8 = 8_030_261_248
+PPL8 = 218_112_000
+VH8 = 525_336_576
+SBH = 67_108_864                 # 2 s b h bytes at s=8192, b=1, h=4096
+# One 8B layer, s=8192, b=1, t=1, no recompute (Korthikanti 2022 Table 2 re-derived for Llama):
+#   attention: norm input 2sbh           =  67,108,864
+#              norm output 2sbh          =  67,108,864
+#              Q,K,V 2sb(q+2kv) = 2*8192*(4096+2*1024)   = 100,663,296
+#              attention output 2sbq = 2*8192*4096       =  67,108,864
+#              logsumexp 4 s b heads = 4*8192*32         =   1,048,576
+#              -> 303,038,464
+#   MLP:       norm input + norm output 2 * 67,108,864   = 134,217,728
+#              gate + up 2*2sbf = 4*8192*14336           = 469,762,048
+#              SwiGLU output 2sbf = 2*8192*14336         = 234,881,024
+#              -> 838,860,800
+#   total 303,038,464 + 838,860,800 = 1,141,899,264 bytes (1.063 GiB)
+LAYER8 = 1_141_899_264
+LOGITS8 = 8192 * 128256 * 6      # s b V x (2 bf16 + 4 fp32) = 6,304,038,912
+NO_FRAG = {"none": 0.0}          # isolate the terms from the allocator overhead
+
+
+def est(model=M8, gpu=H200, workload=W, fragmentation=None, **plan):
+    return estimate_memory(model, Plan(**plan), gpu, workload, fragmentation=fragmentation)
+
+
+# ------------------------------------------------------------------ model states
+def test_zero3_tp2_dp4_worked_check_shards_over_dp_only():
+    # 8B on 8 GPUs, TP=2, DP=4, PP=1, ZeRO-3: all 16 bytes sharded over DP (4), parameters over TP (2).
+    # Per-GPU parameters: layers over TP, vocab-parallel embedding and LM head over TP, final norm whole:
+    #   32*218,112,000/2 + 2*(128256/2)*4096 + 4096 = 3,489,792,000 + 525,336,576 + 4,096 = 4,015,132,672
+    #   x 16 bytes / 4 = 16,060,530,688 bytes  (~ N x 16 / 2 / 4 = 16,060,522,496; the 8 KiB gap is the
+    #   final RMSNorm replicated over TP). NOT 8.03 GB, which would shard over TP a second time.
+    e = est(tp_degree=2, dp_degree=4, zero_stage=3)
+    (s,) = e.stages
+    assert s.model_state_bytes == 16_060_530_688
+    assert s.weights_bytes == s.grads_bytes == 2 * 1_003_783_168
+    assert s.optimizer_bytes == 12 * 1_003_783_168
+    assert s.model_state_bytes == pytest.approx(N8 * 16 / 2 / 4, rel=1e-6)
+    assert s.model_state_bytes == pytest.approx(16.06e9, rel=1e-3)
+
+
+@pytest.mark.parametrize("zero, weights, grads, optim", [
+    # 8B, TP=1, PP=1, DP=8: a GPU holds all N parameters; N/8 = 1,003,782,656.
+    (0, 2 * N8, 2 * N8, 12 * N8),                          # 16,060,522,496 / same / 96,363,134,976
+    (1, 2 * N8, 2 * N8, 12 * 1_003_782_656),               # optimizer 12,045,391,872
+    (2, 2 * N8, 2 * 1_003_782_656, 12 * 1_003_782_656),    # grads 2,007,565,312
+    (3, 2 * 1_003_782_656, 2 * 1_003_782_656, 12 * 1_003_782_656),  # 16N/8 = 16,060,522,496 total
+])
+def test_zero_stages_state_bytes(zero, weights, grads, optim):
+    (s,) = est(dp_degree=8, zero_stage=zero).stages
+    assert (s.weights_bytes, s.grads_bytes, s.optimizer_bytes) == (weights, grads, optim)
+    # DP x CP is the sharding group: DP=2 x CP=4 shards exactly like DP=8.
+    (s_cp,) = est(dp_degree=2, cp_degree=4, zero_stage=zero).stages
+    assert (s_cp.weights_bytes, s_cp.grads_bytes, s_cp.optimizer_bytes) == (weights, grads, optim)
+
+
+def test_zero_without_dp_group_shards_nothing():
+    # DP x CP = 1: ZeRO-3 has nobody to shard with -> 16 N bytes = 128,484,179,968.
+    (s,) = est(zero_stage=3).stages
+    assert s.model_state_bytes == 16 * N8 == 128_484_179_968
+
+
+def test_embedding_on_first_and_lm_head_on_last_stage():
+    # PP=2, GPipe, m=1 (both stages hold one micro-batch), TP=DP=1, ZeRO-0, no allocator overhead.
+    #   stage 0 params: 16 layers + embedding = 3,489,792,000 + 525,336,576        = 4,015,128,576
+    #   stage 1 params: 16 layers + LM head + norm = 3,489,792,000 + 525,336,576 + 4,096 = 4,015,132,672
+    #   (sum = 8,030,261,248 = N)
+    #   activations: stage 0 = 16 x LAYER8 + embedding output 2sbh; stage 1 = 16 x LAYER8
+    #   transient: stage 1 holds logits 8192 x 128256 x 6 = 6,304,038,912; stage 0 nothing (DP=1)
+    #   total(1) - total(0) = 16 x 4,096 - 67,108,864 + 6,304,038,912 = 6,236,995,584
+    e = est(pp_degree=2, num_micro_batches=1, pipeline_schedule="gpipe", zero_stage=0,
+            fragmentation=NO_FRAG)
+    s0, s1 = e.stages
+    assert s0.weights_bytes == 2 * 4_015_128_576
+    assert s1.weights_bytes == 2 * 4_015_132_672
+    assert (s0.weights_bytes + s1.weights_bytes) // 2 == N8
+    assert s0.activations_bytes == 16 * LAYER8 + SBH
+    assert s1.activations_bytes == 16 * LAYER8
+    assert (s0.transient_bytes, s1.transient_bytes) == (0, LOGITS8)
+    assert s1.total_bytes - s0.total_bytes == 6_236_995_584
+    assert e.peak_stage == 1
+
+
+def test_tied_embeddings_held_on_both_end_stages_once_without_pp():
+    tied = replace(M8, name="tied-8b", tied_embeddings=True)
+    # PP=2: the last stage keeps its copy of the shared V h matrix -> same as untied: 4,015,132,672.
+    s0, s1 = est(model=tied, pp_degree=2, zero_stage=0).stages
+    assert s0.weights_bytes == 2 * 4_015_128_576
+    assert s1.weights_bytes == 2 * 4_015_132_672
+    # PP=1: one matrix only: N - V h = 8,030,261,248 - 525,336,576 = 7,504,924,672.
+    (s,) = est(model=tied, zero_stage=0).stages
+    assert s.weights_bytes == 2 * 7_504_924_672
+
+
+# ------------------------------------------------------------------ activations
+def test_activation_bytes_per_layer_8b_by_hand():
+    assert activation_bytes_per_layer(M8, Plan(), W) == LAYER8
+
+
+def test_sequence_parallel_divides_h_terms_by_t():
+    # t = 8: the non-h terms at t=1 sum to 100,663,296 + 67,108,864 + 1,048,576 + 469,762,048
+    #   + 234,881,024 = 873,463,808 -> /8 = 109,182,976.
+    # Without SP: + 4 x 67,108,864 = 268,435,456 whole -> 377,618,432.
+    # With SP:    + 268,435,456 / 8 = 33,554,432        -> 142,737,408.
+    no_sp = activation_bytes_per_layer(M8, Plan(tp_degree=8), W)
+    sp = activation_bytes_per_layer(M8, Plan(tp_degree=8, sequence_parallel=True), W)
+    assert no_sp == 377_618_432
+    assert sp == 142_737_408
+    assert no_sp - sp == 4 * SBH * 7 // 8
+    # SP with t = 1 is inactive: nothing changes.
+    assert activation_bytes_per_layer(M8, Plan(sequence_parallel=True), W) == LAYER8
+
+
+def test_context_parallel_halves_sequence_per_rank():
+    # Every term is linear in s = seq_len / cp: cp=2 -> LAYER8 / 2 = 570,949,632.
+    assert activation_bytes_per_layer(M8, Plan(cp_degree=2), W) == 570_949_632
+
+
+def test_plain_gelu_mlp_terms():
+    # Plain MLP: fc1 2sbf + GeLU output 2sbf = 2 x 234,881,024 instead of gate+up+SwiGLU 3 x 234,881,024.
+    gelu = replace(M8, name="gelu-8b", gated_mlp=False)
+    assert activation_bytes_per_layer(gelu, Plan(), W) == LAYER8 - 234_881_024
+    # selective drops the GeLU output and the attention output.
+    assert activation_bytes_per_layer(gelu, Plan(recompute="selective"), W) == \
+        LAYER8 - 234_881_024 - 234_881_024 - SBH
+
+
+def test_recompute_per_layer_and_ordering():
+    # selective drops attention output (67,108,864) and SwiGLU output (234,881,024): 839,909,376.
+    # full keeps only the layer input 2sbh = 67,108,864.
+    assert activation_bytes_per_layer(M8, Plan(recompute="selective"), W) == 839_909_376
+    assert activation_bytes_per_layer(M8, Plan(recompute="full"), W) == SBH
+    # full + SP with t=4: the layer input is split too -> 16,777,216.
+    assert activation_bytes_per_layer(M8, Plan(recompute="full", tp_degree=4, sequence_parallel=True),
+                                      W) == SBH // 4
+    a = {r: est(recompute=r).stages[0] for r in ("none", "selective", "full")}
+    assert a["none"].activations_bytes > a["selective"].activations_bytes > a["full"].activations_bytes
+    assert a["none"].total_bytes > a["selective"].total_bytes > a["full"].total_bytes
+    # pp=1: 32 layers + embedding output, one micro-batch.
+    assert a["none"].activations_bytes == 32 * LAYER8 + SBH            # 36,607,885,312
+    assert a["full"].activations_bytes == 32 * SBH + SBH               # 2,214,592,512
+    # full recompute's backward working set: one layer's no-recompute activations, as transient.
+    assert a["full"].transient_bytes - a["none"].transient_bytes == LAYER8
+
+
+# ------------------------------------------------------------------ pipeline schedules
+def test_1f1b_first_stage_holds_p_last_holds_one():
+    # PP=4, m=8, 8 layers per stage; stage i holds min(4 - i, 8) micro-batches.
+    e = est(pp_degree=4, num_micro_batches=8)
+    assert [s.num_inflight_microbatches for s in e.stages] == [4, 3, 2, 1]
+    assert e.stages[3].activations_bytes == 8 * LAYER8 * 1               # 9,135,194,112
+    assert e.stages[0].activations_bytes == 4 * (8 * LAYER8 + SBH)       # 36,809,211,904
+    assert e.peak_stage == 0
+    # fewer micro-batches than stages: min(p - i, m) with m = 2 -> [2, 2, 2, 1]
+    e2 = est(pp_degree=4, num_micro_batches=2)
+    assert [s.num_inflight_microbatches for s in e2.stages] == [2, 2, 2, 1]
+
+
+def test_gpipe_holds_all_microbatches():
+    e = est(pp_degree=4, num_micro_batches=8, pipeline_schedule="gpipe")
+    assert [s.num_inflight_microbatches for s in e.stages] == [8, 8, 8, 8]
+    assert e.stages[3].activations_bytes == 8 * 8 * LAYER8
+
+
+def test_interleaved_factor_and_no_pipeline():
+    # interleaved, p=4, m=8, v=2: factor 1 + 3/32 = 1.09375 -> stage 0: 4.375, stage 3: 1.09375.
+    p = Plan(pp_degree=4, vpp_degree=2, num_micro_batches=8, pipeline_schedule="interleaved_1f1b")
+    assert inflight_microbatches(p, 0) == 4.375
+    assert inflight_microbatches(p, 3) == 1.09375
+    e = estimate_memory(M8, p, H200, W)
+    assert [s.num_layers for s in e.stages] == [8, 8, 8, 8]     # 2 chunks of 4 layers per rank
+    assert e.stages[3].activations_bytes == 1.09375 * 8 * LAYER8     # 9,991,618,560 exactly
+    # pp=1: one micro-batch whatever the schedule and count (gradient accumulation).
+    assert inflight_microbatches(Plan(num_micro_batches=16, pipeline_schedule="gpipe"), 0) == 1
+    with pytest.raises(PlanError, match="valid stages are 0 .. 3"):
+        inflight_microbatches(p, 4)
+
+
+def test_uneven_stage_layers_per_rank():
+    # stage_layers per virtual stage (pp=2, v=2): [3, 5, 6, 2]; rank r owns virtual stages r, r+p:
+    # rank 0 -> stages 0 and 2 -> 3 + 6 = 9 layers; rank 1 -> stages 1 and 3 -> 5 + 2 = 7 layers.
+    m16 = replace(M8, name="16-layer", num_layers=16)
+    p = Plan(pp_degree=2, vpp_degree=2, num_micro_batches=4, pipeline_schedule="interleaved_1f1b",
+             stage_layers=(3, 5, 6, 2))
+    e = estimate_memory(m16, p, H200, W)
+    assert [s.num_layers for s in e.stages] == [3 + 6, 5 + 2]
+
+
+# ------------------------------------------------------------------ transient buffers
+def test_transient_buffers():
+    base = est(fragmentation=NO_FRAG).stages[0].transient_bytes
+    assert base == LOGITS8                                     # pp=1: the only stage is the last
+    # DP gradient buckets: 2 x 64 MiB = 134,217,728 when dp x cp > 1.
+    assert est(dp_degree=8, zero_stage=0).stages[0].transient_bytes - base == 134_217_728
+    # ZeRO-3 gathered layer (bf16): 2 x 218,112,000 = 436,224,000; prefetch doubles it.
+    z3 = est(dp_degree=8, zero_stage=3).stages[0].transient_bytes
+    z3p = est(dp_degree=8, zero_stage=3, param_gather_overlap=True).stages[0].transient_bytes
+    assert z3 - base == 134_217_728 + 436_224_000
+    assert z3p - z3 == 436_224_000
+    # SP (t=2): logits split over TP (V/2) + one full-sequence all-gathered h tensor 2sbh.
+    sp = est(tp_degree=2, sequence_parallel=True).stages[0].transient_bytes
+    assert sp == LOGITS8 // 2 + SBH
+
+
+# ------------------------------------------------------------------ verdicts
+def test_405b_tp8_on_8_h200_does_not_fit():
+    # 405B, TP=8, PP=DP=1: per GPU >= 405,853,388,800 / 8 = 50.7e9 parameters x 16 bytes = 811.7e9 bytes
+    # of model states alone, against H200 usable (139.8 - 1.0) GiB
+    # = floor(138.8 x 2^30) = 149,035,365,171 bytes.
+    # (Any 8-GPU plan holds >= 16 N / 8 bytes per GPU, since each byte of state lives somewhere.)
+    e = est(model=M405, tp_degree=8)
+    assert e.capacity_bytes == 149_035_365_171
+    assert e.stages[0].model_state_bytes >= 16 * 405_853_388_800 // 8
+    assert e.peak_bytes > 5 * e.capacity_bytes
+    assert not e.fits
+
+
+def test_8b_dp8_zero1_fits_on_h200():
+    # 8B, TP=1, DP=8, ZeRO-1, PP=1, micro-batch 1, seq 8192, no recompute, memory_reclaim none (10%):
+    #   weights 2N = 16,060,522,496; grads 2N = 16,060,522,496; optimizer 12N/8 = 12,045,391,872
+    #   activations 32 x 1,141,899,264 + 67,108,864 (embedding output) = 36,607,885,312
+    #   transient: logits 6,304,038,912 + 2 buckets x 64 MiB 134,217,728 = 6,438,256,640
+    #   subtotal 87,212,578,816; allocator 10% = ceil(8,721,257,881.6) = 8,721,257,882
+    #   total 95,933,836,698 bytes = 89.35 GiB < 149,035,365,171 (138.80 GiB) -> fits
+    e = est(dp_degree=8, zero_stage=1)
+    (s,) = e.stages
+    assert s.optimizer_bytes == 12_045_391_872
+    assert s.activations_bytes == 36_607_885_312
+    assert s.transient_bytes == 6_438_256_640
+    assert s.allocator_overhead_bytes == 8_721_257_882
+    assert s.total_bytes == 95_933_836_698
+    assert e.fits and e.headroom_bytes == 149_035_365_171 - 95_933_836_698
+
+
+def test_peak_is_max_over_stages_not_average():
+    e = est(pp_degree=4, num_micro_batches=8)
+    totals = [s.total_bytes for s in e.stages]
+    assert e.peak_bytes == max(totals) == totals[0] > sum(totals) / 4
+    # fits compares the maximum: a capacity between the mean and the max does not fit.
+    mid = MemoryEstimate(stages=e.stages, capacity_bytes=sum(totals) // 4 + 1)
+    assert not mid.fits
+    assert MemoryEstimate(stages=e.stages, capacity_bytes=max(totals)).fits
+    assert not MemoryEstimate(stages=e.stages, capacity_bytes=max(totals) - 1).fits
+
+
+# ------------------------------------------------------------------ allocator overhead
+@pytest.mark.parametrize("policy, frac", [("none", 0.10), ("empty_cache_per_step", 0.07),
+                                          ("empty_cache_per_microbatch", 0.04),
+                                          ("expandable_segments", 0.03)])
+def test_default_fragmentation_fractions(policy, frac):
+    assert DEFAULT_FRAGMENTATION[policy] == frac
+    (s,) = est(memory_reclaim=policy).stages
+    rest = s.total_bytes - s.allocator_overhead_bytes
+    assert s.allocator_overhead_bytes == pytest.approx(frac * rest, abs=1)     # ceil(frac x rest)
+    assert s.allocator_overhead_bytes >= frac * rest
+
+
+def test_fragmentation_override_and_errors():
+    (s,) = est(memory_reclaim="expandable_segments", fragmentation={"expandable_segments": 0.0}).stages
+    assert s.allocator_overhead_bytes == 0
+    # a partial mapping leaves the other policies at their defaults
+    (d,) = est(fragmentation={"expandable_segments": 0.0}).stages
+    assert d.allocator_overhead_bytes == est().stages[0].allocator_overhead_bytes
+    with pytest.raises(ConfigError, match="unknown memory_reclaim policies.*'bogus'"):
+        est(fragmentation={"bogus": 0.1})
+    with pytest.raises(ConfigError, match=r"fragmentation\['none'\]=1.5"):
+        est(fragmentation={"none": 1.5})
+
+
+# ------------------------------------------------------------------ errors, describe, speed
+def test_bad_inputs_raise_plan_errors():
+    with pytest.raises(PlanError, match="seq_len=8191 does not split over cp_degree=2"):
+        est(workload=Workload(seq_len=8191, global_batch_size=8), cp_degree=2)
+    with pytest.raises(PlanError, match="tp_degree=3 does not divide"):
+        est(tp_degree=3)
+    with pytest.raises(PlanError, match="do not split evenly"):
+        est(pp_degree=3)
+
+
+def test_describe_names_every_term():
+    e = est(pp_degree=2, num_micro_batches=4, dp_degree=2)
+    text = e.describe()
+    for word in ("stage", "layers", "in-flight", "weights", "grads", "optimizer", "activations",
+                 "transient", "allocator", "total", "capacity", "GiB", "verdict: fits"):
+        assert word in text, word
+    # one row per stage, each with the stage's total in GiB
+    for s in e.stages:
+        assert f"{s.total_bytes / 2**30:.2f}" in text
+    assert "does NOT fit" in est(model=M405, tp_degree=8).describe()
+
+
+def test_estimate_is_fast():
+    p = Plan(tp_degree=8, pp_degree=8, vpp_degree=2, num_micro_batches=16, dp_degree=16,
+             pipeline_schedule="interleaved_1f1b", stage_layers=(7,) + (8,) * 14 + (7,), zero_stage=1)
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        estimate_memory(M405, p, H200, W)
+    # ~0.08 ms per call measured; the tuner calls it thousands of times per study
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_stage_memory_total_sums_terms():
+    s = StageMemory(stage=0, num_layers=1, num_inflight_microbatches=1.0, weights_bytes=1, grads_bytes=2,
+                    optimizer_bytes=4, activations_bytes=8, transient_bytes=16, allocator_overhead_bytes=32)
+    assert s.total_bytes == 63 and s.model_state_bytes == 7
