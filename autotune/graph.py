@@ -1,0 +1,431 @@
+"""One training step of a plan as a dependency graph (networkx DiGraph).
+
+What the graph holds (one representative rank per pipeline stage: TP, CP and DP ranks of a stage do
+identical work, so one stands for all):
+
+* compute nodes ``("F"|"B", stage, chunk, microbatch)``: forward / backward of one model chunk (a
+  virtual pipeline stage: ``layers_per_virtual_stage`` transformer layers, plus the embedding on the
+  first and the LM head + loss on the last) for one micro-batch on the ``compute`` stream. Their
+  duration includes the GEMMs, attention, memory-bound kernels, recomputation (``B`` only) and the
+  *exposed* part of the TP/SP, CP and ZeRO-3 collectives issued inside the chunk; each node's
+  ``parts`` attribute splits its duration into breakdown keys (see :mod:`autotune.evaluator`);
+* communication nodes ``("dp", stage, chunk, k)``: the k-th group of DP gradient buckets of a chunk,
+  on the ``dp`` stream when DP reduction overlaps backward (async collectives + dp_grad_reduce_overlap),
+  else on the ``compute`` stream after the last backward;
+* ``("opt", stage)``, ``("param_gather", stage)``, ``("reclaim", stage)`` at the end of the step;
+* edges: data dependencies (``kind="data"``; pipeline send/recv between stages carries its transfer
+  time as ``delay_ms``, ``kind="p2p"``), and the stream order of the pipeline schedule
+  (``kind="stream"``). A DP bucket group may start once its gradients exist: an edge from the chunk's
+  last backward with a negative ``delay_ms`` (gradients are produced evenly over the backward).
+
+Pipeline schedules (order of compute nodes on each stage's compute stream):
+GPipe (all forwards, then all backwards; Huang et al. 2019), 1F1B (PipeDream-Flush; Narayanan et al.
+2021, Sec. 2.2: stage r of p warms up with p - r - 1 forwards) and interleaved 1F1B (Narayanan et al.
+2021, Sec. 2.2; Megatron-LM's ``forward_backward_pipelining_with_interleaving``: warm-up
+(p - r - 1) x 2 + (v - 1) x p chunk-forwards, chunk of the k-th forward (k // p) % v).
+
+Blocking PP send/recv occupies the sender's compute stream (added to its node, ``exposed_pp_comm``);
+with async collectives it only delays the receiver (edge ``delay_ms``). p2p link contention is not
+modelled.
+
+Costs per op come from an :class:`autotune.calibration.OpCosts`; FLOP and byte counts are written on
+each node (``flops``, ``bytes``) so measured evaluators can look the same ops up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from autotune.calibration import OpCosts
+from autotune.hardware import ClusterSpec, LinkSpec
+from autotune.models import ModelSpec
+from autotune.plan import Plan, Workload
+
+BF16 = 2  # bytes per element
+#: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
+#: bf16 gradient (2); write master, m, v (12) and the bf16 parameter (2) = 28.
+ADAM_BYTES_PER_PARAM = 28
+MAX_DP_GROUPS_PER_CHUNK = 8
+
+
+@dataclass
+class ChunkCost:
+    """Per-micro-batch cost of one model chunk on one rank, ms (``parts`` split by breakdown key)."""
+
+    fwd_parts: dict[str, float] = field(default_factory=dict)
+    bwd_parts: dict[str, float] = field(default_factory=dict)
+    fwd_flops: float = 0.0
+    params: int = 0             # parameters of the chunk on this rank (after TP)
+
+    @property
+    def fwd_ms(self) -> float:
+        return sum(self.fwd_parts.values())
+
+    @property
+    def bwd_ms(self) -> float:
+        return sum(self.bwd_parts.values())
+
+
+def _add(d: dict[str, float], key: str, v: float) -> None:
+    if v:
+        d[key] = d.get(key, 0.0) + v
+
+
+def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
+    """The slowest link a process group spanning ``extent`` consecutive global ranks crosses.
+
+    Rank order is Megatron-LM's (TP fastest, then CP, DP, PP): a TP group spans tp ranks, a CP group
+    tp x cp, a DP group tp x cp x dp. A group that fits in one node uses the intra-node tier, else the
+    inter-node tier (each GPU has its own NIC, so the per-GPU inter-node bandwidth bounds the ring).
+    """
+    if extent <= cluster.fabric.gpus_per_node or cluster.fabric.inter_node is None:
+        return cluster.fabric.intra_node
+    return cluster.fabric.inter_node
+
+
+class CostBuilder:
+    """Computes per-chunk costs of a plan from an :class:`OpCosts`. Pure arithmetic, cached per plan."""
+
+    def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
+                 costs: OpCosts) -> None:
+        self.m, self.p, self.c, self.w, self.costs = model, plan, cluster, workload, costs
+        t, cp = plan.tp_degree, plan.cp_degree
+        self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
+        self.tp_link = group_link(cluster, t)
+        self.cp_link = group_link(cluster, t * cp)
+        self.dp_group = plan.dp_degree * cp
+        self.dp_link = group_link(cluster, t * cp * plan.dp_degree)
+        pp_extent = t * cp * plan.dp_degree * 2 if plan.pp_degree > 1 else 1
+        self.pp_link = group_link(cluster, pp_extent)
+        self.slowdown = costs.overlap_slowdown()
+        self._layer = self._layer_cost()
+
+    # ---- one transformer layer, one micro-batch, one rank
+    def _layer_cost(self) -> tuple[dict[str, float], dict[str, float], float]:
+        m, p, costs = self.m, self.p, self.costs
+        t, T, h = p.tp_degree, self.tokens, m.hidden_size
+        q, kv, f = m.q_dim, m.kv_dim, m.ffn_hidden_size
+        sp = p.sp_active
+        gemms = [(T, (q + 2 * kv) // t, h), (T, h, q // t)]
+        if m.gated_mlp:
+            gemms += [(T, 2 * f // t, h), (T, h, f // t)]
+        else:
+            gemms += [(T, f // t, h), (T, h, f // t)]
+        gemm_fwd = sum(costs.gemm_ms(a, b, c) for a, b, c in gemms)
+        gemm_bwd = sum(costs.gemm_ms(a, c, b, backward=True) + costs.gemm_ms(c, b, a, backward=True)
+                       for a, b, c in gemms)
+        flops = sum(2.0 * a * b * c for a, b, c in gemms)
+        heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)
+        seq = self.w.seq_len
+        attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=m.head_dim)
+        attn_fwd = costs.attention_ms(**attn_kw) / p.cp_degree
+        attn_bwd = costs.attention_ms(**attn_kw, backward=True) / p.cp_degree
+        flops += 2.0 * p.micro_batch_size * seq * seq * m.head_dim * heads / p.cp_degree
+        # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
+        # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t
+        # (plain GeLU r f w f: 4f/t). Backward moves about twice the forward bytes.
+        act_bytes = (6 if m.gated_mlp else 4) * f / t
+        mb_fwd_bytes = T * (20 * h / (t if sp else 1) + 4 * (q + kv) / t + act_bytes)
+        mem_fwd = costs.memory_bound_ms(mb_fwd_bytes)
+        mem_bwd = 2 * mem_fwd
+
+        fwd: dict[str, float] = {}
+        bwd: dict[str, float] = {}
+        _add(fwd, "compute", gemm_fwd + attn_fwd + mem_fwd)
+        _add(bwd, "compute", gemm_bwd + attn_bwd + mem_bwd)
+        # TP / SP collectives (Megatron-LM, Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2):
+        # 2 all-reduces of T x h per layer forward and 2 backward; with SP each is an all-gather plus a
+        # reduce-scatter of the same total size.
+        tp_fwd = tp_bwd = 0.0
+        if t > 1:
+            nbytes = T * h * BF16
+            if sp:
+                one = (costs.collective_ms("all_gather", nbytes, t, self.tp_link)
+                       + costs.collective_ms("reduce_scatter", nbytes, t, self.tp_link))
+            else:
+                one = costs.collective_ms("all_reduce", nbytes, t, self.tp_link)
+            tp_fwd = tp_bwd = 2 * one
+        # CP (ring attention; Liu et al. 2023; Megatron-LM context parallel): K and V of every other
+        # CP rank pass through each rank in forward; backward passes K, V and dK, dV (2x).
+        cp_fwd = cp_bwd = 0.0
+        if p.cp_degree > 1:
+            nbytes = p.cp_degree * T * 2 * (kv // t if kv >= t else kv) * BF16
+            cp_fwd = costs.collective_ms("all_gather", nbytes, p.cp_degree, self.cp_link)
+            cp_bwd = 2 * cp_fwd
+        for parts, tp_ms, cp_ms, gemm_ms, attn_ms in ((fwd, tp_fwd, cp_fwd, gemm_fwd, attn_fwd),
+                                                      (bwd, tp_bwd, cp_bwd, gemm_bwd, attn_bwd)):
+            if tp_ms:
+                if p.async_collectives and p.tp_comm_overlap:
+                    hidden = min(tp_ms, gemm_ms)       # chunked GEMM/collective pipelining
+                    _add(parts, "exposed_tp_comm", tp_ms - hidden)
+                    _add(parts, "compute", self.slowdown * hidden)
+                else:
+                    _add(parts, "exposed_tp_comm", tp_ms)
+            if cp_ms:
+                if p.async_collectives:
+                    hidden = min(cp_ms, attn_ms)       # K/V ring steps overlap attention blocks
+                    _add(parts, "exposed_cp_comm", cp_ms - hidden)
+                    _add(parts, "compute", self.slowdown * hidden)
+                else:
+                    _add(parts, "exposed_cp_comm", cp_ms)
+        # recomputation happens in the backward pass
+        if p.recompute == "full":
+            _add(bwd, "recompute", gemm_fwd + attn_fwd + mem_fwd)
+            _add(bwd, "exposed_tp_comm", fwd.get("exposed_tp_comm", 0.0))
+            _add(bwd, "exposed_cp_comm", fwd.get("exposed_cp_comm", 0.0))
+        elif p.recompute == "selective":
+            _add(bwd, "recompute", attn_fwd + costs.memory_bound_ms(T * act_bytes))
+        return fwd, bwd, flops
+
+    def chunk_cost(self, vstage: int, num_layers: int) -> ChunkCost:
+        """Cost of virtual stage ``vstage`` holding ``num_layers`` layers, per micro-batch."""
+        m, p, costs = self.m, self.p, self.costs
+        t, T, h = p.tp_degree, self.tokens, m.hidden_size
+        lf, lb, lflops = self._layer
+        cc = ChunkCost()
+        for k, v in lf.items():
+            _add(cc.fwd_parts, k, v * num_layers)
+        for k, v in lb.items():
+            _add(cc.bwd_parts, k, v * num_layers)
+        cc.fwd_flops = lflops * num_layers
+        cc.params = num_layers * m.params_per_layer // t
+        last = vstage == p.num_virtual_stages - 1 if p.pipeline_schedule == "interleaved_1f1b" \
+            else vstage == p.pp_degree - 1
+        if vstage == 0:                               # embedding lookup (vocab-parallel: + all-reduce)
+            _add(cc.fwd_parts, "compute", costs.memory_bound_ms(2 * T * h * BF16))
+            _add(cc.bwd_parts, "compute", costs.memory_bound_ms(3 * T * h * BF16))
+            if t > 1:
+                _add(cc.fwd_parts, "exposed_tp_comm",
+                     costs.collective_ms("all_reduce", T * h * BF16, t, self.tp_link))
+            cc.params += m.embedding_params // t
+        if last:                                      # final norm, LM head, cross-entropy (vocab-parallel)
+            V = m.vocab_size
+            _add(cc.fwd_parts, "compute", costs.gemm_ms(T, V // t, h)
+                 + costs.memory_bound_ms(T * V / t * 6 + 4 * T * h))
+            _add(cc.bwd_parts, "compute", costs.gemm_ms(T, h, V // t, backward=True)
+                 + costs.gemm_ms(h, V // t, T, backward=True) + costs.memory_bound_ms(T * V / t * 6 + 6 * T * h))
+            cc.fwd_flops += 2.0 * T * V / t * h
+            cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
+        # ZeRO-3 / FSDP: parameters all-gathered for each micro-batch's forward and backward, gradients
+        # reduce-scattered after each backward (Rajbhandari et al. 2020, Sec. 5.3); ZeRO-2 only the latter.
+        if self.dp_group > 1 and p.zero_stage >= 2:
+            nbytes = cc.params * BF16
+            rs = costs.collective_ms("reduce_scatter", nbytes, self.dp_group, self.dp_link)
+            self._overlap(cc.bwd_parts, rs, p.async_collectives and p.dp_grad_reduce_overlap)
+            if p.zero_stage == 3:
+                ag = costs.collective_ms("all_gather", nbytes, self.dp_group, self.dp_link)
+                pre = p.async_collectives and p.param_gather_overlap
+                self._overlap(cc.fwd_parts, ag, pre)
+                self._overlap(cc.bwd_parts, ag, pre)
+        return cc
+
+    def _overlap(self, parts: dict[str, float], comm_ms: float, overlapped: bool) -> None:
+        """Add a DP collective beside a node: hidden behind its compute when overlapped, else exposed."""
+        if overlapped:
+            hidden = min(comm_ms, parts.get("compute", 0.0))
+            _add(parts, "exposed_dp_comm", comm_ms - hidden)
+            _add(parts, "compute", self.slowdown * hidden)
+        else:
+            _add(parts, "exposed_dp_comm", comm_ms)
+
+    def p2p_ms(self) -> float:
+        """Send/recv of one micro-batch's boundary activation (T x h bf16, /t with SP), ms."""
+        if self.p.pp_degree == 1:
+            return 0.0
+        nbytes = self.tokens * self.m.hidden_size * BF16 / (self.p.tp_degree if self.p.sp_active else 1)
+        return self.costs.collective_ms("send_recv", nbytes, 2, self.pp_link)
+
+    def dp_bucket_ms(self, chunk_params: int) -> list[float]:
+        """End-of-step DP gradient reduction of one chunk, per bucket (ZeRO 0: all-reduce; 1: reduce-scatter)."""
+        p = self.p
+        if self.dp_group <= 1 or p.zero_stage >= 2:
+            return []
+        kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
+        total = chunk_params * BF16
+        bucket = p.bucket_size_mib * 2**20
+        n_full, rem = divmod(total, bucket)
+        one = self.costs.collective_ms(kind, bucket, self.dp_group, self.dp_link)
+        out = [one] * int(n_full)
+        if rem:
+            out.append(self.costs.collective_ms(kind, rem, self.dp_group, self.dp_link))
+        return out
+
+    def param_gather_ms(self, stage_params: int) -> float:
+        """ZeRO-1/2 all-gather of updated bf16 parameters after the optimizer step, ms."""
+        if self.dp_group <= 1 or self.p.zero_stage not in (1, 2):
+            return 0.0
+        return self.costs.collective_ms("all_gather", stage_params * BF16, self.dp_group, self.dp_link)
+
+    def optimizer_ms(self, stage_params: int) -> float:
+        """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1), memory-bound."""
+        shard = stage_params / (self.dp_group if self.p.zero_stage >= 1 else 1)
+        return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM)
+
+
+# ----------------------------------------------------------------------------- schedules
+def schedule_order(plan: Plan, stage: int, num_micro_batches: int) -> list[tuple[str, int, int]]:
+    """Compute-stream order of stage ``stage``: a list of (``"F"``|``"B"``, chunk, micro-batch).
+
+    Chunk c of stage r is virtual stage c x p + r.
+    """
+    p, m = plan.pp_degree, num_micro_batches
+    if plan.pipeline_schedule == "gpipe" or p == 1 and plan.pipeline_schedule == "gpipe":
+        return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
+    v = plan.effective_vpp
+    if v == 1:
+        warm = min(p - stage - 1, m)
+        order = [("F", 0, i) for i in range(warm)]
+        f, b = warm, 0
+        while f < m:
+            order.append(("F", 0, f)); f += 1
+            order.append(("B", 0, b)); b += 1
+        order += [("B", 0, i) for i in range(b, m)]
+        return order
+    # interleaved 1F1B (Megatron-LM): k-th chunk-forward runs chunk (k // p) % v of micro-batch
+    # (k // (p v)) p + k % p; backwards visit chunks in reverse order.
+    total = m * v
+
+    def fwd_id(k: int) -> tuple[int, int]:
+        return (k // p) % v, (k // (p * v)) * p + k % p
+
+    def bwd_id(k: int) -> tuple[int, int]:
+        c, i = fwd_id(k)
+        return v - 1 - c, i
+
+    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    order = [("F",) + fwd_id(k) for k in range(warm)]
+    f, b = warm, 0
+    while f < total:
+        order.append(("F",) + fwd_id(f)); f += 1
+        order.append(("B",) + bwd_id(b)); b += 1
+    order += [("B",) + bwd_id(k) for k in range(b, total)]
+    return order
+
+
+def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
+                     costs: OpCosts, num_micro_batches: int | None = None,
+                     reserved_bytes_per_stage: list[float] | None = None,
+                     builder: CostBuilder | None = None) -> nx.DiGraph:
+    """Build the step graph (module docstring). ``num_micro_batches`` overrides the plan's count
+    (the simulator uses it to extrapolate long pipelines); ``reserved_bytes_per_stage`` sizes the
+    cost of re-allocating after ``empty_cache``.
+
+    Returns:
+        A DiGraph with graph attributes ``plan``, ``num_micro_batches``, ``p2p_ms``; node attributes
+        ``kind``, ``stage``, ``chunk``, ``microbatch``, ``stream``, ``duration_ms``, ``parts``,
+        ``flops``; edge attributes ``kind`` and ``delay_ms``.
+    """
+    p = plan
+    cb = builder or CostBuilder(model=model, plan=plan, cluster=cluster, workload=workload, costs=costs)
+    m = num_micro_batches or p.num_micro_batches
+    P, v = p.pp_degree, p.effective_vpp
+    layers = p.layers_per_virtual_stage(model.num_layers)
+    n_virtual = P * v
+    chunks = {vs: cb.chunk_cost(vs, layers[vs]) for vs in range(n_virtual)}
+    p2p = cb.p2p_ms()
+    blocking_p2p = not p.async_collectives
+    reclaim_mb = p.memory_reclaim == "empty_cache_per_microbatch"
+    g = nx.DiGraph(plan=plan, num_micro_batches=m, p2p_ms=p2p)
+    add_node, add_edge = g.add_node, g.add_edge
+    reserved = reserved_bytes_per_stage or [0.0] * P
+
+    for r in range(P):
+        prev = None
+        last_b: dict[int, tuple] = {}
+        order = schedule_order(p, r, m)
+        for phase, c, i in order:
+            vs = c * P + r
+            cc = chunks[vs]
+            parts = dict(cc.fwd_parts if phase == "F" else cc.bwd_parts)
+            sends = (phase == "F" and vs < n_virtual - 1) or (phase == "B" and vs > 0)
+            if sends and blocking_p2p and p2p:
+                _add(parts, "exposed_pp_comm", p2p)
+            if phase == "B" and reclaim_mb:
+                _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, m)))
+            node = (phase, r, c, i)
+            add_node(node, kind="fwd" if phase == "F" else "bwd", stage=r, chunk=c, microbatch=i,
+                     stream="compute", duration_ms=sum(parts.values()), parts=parts,
+                     flops=cc.fwd_flops * (1 if phase == "F" else 2))
+            if prev is not None:
+                add_edge(prev, node, kind="stream", delay_ms=0.0)
+            prev = node
+            if phase == "B":
+                last_b[c] = node
+        # data dependencies across virtual stages (send/recv)
+        for phase, c, i in order:
+            vs = c * P + r
+            node = (phase, r, c, i)
+            delay = 0.0 if blocking_p2p else p2p
+            if phase == "F" and vs > 0:
+                add_edge(("F", (vs - 1) % P, (vs - 1) // P, i), node, kind="p2p", delay_ms=delay)
+            if phase == "B":
+                if vs < n_virtual - 1:
+                    add_edge(("B", (vs + 1) % P, (vs + 1) // P, i), node, kind="p2p", delay_ms=delay)
+                else:
+                    add_edge(("F", r, c, i), node, kind="data", delay_ms=0.0)
+        # end of step: DP gradient buckets, optimizer, parameter all-gather, reclaim
+        overlap_dp = p.async_collectives and p.dp_grad_reduce_overlap
+        tail = prev
+        dp_nodes = []
+        stage_params = 0
+        for c in range(v):
+            vs = c * P + r
+            stage_params += chunks[vs].params
+            buckets = cb.dp_bucket_ms(chunks[vs].params)
+            if not buckets:
+                continue
+            ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
+            per = math.ceil(len(buckets) / ngroups)
+            groups = [buckets[k:k + per] for k in range(0, len(buckets), per)]
+            lb = last_b[c]
+            lb_dur = g.nodes[lb]["duration_ms"]
+            done = 0
+            for k, grp in enumerate(groups):
+                done += len(grp)
+                node = ("dp", r, c, k)
+                add_node(node, kind="dp_reduce", stage=r, chunk=c, microbatch=m - 1,
+                         stream="dp" if overlap_dp else "compute", duration_ms=sum(grp),
+                         parts={"exposed_dp_comm": sum(grp)}, flops=0.0, num_buckets=len(grp))
+                if overlap_dp:
+                    # gradients of the first `done` buckets exist once that share of the backward ran
+                    add_edge(lb, node, kind="data", delay_ms=-(1 - done / len(buckets)) * lb_dur)
+                dp_nodes.append(node)
+        chain = tail
+        if overlap_dp:      # dp stream: buckets run in order, beside the compute stream
+            for a, b in zip(dp_nodes, dp_nodes[1:]):
+                add_edge(a, b, kind="stream", delay_ms=0.0)
+        else:               # blocking: after the last backward, on the compute stream
+            for node in dp_nodes:
+                add_edge(chain, node, kind="stream", delay_ms=0.0)
+                chain = node
+        opt = ("opt", r)
+        add_node(opt, kind="optimizer", stage=r, chunk=-1, microbatch=-1, stream="compute",
+                 duration_ms=cb.optimizer_ms(stage_params), parts={"optimizer": cb.optimizer_ms(stage_params)},
+                 flops=0.0)
+        add_edge(chain, opt, kind="stream", delay_ms=0.0)
+        if overlap_dp and dp_nodes:
+            add_edge(dp_nodes[-1], opt, kind="data", delay_ms=0.0)
+        last = opt
+        ag = cb.param_gather_ms(stage_params)
+        if ag:
+            if p.param_gather_overlap and p.async_collectives:
+                # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
+                first_f = g.nodes[("F", r, 0, 0)]["duration_ms"] if m else 0.0
+                ag = max(0.0, ag - first_f)
+            if ag:
+                node = ("param_gather", r)
+                add_node(node, kind="param_gather", stage=r, chunk=-1, microbatch=-1, stream="compute",
+                         duration_ms=ag, parts={"exposed_dp_comm": ag}, flops=0.0)
+                add_edge(last, node, kind="stream", delay_ms=0.0)
+                last = node
+        if p.memory_reclaim == "empty_cache_per_step":
+            node = ("reclaim", r)
+            ms = cb.costs.empty_cache_ms(reserved[r])
+            add_node(node, kind="reclaim", stage=r, chunk=-1, microbatch=-1, stream="compute",
+                     duration_ms=ms, parts={"reclaim": ms}, flops=0.0)
+            add_edge(last, node, kind="stream", delay_ms=0.0)
+    return g

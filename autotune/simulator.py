@@ -1,0 +1,199 @@
+"""Simulate a step graph and the simulated evaluator.
+
+The simulation is an earliest-start schedule of the graph with each stream's order fixed (the stream
+edges): a node starts when every predecessor has finished (plus the edge's ``delay_ms``) and runs for
+``duration_ms``. On a DAG this is the longest path from the sources, computed in topological order.
+
+Long pipelines are extrapolated, not approximated: once a (1F1B or interleaved) schedule is past its
+warm-up, each further round of ``p`` micro-batches adds the same time (the steady state repeats), so
+the step time for ``m`` micro-batches is ``T(m1) + (m - m1) / p x (T(m1 + p) - T(m1))`` for
+``m1 >= 2 p``; both graphs are simulated in full. GPipe is simulated in full up to 4p micro-batches and
+extrapolated the same way beyond (its time is linear in m once m >= p). ``extrapolated`` in the
+result's details says when this was used.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import networkx as nx
+
+from autotune.calibration import CalibrationProfile, CalibratedCosts, OpCosts, default_calibration
+from autotune.evaluator import BREAKDOWN_KEYS, Evaluator, StepResult
+from autotune.flops import model_flops_per_token, recompute_flops_per_token
+from autotune.graph import CostBuilder, build_step_graph
+from autotune.hardware import ClusterSpec
+from autotune.memory import estimate_memory
+from autotune.models import ModelSpec
+from autotune.plan import Plan, Workload, validate_plan
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Result of simulating one step graph.
+
+    Attributes:
+        step_time_ms: when the last node finishes, ms.
+        start_ms / finish_ms: per node, ms.
+        breakdown_ms: per stage, the step time split into :data:`BREAKDOWN_KEYS`.
+    """
+
+    step_time_ms: float
+    start_ms: Mapping[Any, float]
+    finish_ms: Mapping[Any, float]
+    breakdown_ms: tuple[Mapping[str, float], ...]
+
+
+def simulate_graph(g: nx.DiGraph) -> Timeline:
+    """Earliest-start times of every node (see module docstring) and a per-stage breakdown.
+
+    The breakdown of a stage attributes its compute-stream time to the parts each node carries;
+    idle time on the compute stream is ``bubble``, except the part of a wait caused by a send/recv
+    delay (``exposed_pp_comm``) or by DP buckets still in flight before the optimizer
+    (``exposed_dp_comm``). The parts of a stage add up to the step time.
+    """
+    start: dict[Any, float] = {}
+    finish: dict[Any, float] = {}
+    nodes = g.nodes
+    pred = g.pred
+    num_stages = 1 + max((d["stage"] for _, d in nodes(data=True)), default=0)
+    wait_pp = [0.0] * num_stages
+    wait_dp = [0.0] * num_stages
+    busy = [dict.fromkeys(BREAKDOWN_KEYS, 0.0) for _ in range(num_stages)]
+    for n in nx.topological_sort(g):
+        d = nodes[n]
+        s = 0.0
+        s_local = 0.0       # ready time ignoring cross-stream waits (for wait attribution)
+        cause = None
+        for u, e in pred[n].items():
+            t = finish[u] + e["delay_ms"]
+            if t > s:
+                s = t
+                cause = e["kind"], nodes[u]["stream"]
+            if e["kind"] == "stream" or (nodes[u]["stream"] == d["stream"] and nodes[u]["stage"] == d["stage"]):
+                if finish[u] > s_local:
+                    s_local = finish[u]
+        start[n] = s
+        finish[n] = s + d["duration_ms"]
+        if d["stream"] == "compute":
+            st = d["stage"]
+            b = busy[st]
+            for k, v in d["parts"].items():
+                b[k] += v
+            gap = s - s_local
+            if gap > 0 and cause is not None:
+                if cause[0] == "p2p":
+                    wait_pp[st] += min(gap, g.graph.get("p2p_ms", 0.0))
+                elif cause[1] == "dp":
+                    wait_dp[st] += gap
+    step = max(finish.values(), default=0.0)
+    breakdowns = []
+    for st in range(num_stages):
+        b = dict(busy[st])
+        b["exposed_pp_comm"] += wait_pp[st]
+        b["exposed_dp_comm"] += wait_dp[st]
+        b["bubble"] = max(0.0, step - sum(v for k, v in b.items() if k != "bubble"))
+        breakdowns.append(b)
+    return Timeline(step_time_ms=step, start_ms=start, finish_ms=finish, breakdown_ms=tuple(breakdowns))
+
+
+class SimulatedEvaluator(Evaluator):
+    """Predicts a plan's step time by simulating its step graph with calibrated op costs (no GPU).
+
+    Args (keyword-only):
+        model, cluster, workload: see :class:`autotune.evaluator.Evaluator`.
+        calibration: a :class:`CalibrationProfile`; default: the shipped H200 profile.
+        costs: an :class:`OpCosts` to use instead (the measured evaluator passes its own).
+
+    ``evaluate`` validates the plan (``PlanError`` if invalid), estimates memory per stage
+    (:func:`autotune.memory.estimate_memory`; a plan that does not fit returns ``feasible=False``
+    without simulating), builds the graph (:func:`autotune.graph.build_step_graph`) and simulates it.
+    """
+
+    backend = "simulated"
+
+    def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                 calibration: CalibrationProfile | None = None, costs: OpCosts | None = None) -> None:
+        super().__init__(model=model, cluster=cluster, workload=workload)
+        self.calibration = calibration or default_calibration()
+        self.costs = costs or CalibratedCosts(profile=self.calibration, gpu=cluster.gpu)
+        self.graph_build_ms = 0.0
+        self.num_graphs = 0
+
+    def evaluate(self, plan: Plan) -> StepResult:
+        model, cluster, w = self.model, self.cluster, self.workload
+        warnings = validate_plan(plan, model, cluster.num_gpus, w, gpus_per_node=cluster.gpus_per_node)
+        mem = estimate_memory(model, plan, cluster.gpu, w, fragmentation=self.costs.fragmentation())
+        per_stage = tuple(int(s.total_bytes) for s in mem.stages)
+        details: dict[str, Any] = {"costs": dict(self.costs.provenance()), "warnings": list(warnings)}
+        if not mem.fits:
+            st = mem.stages[mem.peak_stage]
+            reason = (f"out of memory: pipeline stage {mem.peak_stage} needs {mem.peak_bytes / 2**30:.1f} GiB "
+                      f"per GPU (weights {st.weights_bytes / 2**30:.1f}, grads {st.grads_bytes / 2**30:.1f}, "
+                      f"optimizer {st.optimizer_bytes / 2**30:.1f}, activations "
+                      f"{st.activations_bytes / 2**30:.1f}, other "
+                      f"{(st.transient_bytes + st.allocator_overhead_bytes) / 2**30:.1f}) but "
+                      f"{mem.capacity_bytes / 2**30:.1f} GiB are usable on {cluster.gpu.name}")
+            return StepResult(backend=self.backend, feasible=False, step_time_ms=0.0, mfu=0.0, mfu_palm=0.0,
+                              hfu=0.0, tokens_per_s_per_gpu=0.0, tflops_per_gpu=0.0,
+                              peak_memory_bytes=int(mem.peak_bytes), memory_per_stage_bytes=per_stage,
+                              infeasible_reason=reason, details=details)
+        step_ms, breakdown, extra = self._simulate(plan, [float(s) for s in per_stage])
+        details.update(extra)
+        return make_result(backend=self.backend, model=model, cluster=cluster, workload=w, plan=plan,
+                           step_time_ms=step_ms, breakdown_ms=breakdown, peak_memory_bytes=int(mem.peak_bytes),
+                           memory_per_stage_bytes=per_stage, details=details)
+
+    def build_graph(self, plan: Plan, num_micro_batches: int | None = None,
+                    reserved_bytes_per_stage: list[float] | None = None,
+                    builder: CostBuilder | None = None) -> nx.DiGraph:
+        """The step graph of ``plan`` (see :mod:`autotune.graph`)."""
+        t0 = time.perf_counter()
+        g = build_step_graph(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
+                             costs=self.costs, num_micro_batches=num_micro_batches,
+                             reserved_bytes_per_stage=reserved_bytes_per_stage, builder=builder)
+        self.graph_build_ms += (time.perf_counter() - t0) * 1e3
+        self.num_graphs += 1
+        return g
+
+    def _simulate(self, plan: Plan, reserved: list[float]) -> tuple[float, dict[str, float], dict[str, Any]]:
+        p, m = plan.pp_degree, plan.num_micro_batches
+        cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
+                         costs=self.costs)
+        m1 = 2 * p if plan.pipeline_schedule != "gpipe" else 4 * p
+        if p == 1 or m <= m1 + p:
+            tl = simulate_graph(self.build_graph(plan, m, reserved, cb))
+            step, bds = tl.step_time_ms, tl.breakdown_ms
+            extrapolated = False
+        else:
+            tl1 = simulate_graph(self.build_graph(plan, m1, reserved, cb))
+            tl2 = simulate_graph(self.build_graph(plan, m1 + p, reserved, cb))
+            rounds = (m - m1) / p
+            step = tl1.step_time_ms + rounds * (tl2.step_time_ms - tl1.step_time_ms)
+            bds = tuple({k: b1[k] + rounds * (b2[k] - b1[k]) for k in BREAKDOWN_KEYS}
+                        for b1, b2 in zip(tl1.breakdown_ms, tl2.breakdown_ms))
+            extrapolated = True
+        # report the busiest stage (most non-idle time); ties -> the first stage
+        crit = max(range(len(bds)), key=lambda i: (step - bds[i]["bubble"], -i))
+        breakdown = {k: float(bds[crit][k]) for k in BREAKDOWN_KEYS}
+        return step, breakdown, {"extrapolated": extrapolated, "breakdown_stage": crit}
+
+
+def make_result(*, backend: str, model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
+                step_time_ms: float, breakdown_ms: Mapping[str, float], peak_memory_bytes: int,
+                memory_per_stage_bytes: tuple[int, ...], details: Mapping[str, Any]) -> StepResult:
+    """A feasible :class:`StepResult` with MFU/HFU/throughput derived from a step time (autotune.flops)."""
+    tokens = workload.global_batch_tokens
+    n, peak = cluster.num_gpus, cluster.gpu.bf16_tflops
+    step_s = step_time_ms / 1e3
+    flops_causal = model_flops_per_token(model, workload.seq_len) * tokens
+    flops_palm = model_flops_per_token(model, workload.seq_len, causal=False) * tokens
+    flops_recompute = recompute_flops_per_token(model, workload.seq_len, plan.recompute) * tokens
+    denom = step_s * n * peak * 1e12
+    return StepResult(backend=backend, feasible=True, step_time_ms=step_time_ms, mfu=flops_causal / denom,
+                      mfu_palm=flops_palm / denom, hfu=(flops_causal + flops_recompute) / denom,
+                      tokens_per_s_per_gpu=tokens / step_s / n, tflops_per_gpu=flops_causal / step_s / n / 1e12,
+                      peak_memory_bytes=peak_memory_bytes, memory_per_stage_bytes=memory_per_stage_bytes,
+                      breakdown_ms=dict(breakdown_ms), details=dict(details))
