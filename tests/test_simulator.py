@@ -1,0 +1,173 @@
+"""Step graph schedules and the simulator against closed forms, and the simulated evaluator's sanity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.calibration import OpCosts
+from autotune.graph import build_step_graph, schedule_order
+from autotune.hardware import make_cluster
+from autotune.models import ModelSpec, get_model
+from autotune.plan import Plan, PlanError, Workload
+from autotune.simulator import SimulatedEvaluator, simulate_graph
+
+TINY = ModelSpec(name="tiny", hidden_size=256, num_layers=16, num_heads=8, num_kv_heads=4,
+                 ffn_hidden_size=512, vocab_size=1024, head_dim=32)
+
+
+class ZeroCommCosts(OpCosts):
+    """Compute costs only; every collective is free (for the closed-form bubble tests)."""
+
+    label = "test"
+
+    def gemm_ms(self, m, n, k, *, backward=False):
+        return 1.0
+
+    def attention_ms(self, **kw):
+        return 0.0
+
+    def memory_bound_ms(self, nbytes):
+        return 0.0
+
+    def collective_ms(self, kind, nbytes, group_size, link):
+        return 0.0
+
+
+def _uniform_graph(plan: Plan, tf: float, tb: float):
+    """Step graph of `plan` with every chunk-forward lasting tf/v and chunk-backward tb/v, nothing else."""
+    cluster = make_cluster("h100", plan.num_gpus, "nvlink4+ib-ndr400")
+    wl = Workload(seq_len=128, global_batch_size=plan.global_batch_size)
+    g = build_step_graph(model=TINY, plan=plan, cluster=cluster, workload=wl, costs=ZeroCommCosts())
+    v = plan.effective_vpp
+    for n, d in g.nodes(data=True):
+        if d["kind"] == "fwd":
+            d["duration_ms"], d["parts"] = tf / v, {"compute": tf / v}
+        elif d["kind"] == "bwd":
+            d["duration_ms"], d["parts"] = tb / v, {"compute": tb / v}
+        else:
+            d["duration_ms"], d["parts"] = 0.0, {}
+    for _, _, e in g.edges(data=True):
+        e["delay_ms"] = 0.0
+    return g
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 4), (8, 3), (2, 16)])
+def test_bubble_matches_closed_form(schedule, p, m):
+    # GPipe and 1F1B (no communication, equal stages): step = (m + p - 1)(tf + tb), so the bubble
+    # fraction is (p - 1)/(m + p - 1) (Narayanan et al. 2021, Sec. 2.2; design.md).
+    plan = Plan(pp_degree=p, num_micro_batches=m, pipeline_schedule=schedule, zero_stage=0,
+                dp_grad_reduce_overlap=False)
+    tl = simulate_graph(_uniform_graph(plan, 1.0, 2.0))
+    assert tl.step_time_ms == pytest.approx((m + p - 1) * 3.0)
+    for b in tl.breakdown_ms:
+        assert b["bubble"] / tl.step_time_ms == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 2, 8), (4, 4, 8), (2, 2, 4), (4, 2, 4)])
+def test_interleaved_bubble_matches_closed_form(p, v, m):
+    # Interleaved 1F1B with v chunks per rank: bubble fraction (p - 1)/(v m + p - 1) (Narayanan et al.
+    # 2021, Sec. 2.2); step = (m + (p - 1)/v)(tf + tb) with chunk times tf/v, tb/v.
+    plan = Plan(pp_degree=p, vpp_degree=v, num_micro_batches=m, pipeline_schedule="interleaved_1f1b",
+                zero_stage=0, dp_grad_reduce_overlap=False)
+    tl = simulate_graph(_uniform_graph(plan, 1.0, 2.0))
+    assert tl.step_time_ms == pytest.approx((m + (p - 1) / v) * 3.0)
+    assert tl.breakdown_ms[0]["bubble"] / tl.step_time_ms == pytest.approx((p - 1) / (v * m + p - 1))
+
+
+def test_1f1b_order_warmup_counts():
+    # Stage r of p runs p - r - 1 warm-up forwards before its first backward (PipeDream-Flush).
+    plan = Plan(pp_degree=4, num_micro_batches=6)
+    for r in range(4):
+        order = schedule_order(plan, r, 6)
+        first_b = next(i for i, o in enumerate(order) if o[0] == "B")
+        assert first_b == (4 - r - 1) + 1
+        assert sorted(o for o in order if o[0] == "F") == [("F", 0, i) for i in range(6)]
+        assert len(order) == 12
+
+
+def test_interleaved_order_visits_every_chunk_and_microbatch():
+    plan = Plan(pp_degree=4, vpp_degree=2, num_micro_batches=8, pipeline_schedule="interleaved_1f1b")
+    for r in range(4):
+        order = schedule_order(plan, r, 8)
+        assert sorted(order) == sorted((ph, c, i) for ph in "FB" for c in range(2) for i in range(8))
+
+
+SMALL = ModelSpec(name="llama-1b-like", hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                  ffn_hidden_size=8192, vocab_size=128256, head_dim=64)
+
+
+def _evaluator(size="8b", gpus=8, fabric="nvlink4+ib-ndr400", gpu="h200", gbs=64):
+    model = size if isinstance(size, ModelSpec) else get_model(size)
+    return SimulatedEvaluator(model=model, cluster=make_cluster(gpu, gpus, fabric),
+                              workload=Workload(seq_len=8192, global_batch_size=gbs))
+
+
+def test_single_gpu_step_time_is_sum_of_ops():
+    # PP=1, TP=1, DP=1: no communication, so the step is forward + backward for each micro-batch plus
+    # the optimizer; the breakdown has no bubble and sums to the step time.
+    ev = _evaluator(SMALL, gpus=1, gbs=2)
+    plan = Plan(micro_batch_size=1, num_micro_batches=2, zero_stage=0, dp_grad_reduce_overlap=False,
+                recompute="full")
+    r = ev.evaluate(plan)
+    assert r.feasible
+    assert sum(r.breakdown_ms.values()) == pytest.approx(r.step_time_ms)
+    assert r.breakdown_ms["bubble"] == pytest.approx(0.0, abs=1e-9)
+    assert r.breakdown_ms["recompute"] > 0
+    # HFU counts the recomputed forward: HFU > MFU
+    assert r.hfu > r.mfu
+
+
+def test_blocking_collectives_are_never_faster_than_async():
+    ev = _evaluator(gpus=8)
+    base = Plan(tp_degree=2, dp_degree=4, micro_batch_size=1, num_micro_batches=16, zero_stage=1,
+                sequence_parallel=True, tp_comm_overlap=True)
+    fast = ev.evaluate(base)
+    slow = ev.evaluate(base.replace(async_collectives=False, tp_comm_overlap=False))
+    assert slow.step_time_ms > fast.step_time_ms
+    assert slow.breakdown_ms["exposed_tp_comm"] > fast.breakdown_ms["exposed_tp_comm"]
+
+
+def test_slower_fabric_is_slower_for_dp_heavy_plan():
+    fast = _evaluator(gpus=16, fabric="nvlink4+ib-ndr400")
+    slow = _evaluator(gpus=16, fabric="nvlink4+eth10")
+    plan = Plan(tp_degree=1, dp_degree=16, micro_batch_size=1, num_micro_batches=4, zero_stage=1)
+    assert slow.evaluate(plan).step_time_ms > fast.evaluate(plan).step_time_ms
+
+
+def test_out_of_memory_is_infeasible_not_an_error():
+    ev = _evaluator("405b", gpus=8, gbs=8)
+    r = ev.evaluate(Plan(tp_degree=8, micro_batch_size=1, num_micro_batches=8, zero_stage=0,
+                         dp_grad_reduce_overlap=False))
+    assert not r.feasible
+    assert "out of memory" in r.infeasible_reason and "GiB" in r.infeasible_reason
+
+
+def test_invalid_plan_raises_plan_error():
+    with pytest.raises(PlanError):
+        _evaluator().evaluate(Plan(tp_degree=3, dp_degree=1))
+
+
+def test_mfu_definition():
+    # MFU = model FLOPs of the step / (step time x GPUs x peak); recompute it from the result.
+    from autotune.flops import model_flops_per_token
+    ev = _evaluator(gpus=8)
+    plan = Plan(tp_degree=1, dp_degree=8, micro_batch_size=1, num_micro_batches=8, zero_stage=1)
+    r = ev.evaluate(plan)
+    flops = model_flops_per_token(get_model("8b"), 8192) * 8192 * 64
+    assert r.mfu == pytest.approx(flops / (r.step_time_ms / 1e3 * 8 * 989e12))
+    assert r.tokens_per_s_per_gpu == pytest.approx(8192 * 64 / (r.step_time_ms / 1e3) / 8)
+
+
+def test_extrapolation_matches_full_simulation():
+    # A 1F1B pipeline's step time is linear in m past warm-up, so extrapolating from 2p and 3p
+    # micro-batches must equal simulating all m in full.
+    ev = _evaluator("70b", gpus=32, gbs=64)
+    plan = Plan(tp_degree=8, pp_degree=4, dp_degree=1, micro_batch_size=1, num_micro_batches=64,
+                zero_stage=0, sequence_parallel=True, dp_grad_reduce_overlap=False)
+    r = ev.evaluate(plan)
+    assert r.details["extrapolated"]
+    full = simulate_graph(ev.build_graph(plan, 64)).step_time_ms
+    assert r.step_time_ms == pytest.approx(full, rel=1e-9)
