@@ -1,0 +1,41 @@
+"""GPU and fabric catalogs, custom fabric files, cluster checks."""
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.hardware import get_fabric, get_gpu, make_cluster
+
+
+def test_gpus():
+    assert get_gpu("H100").bf16_tflops == 989
+    assert get_gpu("b200").bf16_tflops == 2250
+    with pytest.raises(ConfigError, match="a100-80gb, h100, h200, b200, gb200"):
+        get_gpu("mi300x")
+
+
+def test_fabric_presets():
+    f = get_fabric("nvlink4+ib-ndr400")
+    assert f.intra_node.bandwidth_gbs == 450 and f.inter_node.bandwidth_gbs == 50 and f.gpus_per_node == 8
+    with pytest.raises(ConfigError, match="known: nvlink5"):
+        get_fabric("nvlink9+ib-ndr400")
+    with pytest.raises(ConfigError, match="ib-xdr800"):
+        get_fabric("nvlink4+ib-foo")
+
+
+def test_fabric_file(tmp_path):
+    p = tmp_path / "f.yaml"
+    p.write_text("name: lab\nintra_node: {bandwidth_gbs: 100, latency_us: 3, gpus_per_node: 4}\n"
+                 "inter_node: {bandwidth_gbs: 25}\n")
+    f = get_fabric(str(p))
+    assert f.name == "lab" and f.gpus_per_node == 4 and f.inter_node.bandwidth_gbs == 25
+    p.write_text("name: lab\nintra_node: {latency_us: 3, gpus_per_node: 4}\n")
+    with pytest.raises(ConfigError, match="bandwidth_gbs"):
+        get_fabric(str(p))
+
+
+def test_cluster_checks():
+    assert make_cluster("b200", 1024, "nvlink5+ib-ndr400").num_nodes == 128
+    with pytest.raises(ConfigError, match="whole number of 8-GPU nodes"):
+        make_cluster("h100", 12, "nvlink4+ib-ndr400")
+    with pytest.raises(ConfigError, match="no inter-node tier"):
+        make_cluster("h100", 16, "nvlink4")
