@@ -1,0 +1,584 @@
+"""Apply a :class:`~autotune.plan.Plan` to the Llama model with PyTorch's own parallel APIs.
+
+Order of application (torchtitan ``parallelize_llama`` / ``pipeline_llama``):
+
+1. device mesh ``(pp, dp, cp, tp)`` with :func:`torch.distributed.device_mesh.init_device_mesh`;
+2. pipeline split: each rank builds the chunks of its virtual stages ``r, r + p, r + 2p, ...``
+   (interleaved) or ``r`` (GPipe / 1F1B), with the plan's (possibly uneven) layer counts
+   (:meth:`Plan.layers_per_virtual_stage`), by deleting the layers a chunk does not own;
+3. TP + SP with DTensor (``ColwiseParallel`` / ``RowwiseParallel`` / ``SequenceParallel`` /
+   ``PrepareModuleInput``; torchtitan's plan; heads per rank = heads / tp);
+4. activation recomputation (``selective``: attention core + SwiGLU activation; ``full``: block);
+5. data parallelism over the ``dp`` (x ``cp``) group:
+
+   * ``zero_stage`` 3 / 2: FSDP2 ``fully_shard`` per block and per chunk, ``reshard_after_forward``
+     True / False, BF16 compute through ``MixedPrecisionPolicy(param_dtype=bf16,
+     reduce_dtype=fp32)`` on CUDA;
+   * ``zero_stage`` 0 / 1 with ``tp_degree`` 1: ``DistributedDataParallel`` with
+     ``bucket_cap_mb = bucket_size_mib`` (ZeRO-1 adds ``ZeroRedundancyOptimizer``);
+   * ``zero_stage`` 0 with ``tp_degree`` > 1: DDP cannot hold DTensor parameters, so
+     :class:`GradReducer` (bucketed all-reduce of the local gradient shards over the DP group,
+     ``bucket_size_mib`` buckets) does DDP's job;
+
+6. pipeline stages (``PipelineStage``) and the schedule (``ScheduleGPipe`` / ``Schedule1F1B`` /
+   ``ScheduleInterleaved1F1B``).
+
+How the communication flags act:
+
+* ``dp_grad_reduce_overlap`` (and ``async_collectives``) True: gradients are reduced bucket by bucket
+  during backward (DDP's autograd hooks, FSDP2's reduce-scatter stream, or :class:`GradReducer` with
+  async handles issued from post-accumulate-grad hooks). False: DDP is not used; after the last
+  backward :class:`GradReducer` all-reduces bucket by bucket with blocking calls; with FSDP2 the
+  device is synchronized at the start of each block's backward (a full-backward pre-hook, which runs
+  after FSDP2 has issued the previous block's reduce-scatter), so no reduce-scatter runs under compute.
+* ``param_gather_overlap`` True (FSDP2): explicit prefetch, block i's forward prefetches block i+1's
+  all-gather (``set_modules_to_forward_prefetch``) and backward prefetches block i-1's
+  (``set_modules_to_backward_prefetch``). False: the device is synchronized before each block's
+  FSDP2 pre-forward hook issues its all-gather, so all-gathers never run under compute.
+* ``async_collectives`` False also forces both of the above to their blocking form. TP collectives of
+  eager DTensor are waited on by their first consumer (the next op) in either setting.
+* ``tp_comm_overlap`` True (TP > 1) is refused: chunked TP overlap exists only as torch.compile's async
+  TP pass (``torch._inductor`` micro-pipeline TP), which eager mode does not run.
+* ``pipeline``: ``torch.distributed.pipelining`` issues P2P with ``batch_isend_irecv`` (async);
+  ``async_collectives=False`` with ``pp_degree`` > 1 is refused (no blocking P2P mode exists).
+* ``memory_reclaim``: ``empty_cache_per_step`` calls ``torch.cuda.empty_cache()`` after the optimizer
+  step; ``empty_cache_per_microbatch`` after each micro-batch's backward (no PP) or each chunk's
+  micro-batch forward (PP, a forward hook); ``expandable_segments`` must already be in
+  ``PYTORCH_CUDA_ALLOC_CONF`` of the process (the launcher sets it), else refused. All no-ops on CPU.
+* ``cp_degree`` > 1: ``torch.distributed.tensor.experimental.context_parallel`` around forward and
+  backward, sharding tokens, labels and the RoPE tables along the sequence; CUDA only (its ring
+  attention handles the flash / efficient / cudnn SDPA kernels, not the CPU kernel) and PP 1 only;
+  otherwise refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autotune.errors import PlanError
+from autotune.models import ModelSpec
+from autotune.plan import Plan, Workload, validate_plan
+from autotune.runtime.model import Llama, build_llama, cross_entropy_loss, prune_to_stage
+
+log = logging.getLogger(__name__)
+
+#: Models with at most this many FP32 parameter bytes are built whole on CPU and then sharded, which
+#: gives every layout bit-identical weights (used by the tests); larger ones are built on the meta
+#: device and initialized shard by shard on the GPU.
+FULL_INIT_MAX_BYTES = 2 << 30
+
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+
+
+def _device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def check_runtime_support(plan: Plan, *, device_type: str) -> None:
+    """Refuse plan settings this runtime cannot honor on ``device_type`` (``cpu`` / ``cuda``).
+
+    Raises:
+        PlanError: naming the setting and why (see the module docstring for each rule).
+    """
+    p = plan
+    if p.tp_comm_overlap and p.tp_degree > 1:
+        raise PlanError("tp_comm_overlap=true cannot be honored: overlapping TP collectives with GEMMs is "
+                        "only available as torch.compile's async-TP pass (torch._inductor micro-pipeline TP), "
+                        "not in this eager runtime; use tp_comm_overlap=false")
+    if p.pp_degree > 1 and not p.async_collectives:
+        raise PlanError(f"async_collectives=false with pp_degree={p.pp_degree} cannot be honored: "
+                        "torch.distributed.pipelining always issues its sends/receives asynchronously "
+                        "(batch_isend_irecv); use async_collectives=true or pp_degree=1")
+    if p.zero_stage == 1 and p.dp_degree * p.cp_degree > 1 and p.tp_degree > 1:
+        raise PlanError(f"zero_stage=1 with tp_degree={p.tp_degree} cannot be honored: "
+                        "ZeroRedundancyOptimizer does not accept DTensor (tensor-parallel) parameters; "
+                        "use zero_stage 0, 2 or 3")
+    if p.cp_degree > 1:
+        try:
+            from torch.distributed.tensor.experimental import context_parallel  # noqa: F401
+        except ImportError:
+            raise PlanError(f"cp_degree={p.cp_degree} cannot be honored: this torch ({torch.__version__}) "
+                            "has no torch.distributed.tensor.experimental.context_parallel") from None
+        if device_type != "cuda":
+            raise PlanError(f"cp_degree={p.cp_degree} cannot be honored on {device_type}: torch's "
+                            "context_parallel ring attention covers the CUDA SDPA kernels (flash, "
+                            "efficient, cudnn) only; use cp_degree=1")
+        if p.pp_degree > 1:
+            raise PlanError(f"cp_degree={p.cp_degree} with pp_degree={p.pp_degree} is not supported by this "
+                            "runtime (context parallel is applied around a whole forward/backward); use "
+                            "pp_degree=1 or cp_degree=1")
+    if p.memory_reclaim == "expandable_segments" and device_type == "cuda":
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "expandable_segments:True" not in conf:
+            raise PlanError("memory_reclaim=expandable_segments needs PYTORCH_CUDA_ALLOC_CONF="
+                            "expandable_segments:True in the worker's environment before CUDA starts "
+                            f"(found {conf!r}); launch through autotune.runtime.launch.run_plan")
+
+
+def build_mesh(plan: Plan, device_type: str):
+    """The 4-D device mesh ``(pp, dp, cp, tp)`` over all ranks (sizes from the plan).
+
+    Raises:
+        PlanError: the world size differs from ``plan.num_gpus``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    ws = dist.get_world_size()
+    if ws != plan.num_gpus:
+        raise PlanError(f"plan needs tp x pp x dp x cp = {plan.tp_degree} x {plan.pp_degree} x "
+                        f"{plan.dp_degree} x {plan.cp_degree} = {plan.num_gpus} ranks, but the job has {ws}")
+    return init_device_mesh(device_type, (plan.pp_degree, plan.dp_degree, plan.cp_degree, plan.tp_degree),
+                            mesh_dim_names=MESH_DIMS)
+
+
+def apply_tp(model: Llama, tp_mesh, *, sequence_parallel: bool) -> None:
+    """Megatron-style TP (+ SP) with DTensor (torchtitan ``apply_tp``).
+
+    Q/K/V and w1/w3 column-parallel, wo and w2 row-parallel; embedding row-parallel over the vocab;
+    LM head column-parallel with the logits gathered (Replicate). With SP the residual stream between
+    blocks is sharded on the sequence dim (Shard(1)) and the norms run as ``SequenceParallel``.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    sp = sequence_parallel
+    root: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        root["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
+                                                 output_layouts=Shard(1) if sp else Replicate())
+    if model.norm is not None and sp:
+        root["norm"] = SequenceParallel()
+    if model.output is not None:
+        root["output"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+                                         output_layouts=Replicate())
+    if root:
+        parallelize_module(model, tp_mesh, root)
+    for blk in model.layers.values():
+        lp: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+        }
+        if sp:
+            lp.update({
+                "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                   desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(blk, tp_mesh, lp)
+
+
+class GradReducer:
+    """Bucketed all-reduce (average) of gradients over a process group: DDP's job, for parameters
+    DDP cannot hold (DTensor) and for the non-overlapped (blocking, after backward) mode.
+
+    Buckets of about ``bucket_bytes`` are filled in reverse parameter order (the order backward
+    produces gradients, as DDP does). ``overlap=True``: a post-accumulate-grad hook counts each
+    parameter's accumulations; when every parameter of a bucket has received ``num_accumulations``
+    (the step's micro-batches) the bucket's all-reduce is issued with ``async_op=True`` and
+    :meth:`finish` waits for the handles. ``overlap=False``: nothing happens during backward and
+    :meth:`finish` all-reduces bucket by bucket with blocking calls. DTensor gradients are reduced
+    through their local shards (the DP group is orthogonal to the TP mesh).
+    """
+
+    def __init__(self, params: list[nn.Parameter], group, *, bucket_bytes: int, overlap: bool,
+                 num_accumulations: int) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.overlap = overlap
+        self.num_accumulations = num_accumulations
+        self.params = [p for p in params if p.requires_grad]
+        self.buckets: list[list[nn.Parameter]] = []
+        cur: list[nn.Parameter] = []
+        size = 0
+        for p in reversed(self.params):
+            cur.append(p)
+            size += p.numel() * 4
+            if size >= bucket_bytes:
+                self.buckets.append(cur)
+                cur, size = [], 0
+        if cur:
+            self.buckets.append(cur)
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._count: dict[int, int] = {}
+        self._ready = [0] * len(self.buckets)
+        self._pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
+        self._handles = []
+        if overlap:
+            for p in self.params:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    @staticmethod
+    def _local(t: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        c = self._count.get(id(p), 0) + 1
+        self._count[id(p)] = c
+        if c == self.num_accumulations:
+            b = self._bucket_of[id(p)]
+            self._ready[b] += 1
+            if self._ready[b] == len(self.buckets[b]):
+                self._pending.append(self._issue(b, async_op=True))
+
+    def _issue(self, b: int, *, async_op: bool):
+        grads = [self._local(p.grad) for p in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
+        return work, flat, grads
+
+    def finish(self) -> None:
+        """Complete the reduction (wait for async buckets, or run the blocking ones) and average."""
+        if not self.overlap:
+            self._pending = [self._issue(b, async_op=False) for b in range(len(self.buckets))]
+        elif len(self._pending) != len(self.buckets):
+            raise RuntimeError(f"GradReducer: only {len(self._pending)} of {len(self.buckets)} buckets were "
+                               f"reduced during backward (expected {self.num_accumulations} accumulations "
+                               "per parameter)")
+        for work, flat, grads in self._pending:
+            if work is not None:
+                work.wait()
+            flat.div_(self.world)
+            off = 0
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[off:off + n].view_as(g))
+                off += n
+        self._pending = []
+        self._count.clear()
+        self._ready = [0] * len(self.buckets)
+
+
+def _prefetch_and_blocking_hooks(blocks: list[nn.Module], *, prefetch: bool, block_gather: bool,
+                                 block_reduce: bool, device: torch.device) -> None:
+    """FSDP2 overlap controls (see the module docstring). ``blocks`` are fully_shard-ed, in model order."""
+    if prefetch:
+        for i, b in enumerate(blocks):
+            if i + 1 < len(blocks):
+                b.set_modules_to_forward_prefetch([blocks[i + 1]])
+            if i > 0:
+                b.set_modules_to_backward_prefetch([blocks[i - 1]])
+    if block_gather:
+        for b in blocks:
+            b.register_forward_pre_hook(lambda m, a: _device_sync(device), prepend=True)
+    if block_reduce:
+        for b in blocks:
+            b.register_full_backward_pre_hook(lambda m, g: _device_sync(device))
+
+
+@dataclass
+class PlanRuntime:
+    """A model parallelized per plan on this rank, with its optimizer and step function.
+
+    Attributes:
+        plan: the plan; spec: the (depth-truncated) model spec; seq_len: T.
+        mesh: the (pp, dp, cp, tp) device mesh; device: this rank's device.
+        chunks: this rank's model chunks (unwrapped modules; parameter names as in the full model).
+        dp_mode: ``none``, ``fsdp``, ``ddp``, ``reducer_overlap`` or ``reducer_blocking``.
+        honored: what each plan setting turned into (for the report).
+    """
+
+    plan: Plan
+    spec: ModelSpec
+    seq_len: int
+    mesh: Any
+    device: torch.device
+    compute_dtype: torch.dtype
+    chunks: list[Llama]
+    wrapped: list[nn.Module]
+    optimizer: Any
+    dp_mode: str
+    reducer: Optional[GradReducer] = None
+    schedule: Any = None
+    holds_first_stage: bool = True
+    holds_last_stage: bool = True
+    honored: dict[str, str] = field(default_factory=dict)
+    _loss_scratch: list = field(default_factory=list)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh.get_local_rank("dp")
+
+    def local_batch(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This DP rank's rows of a global batch ``[global_batch, T+1]`` (contiguous slices)."""
+        n = self.plan.micro_batch_size * self.plan.num_micro_batches
+        r = self.dp_rank
+        return tokens[r * n:(r + 1) * n]
+
+    def _autocast(self):
+        if self.compute_dtype == torch.float32 or self.dp_mode == "fsdp":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def train_step(self, tokens: torch.Tensor, labels: torch.Tensor, *,
+                   on_microbatch: Optional[Callable[[int], None]] = None) -> Optional[float]:
+        """Forward + backward over the step's micro-batches, DP reduction, optimizer step.
+
+        Args:
+            tokens, labels: int64 ``[micro_batch_size x num_micro_batches, T]``, this DP rank's rows.
+            on_microbatch: called with the micro-batch index after each one (non-PP path only).
+
+        Returns:
+            The mean loss over this rank's micro-batches on ranks holding the last pipeline stage, else
+            None. Gradient scaling: each micro-batch loss is divided by ``num_micro_batches`` (PP: the
+            schedule's ``scale_grads``), and DP averages, so gradients are those of the mean loss over
+            the global batch.
+        """
+        p = self.plan
+        tokens = tokens.to(self.device)
+        labels = labels.to(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_val: Optional[float]
+        with self._autocast():
+            if self.schedule is not None:
+                losses: list[torch.Tensor] = []
+                kw: dict[str, Any] = {}
+                if self.holds_last_stage:
+                    kw.update(target=labels, losses=losses)
+                args = (tokens,) if self.holds_first_stage else ()
+                self.schedule.step(*args, **kw)
+                loss_val = (float(torch.stack([l.detach().float() for l in losses]).mean())
+                            if self.holds_last_stage else None)
+            else:
+                model = self.wrapped[0]
+                total = 0.0
+                mbs = p.micro_batch_size
+                for i in range(p.num_micro_batches):
+                    x = tokens[i * mbs:(i + 1) * mbs]
+                    y = labels[i * mbs:(i + 1) * mbs]
+                    last = i == p.num_micro_batches - 1
+                    with self._sync_ctx(last), self._cp_ctx(x, y) as (xs, ys):
+                        loss = cross_entropy_loss(model(xs), ys)
+                        (loss / p.num_micro_batches).backward()
+                    total += float(loss.detach())
+                    if p.memory_reclaim == "empty_cache_per_microbatch":
+                        _empty_cache(self.device)
+                    if on_microbatch is not None:
+                        on_microbatch(i)
+                loss_val = total / p.num_micro_batches
+        if self.reducer is not None:
+            self.reducer.finish()
+        self.optimizer.step()
+        if p.memory_reclaim == "empty_cache_per_step":
+            _empty_cache(self.device)
+        return loss_val
+
+    def _sync_ctx(self, last: bool):
+        m = self.wrapped[0]
+        if self.dp_mode == "ddp" and not last:
+            return m.no_sync()
+        if self.dp_mode == "fsdp" and self.plan.zero_stage == 2:
+            # ZeRO-2: accumulate unsharded gradients, reduce-scatter once on the last micro-batch
+            m.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _cp_ctx(self, x: torch.Tensor, y: torch.Tensor):
+        if self.plan.cp_degree == 1:
+            yield x, y
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+        m = self.chunks[0]
+        x, y = x.clone(), y.clone()
+        with context_parallel(self.mesh["cp"], buffers=[x, y, m.rope_cos, m.rope_sin],
+                              buffer_seq_dims=[1, 1, 0, 0], no_restore_buffers={x, y}):
+            yield x, y
+
+    # ---- introspection for tests and reports ----
+    def named_parameters_full(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) FP32 copies of this rank's parameters by full-model name (collective over
+        the chunk's DP/TP groups: every rank of the job must call it)."""
+        return self._gather(lambda prm: prm)
+
+    def named_grads_full(self) -> dict[str, torch.Tensor]:
+        """Full gradients by name, as :meth:`named_parameters_full` (collective)."""
+        return self._gather(lambda prm: prm.grad)
+
+    def _gather(self, get) -> dict[str, torch.Tensor]:
+        from torch.distributed.tensor import DTensor
+        out = {}
+        for c in self.chunks:
+            for name, prm in c.named_parameters():
+                t = get(prm)
+                if t is None:
+                    continue
+                t = t.detach()
+                out[name] = (t.full_tensor() if isinstance(t, DTensor) else t).float().cpu().clone()
+        return out
+
+
+def _layer_ranges(counts: tuple[int, ...]) -> list[list[int]]:
+    out, start = [], 0
+    for c in counts:
+        out.append(list(range(start, start + c)))
+        start += c
+    return out
+
+
+def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Optional[int] = None,
+                device: torch.device | str = "cpu", compute_dtype: torch.dtype | None = None, seed: int = 0,
+                lr: float = 3e-4, validate: bool = True) -> PlanRuntime:
+    """Build this rank's part of the model and apply ``plan`` (collective: every rank calls it).
+
+    Args:
+        plan: the parallelism plan (``tp x pp x dp x cp`` must equal the world size).
+        spec: the model at true width; ``num_layers`` truncates its depth (proxy runs).
+        seq_len: training sequence length T.
+        device: this rank's device (``cuda:LOCAL_RANK`` or ``cpu``); the process group must exist.
+        compute_dtype: BF16 by default on CUDA, FP32 on CPU. Parameters and AdamW states stay FP32.
+        seed: weight-initialization seed (identical on every rank).
+        lr: AdamW learning rate (betas 0.9/0.95, weight decay 0.1, eps 1e-8: Llama 3 paper Sec. 3.4).
+        validate: run :func:`autotune.plan.validate_plan` for the truncated model first.
+
+    Raises:
+        PlanError: the plan is invalid for the model, or asks for something this runtime cannot honor.
+    """
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+    device = torch.device(device)
+    if compute_dtype is None:
+        compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    n_layers = spec.num_layers if num_layers is None else num_layers
+    tspec = dataclasses.replace(spec, num_layers=n_layers)
+    if validate:
+        validate_plan(plan, tspec, plan.num_gpus,
+                      Workload(seq_len=seq_len, global_batch_size=plan.global_batch_size))
+    check_runtime_support(plan, device_type=device.type)
+    p = plan
+    honored: dict[str, str] = {}
+    mesh = build_mesh(p, device.type)
+    pp_rank = mesh.get_local_rank("pp")
+    dp_size = p.dp_degree * p.cp_degree
+
+    # ---- pipeline split ----
+    counts = p.layers_per_virtual_stage(n_layers)
+    ranges = _layer_ranges(counts)
+    n_stages = len(counts)
+    stage_ids = [pp_rank + i * p.pp_degree for i in range(n_stages // p.pp_degree)]
+    full_init = tspec.num_params * 4 <= FULL_INIT_MAX_BYTES
+    chunks: list[Llama] = []
+    for sid in stage_ids:
+        m = build_llama(tspec, seq_len=seq_len, seed=seed, device=None if full_init else "meta")
+        prune_to_stage(m, ranges[sid], is_first=sid == 0, is_last=sid == n_stages - 1)
+        if full_init:
+            m.to(device)
+        chunks.append(m)
+    honored["pipeline"] = (f"stages {stage_ids} of {n_stages}, layers {[counts[s] for s in stage_ids]}"
+                           if p.pp_degree > 1 else "none")
+
+    # ---- TP / SP ----
+    if p.tp_degree > 1:
+        for m in chunks:
+            apply_tp(m, mesh["tp"], sequence_parallel=p.sequence_parallel)
+        honored["tp"] = f"DTensor TP {p.tp_degree}" + (" + SP" if p.sequence_parallel else "")
+
+    # ---- recompute ----
+    for m in chunks:
+        m.set_recompute(p.recompute)
+    honored["recompute"] = p.recompute
+
+    # ---- DP ----
+    if dp_size > 1:
+        dp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if p.cp_degree > 1 else mesh["dp"]
+    else:
+        dp_mesh = None
+    overlap_reduce = p.dp_grad_reduce_overlap and p.async_collectives
+    overlap_gather = p.param_gather_overlap and p.async_collectives
+    wrapped: list[nn.Module] = list(chunks)
+    reducer = None
+    if dp_mesh is None:
+        dp_mode = "none"
+    elif p.zero_stage in (2, 3):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        dp_mode = "fsdp"
+        mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+              if compute_dtype != torch.float32 else MixedPrecisionPolicy())
+        rf = p.zero_stage == 3
+        for m in chunks:
+            blocks = list(m.layers.values())
+            for b in blocks:
+                fully_shard(b, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=rf)
+            fully_shard(m, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=rf)
+            _prefetch_and_blocking_hooks(blocks, prefetch=overlap_gather, block_gather=not overlap_gather,
+                                         block_reduce=not overlap_reduce, device=device)
+        honored["dp"] = (f"FSDP2 over {dp_size} ranks, reshard_after_forward={rf}; all-gather "
+                         f"{'prefetched' if overlap_gather else 'serialized (device sync before each)'}; "
+                         f"reduce-scatter {'overlapped' if overlap_reduce else 'serialized (device sync)'}")
+    elif p.tp_degree == 1 and overlap_reduce:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dp_mode = "ddp"
+        wrapped = [DDP(m, process_group=dp_mesh.get_group(), bucket_cap_mb=p.bucket_size_mib,
+                       device_ids=[device.index] if device.type == "cuda" else None,
+                       broadcast_buffers=False) for m in chunks]
+        honored["dp"] = f"DDP over {dp_size} ranks, bucket_cap_mb={p.bucket_size_mib}, overlapped"
+    else:
+        dp_mode = "reducer_overlap" if overlap_reduce else "reducer_blocking"
+        params = [prm for m in chunks for prm in m.parameters()]
+        reducer = GradReducer(params, dp_mesh.get_group(), bucket_bytes=p.bucket_size_mib << 20,
+                              overlap=overlap_reduce, num_accumulations=p.num_micro_batches)
+        honored["dp"] = (f"bucketed all-reduce ({p.bucket_size_mib} MiB) over {dp_size} ranks, "
+                         + ("async during backward" if overlap_reduce else "blocking after backward"))
+
+    # ---- meta init ----
+    if not full_init:
+        for m in chunks:
+            m.to_empty(device=device)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(seed + dist.get_rank())
+                m.init_weights(buffer_device=device)
+
+    # ---- optimizer ----
+    params = [prm for m in chunks for prm in m.parameters()]
+    adam_kw = dict(lr=lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    if p.zero_stage == 1 and dp_mesh is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                      process_group=dp_mesh.get_group(), **adam_kw)
+        honored["optimizer"] = f"ZeroRedundancyOptimizer(AdamW) over {dp_size} ranks"
+    else:
+        opt = torch.optim.AdamW(params, **adam_kw)
+        honored["optimizer"] = "AdamW (FP32 states)" + (", sharded by FSDP2" if dp_mode == "fsdp" else "")
+
+    # ---- reclaim ----
+    honored["memory_reclaim"] = p.memory_reclaim + ("" if device.type == "cuda" else " (no-op on CPU)")
+    if p.memory_reclaim == "empty_cache_per_microbatch" and p.pp_degree > 1:
+        for m in wrapped:
+            m.register_forward_hook(lambda mod, a, o: _empty_cache(device))
+
+    rt = PlanRuntime(plan=p, spec=tspec, seq_len=seq_len, mesh=mesh, device=device,
+                     compute_dtype=compute_dtype, chunks=chunks, wrapped=wrapped, optimizer=opt,
+                     dp_mode=dp_mode, reducer=reducer, honored=honored,
+                     holds_first_stage=0 in stage_ids, holds_last_stage=(n_stages - 1) in stage_ids)
+
+    # ---- pipeline schedule ----
+    if p.pp_degree > 1:
+        pp_group = mesh["pp"].get_group()
+        stages = [PipelineStage(w, sid, n_stages, device, group=pp_group)
+                  for w, sid in zip(wrapped, stage_ids)]
+        if p.pipeline_schedule == "gpipe":
+            rt.schedule = ScheduleGPipe(stages[0], p.num_micro_batches, loss_fn=cross_entropy_loss)
+        elif p.pipeline_schedule == "1f1b" or len(stages) == 1:
+            rt.schedule = Schedule1F1B(stages[0], p.num_micro_batches, loss_fn=cross_entropy_loss)
+        else:
+            rt.schedule = ScheduleInterleaved1F1B(stages, p.num_micro_batches, loss_fn=cross_entropy_loss)
+        honored["pipeline"] += f", {type(rt.schedule).__name__} with {p.num_micro_batches} micro-batches"
+    return rt
