@@ -330,7 +330,17 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
     blocking_p2p = not p.async_collectives
     reclaim_mb = p.memory_reclaim == "empty_cache_per_microbatch"
     g = nx.DiGraph(plan=plan, num_micro_batches=m, p2p_ms=p2p)
-    add_node, add_edge = g.add_node, g.add_edge
+    node_list: list[tuple[Any, dict[str, Any]]] = []
+    edge_list: list[tuple[Any, Any, dict[str, Any]]] = []
+    durations: dict[Any, float] = {}
+
+    def add_node(n: Any, **attrs: Any) -> None:      # collected, then added in bulk (much faster)
+        node_list.append((n, attrs))
+        durations[n] = attrs["duration_ms"]
+
+    def add_edge(u: Any, v: Any, **attrs: Any) -> None:
+        edge_list.append((u, v, attrs))
+
     reserved = reserved_bytes_per_stage or [0.0] * P
 
     for r in range(P):
@@ -382,7 +392,7 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
             per = math.ceil(len(buckets) / ngroups)
             groups = [buckets[k:k + per] for k in range(0, len(buckets), per)]
             lb = last_b[c]
-            lb_dur = g.nodes[lb]["duration_ms"]
+            lb_dur = durations[lb]
             done = 0
             for k, grp in enumerate(groups):
                 done += len(grp)
@@ -414,7 +424,7 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
         if ag:
             if p.param_gather_overlap and p.async_collectives:
                 # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
-                first_f = g.nodes[("F", r, 0, 0)]["duration_ms"] if m else 0.0
+                first_f = durations[("F", r, 0, 0)] if m else 0.0
                 ag = max(0.0, ag - first_f)
             if ag:
                 node = ("param_gather", r)
@@ -428,4 +438,6 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
             add_node(node, kind="reclaim", stage=r, chunk=-1, microbatch=-1, stream="compute",
                      duration_ms=ms, parts={"reclaim": ms}, flops=0.0)
             add_edge(last, node, kind="stream", delay_ms=0.0)
+    g.add_nodes_from(node_list)
+    g.add_edges_from(edge_list)
     return g

@@ -159,8 +159,9 @@ class Plan:
                 object.__setattr__(self, "stage_layers", tuple(sl))
                 sl = self.stage_layers
             if not isinstance(sl, tuple) or not sl or any(
-                    not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in sl):
-                raise PlanError(f"stage_layers must be a list of integers >= 1, got {sl!r}")
+                    not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in sl):
+                raise PlanError(f"stage_layers must be a list of integers >= 0 (0 = a stage holding only "
+                                f"the embedding or the LM head), got {sl!r}")
 
     # ---- derived ----
     @property

@@ -57,7 +57,7 @@ def simulate_graph(g: nx.DiGraph) -> Timeline:
     start: dict[Any, float] = {}
     finish: dict[Any, float] = {}
     nodes = g.nodes
-    pred = g.pred
+    pred = g._pred      # the adjacency dict behind g.pred (read-only use; avoids view overhead)
     num_stages = 1 + max((d["stage"] for _, d in nodes(data=True)), default=0)
     wait_pp = [0.0] * num_stages
     wait_dp = [0.0] * num_stages
