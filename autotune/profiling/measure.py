@@ -1,0 +1,361 @@
+"""Timing harness and kernel measurements (torch imported lazily, inside functions).
+
+Method (every measurement): ``warmup`` untimed runs, then ``repeats`` timed runs, each on fresh random
+inputs made by ``torch.randn`` before the run (never zeros: zero operands let the GPU skip work and
+lower its clocks' power draw, and reused inputs sit in L2); the result is the median. On CUDA each run
+is bracketed by CUDA events on the current stream (``Event.elapsed_time``, ms); on CPU by
+``time.perf_counter`` (so unit tests can run the harness with tiny shapes).
+
+Shapes and FLOP conventions are those of :mod:`autotune.profiling.store`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from autotune.errors import NoGPUError
+from autotune.profiling.shapes import AttentionShape
+from autotune.profiling.store import EnvironmentInfo
+
+NO_GPU_MESSAGE = "no CUDA GPU found: autotune profile needs an NVIDIA GPU"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median of ``repeats`` timed runs, ms; ``samples_ms`` all of them in order."""
+
+    median_ms: float
+    repeats: int
+    samples_ms: tuple[float, ...]
+
+
+def require_cuda() -> None:
+    """Raise :class:`NoGPUError` when torch or a CUDA GPU is missing."""
+    try:
+        import torch
+    except ImportError:
+        raise NoGPUError(NO_GPU_MESSAGE + " (and torch is not installed)") from None
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        raise NoGPUError(NO_GPU_MESSAGE)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def time_op(fn: Callable[..., Any], *, setup: Callable[[], Sequence[Any]] | None = None,
+            device: str = "cuda", warmup: int = 3, repeats: int = 10,
+            max_seconds: float | None = None) -> Timing:
+    """Time ``fn(*setup())``: ``warmup`` untimed runs then ``repeats`` timed runs; the median, ms.
+
+    ``setup`` (untimed) is called before every run and returns fn's arguments (fresh random inputs).
+    ``max_seconds`` caps the timed runs to about that much time (at least 3 runs) once the first
+    warm-up run's duration is known. ``device`` ``cuda`` (CUDA events) or ``cpu`` (perf_counter).
+
+    Raises:
+        ValueError: repeats < 1 or warmup < 0.
+    """
+    import torch
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    cuda = str(device).startswith("cuda")
+
+    def once() -> float:
+        args = tuple(setup()) if setup is not None else ()
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            ms = float(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn(*args)
+            ms = (time.perf_counter() - t0) * 1e3
+        del args
+        return ms
+
+    first = None
+    for i in range(warmup):
+        t = once()
+        first = t if first is None else first
+    if max_seconds is not None:
+        first = first if first is not None else once()
+        repeats = max(min(3, repeats), min(repeats, int(max_seconds * 1e3 / max(first, 1e-6))))
+    samples = tuple(once() for _ in range(repeats))
+    return Timing(median_ms=statistics.median(samples), repeats=repeats, samples_ms=samples)
+
+
+def _dtype(device: str, dtype: Any = None) -> Any:
+    import torch
+
+    if dtype is not None:
+        return dtype
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def measure_gemm(m: int, n: int, k: int, *, device: str = "cuda", dtype: Any = None, warmup: int = 3,
+                 repeats: int = 10, passes: Sequence[str] = ("fwd", "dgrad", "wgrad"),
+                 max_seconds: float | None = 2.0) -> dict[str, Timing]:
+    """Time the three GEMMs of ``nn.Linear`` with input x (m x k) and weight W (n x k), BF16 on CUDA.
+
+    fwd ``F.linear(x, W)`` (m x n); dgrad ``dY @ W`` (m x k); wgrad ``dY^T @ x`` (n x k); each 2 m n k FLOPs.
+    Returns pass -> :class:`Timing`.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    dt = _dtype(device, dtype)
+
+    def rnd(*shape: int) -> Any:
+        return torch.randn(*shape, device=device, dtype=dt)
+
+    plans = {
+        "fwd": (lambda x, w: F.linear(x, w), lambda: (rnd(m, k), rnd(n, k))),
+        "dgrad": (lambda dy, w: dy @ w, lambda: (rnd(m, n), rnd(n, k))),
+        "wgrad": (lambda dy, x: dy.t() @ x, lambda: (rnd(m, n), rnd(m, k))),
+    }
+    out = {}
+    with torch.no_grad():
+        for p in passes:
+            fn, setup = plans[p]
+            out[p] = time_op(fn, setup=setup, device=device, warmup=warmup, repeats=repeats,
+                             max_seconds=max_seconds)
+    return out
+
+
+def measure_attention(shape: AttentionShape, *, device: str = "cuda", dtype: Any = None,
+                      force_flash: bool | None = None, warmup: int = 2, repeats: int = 10,
+                      max_seconds: float | None = 3.0) -> tuple[Timing, Timing]:
+    """Time causal ``scaled_dot_product_attention`` forward and backward; (fwd, bwd) timings.
+
+    Layout (batch, heads, seq, head_dim). GQA: K and V are made with the full query-head count (the
+    repeat-KV formulation; a flash kernel does the same work per query head either way). On CUDA the
+    flash backend is forced (``sdpa_kernel(SDPBackend.FLASH_ATTENTION)``; an unsupported shape raises
+    rather than silently timing another kernel). Backward is ``o.backward(dO)`` after an untimed forward.
+    """
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    dt = _dtype(device, dtype)
+    b, s, h, d = shape.batch, shape.seq_len, shape.heads, shape.head_dim
+    if force_flash is None:
+        force_flash = str(device).startswith("cuda")
+    ctx: Any = contextlib.nullcontext()
+    if force_flash:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+    def qkv(grad: bool) -> tuple[Any, Any, Any]:
+        return tuple(torch.randn(b, h, s, d, device=device, dtype=dt, requires_grad=grad) for _ in range(3))
+
+    def fwd_setup():
+        return qkv(False)
+
+    def bwd_setup():
+        q, k, v = qkv(True)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o, torch.randn_like(o)
+
+    with ctx:
+        with torch.no_grad():
+            fwd = time_op(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                          setup=fwd_setup, device=device, warmup=warmup, repeats=repeats, max_seconds=max_seconds)
+        bwd = time_op(lambda o, do: o.backward(do), setup=bwd_setup, device=device, warmup=warmup,
+                      repeats=repeats, max_seconds=max_seconds)
+    return fwd, bwd
+
+
+def measure_memory_op(spec: Mapping[str, Any], *, device: str = "cuda", dtype: Any = None, warmup: int = 3,
+                      repeats: int = 10) -> tuple[int, Timing]:
+    """Time one memory-bound op (see :data:`autotune.profiling.shapes.MEMORY_OPS`); (bytes moved, timing).
+
+    ``spec`` has ``op`` and its sizes: copy ``numel``; rmsnorm ``tokens, hidden``; rope ``tokens, heads,
+    head_dim``; swiglu ``tokens, ffn``; cross_entropy ``tokens, vocab``; adamw ``numel`` (fp32 params;
+    ``torch.optim.AdamW`` fused on CUDA, foreach on CPU).
+
+    Raises:
+        ValueError: unknown op.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    dt = _dtype(device, dtype)
+    es = torch.tensor([], dtype=dt).element_size()
+    op = spec["op"]
+
+    def rnd(*shape: int, dtype: Any = dt) -> Any:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    with torch.no_grad():
+        if op == "copy":
+            n = int(spec["numel"])
+            out = torch.empty(n, device=device, dtype=dt)
+            t = time_op(lambda x: out.copy_(x), setup=lambda: (rnd(n),), device=device, warmup=warmup,
+                        repeats=repeats)
+            return 2 * n * es, t
+        if op == "rmsnorm":
+            T, h = int(spec["tokens"]), int(spec["hidden"])
+            w = rnd(h)
+            t = time_op(lambda x: F.rms_norm(x, (h,), w, eps=1e-5), setup=lambda: (rnd(T, h),), device=device,
+                        warmup=warmup, repeats=repeats)
+            return 2 * T * h * es, t
+        if op == "rope":
+            T, H, d = int(spec["tokens"]), int(spec["heads"]), int(spec["head_dim"])
+
+            def rope(x, cos, sin):
+                x1, x2 = x.chunk(2, dim=-1)
+                return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+            t = time_op(rope, setup=lambda: (rnd(T, H, d), rnd(T, 1, d), rnd(T, 1, d)), device=device,
+                        warmup=warmup, repeats=repeats)
+            return (2 * T * H * d + 2 * T * d) * es, t
+        if op == "swiglu":
+            T, f = int(spec["tokens"]), int(spec["ffn"])
+            t = time_op(lambda g, u: F.silu(g) * u, setup=lambda: (rnd(T, f), rnd(T, f)), device=device,
+                        warmup=warmup, repeats=repeats)
+            return 3 * T * f * es, t
+        if op == "cross_entropy":
+            T, V = int(spec["tokens"]), int(spec["vocab"])
+            t = time_op(lambda x, y: F.cross_entropy(x, y),
+                        setup=lambda: (rnd(T, V), torch.randint(0, V, (T,), device=device)), device=device,
+                        warmup=warmup, repeats=repeats)
+            return T * V * es + 8 * T, t
+    if op == "adamw":
+        n = int(spec["numel"])
+        p = torch.nn.Parameter(torch.randn(n, device=device, dtype=torch.float32))
+        cuda = str(device).startswith("cuda")
+        opt = torch.optim.AdamW([p], lr=1e-4, fused=True) if cuda else torch.optim.AdamW([p], lr=1e-4, foreach=True)
+
+        def setup():
+            p.grad = torch.randn(n, device=device, dtype=torch.float32)
+            return ()
+
+        t = time_op(opt.step, setup=setup, device=device, warmup=warmup, repeats=repeats)
+        return 28 * n, t
+    raise ValueError(f"unknown memory-bound op {op!r}; valid: copy, rmsnorm, rope, swiglu, cross_entropy, adamw")
+
+
+# ----------------------------------------------------------------------------- reclaim (subprocess)
+def _reclaim_worker(gib: float, repeats: int) -> dict[str, float]:
+    """In this process: free ``gib`` GiB of cached blocks, time ``empty_cache()`` and the re-allocation."""
+    import torch
+
+    chunk_sizes = [64 << 20, 96 << 20, 128 << 20, 256 << 20, 512 << 20]  # mixed sizes, like activations
+    total = int(gib * 2**30)
+    sizes, acc, i = [], 0, 0
+    while acc < total:
+        sizes.append(chunk_sizes[i % len(chunk_sizes)])
+        acc += sizes[-1]
+        i += 1
+
+    def alloc():
+        return [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
+
+    ec, al = [], []
+    for r in range(repeats + 1):
+        bufs = alloc()
+        torch.cuda.synchronize()
+        del bufs
+        t0 = time.perf_counter()
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        bufs = alloc()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        del bufs
+        if r:  # the first round is warm-up (context, allocator init)
+            ec.append((t1 - t0) * 1e3)
+            al.append((t2 - t1) * 1e3 / (acc / 2**30))
+    torch.cuda.empty_cache()
+    return {"empty_cache_ms": statistics.median(ec), "alloc_ms_per_gib": statistics.median(al), "nbytes": acc}
+
+
+def measure_reclaim(*, expandable_segments: bool, gib: float = 4.0, repeats: int = 5,
+                    timeout_s: float = 120.0) -> dict[str, float]:
+    """``empty_cache()`` ms and re-allocation ms/GiB after it, in a subprocess whose
+    ``PYTORCH_CUDA_ALLOC_CONF`` is ``expandable_segments:True`` or ``False`` (the allocator reads it once
+    at start-up, hence the subprocess).
+
+    Raises:
+        RuntimeError: the subprocess failed (its stderr tail in the message).
+    """
+    env = dict(os.environ)
+    env["PYTORCH_CUDA_ALLOC_CONF"] = f"expandable_segments:{'True' if expandable_segments else 'False'}"
+    cmd = [sys.executable, "-m", "autotune.profiling.measure", "reclaim", "--gib", str(gib),
+           "--repeats", str(repeats)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if p.returncode != 0:
+        raise RuntimeError(f"reclaim subprocess exited {p.returncode}: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- environment
+def _driver_version() -> str:
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if p.returncode == 0 and p.stdout.strip():
+            return p.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def detect_environment(*, gpu_count: int | None = None) -> EnvironmentInfo:
+    """The current CUDA environment (GPU 0's name; ``gpu_count`` defaults to all visible GPUs).
+
+    Raises:
+        NoGPUError: no CUDA GPU.
+    """
+    require_cuda()
+    import datetime as dt
+
+    import torch
+
+    try:
+        nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - builds without NCCL
+        nccl = "none"
+    return EnvironmentInfo(gpu_name=torch.cuda.get_device_name(0),
+                           gpu_count=int(gpu_count or torch.cuda.device_count()), driver=_driver_version(),
+                           torch=str(torch.__version__), cuda=str(torch.version.cuda), nccl=nccl,
+                           hostname=socket.gethostname(), date=dt.date.today().isoformat())
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m autotune.profiling.measure")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("reclaim", help="time empty_cache and re-allocation (reads PYTORCH_CUDA_ALLOC_CONF)")
+    r.add_argument("--gib", type=float, default=4.0)
+    r.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args(argv)
+    if a.cmd == "reclaim":
+        require_cuda()
+        print(json.dumps(_reclaim_worker(a.gib, a.repeats)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
