@@ -171,3 +171,27 @@ def test_extrapolation_matches_full_simulation():
     assert r.details["extrapolated"]
     full = simulate_graph(ev.build_graph(plan, 64)).step_time_ms
     assert r.step_time_ms == pytest.approx(full, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule,vpp", [("interleaved_1f1b", 2), ("gpipe", 1)])
+def test_extrapolation_matches_full_simulation_other_schedules(schedule, vpp):
+    ev = _evaluator("70b", gpus=64, gbs=96)
+    plan = Plan(tp_degree=8, pp_degree=8, dp_degree=1, vpp_degree=vpp, micro_batch_size=1,
+                num_micro_batches=96, pipeline_schedule=schedule, zero_stage=0, sequence_parallel=True,
+                dp_grad_reduce_overlap=False, recompute="full")
+    r = ev.evaluate(plan)
+    assert r.details["extrapolated"]
+    full = simulate_graph(ev.build_graph(plan, 96)).step_time_ms
+    assert r.step_time_ms == pytest.approx(full, rel=1e-9)
+
+
+def test_extrapolation_with_dp_overlap_and_zero3():
+    ev = _evaluator("70b", gpus=128, gbs=192)
+    for z in (1, 3):
+        plan = Plan(tp_degree=8, pp_degree=8, dp_degree=2, vpp_degree=2, micro_batch_size=1, num_micro_batches=96,
+                    pipeline_schedule="interleaved_1f1b", zero_stage=z, sequence_parallel=True,
+                    dp_grad_reduce_overlap=True, param_gather_overlap=True, bucket_size_mib=25)
+        r = ev.evaluate(plan)
+        assert r.details["extrapolated"]
+        full = simulate_graph(ev.build_graph(plan, 96)).step_time_ms
+        assert r.step_time_ms == pytest.approx(full, rel=1e-9)
