@@ -184,6 +184,30 @@ def measure_attention(shape: AttentionShape, *, device: str = "cuda", dtype: Any
     return fwd, bwd
 
 
+def memory_op_nbytes(spec: Mapping[str, Any], *, elem_size: int = 2) -> int:
+    """Bytes a memory-bound op moves (reads + writes; :data:`autotune.profiling.shapes.MEMORY_OPS`),
+    activations of ``elem_size`` bytes (2 for BF16), AdamW states fp32.
+
+    Raises:
+        ValueError: unknown op.
+    """
+    op, es = spec["op"], elem_size
+    if op == "copy":
+        return 2 * int(spec["numel"]) * es
+    if op == "rmsnorm":
+        return 2 * int(spec["tokens"]) * int(spec["hidden"]) * es
+    if op == "rope":
+        T, H, d = int(spec["tokens"]), int(spec["heads"]), int(spec["head_dim"])
+        return (2 * T * H * d + 2 * T * d) * es
+    if op == "swiglu":
+        return 3 * int(spec["tokens"]) * int(spec["ffn"]) * es
+    if op == "cross_entropy":
+        return int(spec["tokens"]) * int(spec["vocab"]) * es + 8 * int(spec["tokens"])
+    if op == "adamw":
+        return 28 * int(spec["numel"])
+    raise ValueError(f"unknown memory-bound op {op!r}; valid: copy, rmsnorm, rope, swiglu, cross_entropy, adamw")
+
+
 def measure_memory_op(spec: Mapping[str, Any], *, device: str = "cuda", dtype: Any = None, warmup: int = 3,
                       repeats: int = 10) -> tuple[int, Timing]:
     """Time one memory-bound op (see :data:`autotune.profiling.shapes.MEMORY_OPS`); (bytes moved, timing).
@@ -211,13 +235,13 @@ def measure_memory_op(spec: Mapping[str, Any], *, device: str = "cuda", dtype: A
             out = torch.empty(n, device=device, dtype=dt)
             t = time_op(lambda x: out.copy_(x), setup=lambda: (rnd(n),), device=device, warmup=warmup,
                         repeats=repeats)
-            return 2 * n * es, t
+            return memory_op_nbytes(spec, elem_size=es), t
         if op == "rmsnorm":
             T, h = int(spec["tokens"]), int(spec["hidden"])
             w = rnd(h)
             t = time_op(lambda x: F.rms_norm(x, (h,), w, eps=1e-5), setup=lambda: (rnd(T, h),), device=device,
                         warmup=warmup, repeats=repeats)
-            return 2 * T * h * es, t
+            return memory_op_nbytes(spec, elem_size=es), t
         if op == "rope":
             T, H, d = int(spec["tokens"]), int(spec["heads"]), int(spec["head_dim"])
 
@@ -227,18 +251,18 @@ def measure_memory_op(spec: Mapping[str, Any], *, device: str = "cuda", dtype: A
 
             t = time_op(rope, setup=lambda: (rnd(T, H, d), rnd(T, 1, d), rnd(T, 1, d)), device=device,
                         warmup=warmup, repeats=repeats)
-            return (2 * T * H * d + 2 * T * d) * es, t
+            return memory_op_nbytes(spec, elem_size=es), t
         if op == "swiglu":
             T, f = int(spec["tokens"]), int(spec["ffn"])
             t = time_op(lambda g, u: F.silu(g) * u, setup=lambda: (rnd(T, f), rnd(T, f)), device=device,
                         warmup=warmup, repeats=repeats)
-            return 3 * T * f * es, t
+            return memory_op_nbytes(spec, elem_size=es), t
         if op == "cross_entropy":
             T, V = int(spec["tokens"]), int(spec["vocab"])
             t = time_op(lambda x, y: F.cross_entropy(x, y),
                         setup=lambda: (rnd(T, V), torch.randint(0, V, (T,), device=device)), device=device,
                         warmup=warmup, repeats=repeats)
-            return T * V * es + 8 * T, t
+            return memory_op_nbytes(spec, elem_size=es), t
     if op == "adamw":
         n = int(spec["numel"])
         p = torch.nn.Parameter(torch.randn(n, device=device, dtype=torch.float32))
@@ -250,7 +274,7 @@ def measure_memory_op(spec: Mapping[str, Any], *, device: str = "cuda", dtype: A
             return ()
 
         t = time_op(opt.step, setup=setup, device=device, warmup=warmup, repeats=repeats)
-        return 28 * n, t
+        return memory_op_nbytes(spec, elem_size=es), t
     raise ValueError(f"unknown memory-bound op {op!r}; valid: copy, rmsnorm, rope, swiglu, cross_entropy, adamw")
 
 

@@ -356,7 +356,7 @@ def _r(x: float, nd: int = 4) -> float:
     return float(round(float(x), nd))
 
 
-def _nominal_tier_bandwidth(tier: str, gpu: str, fallback: float) -> float:
+def nominal_tier_bandwidth(tier: str, gpu: str, fallback: float) -> float:
     """Nominal (datasheet) bandwidth of the path a tier measures, GB/s; see TIER_NOMINAL_PRESET."""
     from autotune.hardware import get_fabric, get_gpu
 
@@ -448,7 +448,7 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
             continue
         g = max(c.group_size for c in tc if c.kind == "all_reduce")
         busbw = measured_tier_busbw(col, tier)
-        entry: dict[str, Any] = {"link_bandwidth_gbs": _nominal_tier_bandwidth(tier, gpu, _r(busbw, 2)),
+        entry: dict[str, Any] = {"link_bandwidth_gbs": nominal_tier_bandwidth(tier, gpu, _r(busbw, 2)),
                                  "group_size": g, "measured": True, "measured_busbw_gbs": _r(busbw, 2)}
         for kind in COLLECTIVE_KINDS:
             sizes = sorted({c.group_size for c in tc if c.kind == kind})
