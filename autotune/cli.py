@@ -1,0 +1,352 @@
+"""The ``autotune`` command line (click).
+
+Commands: ``run`` (tune), ``export`` (best plan -> YAML + launch hints), ``show`` (best plan per study),
+``simulate`` (predict one plan file), ``retune`` (re-tune for a slower fabric, warm-started), and, when
+those modules are present, ``profile`` and ``validate``. Any :class:`~autotune.errors.AutotuneError`
+prints ``error: ...`` to stderr and exits 2; an unexpected exception prints one line and a hint to
+re-run with ``AUTOTUNE_DEBUG=1`` for the traceback, and exits 1. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import click
+
+from autotune.errors import AutotuneError, ConfigError
+
+#: --size -> (default GPU count, default global batch in tokens); M = 2**20 tokens.
+SIZE_DEFAULTS = {"8b": (8, "1M"), "70b": (64, "4M"), "405b": (1024, "16M")}
+DEFAULT_GPU = "b200"
+DEFAULT_SEQ_LEN = 8192
+
+
+def _debug() -> bool:
+    from autotune.tuner import debug_enabled
+
+    return debug_enabled()
+
+
+class AutotuneGroup(click.Group):
+    """A click group that turns errors into one clear line and a non-zero exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except AutotuneError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(2)
+        except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
+            if _debug():
+                raise
+            msg = str(e).splitlines()[0] if str(e) else ""
+            click.echo(f"error: unexpected {type(e).__name__}: {msg}\n"
+                       "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
+            ctx.exit(1)
+
+
+def parse_tokens(text: str) -> int:
+    """``16M`` -> 16 x 2^20, ``512K`` -> 512 x 2^10, ``524288`` -> 524288 (tokens).
+
+    Raises:
+        ConfigError: not a positive integer with an optional K/M/G suffix (binary multiples).
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
+    if not m or int(m.group(1)) <= 0:
+        raise ConfigError(f"--global-batch {text!r}: expected a positive number of tokens, e.g. 16M, 4M, 1M, "
+                          "524288 (K = 2^10, M = 2^20, G = 2^30)")
+    return int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()]
+
+
+def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None, gpus: int | None,
+                   interconnect: str | None, seq_len: int | None, global_batch: str | None):
+    """(ModelSpec, ClusterSpec, Workload) from the CLI options with the per-size defaults.
+
+    Defaults: B200 on nvlink5+ib-ndr400; 1024 GPUs and 16M tokens for 405b, 64 and 4M for 70b, 8 and 1M
+    for 8b (a ``--model`` config takes the defaults of the nearest size by parameter count); seq 8192.
+
+    Raises:
+        ConfigError: unknown size/GPU/fabric (lists the known ones), both or neither of --size/--model,
+            a batch that is not a whole number of sequences.
+    """
+    from autotune.hardware import make_cluster
+    from autotune.models import CATALOG, get_model, model_from_hf_config
+    from autotune.plan import Workload
+
+    if size and model_path:
+        raise ConfigError("give either --size or --model, not both")
+    if not size and not model_path:
+        raise ConfigError(f"give --size ({', '.join(CATALOG)}) or --model path/to/config.json")
+    if size:
+        model = get_model(size)
+        key = next(k for k, v in CATALOG.items() if v == model)
+    else:
+        model = model_from_hf_config(model_path)
+        n = model.num_params
+        key = "8b" if n < 20e9 else "70b" if n < 150e9 else "405b"
+    d_gpus, d_batch = SIZE_DEFAULTS[key]
+    cluster = make_cluster(gpu or DEFAULT_GPU, gpus if gpus is not None else d_gpus, interconnect)
+    workload = Workload.from_tokens(seq_len=seq_len or DEFAULT_SEQ_LEN,
+                                    global_batch_tokens=parse_tokens(global_batch or d_batch))
+    return model, cluster, workload
+
+
+def target_options(f):
+    """--size --model --gpu --gpus --interconnect --seq-len --global-batch."""
+    opts = [
+        click.option("--size", help="Llama 3.1 size: 8b, 70b or 405b."),
+        click.option("--model", "model_path", type=click.Path(dir_okay=False),
+                     help="Hugging Face config.json of a dense decoder (instead of --size)."),
+        click.option("--gpu", help=f"GPU: a100-80gb, h100, h200, b200, gb200 (default {DEFAULT_GPU})."),
+        click.option("--gpus", type=int, help="GPU count (default: 8 for 8b, 64 for 70b, 1024 for 405b)."),
+        click.option("--interconnect", help="Fabric <intra>[+<inter>], e.g. nvlink5+ib-ndr400, or a YAML file "
+                                            "(default: the GPU's NVLink + ib-ndr400)."),
+        click.option("--seq-len", type=int, help=f"Sequence length in tokens (default {DEFAULT_SEQ_LEN})."),
+        click.option("--global-batch", help="Global batch in tokens: 16M, 4M, 1M, 524288 ... (default: 16M for "
+                                            "405b, 4M for 70b, 1M for 8b)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def study_options(f):
+    from autotune.tuner import DEFAULT_STORAGE
+
+    opts = [
+        click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="Optuna storage URL."),
+        click.option("--space", default="default", show_default=True,
+                     help="Search space: a name under search_spaces/ or a YAML file."),
+        click.option("--backend", default="simulated", show_default=True, help="simulated, measured or real."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def tune_options(f):
+    opts = [
+        click.option("--trials", type=int, default=200, show_default=True, help="Trials to run (added to the study)."),
+        click.option("--timeout", type=float, default=None, help="Stop after this many seconds."),
+        click.option("--seed", type=int, default=0, show_default=True, help="TPE sampler seed."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@click.group(cls=AutotuneGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """autotune: find the parallelism plan with the highest MFU for an LLM on a GPU cluster.
+
+    MFU = model FLOPs of a step / (step time x GPUs x dense BF16 peak), with causal attention FLOPs
+    (the PaLM convention is shown beside it). Studies live in sqlite:///studies/autotune.db unless
+    --storage says otherwise. Set AUTOTUNE_DEBUG=1 to see tracebacks.
+    """
+
+
+def _target_line(model, cluster, workload) -> str:
+    return (f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name} ({cluster.fabric.name}), seq {workload.seq_len}, "
+            f"global batch {workload.global_batch_size} sequences = {workload.global_batch_tokens:,} tokens")
+
+
+@main.command()
+@target_options
+@study_options
+@tune_options
+def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, trials, timeout,
+        seed):
+    """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
+
+    Example: autotune run --size 405b --trials 200
+    """
+    from autotune.report import format_best_plan
+    from autotune.tuner import Tuner
+
+    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
+                  seed=seed)
+    click.echo(f"tuning {_target_line(model, cluster, workload)}")
+    click.echo(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
+               f"{trials} trials" + (f", timeout {timeout:g} s" if timeout else ""))
+    try:
+        summary = tuner.optimize(trials, timeout=timeout)
+    finally:
+        tuner.close()
+    st = summary.states
+    click.echo(f"{summary.n_new_trials} trials run, {summary.n_trials} in the study: {st.get('feasible', 0)} "
+               f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
+               f"{st.get('failed', 0)} failed")
+    best = summary.best
+    click.echo("")
+    click.echo(format_best_plan(plan=best.plan, result=best.result,
+                                title=f"best plan: trial {best.trial_number} of {best.study}",
+                                target=_target_line(model, cluster, workload)))
+    sel = f"--size {size}" if size else f"--model {model_path}"
+    click.echo(f"\nexport it: autotune export {sel}" + (f" --gpus {gpus}" if gpus else "")
+               + (f" --interconnect {interconnect}" if interconnect else "") + " -o plan.yaml")
+
+
+def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend):
+    from autotune.search_space import SearchSpace
+    from autotune.tuner import load_study, study_name
+
+    if study:
+        return load_study(study, storage)
+    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend)
+    return load_study(name, storage)
+
+
+@main.command()
+@click.option("--study", "study", help="Study name (instead of the target options).")
+@target_options
+@study_options
+@click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to write the plan YAML.")
+def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, output):
+    """Write the best plan of a study as YAML and print launch flags for Megatron-LM / torchtitan.
+
+    Example: autotune export --size 405b -o plan.yaml
+    """
+    from autotune.report import launch_hints
+    from autotune.tuner import require_best_plan
+
+    st, info = _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage,
+                              space, backend)
+    best = require_best_plan(st, info, storage)
+    doc = best.document()
+    try:
+        doc.save(output)
+    except OSError as e:
+        raise ConfigError(f"cannot write {output}: {e}") from None
+    click.echo(f"wrote {output}: trial {best.trial_number} of {best.study}, MFU {100 * best.result.mfu:.1f}%, "
+               f"step {best.result.step_time_ms:,.1f} ms")
+    click.echo(launch_hints(best.plan, info.model, info.workload))
+
+
+@main.command()
+@click.option("--storage", default=None, help="Optuna storage URL (default sqlite:///studies/autotune.db).")
+def show(storage):
+    """List the best plan per model size and interconnect found in the storage (one row per study)."""
+    from autotune.report import format_studies, short_plan
+    from autotune.tuner import DEFAULT_STORAGE, best_plan, failure_summary, list_studies, load_study
+
+    storage = storage or DEFAULT_STORAGE
+    rows = []
+    for info in list_studies(storage):
+        st, info = load_study(info.name, storage)
+        bp = best_plan(st, info)
+        trials = st.get_trials(deepcopy=False)
+        row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
+               "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
+        if bp is None:
+            n_bad, n, _ = failure_summary(trials)
+            row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} failed)")
+        else:
+            row.update(mfu=f"{100 * bp.result.mfu:.1f}%", step=f"{bp.result.step_time_ms:,.0f}",
+                       plan=short_plan(bp.plan))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["model"], r["gpus"], r["workload"], r["fabric"]))
+    click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
+
+
+@main.command()
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--backend", default="simulated", show_default=True, help="simulated, measured or real.")
+@click.option("--interconnect", default=None, help="Evaluate on another fabric than the file's.")
+def simulate(plan_file, backend, interconnect):
+    """Predict one plan file (model, cluster and workload from the file) and print its memory table.
+
+    Example: autotune simulate plan.yaml
+    """
+    from autotune.hardware import ClusterSpec, fabric_from_dict, get_fabric, get_gpu
+    from autotune.memory import estimate_memory
+    from autotune.plan import PlanDocument, validate_plan
+    from autotune.report import format_best_plan
+    from autotune.tuner import make_evaluator
+
+    doc = PlanDocument.load(plan_file)
+    fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
+    cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)
+    validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload)
+    ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload)
+    try:
+        result = ev.evaluate(doc.plan)
+        frag = None
+        costs = getattr(ev, "costs", None)
+        if costs is not None and hasattr(costs, "fragmentation"):
+            frag = costs.fragmentation()
+    finally:
+        ev.close()
+    click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
+                                target=_target_line(doc.model, cluster, doc.workload)))
+    click.echo("")
+    click.echo(estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag).describe())
+    pred = doc.prediction or {}
+    if "mfu" in pred and "step_time_ms" in pred and not interconnect:
+        same = abs(float(pred["mfu"]) - result.mfu) <= 1e-9 * max(1.0, result.mfu) and \
+            abs(float(pred["step_time_ms"]) - result.step_time_ms) <= 1e-6 * max(1.0, result.step_time_ms)
+        click.echo(f"\nprediction stored in the file ({pred.get('backend', '?')}): step {float(pred['step_time_ms']):,.1f} "
+                   f"ms, MFU {100 * float(pred['mfu']):.1f}% -> " + ("same" if same else "DIFFERENT now"))
+
+
+@main.command()
+@target_options
+@study_options
+@tune_options
+@click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
+def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, trials, timeout,
+           seed, top_k):
+    """Re-tune for a slower fabric, warm-started with the fastest fabric's best plans; compare both.
+
+    Example: autotune retune --size 405b --interconnect pcie5+eth100
+    """
+    from autotune.report import format_side_by_side
+    from autotune.tuner import explain_changes
+    from autotune.tuner import retune as do_retune
+
+    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    click.echo(f"re-tuning {_target_line(model, cluster, workload)}")
+    r = do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
+                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=click.echo)
+    fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
+    click.echo("")
+    click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),
+                                    (f"same plan on {slow_name}", r.fast.plan, r.fast_on_slow),
+                                    (f"{slow_name} best", r.slow.plan, r.slow.result)]))
+    lost = r.fast.result.mfu - r.slow.result.mfu
+    gained = r.slow.result.mfu - r.fast_on_slow.mfu
+    click.echo(f"\nMFU lost moving {fast_name} -> {slow_name}: {100 * lost:.1f} points "
+               f"({100 * r.fast.result.mfu:.1f}% -> {100 * r.slow.result.mfu:.1f}%); re-tuning recovers "
+               f"{100 * gained:.1f} points over running the {fast_name} plan unchanged "
+               f"({100 * r.fast_on_slow.mfu:.1f}%).")
+    for line in explain_changes(r.fast, r.slow, r.fast_on_slow):
+        click.echo(line)
+    click.echo(f"studies: {r.fast.study} (fast) and {r.slow.study} (slow), {r.n_enqueued} warm-start plan(s)")
+
+
+def _register_optional_commands() -> None:
+    for mod_name, attr in (("autotune.profiling.cli", "profile"), ("autotune.runtime.cli", "validate")):
+        try:
+            mod = __import__(mod_name, fromlist=[attr])
+            cmd = getattr(mod, attr)
+        except ImportError:
+            continue
+        except Exception as e:  # noqa: BLE001 - a broken optional module must not break --help
+            if _debug():
+                raise
+            print(f"warning: `autotune {attr}` unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        if isinstance(cmd, click.Command):
+            main.add_command(cmd, name=attr)
+
+
+_register_optional_commands()

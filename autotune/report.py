@@ -1,0 +1,223 @@
+"""Text reports of the CLI: the best-plan table, the retune side-by-side, the study list, launch hints.
+
+All functions return strings (no printing). Units: ms, GiB (2^30 bytes), tokens/s per GPU, MFU in %.
+MFU is the causal convention (attention score/value FLOPs counted once for a causal mask, as the
+kernel does and Megatron-LM reports); the PaLM (Appendix B) figure, which counts the full square, is
+shown beside it (see :mod:`autotune.flops`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from autotune.evaluator import BREAKDOWN_KEYS, StepResult
+from autotune.models import ModelSpec
+from autotune.plan import Plan, Workload
+
+GIB = 2**30
+
+
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, *, right: bool = False) -> str:
+    allrows = ([list(header)] if header else []) + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in allrows) for i in range(len(allrows[0]))]
+    lines = []
+    for j, r in enumerate(allrows):
+        lines.append("  ".join(c.rjust(w) if (i > 0 and right) else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if header and j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def provenance_label(result: StepResult) -> str:
+    """"simulated with <calibration label>" for the simulated backend, else the backend name."""
+    d = result.details or {}
+    costs = d.get("costs") if isinstance(d.get("costs"), Mapping) else {}
+    label = costs.get("label") or d.get("calibration_label") or d.get("calibration") or d.get("label")
+    if result.backend == "simulated":
+        measured = costs.get("measured", d.get("calibration_measured", d.get("measured")))
+        extra = " (measured=false)" if measured is False and "measured" not in str(label) else ""
+        return f"simulated with {label or 'the shipped calibration'}{extra}"
+    return f"{result.backend}" + (f" ({label})" if label else "")
+
+
+def plan_rows(plan: Plan) -> list[tuple[str, str]]:
+    """(label, value) rows: degrees, schedule and settings."""
+    sched = plan.pipeline_schedule if plan.pp_degree > 1 else "none (pp=1)"
+    if plan.pipeline_schedule == "interleaved_1f1b" and plan.pp_degree > 1:
+        sched += f", {plan.vpp_degree} chunks per rank"
+    rows = [
+        ("degrees", f"TP {plan.tp_degree} x PP {plan.pp_degree} x DP {plan.dp_degree} x CP {plan.cp_degree} "
+                    f"= {plan.num_gpus} GPUs"),
+        ("pipeline schedule", sched),
+        ("micro-batches", f"{plan.num_micro_batches} x {plan.micro_batch_size} sequences per DP replica"),
+    ]
+    if plan.stage_layers is not None:
+        rows.append(("layers per stage", _runs(plan.stage_layers)))
+    rows += [
+        ("sequence parallel", _onoff(plan.sequence_parallel)),
+        ("recompute", plan.recompute),
+        ("ZeRO stage", str(plan.zero_stage)),
+        ("async collectives", _onoff(plan.async_collectives)),
+        ("TP comm overlap", _onoff(plan.tp_comm_overlap)),
+        ("DP grad-reduce overlap", _onoff(plan.dp_grad_reduce_overlap)),
+        ("param-gather overlap", _onoff(plan.param_gather_overlap)),
+        ("DP bucket", f"{plan.bucket_size_mib} MiB"),
+        ("memory reclaim", plan.memory_reclaim),
+    ]
+    return rows
+
+
+def _runs(xs: Sequence[int]) -> str:
+    """[1, 2, 2, 2, 1] -> "1, 2 x 3, 1" (virtual stages in model order)."""
+    out: list[list[int]] = []
+    for x in xs:
+        if out and out[-1][0] == x:
+            out[-1][1] += 1
+        else:
+            out.append([x, 1])
+    return ", ".join(f"{v} x {n}" if n > 1 else str(v) for v, n in out)
+
+
+def _onoff(b: bool) -> str:
+    return "on" if b else "off"
+
+
+def result_rows(result: StepResult) -> list[tuple[str, str]]:
+    rows = [
+        ("step time", f"{result.step_time_ms:,.1f} ms"),
+        ("tokens/s per GPU", f"{result.tokens_per_s_per_gpu:,.0f}"),
+        ("MFU", f"{100 * result.mfu:.1f}% (causal; PaLM convention {100 * result.mfu_palm:.1f}%), "
+                f"{result.tflops_per_gpu:.0f} TFLOP/s per GPU"),
+        ("HFU", f"{100 * result.hfu:.1f}%"),
+        ("peak memory per GPU", f"{result.peak_memory_bytes / GIB:.1f} GiB"
+         + (f" (stages: {', '.join(f'{b / GIB:.1f}' for b in result.memory_per_stage_bytes)})"
+            if 1 < len(result.memory_per_stage_bytes) <= 8 else "")),
+    ]
+    if not result.feasible:
+        rows.append(("fits in memory", f"NO: {result.infeasible_reason}"))
+    return rows
+
+
+def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
+    total = result.step_time_ms or 1.0
+    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms] + \
+        [k for k in result.breakdown_ms if k not in BREAKDOWN_KEYS]
+    return [(f"  {k}", f"{result.breakdown_ms[k]:,.1f} ms ({100 * result.breakdown_ms[k] / total:.1f}%)")
+            for k in keys]
+
+
+def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: ModelSpec | None = None,
+                     target: str | None = None) -> str:
+    """The best-plan table: degrees, schedule, settings, step time, tokens/s/GPU, MFU, memory, breakdown."""
+    head = [title]
+    if target:
+        head.append(target)
+    rows = plan_rows(plan) + result_rows(result) + [("breakdown (critical path)", "")] + breakdown_rows(result)
+    return "\n".join(head) + "\n" + _table(rows) + f"\n({provenance_label(result)}; MFU = model FLOPs / " \
+        "(step time x GPUs x dense BF16 peak), causal attention FLOPs)"
+
+
+def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]]) -> str:
+    """Plans and results in columns (retune: fast best | fast plan on slow fabric | slow best)."""
+    header = [""] + [c[0] for c in columns]
+    plan_labels = [r[0] for r in plan_rows(columns[0][1])]
+    per_col = [dict(plan_rows(p)) for _, p, _ in columns]
+    labels = list(dict.fromkeys(plan_labels + [k for d in per_col for k in d]))
+    rows = [[lab] + [d.get(lab, "-") for d in per_col] for lab in labels]
+    rows.append(["step time"] + [f"{r.step_time_ms:,.1f} ms" for _, _, r in columns])
+    rows.append(["tokens/s per GPU"] + [f"{r.tokens_per_s_per_gpu:,.0f}" for _, _, r in columns])
+    rows.append(["MFU (causal)"] + [f"{100 * r.mfu:.1f}%" for _, _, r in columns])
+    rows.append(["MFU (PaLM)"] + [f"{100 * r.mfu_palm:.1f}%" for _, _, r in columns])
+    rows.append(["peak memory per GPU"] + [f"{r.peak_memory_bytes / GIB:.1f} GiB" for _, _, r in columns])
+    keys = list(dict.fromkeys([k for k in BREAKDOWN_KEYS] + [k for _, _, r in columns for k in r.breakdown_ms]))
+    for k in keys:
+        if any(k in r.breakdown_ms for _, _, r in columns):
+            rows.append([f"  {k} ms"] + [f"{r.breakdown_ms.get(k, 0.0):,.1f}" for _, _, r in columns])
+    return _table(rows, header, right=True)
+
+
+def format_studies(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One row per study: model, GPUs, fabric, workload, trials, best MFU, step time, degrees."""
+    if not rows:
+        return "no studies"
+    header = ["model", "gpus", "interconnect", "workload", "trials", "best MFU", "step ms", "plan", "study"]
+    body = [[r["model"], r["gpus"], r["fabric"], r["workload"], str(r["n_trials"]), r["mfu"], r["step"], r["plan"],
+             r["study"]] for r in rows]
+    return _table(body, header)
+
+
+def short_plan(plan: Plan) -> str:
+    s = f"tp{plan.tp_degree} pp{plan.pp_degree} dp{plan.dp_degree} cp{plan.cp_degree}"
+    if plan.pp_degree > 1:
+        s += f" {plan.pipeline_schedule}" + (f"x{plan.vpp_degree}" if plan.pipeline_schedule == "interleaved_1f1b" else "")
+    s += f" mbs{plan.micro_batch_size} zero{plan.zero_stage} rc={plan.recompute}"
+    return s
+
+
+def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
+    """Megatron-LM flags and a torchtitan TOML snippet equivalent to ``plan`` (hints, check your version).
+
+    Megatron-LM names: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+    ``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``, ``--sequence-parallel``,
+    ``--recompute-granularity``, ``--use-distributed-optimizer``, ``--overlap-grad-reduce``,
+    ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--decoder-first/last-pipeline-num-layers``.
+    torchtitan (``[parallelism]``): ``tensor_parallel_degree``, ``pipeline_parallel_degree``,
+    ``context_parallel_degree``, ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree``,
+    ``pipeline_parallel_schedule``; ``[activation_checkpoint] mode``.
+    """
+    p = plan
+    meg = [f"--tensor-model-parallel-size {p.tp_degree}", f"--pipeline-model-parallel-size {p.pp_degree}",
+           f"--context-parallel-size {p.cp_degree}", f"--micro-batch-size {p.micro_batch_size}",
+           f"--global-batch-size {workload.global_batch_size}", f"--seq-length {workload.seq_len}"]
+    layers = p.layers_per_virtual_stage(model.num_layers)
+    if p.pipeline_schedule == "interleaved_1f1b" and p.pp_degree > 1 and p.vpp_degree > 1:
+        meg.append(f"--num-layers-per-virtual-pipeline-stage {max(layers)}")
+    if p.stage_layers is not None and p.pp_degree > 1:
+        per_rank = [sum(layers[r::p.pp_degree]) for r in range(p.pp_degree)]
+        meg.append(f"--decoder-first-pipeline-num-layers {per_rank[0]} "
+                   f"--decoder-last-pipeline-num-layers {per_rank[-1]}")
+    if p.sp_active:
+        meg.append("--sequence-parallel")
+    if p.recompute == "selective":
+        meg.append("--recompute-granularity selective")
+    elif p.recompute == "full":
+        meg.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    if p.zero_stage >= 1:
+        meg.append("--use-distributed-optimizer" + ("" if p.zero_stage == 1 else
+                   f"  # ZeRO-{p.zero_stage}: Megatron-FSDP / --use-torch-fsdp2 for sharded grads/params"))
+    if p.dp_grad_reduce_overlap:
+        meg.append("--overlap-grad-reduce")
+    if p.param_gather_overlap:
+        meg.append("--overlap-param-gather")
+    if p.tp_comm_overlap:
+        meg.append("--tp-comm-overlap")
+    meg.append(f"--ddp-bucket-size {p.bucket_size_mib * 2**20 // 2}  # parameters (bf16) = {p.bucket_size_mib} MiB")
+    sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}[p.pipeline_schedule]
+    shard = p.dp_degree if p.zero_stage >= 2 else 1
+    replicate = 1 if p.zero_stage >= 2 else p.dp_degree
+    tt = ["[parallelism]", f"tensor_parallel_degree = {p.tp_degree}", f"pipeline_parallel_degree = {p.pp_degree}",
+          f"context_parallel_degree = {p.cp_degree}", f"data_parallel_shard_degree = {shard}",
+          f"data_parallel_replicate_degree = {replicate}"]
+    if p.pp_degree > 1:
+        tt += [f'pipeline_parallel_schedule = "{sched}"', f"pipeline_parallel_microbatch_size = {p.micro_batch_size}"]
+    if p.tp_comm_overlap:
+        tt.append("enable_async_tensor_parallel = true  # needs torch.compile")
+    tt += ["[training]", f"seq_len = {workload.seq_len}", f"local_batch_size = {p.micro_batch_size * p.num_micro_batches}",
+           f"global_batch_size = {workload.global_batch_size}",
+           "[activation_checkpoint]", f'mode = "{p.recompute}"']
+    env = []
+    if p.memory_reclaim == "expandable_segments":
+        env.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    elif p.memory_reclaim != "none":
+        env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
+    out = ["Megatron-LM:", "  " + " \\\n  ".join(meg), "torchtitan (TOML):"] + ["  " + x for x in tt]
+    if p.zero_stage == 1:
+        out.append("  # torchtitan has no ZeRO-1; FSDP (data_parallel_shard_degree) is the nearest")
+    if env:
+        out += ["environment:"] + ["  " + e for e in env]
+    return "\n".join(out)
+
+
+__all__ = ["format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
+           "provenance_label", "short_plan"]

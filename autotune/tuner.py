@@ -1,0 +1,767 @@
+"""The tuner: one Optuna study per model, cluster and workload, maximizing MFU.
+
+Study name: ``<model>/<gpu>x<count>/<fabric>/<workload.label>`` (e.g.
+``llama3.1-405b/b200x1024/nvlink5+ib-ndr400/seq8192-gbs2048``), with ``/space=<name>`` and
+``/backend=<name>`` appended when they are not ``default`` / ``simulated`` (a different space has
+different parameter choices, which one Optuna study cannot mix). The study's ``user_attrs`` hold the
+model, GPU, GPU count, fabric, workload, space and backend, so a study can be re-opened (``export``,
+``show``, ``retune``) from the storage alone. Storage: ``sqlite:///studies/autotune.db`` by default.
+
+Per trial (:meth:`Tuner.objective`):
+
+* the plan is sampled from the search space (:class:`~autotune.search_space.BoundSearchSpace`);
+  an invalid combination is pruned (``TrialPruned``) with ``user_attrs['pruned_reason']``;
+* the evaluator (``simulated`` | ``measured`` | ``real``, :func:`make_evaluator`) returns a
+  :class:`~autotune.evaluator.StepResult`; a plan that does not fit in memory is COMPLETE with value 0,
+  ``user_attrs['feasible'] = False`` and ``infeasible_reason``, and the Optuna constraint
+  ``memory_over_capacity_gib`` > 0 (``trial.set_constraint``, Optuna 5), so it is never the best;
+* the value is the MFU (causal convention, :mod:`autotune.flops`); user_attrs hold ``step_time_ms``,
+  ``mfu``, ``mfu_palm``, ``hfu``, ``tokens_per_s_per_gpu``, ``tflops_per_gpu``, ``peak_memory_bytes``,
+  ``memory_per_stage_bytes``, ``breakdown_ms``, ``backend``, ``details`` and ``plan`` (the full plan);
+* an unexpected exception marks the trial FAIL with ``user_attrs['fail_reason']`` and the study goes on.
+
+The best plan is the highest MFU among COMPLETE feasible trials (:func:`best_trial`). If there is none,
+:meth:`Tuner.optimize` raises :class:`~autotune.errors.NoFeasiblePlanError` ("N/N trials failed:
+<most common reason>"); the study stays saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import math
+import os
+import re
+import sys
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import AutotuneError, ConfigError, NoFeasiblePlanError, PlanError, StorageError
+from autotune.evaluator import Evaluator, StepResult
+from autotune.hardware import ClusterSpec, FabricSpec, fabric_from_dict, get_gpu, make_cluster
+from autotune.models import ModelSpec
+from autotune.plan import Plan, PlanDocument, Workload, _plain
+from autotune.search_space import BoundSearchSpace, Pruned, SearchSpace
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
+DEFAULT_BACKEND = "simulated"
+MEMORY_CONSTRAINT = "memory_over_capacity_gib"
+GIB = 2**30
+
+#: backend name -> (module, class) imported lazily, or a factory ``f(*, model, cluster, workload, **opts)``.
+BACKENDS: dict[str, tuple[str, str] | Callable[..., Evaluator]] = {
+    "simulated": ("autotune.simulator", "SimulatedEvaluator"),
+    "measured": ("autotune.profiling.measured", "MeasuredEvaluator"),
+    "real": ("autotune.runtime.evaluator", "RealEvaluator"),
+}
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("AUTOTUNE_DEBUG", "") not in ("", "0")
+
+
+# ------------------------------------------------------------------ evaluators
+def make_evaluator(backend: str, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                   **opts: Any) -> Evaluator:
+    """Build the evaluator for ``backend`` (``simulated``, ``measured`` or ``real``).
+
+    The implementation module is imported only here, so the CLI starts without torch.
+
+    Raises:
+        ConfigError: unknown backend (lists the known ones).
+        AutotuneError: the backend's module is not installed in this checkout (names the module).
+    """
+    entry = BACKENDS.get(backend)
+    if entry is None:
+        raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
+    if callable(entry):
+        return entry(model=model, cluster=cluster, workload=workload, **opts)
+    mod_name, cls_name = entry
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise AutotuneError(f"backend {backend!r} is not available: cannot import {mod_name} ({e})") from None
+    cls = getattr(mod, cls_name, None)
+    if cls is None:
+        raise AutotuneError(f"backend {backend!r} is not available: {mod_name} has no {cls_name}")
+    return cls(model=model, cluster=cluster, workload=workload, **opts)
+
+
+# ------------------------------------------------------------------ storage
+_STORAGES: dict[str, optuna.storages.BaseStorage] = {}
+
+
+def open_storage(url: str = DEFAULT_STORAGE) -> optuna.storages.BaseStorage:
+    """Open (and cache per process) the Optuna storage at SQLAlchemy ``url``.
+
+    For the default URL the ``studies/`` directory is created if missing; for any other SQLite URL the
+    directory must exist and be writable.
+
+    Raises:
+        StorageError: the URL and the cause (missing or read-only directory, bad URL, driver error).
+    """
+    if url in _STORAGES:
+        return _STORAGES[url]
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:":
+            d = Path(path).parent if Path(path).parent != Path("") else Path(".")
+            if url == DEFAULT_STORAGE:
+                with contextlib.suppress(OSError):
+                    d.mkdir(parents=True, exist_ok=True)
+            if not d.is_dir():
+                raise StorageError(f"cannot open study storage {url}: directory {d} does not exist")
+            if not os.access(d, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+                raise StorageError(f"cannot open study storage {url}: {Path(path) if Path(path).exists() else d} "
+                                   "is not writable")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine_kwargs = None
+            if url.startswith("sqlite"):
+                engine_kwargs = {"connect_args": {"timeout": 30}}
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            if url.startswith("sqlite"):
+                _fast_sqlite(storage)
+    except Exception as e:  # sqlalchemy ArgumentError/OperationalError, missing driver ...
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise StorageError(f"cannot open study storage {url}: {cause}") from None
+    _STORAGES[url] = storage
+    return storage
+
+
+def _fast_sqlite(storage: optuna.storages.RDBStorage) -> None:
+    """WAL journal + synchronous=NORMAL: a commit no longer waits for fsync (~8 ms each, ~40 per trial).
+
+    Durable against a crash of this process (SQLite WAL guarantees); only a power loss may drop the last
+    commits. Applies to every connection the engine opens from now on.
+    """
+    import sqlalchemy
+
+    engine = storage.engine
+    engine.dispose()
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: Any, _record: Any) -> None:  # pragma: no cover - trivial
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+
+# ------------------------------------------------------------------ naming and study identity
+def study_name(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, space_name: str = "default",
+               backend: str = DEFAULT_BACKEND) -> str:
+    """``<model>/<gpu>x<count>/<fabric>/<workload.label>`` (+ ``/space=..``, ``/backend=..`` if not default)."""
+    name = f"{model.name.replace('/', '--')}/{cluster.gpu.name}x{cluster.num_gpus}/{cluster.fabric.name}/{workload.label}"
+    if space_name != "default":
+        name += f"/space={space_name}"
+    if backend != DEFAULT_BACKEND:
+        name += f"/backend={backend}"
+    return name
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """What a study was tuned for, read back from its user_attrs (see the module docstring)."""
+
+    name: str
+    model: ModelSpec
+    gpu: str
+    num_gpus: int
+    fabric: Mapping[str, Any]
+    workload: Workload
+    space: str
+    backend: str
+    n_trials: int = 0
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return ClusterSpec(gpu=get_gpu(self.gpu), num_gpus=self.num_gpus,
+                           fabric=fabric_from_dict(self.fabric, where=f"study {self.name}: fabric"))
+
+    @property
+    def fabric_name(self) -> str:
+        return str(self.fabric.get("name", "?"))
+
+    def same_target(self, other: "StudyInfo") -> bool:
+        """Same model, GPU, GPU count, workload, space and backend (the fabric may differ)."""
+        return (self.model == other.model and self.gpu == other.gpu and self.num_gpus == other.num_gpus
+                and self.workload == other.workload and self.space == other.space
+                and self.backend == other.backend)
+
+
+def fabric_speed(fabric: Mapping[str, Any] | FabricSpec) -> tuple[float, float]:
+    """Sort key, larger = faster: (inter-node GB/s, intra-node GB/s); no inter-node tier counts as 0."""
+    d = fabric.to_dict() if isinstance(fabric, FabricSpec) else fabric
+    inter = d.get("inter_node") or {}
+    return (float(inter.get("bandwidth_gbs", 0.0)), float((d.get("intra_node") or {}).get("bandwidth_gbs", 0.0)))
+
+
+def _study_info_from_attrs(name: str, attrs: Mapping[str, Any], n_trials: int = 0) -> StudyInfo | None:
+    if attrs.get("autotune_schema") != 1:
+        return None
+    try:
+        return StudyInfo(name=name, model=ModelSpec.from_dict(attrs["model"], source=f"study {name}: model"),
+                         gpu=attrs["gpu"], num_gpus=int(attrs["num_gpus"]), fabric=dict(attrs["fabric"]),
+                         workload=Workload(**attrs["workload"]), space=attrs.get("space", "default"),
+                         backend=attrs.get("backend", DEFAULT_BACKEND), n_trials=n_trials)
+    except (KeyError, TypeError, AutotuneError):
+        return None
+
+
+def list_studies(storage: str = DEFAULT_STORAGE) -> list[StudyInfo]:
+    """Every autotune study in ``storage`` (studies made by other tools are skipped).
+
+    Raises:
+        StorageError: the storage cannot be opened.
+    """
+    st = open_storage(storage)
+    out = []
+    with _quiet():
+        summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
+    for s in summaries:
+        info = _study_info_from_attrs(s.study_name, s.user_attrs, s.n_trials)
+        if info is not None:
+            out.append(info)
+    return sorted(out, key=lambda i: i.name)
+
+
+def load_study(name: str, storage: str = DEFAULT_STORAGE) -> tuple[optuna.Study, StudyInfo]:
+    """Open an existing autotune study by name.
+
+    Raises:
+        ConfigError: no such study (lists up to 10 that exist); StorageError: storage unreachable.
+    """
+    st = open_storage(storage)
+    try:
+        with _quiet():
+            study = optuna.load_study(study_name=name, storage=st)
+    except KeyError:
+        known = [i.name for i in list_studies(storage)]
+        raise ConfigError(f"no study named {name!r} in {storage}; "
+                          + (f"studies there: {', '.join(known[:10])}" if known else "the storage has no studies yet "
+                             "(run `autotune run` first)")) from None
+    info = _study_info_from_attrs(name, study.user_attrs, len(study.trials))
+    if info is None:
+        raise ConfigError(f"study {name!r} in {storage} was not made by autotune (no autotune user_attrs)")
+    return study, info
+
+
+# ------------------------------------------------------------------ trials
+def is_feasible(trial: FrozenTrial) -> bool:
+    """COMPLETE, ``user_attrs['feasible']`` is true and every Optuna constraint is <= 0."""
+    return (trial.state == TrialState.COMPLETE and trial.user_attrs.get("feasible") is True
+            and all(v <= 0.0 for v in trial.constraints.values()))
+
+
+def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible COMPLETE trials, highest MFU first (ties: earlier trial first)."""
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
+    return sorted(trials, key=lambda t: (-float(t.value), t.number))
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The highest-MFU feasible COMPLETE trial, or None (never an infeasible or failed one)."""
+    f = feasible_trials(study)
+    return f[0] if f else None
+
+
+def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    """The ``k`` best distinct feasible plans (a plan evaluated twice counts once)."""
+    out, seen = [], set()
+    for t in feasible_trials(study):
+        key = json.dumps(t.user_attrs.get("plan"), sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(t)
+        if len(out) >= k:
+            break
+    return out
+
+
+def trial_reason(t: FrozenTrial) -> str | None:
+    """Why a trial gives no feasible plan, or None if it does."""
+    if is_feasible(t):
+        return None
+    ua = t.user_attrs
+    if t.state == TrialState.PRUNED:
+        return f"pruned: {ua.get('pruned_reason', 'no reason recorded')}"
+    if t.state == TrialState.FAIL:
+        return f"error: {ua.get('fail_reason') or t.system_attrs.get('fail_reason', 'unknown error')}"
+    if t.state == TrialState.COMPLETE:
+        return f"does not fit in memory: {ua.get('infeasible_reason', 'no reason recorded')}"
+    return f"not finished ({t.state.name.lower()})"
+
+
+def _reason_kind(reason: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", reason)
+
+
+def failure_summary(trials: Sequence[FrozenTrial]) -> tuple[int, int, str]:
+    """(trials without a feasible plan, all trials, most common reason (an example of the commonest kind)).
+
+    Reasons are grouped with their numbers masked, so "stage 0 needs 190.2 GiB" and "... 201.7 GiB"
+    count as one kind.
+    """
+    reasons = [r for r in (trial_reason(t) for t in trials) if r is not None]
+    if not reasons:
+        return 0, len(trials), ""
+    kinds = Counter(_reason_kind(r) for r in reasons)
+    top_kind, count = kinds.most_common(1)[0]
+    example = next(r for r in reasons if _reason_kind(r) == top_kind)
+    suffix = f" ({count} of them)" if count != len(reasons) else ""
+    return len(reasons), len(trials), example + suffix
+
+
+def trial_result(t: FrozenTrial) -> StepResult:
+    """The :class:`StepResult` stored in a COMPLETE trial's user_attrs."""
+    ua = t.user_attrs
+    return StepResult(backend=ua.get("backend", "?"), feasible=bool(ua.get("feasible")),
+                      step_time_ms=float(ua.get("step_time_ms", 0.0)), mfu=float(ua.get("mfu", 0.0)),
+                      mfu_palm=float(ua.get("mfu_palm", 0.0)), hfu=float(ua.get("hfu", 0.0)),
+                      tokens_per_s_per_gpu=float(ua.get("tokens_per_s_per_gpu", 0.0)),
+                      tflops_per_gpu=float(ua.get("tflops_per_gpu", 0.0)),
+                      peak_memory_bytes=int(ua.get("peak_memory_bytes", 0)),
+                      memory_per_stage_bytes=tuple(ua.get("memory_per_stage_bytes", ())),
+                      breakdown_ms=dict(ua.get("breakdown_ms", {})),
+                      infeasible_reason=ua.get("infeasible_reason"), details=dict(ua.get("details", {})))
+
+
+def trial_plan(t: FrozenTrial) -> Plan:
+    """The full plan stored in a trial's ``user_attrs['plan']``."""
+    d = t.user_attrs.get("plan")
+    if d is None:
+        raise ConfigError(f"trial {t.number} has no stored plan (it was pruned before a plan was formed)")
+    return Plan.from_dict(d, source=f"trial {t.number}")
+
+
+def prediction_of(result: StepResult) -> dict[str, Any]:
+    """The ``prediction`` mapping of a :class:`PlanDocument` (JSON/YAML-safe)."""
+    d = result.to_dict()
+    return _plain(d)
+
+
+@dataclass(frozen=True)
+class BestPlan:
+    """A study's best plan: where it came from, the plan and its evaluation."""
+
+    study: str
+    trial_number: int
+    plan: Plan
+    result: StepResult
+    info: StudyInfo
+
+    def document(self) -> PlanDocument:
+        """The :class:`PlanDocument` ``autotune export`` writes."""
+        return PlanDocument(plan=self.plan, model=self.info.model, gpu=self.info.gpu, num_gpus=self.info.num_gpus,
+                            fabric=dict(self.info.fabric), workload=self.info.workload, study=self.study,
+                            trial_id=self.trial_number, prediction=prediction_of(self.result))
+
+
+def best_plan(study: optuna.Study, info: StudyInfo) -> BestPlan | None:
+    t = best_trial(study)
+    if t is None:
+        return None
+    return BestPlan(study=study.study_name, trial_number=t.number, plan=trial_plan(t), result=trial_result(t),
+                    info=info)
+
+
+def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> BestPlan:
+    """The best plan or :class:`NoFeasiblePlanError` ("N/N trials failed: <most common reason>")."""
+    bp = best_plan(study, info)
+    if bp is None:
+        trials = study.get_trials(deepcopy=False)
+        if not trials:
+            raise NoFeasiblePlanError(f"study {study.study_name!r} in {storage} has no trials yet; run "
+                                      "`autotune run` with the same options first")
+        n_bad, n, reason = failure_summary(trials)
+        raise NoFeasiblePlanError(f"{n_bad}/{n} trials failed: {reason}. Study {study.study_name!r} is kept in "
+                                  f"{storage}; widen the search space (--space), add GPUs or shrink the batch")
+    return bp
+
+
+# ------------------------------------------------------------------ quiet context
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence Optuna's per-trial INFO logs, experimental warnings and plan "no effect" warnings.
+
+    With ``AUTOTUNE_DEBUG=1`` Optuna keeps WARNING level (failed trials print their traceback).
+    """
+    prev = optuna.logging.get_verbosity()
+    plan_log = logging.getLogger("autotune.plan")
+    prev_plan = plan_log.level
+    optuna.logging.set_verbosity(optuna.logging.WARNING if debug_enabled() else optuna.logging.ERROR)
+    if not debug_enabled():
+        plan_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            warnings.filterwarnings("ignore", message=".*[Ff]ixed parameter.*")
+            warnings.filterwarnings("ignore", message=".*enqueue.*")
+            yield
+    finally:
+        optuna.logging.set_verbosity(prev)
+        plan_log.setLevel(prev_plan)
+
+
+# ------------------------------------------------------------------ the tuner
+@dataclass(frozen=True)
+class TuneSummary:
+    """What one :meth:`Tuner.optimize` call did.
+
+    Attributes:
+        study: study name; storage: its URL.
+        n_new_trials: trials run by this call; n_trials: trials in the study now.
+        states: count per outcome over the whole study: feasible, infeasible, pruned, failed.
+        best: the best plan of the whole study.
+    """
+
+    study: str
+    storage: str
+    n_new_trials: int
+    n_trials: int
+    states: Mapping[str, int]
+    best: BestPlan
+
+
+class Tuner:
+    """Tunes one model on one cluster for one workload in one Optuna study (module docstring).
+
+    Args (keyword-only):
+        model, cluster, workload: what to tune for.
+        space: a :class:`SearchSpace`, a space name or YAML path; default ``default``.
+        storage: SQLAlchemy URL of the study storage.
+        backend: ``simulated`` (default), ``measured`` or ``real``.
+        seed: TPE sampler seed (same seed and same study history -> the same trials).
+        evaluator: an evaluator to use instead of building one for ``backend``.
+        evaluator_options: extra keyword arguments for the backend's evaluator.
+
+    Raises:
+        ConfigError: bad space; StorageError: storage unreachable; AutotuneError: backend unavailable
+            (when the first plan is evaluated).
+    """
+
+    def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                 space: SearchSpace | str | None = None, storage: str = DEFAULT_STORAGE,
+                 backend: str = DEFAULT_BACKEND, seed: int | None = 0, evaluator: Evaluator | None = None,
+                 evaluator_options: Mapping[str, Any] | None = None) -> None:
+        self.model, self.cluster, self.workload = model, cluster, workload
+        self.space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
+        self.bound: BoundSearchSpace = self.space.bind(model=model, num_gpus=cluster.num_gpus, workload=workload)
+        self.storage = storage
+        if backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
+        self.backend = backend
+        self.seed = seed
+        self._evaluator = evaluator
+        self._evaluator_options = dict(evaluator_options or {})
+        self._cache: dict[Plan, StepResult] = {}
+        self.name = study_name(model, cluster, workload, space_name=self.space.name, backend=backend)
+        self._study: optuna.Study | None = None
+        self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    # ---- identity
+    @property
+    def info(self) -> StudyInfo:
+        return StudyInfo(name=self.name, model=self.model, gpu=self.cluster.gpu.name, num_gpus=self.cluster.num_gpus,
+                         fabric=self.cluster.fabric.to_dict(), workload=self.workload, space=self.space.name,
+                         backend=self.backend)
+
+    def _study_attrs(self) -> dict[str, Any]:
+        return {"autotune_schema": 1, "model": self.model.to_dict(), "gpu": self.cluster.gpu.name,
+                "num_gpus": self.cluster.num_gpus, "fabric": _plain(self.cluster.fabric.to_dict()),
+                "workload": {"seq_len": self.workload.seq_len, "global_batch_size": self.workload.global_batch_size,
+                             "dtype": self.workload.dtype},
+                "space": self.space.name, "space_fingerprint": self.space.fingerprint, "backend": self.backend,
+                "excluded_values": self.bound.excluded}
+
+    @property
+    def study(self) -> optuna.Study:
+        """The Optuna study (created, or resumed if it exists)."""
+        if self._study is None:
+            st = open_storage(self.storage)
+            with _quiet():
+                sampler = self._sampler()
+                try:
+                    study = optuna.create_study(study_name=self.name, storage=st, direction="maximize",
+                                                sampler=sampler, load_if_exists=True)
+                except Exception as e:
+                    raise StorageError(f"cannot open study {self.name!r} in {self.storage}: {e}") from None
+                fp = study.user_attrs.get("space_fingerprint")
+                if fp is not None and fp != self.space.fingerprint:
+                    raise ConfigError(
+                        f"study {self.name!r} in {self.storage} was tuned on a different version of search space "
+                        f"{self.space.name!r} (fingerprint {fp} vs {self.space.fingerprint}); give the space "
+                        "another name, or use another --storage")
+                if "autotune_schema" not in study.user_attrs:
+                    for k, v in self._study_attrs().items():
+                        study.set_user_attr(k, v)
+            self._study = study
+        return self._study
+
+    def _sampler(self) -> optuna.samplers.BaseSampler:
+        """Seeded multivariate TPE with group decomposition (conditional knobs form groups)."""
+        with _quiet():
+            return optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True)
+
+    @property
+    def evaluator(self) -> Evaluator:
+        if self._evaluator is None:
+            self._evaluator = make_evaluator(self.backend, model=self.model, cluster=self.cluster,
+                                             workload=self.workload, **self._evaluator_options)
+        return self._evaluator
+
+    def close(self) -> None:
+        if self._evaluator is not None:
+            self._evaluator.close()
+
+    # ---- evaluation
+    def evaluate(self, plan: Plan) -> StepResult:
+        """Evaluate ``plan`` on this tuner's cluster (cached per plan within this tuner).
+
+        Raises:
+            PlanError: invalid plan.
+        """
+        if plan not in self._cache:
+            with _quiet():
+                self._cache[plan] = self.evaluator.evaluate(plan)
+        return self._cache[plan]
+
+    def objective(self, trial: optuna.Trial) -> float:
+        """Sample, evaluate and record one plan; returns its MFU (0 when it does not fit)."""
+        try:
+            plan = self.bound.suggest(trial)
+        except Pruned as e:
+            trial.set_user_attr("pruned_reason", e.reason)
+            raise optuna.TrialPruned(e.reason) from None
+        trial.set_user_attr("plan", _plain(plan.to_dict()))
+        try:
+            result = self.evaluate(plan)
+        except PlanError as e:
+            trial.set_user_attr("pruned_reason", str(e))
+            raise optuna.TrialPruned(str(e)) from None
+        except Exception as e:
+            trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}")
+            raise
+        return record_result(trial, result, capacity_bytes=self.cluster.gpu.usable_hbm_bytes)
+
+    def enqueue(self, trials: Sequence[FrozenTrial], *, source: str) -> int:
+        """Queue other trials' params as warm starts for the next :meth:`optimize` (run first, in order).
+
+        Param sets already in the study are skipped when they run (``skip_if_exists``). Returns how many
+        were queued.
+        """
+        for t in trials:
+            self._pending.append((dict(t.params), {"warm_start_from": f"{source}#{t.number}"}))
+        return len(trials)
+
+    def optimize(self, n_trials: int | None = 200, *, timeout: float | None = None,
+                 show_progress_bar: bool | None = None) -> TuneSummary:
+        """Run ``n_trials`` more trials (or until ``timeout`` seconds) and return the study's best plan.
+
+        Raises:
+            NoFeasiblePlanError: the study has no feasible plan ("N/N trials failed: <reason>").
+            StorageError, ConfigError, AutotuneError: storage, space or backend problems.
+        """
+        if n_trials is not None and n_trials < 1:
+            raise ConfigError(f"--trials must be >= 1, got {n_trials}")
+        if n_trials is None and timeout is None:
+            raise ConfigError("give a number of trials or a timeout")
+        study = self.study
+        self.evaluator  # noqa: B018 - fail fast on an unavailable backend, before any trial
+        before = len(study.get_trials(deepcopy=False))
+        if show_progress_bar is None:
+            show_progress_bar = sys.stdout.isatty()
+        with _quiet():
+            # Sample against an in-memory copy of the study (TPE reads every trial several times per
+            # suggestion; through SQLite that costs ~0.3 s per trial) and write each finished trial to
+            # the storage in one transaction as soon as it ends (callbacks run for COMPLETE, PRUNED and
+            # caught FAIL trials), so an interrupted run loses nothing that finished.
+            mem = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=self.name,
+                                      direction="maximize", sampler=self._sampler())
+            mem.add_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                    TrialState.FAIL)))
+            for params, attrs in self._pending:
+                mem.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+            self._pending.clear()
+
+            def persist(_: optuna.Study, ft: FrozenTrial) -> None:
+                study.add_trial(ft)
+
+            mem.optimize(self.objective, n_trials=n_trials, timeout=timeout, catch=(Exception,),
+                         show_progress_bar=show_progress_bar, callbacks=[persist])
+        trials = study.get_trials(deepcopy=False)
+        states = Counter()
+        for t in trials:
+            if is_feasible(t):
+                states["feasible"] += 1
+            elif t.state == TrialState.COMPLETE:
+                states["infeasible"] += 1
+            elif t.state == TrialState.PRUNED:
+                states["pruned"] += 1
+            elif t.state == TrialState.FAIL:
+                states["failed"] += 1
+        best = require_best_plan(study, self.info, self.storage)
+        return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(trials) - before,
+                           n_trials=len(trials), states=dict(states), best=best)
+
+
+def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: int) -> float:
+    """Store ``result`` in ``trial``'s user_attrs and memory constraint; return the objective value.
+
+    Constraint ``memory_over_capacity_gib`` = (peak - capacity) / GiB: <= 0 for a feasible plan;
+    an infeasible plan gets at least 0.001 (so a plan the evaluator rejects for memory is never
+    feasible even if the estimate was under the capacity). Value: MFU, or 0 when infeasible.
+    """
+    over = (result.peak_memory_bytes - capacity_bytes) / GIB
+    trial.set_constraint(MEMORY_CONSTRAINT, min(over, 0.0) if result.feasible else max(over, 1e-3))
+    attrs = {"feasible": bool(result.feasible), "step_time_ms": result.step_time_ms, "mfu": result.mfu,
+             "mfu_palm": result.mfu_palm, "hfu": result.hfu, "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
+             "tflops_per_gpu": result.tflops_per_gpu, "peak_memory_bytes": int(result.peak_memory_bytes),
+             "memory_per_stage_bytes": [int(x) for x in result.memory_per_stage_bytes],
+             "breakdown_ms": dict(result.breakdown_ms), "backend": result.backend,
+             "details": _json_safe(result.details)}
+    if not result.feasible:
+        attrs["infeasible_reason"] = result.infeasible_reason or "does not fit in GPU memory"
+    for k, v in attrs.items():
+        trial.set_user_attr(k, _plain(v))
+    value = float(result.mfu) if result.feasible else 0.0
+    if not math.isfinite(value):
+        raise AutotuneError(f"evaluator returned a non-finite MFU {result.mfu!r}")
+    return value
+
+
+def _json_safe(x: Any) -> Any:
+    x = _plain(x)
+    try:
+        json.dumps(x)
+        return x
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(x, default=str))
+
+
+# ------------------------------------------------------------------ retune
+@dataclass(frozen=True)
+class RetuneResult:
+    """Outcome of :func:`retune`.
+
+    Attributes:
+        fast: the fast fabric's best plan (on the fast fabric).
+        slow: the slow fabric's best plan after the warm-started search.
+        fast_on_slow: the fast plan evaluated on the slow fabric.
+        n_enqueued: warm-start plans enqueued; tuned_fast_first: the fast study had to be tuned first.
+        summary: the slow study's :class:`TuneSummary`.
+    """
+
+    fast: BestPlan
+    slow: BestPlan
+    fast_on_slow: StepResult
+    n_enqueued: int
+    tuned_fast_first: bool
+    summary: TuneSummary
+
+
+def find_fastest_study(storage: str, target: StudyInfo) -> tuple[optuna.Study, StudyInfo] | None:
+    """The study in ``storage`` for the same model, GPUs, workload, space and backend on the fastest
+    other fabric (highest inter-node, then intra-node bandwidth) that has a feasible plan, or None."""
+    cands = [i for i in list_studies(storage) if i.same_target(target) and i.fabric_name != target.fabric_name]
+    cands.sort(key=lambda i: fabric_speed(i.fabric), reverse=True)
+    for info in cands:
+        study, info = load_study(info.name, storage)
+        if best_trial(study) is not None:
+            return study, info
+    return None
+
+
+def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space: SearchSpace | str | None = None,
+           storage: str = DEFAULT_STORAGE, backend: str = DEFAULT_BACKEND, seed: int | None = 0,
+           n_trials: int = 200, timeout: float | None = None, top_k: int = 5,
+           show_progress_bar: bool | None = None, evaluator_options: Mapping[str, Any] | None = None,
+           log_fn: Callable[[str], None] | None = None) -> RetuneResult:
+    """Re-tune for the (slower) fabric of ``cluster``, warm-started from the fastest fabric's study.
+
+    Steps: find the same target's study on the fastest other fabric in ``storage`` (if none, tune the
+    GPU's default fabric first with ``n_trials``); enqueue its ``top_k`` feasible plans into the slow
+    study; evaluate its best plan on the slow fabric; run ``n_trials`` trials on the slow study.
+    Because the fast best plan is among the enqueued trials, the slow study's best MFU is at least the
+    fast plan's MFU on the slow fabric.
+
+    Raises:
+        ConfigError: no faster study and the requested fabric is the default one.
+        NoFeasiblePlanError: a study ends with no feasible plan.
+    """
+    say = log_fn or (lambda s: None)
+    space_obj = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
+    slow = Tuner(model=model, cluster=cluster, workload=workload, space=space_obj, storage=storage,
+                 backend=backend, seed=seed, evaluator_options=evaluator_options)
+    found = find_fastest_study(storage, slow.info)
+    tuned_fast_first = False
+    if found is None:
+        fast_cluster = make_cluster(cluster.gpu.name, cluster.num_gpus, None)
+        if fast_cluster.fabric.name == cluster.fabric.name:
+            raise ConfigError(f"retune needs a study on a faster fabric than {cluster.fabric.name} for the same "
+                              f"model, GPUs and workload in {storage}; run `autotune run --interconnect <fabric>` "
+                              "first")
+        say(f"no study on another fabric in {storage}; tuning {fast_cluster.fabric.name} first")
+        fast_tuner = Tuner(model=model, cluster=fast_cluster, workload=workload, space=space_obj, storage=storage,
+                           backend=backend, seed=seed, evaluator_options=evaluator_options)
+        fast_tuner.optimize(n_trials, timeout=timeout, show_progress_bar=show_progress_bar)
+        fast_tuner.close()
+        tuned_fast_first = True
+        found = find_fastest_study(storage, slow.info)
+        assert found is not None
+    fast_study, fast_info = found
+    if fabric_speed(fast_info.fabric) <= fabric_speed(cluster.fabric):
+        say(f"note: {fast_info.fabric_name} is not faster than {cluster.fabric.name}; warm-starting from it anyway")
+    fast_best = require_best_plan(fast_study, fast_info, storage)
+    top = top_feasible_trials(fast_study, top_k)
+    n_enq = slow.enqueue(top, source=fast_study.study_name)
+    say(f"warm start: {n_enq} best plan(s) of {fast_study.study_name} enqueued")
+    try:
+        fast_on_slow = slow.evaluate(fast_best.plan)
+        summary = slow.optimize(max(n_trials, n_enq), timeout=timeout, show_progress_bar=show_progress_bar)
+    finally:
+        slow.close()
+    return RetuneResult(fast=fast_best, slow=summary.best, fast_on_slow=fast_on_slow, n_enqueued=n_enq,
+                        tuned_fast_first=tuned_fast_first, summary=summary)
+
+
+def explain_changes(fast: BestPlan, slow: BestPlan, fast_on_slow: StepResult, *, top: int = 3) -> list[str]:
+    """Which plan fields changed and why, from the breakdown differences (ms), as text lines.
+
+    "why": the terms that grew most when the fast plan moved to the slow fabric (fast plan on fast ->
+    fast plan on slow), and what the retuned plan brings them to.
+    """
+    lines = []
+    a, b = fast.plan.to_dict(), slow.plan.to_dict()
+    changed = [k for k in a if a[k] != b[k]]
+    if changed:
+        lines.append("changed: " + ", ".join(f"{k} {a[k]} -> {b[k]}" for k in changed))
+    else:
+        lines.append("changed: nothing (the fast fabric's plan is also the best found on the slow fabric)")
+    f0, f1, s1 = fast.result.breakdown_ms, fast_on_slow.breakdown_ms, slow.result.breakdown_ms
+    keys = sorted(set(f0) | set(f1) | set(s1), key=lambda k: -(f1.get(k, 0.0) - f0.get(k, 0.0)))
+    grew = [k for k in keys if f1.get(k, 0.0) - f0.get(k, 0.0) > 0.05][:top]
+    for k in grew:
+        lines.append(f"why: {k} {f0.get(k, 0.0):.1f} -> {f1.get(k, 0.0):.1f} ms with the fast plan on the slow "
+                     f"fabric; the retuned plan: {s1.get(k, 0.0):.1f} ms")
+    return lines
+
+
+__all__ = ["DEFAULT_STORAGE", "DEFAULT_BACKEND", "BACKENDS", "make_evaluator", "open_storage", "study_name",
+           "StudyInfo", "list_studies", "load_study", "best_trial", "feasible_trials", "top_feasible_trials",
+           "failure_summary", "trial_result", "trial_plan", "BestPlan", "best_plan", "require_best_plan",
+           "TuneSummary", "Tuner", "record_result", "RetuneResult", "find_fastest_study", "retune",
+           "explain_changes", "fabric_speed"]
