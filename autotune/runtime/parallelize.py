@@ -14,11 +14,13 @@ Order of application (torchtitan ``parallelize_llama`` / ``pipeline_llama``):
    * ``zero_stage`` 3 / 2: FSDP2 ``fully_shard`` per block and per chunk, ``reshard_after_forward``
      True / False, BF16 compute through ``MixedPrecisionPolicy(param_dtype=bf16,
      reduce_dtype=fp32)`` on CUDA;
-   * ``zero_stage`` 0 / 1 with ``tp_degree`` 1: ``DistributedDataParallel`` with
+   * ``zero_stage`` 0 / 1 with ``tp_degree`` = ``pp_degree`` = 1: ``DistributedDataParallel`` with
      ``bucket_cap_mb = bucket_size_mib`` (ZeRO-1 adds ``ZeroRedundancyOptimizer``);
-   * ``zero_stage`` 0 with ``tp_degree`` > 1: DDP cannot hold DTensor parameters, so
-     :class:`GradReducer` (bucketed all-reduce of the local gradient shards over the DP group,
-     ``bucket_size_mib`` buckets) does DDP's job;
+   * ``zero_stage`` 0 / 1 with TP or PP: DDP cannot hold DTensor parameters, and under the pipeline
+     schedules its reducer fails (torch 2.13: "rebuilt parameter indices size is not same as original
+     model parameters size"), so :class:`GradReducer` (bucketed all-reduce of the local gradient
+     shards over the DP group, ``bucket_size_mib`` buckets) does DDP's job; ZeRO-1 (TP 1) still adds
+     ``ZeroRedundancyOptimizer``;
 
 6. pipeline stages (``PipelineStage``) and the schedule (``ScheduleGPipe`` / ``Schedule1F1B`` /
    ``ScheduleInterleaved1F1B``).
@@ -339,8 +341,8 @@ class PlanRuntime:
 
         Returns:
             The mean loss over this rank's micro-batches on ranks holding the last pipeline stage, else
-            None. Gradient scaling: each micro-batch loss is divided by ``num_micro_batches`` (PP: the
-            schedule's ``scale_grads``), and DP averages, so gradients are those of the mean loss over
+            None. Gradient scaling: each micro-batch loss is divided by ``num_micro_batches`` (also
+            under PP, in the schedule's loss function), and DP averages, so gradients are those of the mean loss over
             the global batch.
         """
         p = self.plan
@@ -356,7 +358,7 @@ class PlanRuntime:
                     kw.update(target=labels, losses=losses)
                 args = (tokens,) if self.holds_first_stage else ()
                 self.schedule.step(*args, **kw)
-                loss_val = (float(torch.stack([l.detach().float() for l in losses]).mean())
+                loss_val = (float(torch.stack([l.detach().float() for l in losses]).sum())
                             if self.holds_last_stage else None)
             else:
                 model = self.wrapped[0]
@@ -523,7 +525,7 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         honored["dp"] = (f"FSDP2 over {dp_size} ranks, reshard_after_forward={rf}; all-gather "
                          f"{'prefetched' if overlap_gather else 'serialized (device sync before each)'}; "
                          f"reduce-scatter {'overlapped' if overlap_reduce else 'serialized (device sync)'}")
-    elif p.tp_degree == 1 and overlap_reduce:
+    elif p.tp_degree == 1 and p.pp_degree == 1 and overlap_reduce:
         from torch.nn.parallel import DistributedDataParallel as DDP
         dp_mode = "ddp"
         wrapped = [DDP(m, process_group=dp_mesh.get_group(), bucket_cap_mb=p.bucket_size_mib,
@@ -574,11 +576,19 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         pp_group = mesh["pp"].get_group()
         stages = [PipelineStage(w, sid, n_stages, device, group=pp_group)
                   for w, sid in zip(wrapped, stage_ids)]
+        # The loss is divided by the micro-batch count here instead of the schedule's scale_grads,
+        # which divides the gradients in place after backward, racing GradReducer's async buckets.
+        nmb = p.num_micro_batches
+
+        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return cross_entropy_loss(out, target) / nmb
+
+        kw = dict(loss_fn=loss_fn, scale_grads=False)
         if p.pipeline_schedule == "gpipe":
-            rt.schedule = ScheduleGPipe(stages[0], p.num_micro_batches, loss_fn=cross_entropy_loss)
+            rt.schedule = ScheduleGPipe(stages[0], nmb, **kw)
         elif p.pipeline_schedule == "1f1b" or len(stages) == 1:
-            rt.schedule = Schedule1F1B(stages[0], p.num_micro_batches, loss_fn=cross_entropy_loss)
+            rt.schedule = Schedule1F1B(stages[0], nmb, **kw)
         else:
-            rt.schedule = ScheduleInterleaved1F1B(stages, p.num_micro_batches, loss_fn=cross_entropy_loss)
+            rt.schedule = ScheduleInterleaved1F1B(stages, nmb, **kw)
         honored["pipeline"] += f", {type(rt.schedule).__name__} with {p.num_micro_batches} micro-batches"
     return rt

@@ -84,10 +84,10 @@ def _worker(rank: int, world: int, port: int, plans: list[dict], out_dir: str) -
             except Exception as e:  # noqa: BLE001 - reported to the parent test
                 rec["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
             results.append(rec)
+            with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+                json.dump(results, f)
             dist.barrier()
     finally:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
         dist.destroy_process_group()
 
 
