@@ -148,11 +148,15 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
             if write_presets:
                 dirs.append(FABRIC_PRESETS_DIR)
             report.fabric_paths = write_fabrics(session, env, dirs)
+        export_error = None
         if export:
-            d = export_profile(session, env)
-            Path(export).parent.mkdir(parents=True, exist_ok=True)
-            Path(export).write_text(dump_profile_yaml(d))
-            report.export_path = str(export)
+            try:
+                d = export_profile(session, env)
+                Path(export).parent.mkdir(parents=True, exist_ok=True)
+                Path(export).write_text(dump_profile_yaml(d))
+                report.export_path = str(export)
+            except (ConfigError, OSError) as e:
+                export_error = f"cannot export the profile to {export}: {e}"
         report.summary = summary_rows(session, env)
         report.seconds = time.monotonic() - t_start
         echo(format_summary(report.summary, gpu_name=info.gpu_name))
@@ -164,6 +168,8 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
             echo(f"fabric written: {p} (pass it to --interconnect)")
         if report.export_path:
             echo(f"calibration profile written: {report.export_path}")
+        if export_error:
+            raise ConfigError(export_error)
     finally:
         session.close()
     return report

@@ -314,6 +314,19 @@ def _reclaim_worker(gib: float, repeats: int) -> dict[str, float]:
     return {"empty_cache_ms": statistics.median(ec), "alloc_ms_per_gib": statistics.median(al), "nbytes": acc}
 
 
+def subprocess_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the directory holding the ``autotune``
+    package prepended to ``PYTHONPATH``, so ``python -m autotune...`` works from any working directory."""
+    from pathlib import Path
+
+    import autotune
+
+    env = dict(os.environ if base is None else base)
+    root = str(Path(autotune.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
+    return env
+
+
 def measure_reclaim(*, expandable_segments: bool, gib: float = 4.0, repeats: int = 5,
                     timeout_s: float = 120.0) -> dict[str, float]:
     """``empty_cache()`` ms and re-allocation ms/GiB after it, in a subprocess whose
@@ -323,7 +336,7 @@ def measure_reclaim(*, expandable_segments: bool, gib: float = 4.0, repeats: int
     Raises:
         RuntimeError: the subprocess failed (its stderr tail in the message).
     """
-    env = dict(os.environ)
+    env = subprocess_env()
     env["PYTORCH_CUDA_ALLOC_CONF"] = f"expandable_segments:{'True' if expandable_segments else 'False'}"
     cmd = [sys.executable, "-m", "autotune.profiling.measure", "reclaim", "--gib", str(gib),
            "--repeats", str(repeats)]

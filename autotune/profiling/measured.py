@@ -38,7 +38,7 @@ from autotune.calibration import (CalibratedCosts, CalibrationProfile, OpCosts, 
                                   default_calibration)
 from autotune.hardware import GPUSpec, LinkSpec
 from autotune.profiling.store import (DEFAULT_STORAGE, COPY_OP, ProfileEnvironment, nominal_tier_bandwidth,
-                                      attention_flops, catalog_gpu, environments, gemm_flops,
+                                      attention_flops, catalog_gpu, environments, find_environment, gemm_flops,
                                       get_or_create_environment, open_store, record, rows, tflops_of)
 
 SOURCES = ("measured", "looked_up", "interpolated", "fallback")
@@ -142,7 +142,8 @@ class MeasuredCosts(OpCosts):
         elif self.measure:
             from autotune.profiling.measure import detect_environment
 
-            self.env = get_or_create_environment(self._session, detect_environment())
+            info = detect_environment()
+            self.env = find_environment(self._session, info) or get_or_create_environment(self._session, info)
         else:
             envs = environments(self._session, gpu=gpu.name)
             self.env = envs[0] if envs else None
@@ -176,18 +177,32 @@ class MeasuredCosts(OpCosts):
         if self.env is None:
             return
         s, e = self._session, self.env
+        # collectives, overlap and reclaim need the multi-GPU run: when this environment has none (e.g. a
+        # 1-GPU session), take them from the newest environment of the same GPU that has them
+        self.sources_env: dict[str, int] = {}
+        gpu = catalog_gpu(e.gpu_name)
+        donors = [e] + [x for x in (environments(s, gpu=gpu) if gpu else []) if x.id != e.id]
+
+        def table(name: str) -> list[Any]:
+            for d in donors:
+                got = rows(s, d, name)
+                if got:
+                    self.sources_env[name] = d.id
+                    return got
+            return []
+
         for g in rows(s, e, "gemm"):
             self._gemm[(g.m, g.n, g.k, g.pass_)] = g.median_ms
         for a in rows(s, e, "attention"):
             self._attn[(a.batch, a.seq_len, a.heads, a.kv_heads, a.head_dim)] = (a.fwd_ms, a.bwd_ms)
         self._mem = [(r.nbytes, r.gbs) for r in rows(s, e, "memory_op") if r.op != COPY_OP and r.gbs > 0]
-        for c in rows(s, e, "collective"):
+        for c in table("collective"):
             if c.busbw_gbs > 0:
                 self._coll[(c.tier, c.kind, c.group_size)][c.nbytes] = (c.median_ms, c.busbw_gbs)
-        ov = rows(s, e, "overlap")
+        ov = table("overlap")
         if ov:
             self._overlap = next((o for o in ov if o.tier == "nvlink"), ov[0]).compute_slowdown
-        rc = [r for r in rows(s, e, "reclaim") if not r.expandable_segments]
+        rc = [r for r in table("reclaim") if not r.expandable_segments]
         if rc:
             self._reclaim = (rc[0].empty_cache_ms, rc[0].alloc_ms_per_gib)
 
@@ -365,7 +380,8 @@ class MeasuredCosts(OpCosts):
         return {"label": self.label, "measured": self.env is not None, "estimated": False,
                 "calibration_gpu": self.gpu.name,
                 "environment": self.env.to_dict() if self.env is not None else {},
-                "fallback": self.fallback.label, "ops": self._counts(self._source)}
+                "fallback": self.fallback.label, "ops": self._counts(self._source),
+                "environment_ids": dict(getattr(self, "sources_env", {}))}
 
     def close(self) -> None:
         self._session.close()

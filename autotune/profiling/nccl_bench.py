@@ -298,7 +298,9 @@ def tier_env(tier: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """
     if tier not in TIER_ENV:
         raise ValueError(f"unknown tier {tier!r}; valid: {', '.join(TIER_ENV)}")
-    env = dict(os.environ if base is None else base)
+    from autotune.profiling.measure import subprocess_env
+
+    env = subprocess_env(base)
     for k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
         env.pop(k, None)
     env.update(ALWAYS_ENV)

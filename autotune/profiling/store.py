@@ -275,6 +275,17 @@ def get_or_create_environment(session: Session, info: EnvironmentInfo) -> Profil
     return row
 
 
+def find_environment(session: Session, info: EnvironmentInfo) -> ProfileEnvironment | None:
+    """The stored environment of ``info``; else one with the same GPU name and driver, torch, CUDA and
+    NCCL versions but another GPU count (the largest: kernel timings do not depend on the count); else None."""
+    same = list(session.scalars(select(ProfileEnvironment).filter_by(
+        gpu_name=info.gpu_name, driver=info.driver, torch_version=info.torch, cuda=info.cuda, nccl=info.nccl)))
+    exact = [e for e in same if e.gpu_count == info.gpu_count]
+    if exact:
+        return exact[0]
+    return max(same, key=lambda e: (e.gpu_count, e.id)) if same else None
+
+
 def environments(session: Session, *, gpu: str | None = None) -> list[ProfileEnvironment]:
     """Stored environments, newest first; ``gpu`` (catalog key) keeps those of that GPU only."""
     rows = list(session.scalars(select(ProfileEnvironment).order_by(ProfileEnvironment.created_at.desc(),

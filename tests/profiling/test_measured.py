@@ -13,6 +13,7 @@ from autotune.plan import Plan, Workload
 from autotune.profiling import store as S
 from autotune.profiling.measured import (MeasuredCosts, collective_time_ms, interp_attention_tflops,
                                          interp_gemm_tflops, interp_log)
+from profiling_fixtures import ENV
 
 NVLINK4 = get_fabric("nvlink4").intra_node  # 450 GB/s, 4 us, tier nvlink
 PCIE5 = get_fabric("pcie5").intra_node      # 63 GB/s, tier host
@@ -156,3 +157,19 @@ def test_measured_evaluator_backend_and_provenance(url, populated):
     sim = SimulatedEvaluator(model=model, cluster=make_cluster("b200", 8), workload=w)
     assert ev2.evaluate(plan).step_time_ms == pytest.approx(sim.evaluate(plan).step_time_ms)
     ev2.close()
+
+
+def test_one_gpu_environment_borrows_collectives_of_the_same_gpu(populated, url):
+    s, env2 = populated
+    one = S.get_or_create_environment(s, S.EnvironmentInfo(**{**ENV.to_dict(), "gpu_count": 1}))
+    S.record(s, one, "gemm", m=64, n=64, k=64, pass_="fwd", median_ms=0.5, tflops=1.0, repeats=1)
+    # same versions, other count: find_environment prefers the exact count, else the largest count
+    assert S.find_environment(s, S.EnvironmentInfo(**{**ENV.to_dict(), "gpu_count": 1})).id == one.id
+    assert S.find_environment(s, S.EnvironmentInfo(**{**ENV.to_dict(), "gpu_count": 4})).id == env2.id
+    assert S.find_environment(s, S.EnvironmentInfo(**{**ENV.to_dict(), "torch": "2.12"})) is None
+    c = MeasuredCosts(gpu=get_gpu("h200"), storage=url, measure=False, environment_id=one.id)
+    assert c.gemm_ms(64, 64, 64) == 0.5
+    assert c.collective_ms("all_reduce", 2**30, 2, NVLINK4) == pytest.approx(2**30 / 331e6)
+    assert c.overlap_slowdown() == 0.15
+    assert c.provenance()["environment_ids"] == {"collective": env2.id, "overlap": env2.id, "reclaim": env2.id}
+    c.close()
