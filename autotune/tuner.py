@@ -131,7 +131,7 @@ def open_storage(url: str = DEFAULT_STORAGE) -> optuna.storages.BaseStorage:
             if url.startswith("sqlite"):
                 engine_kwargs = {"connect_args": {"timeout": 30}}
             storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-            if url.startswith("sqlite"):
+            if url.startswith("sqlite") and ":memory:" not in url:
                 _fast_sqlite(storage)
     except Exception as e:  # sqlalchemy ArgumentError/OperationalError, missing driver ...
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__
