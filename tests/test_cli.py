@@ -1,0 +1,155 @@
+"""CLI through click's CliRunner: run, export -> simulate round trip, show, retune, and error handling."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from autotune import tuner as T
+from autotune.cli import main, parse_tokens
+from autotune.hardware import make_cluster
+from autotune.models import get_model
+from autotune.plan import PlanDocument, Workload
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    url = f"sqlite:///{d}/s.db"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "12", "--storage", url])
+    assert r.exit_code == 0, r.output
+    return url
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_run_prints_best_plan_table(storage):
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "3", "--storage", storage)
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "15 in the study" in out  # resumed: 12 + 3
+    for s in ("best plan: trial", "degrees", "TP ", "pipeline schedule", "step time", "tokens/s per GPU",
+              "MFU", "PaLM convention", "peak memory per GPU", "exposed_dp_comm", "simulated with"):
+        assert s in out, s
+
+
+def test_export_then_simulate_reads_back_the_same_prediction(storage, tmp_path):
+    out = tmp_path / "plan.yaml"
+    r = invoke("export", "--size", "8b", "--space", "small", "--storage", storage, "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "--tensor-model-parallel-size" in r.output and "tensor_parallel_degree" in r.output
+    doc = PlanDocument.load(out)
+    assert doc.study == "llama3.1-8b/b200x8/nvlink5+ib-ndr400/seq8192-gbs128/space=small"
+    assert isinstance(doc.trial_id, int)
+    from autotune.simulator import SimulatedEvaluator
+    cl = make_cluster("b200", 8, "nvlink5+ib-ndr400")
+    again = SimulatedEvaluator(model=doc.model, cluster=cl, workload=doc.workload).evaluate(doc.plan)
+    assert again.mfu == pytest.approx(doc.prediction["mfu"], rel=1e-12)
+    assert again.step_time_ms == pytest.approx(doc.prediction["step_time_ms"], rel=1e-12)
+    r = invoke("simulate", str(out))
+    assert r.exit_code == 0, r.output
+    assert "-> same" in r.output and "memory per GPU by pipeline stage" in r.output
+    assert f"{100 * doc.prediction['mfu']:.1f}%" in r.output
+
+
+def test_show_lists_one_row_per_study(storage):
+    r = invoke("show", "--storage", storage)
+    assert r.exit_code == 0, r.output
+    assert "llama3.1-8b" in r.output and "nvlink5+ib-ndr400" in r.output and "%" in r.output
+
+
+def test_retune_to_slower_fabric(tmp_path):
+    url = f"sqlite:///{tmp_path}/r.db"
+    # no study on a faster fabric yet: retune tunes the default fabric first
+    r = invoke("retune", "--size", "8b", "--space", "small", "--interconnect", "pcie5+eth100", "--trials", "10",
+               "--storage", url)
+    assert r.exit_code == 0, r.output
+    for s in ("nvlink5+ib-ndr400 best", "same plan on pcie5+eth100", "pcie5+eth100 best", "MFU lost", "changed:"):
+        assert s in r.output, s
+    # acceptance: the retuned plan's MFU on the slow fabric >= the fast plan simulated on the slow fabric
+    m, w = get_model("8b"), Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
+    res = T.retune(model=m, cluster=make_cluster("b200", 8, "pcie5+eth100"), workload=w, space="small",
+                   storage=url, n_trials=3)
+    assert res.slow.result.mfu >= res.fast_on_slow.mfu
+    assert res.fast.info.fabric_name == "nvlink5+ib-ndr400" and not res.tuned_fast_first
+
+
+@pytest.mark.parametrize("args,match", [
+    (["run", "--size", "3b"], "known sizes: 8b, 70b, 405b"),
+    (["run", "--size", "8b", "--gpu", "tpu"], "known GPUs: a100-80gb, h100, h200, b200, gb200"),
+    (["run", "--size", "8b", "--interconnect", "nvlink9"], "known: nvlink5"),
+    (["run", "--size", "8b", "--global-batch", "1000"], "not a whole number of 8192-token sequences"),
+    (["run", "--size", "8b", "--global-batch", "lots"], "expected a positive number of tokens"),
+    (["run", "--size", "8b", "--storage", "sqlite:////nonexistent/dir/x.db"],
+     "cannot open study storage sqlite:////nonexistent/dir/x.db: directory /nonexistent/dir does not exist"),
+    (["simulate", "/nonexistent.yaml"], "plan file /nonexistent.yaml does not exist"),
+    (["run", "--size", "8b", "--backend", "quantum"], "known backends: simulated, measured, real"),
+])
+def test_errors_are_one_clear_line_exit_2(args, match):
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert match in r.output and "Traceback" not in r.output
+
+
+def test_malformed_plan_yaml_names_field(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"schema_version": 1, "model": {}, "cluster": {"gpu": "b200"}, "workload": {},
+                                 "plan": {}}))
+    r = invoke("simulate", str(f))
+    assert r.exit_code == 2 and "cluster.num_gpus" in r.output and str(f) in r.output
+
+
+def test_export_refuses_without_feasible_plan(tmp_path):
+    url = f"sqlite:///{tmp_path}/e.db"
+    r = invoke("export", "--size", "8b", "--storage", url, "-o", str(tmp_path / "p.yaml"))
+    assert r.exit_code == 2 and "no study named" in r.output
+    T.BACKENDS["oom"] = lambda **kw: _Oom(**kw)
+    try:
+        r = invoke("run", "--size", "8b", "--space", "small", "--backend", "oom", "--trials", "4", "--storage", url)
+        assert r.exit_code == 2 and re.search(r"error: 4/4 trials failed: ", r.output), r.output
+        r = invoke("export", "--size", "8b", "--space", "small", "--backend", "oom", "--storage", url,
+                   "-o", str(tmp_path / "p.yaml"))
+        assert r.exit_code == 2 and "4/4 trials failed" in r.output and not (tmp_path / "p.yaml").exists()
+    finally:
+        del T.BACKENDS["oom"]
+
+
+def test_unexpected_exception_gives_hint_not_traceback(monkeypatch):
+    monkeypatch.delenv("AUTOTUNE_DEBUG", raising=False)
+
+    def boom(**kw):
+        raise KeyError("surprise")
+
+    T.BACKENDS["boom"] = boom
+    try:
+        r = invoke("run", "--size", "8b", "--backend", "boom", "--trials", "1", "--storage", "sqlite:///:memory:")
+    finally:
+        del T.BACKENDS["boom"]
+    assert r.exit_code == 1 and "AUTOTUNE_DEBUG=1" in r.output and "Traceback" not in r.output
+
+
+def test_parse_tokens():
+    assert parse_tokens("16M") == 16 * 2**20 and parse_tokens("4m") == 4 * 2**20
+    assert parse_tokens("524288") == 524288 and parse_tokens("512K") == 2**19
+
+
+def test_help_is_fast_and_does_not_import_torch():
+    code = "import sys, autotune.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+import re  # noqa: E402
+
+from fake_evaluator import FakeEvaluator  # noqa: E402
+
+
+class _Oom(FakeEvaluator):
+    def __init__(self, **kw):
+        super().__init__(capacity_scale=0.001, **kw)
