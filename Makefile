@@ -1,0 +1,32 @@
+# autotune: `make run` tunes Llama 3.1 405B on the simulated backend; `make test` runs the tests.
+# Each target installs what it needs into .venv first (idempotent: a stamp file skips the work when
+# pyproject.toml has not changed).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.autotune-installed
+TORCH  ?= torch==2.13.0
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+# torch first, pinned: on these machines it resolves to the local CPU wheel (a bare `torch` requirement
+# would pull a multi-GB CUDA build); then the package in editable mode with its test extras.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/autotune run --size 405b
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	@set -e; for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f; done
+
+clean:
+	rm -rf $(VENV)
