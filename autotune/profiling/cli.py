@@ -252,8 +252,11 @@ def _kernels(session: Any, env: ProfileEnvironment, *, quick: bool, force: bool,
                 msg = f"{what}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 report.failures.append(msg)
                 bar.write(f"warning: {msg}")
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+                try:  # free what the failed measurement left (a sticky CUDA error raises again here)
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                except Exception as e2:  # noqa: BLE001
+                    bar.write(f"warning: CUDA state after the failure: {type(e2).__name__}: {e2}")
             bar.update(1, what)
     finally:
         bar.close()
