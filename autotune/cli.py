@@ -20,6 +20,7 @@ from autotune.errors import AutotuneError, ConfigError
 #: --size -> (default GPU count, default global batch in tokens); M = 2**20 tokens.
 SIZE_DEFAULTS = {"8b": (8, "1M"), "70b": (64, "4M"), "405b": (1024, "16M")}
 DEFAULT_GPU = "b200"
+DEFAULT_STORAGE = "sqlite:///studies/autotune.db"  # == autotune.tuner.DEFAULT_STORAGE (not imported: keeps --help fast)
 DEFAULT_SEQ_LEN = 8192
 
 
@@ -115,8 +116,6 @@ def target_options(f):
 
 
 def study_options(f):
-    from autotune.tuner import DEFAULT_STORAGE
-
     opts = [
         click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="Optuna storage URL."),
         click.option("--space", default="default", show_default=True,
@@ -236,7 +235,7 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
 def show(storage):
     """List the best plan per model size and interconnect found in the storage (one row per study)."""
     from autotune.report import format_studies, short_plan
-    from autotune.tuner import DEFAULT_STORAGE, best_plan, failure_summary, list_studies, load_study
+    from autotune.tuner import best_plan, failure_summary, list_studies, load_study
 
     storage = storage or DEFAULT_STORAGE
     rows = []

@@ -134,6 +134,11 @@ def test_unexpected_exception_gives_hint_not_traceback(monkeypatch):
     assert r.exit_code == 1 and "AUTOTUNE_DEBUG=1" in r.output and "Traceback" not in r.output
 
 
+def test_cli_default_storage_matches_tuner():
+    from autotune import cli
+    assert cli.DEFAULT_STORAGE == T.DEFAULT_STORAGE
+
+
 def test_parse_tokens():
     assert parse_tokens("16M") == 16 * 2**20 and parse_tokens("4m") == 4 * 2**20
     assert parse_tokens("524288") == 524288 and parse_tokens("512K") == 2**19
