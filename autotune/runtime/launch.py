@@ -100,7 +100,7 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 def _phases(phase_dir: Path) -> dict[int, str]:
     out = {}
     for f in phase_dir.glob("phase.rank*"):
-        if f.suffix == ".tmp":
+        if f.name.endswith(".tmp"):
             continue
         try:
             out[int(f.name[len("phase.rank"):])] = f.read_text().strip()

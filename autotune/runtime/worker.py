@@ -37,13 +37,14 @@ from pathlib import Path
 EXIT_OOM = 42
 EXIT_PLAN = 43
 
-#: Test hook (CI only): ``raise:<phase>`` or ``hang:<phase>`` makes every rank raise / sleep forever
-#: when it enters a phase whose name starts with ``<phase>``.
+#: Test hook (CI only): ``raise:<phase>`` or ``hang:<phase>`` makes every rank (or only rank R with
+#: ``hang:<phase>@R``) raise / sleep forever when it enters a phase whose name starts with ``<phase>``.
 FAULT_ENV = "AUTOTUNE_RUNTIME_FAULT"
 
 
 class _Phase:
     def __init__(self, phase_dir: str | None, rank: int) -> None:
+        self.rank = rank
         self.path = Path(phase_dir) / f"phase.rank{rank}" if phase_dir else None
         self.name = "init"
         self.fault = os.environ.get(FAULT_ENV, "")
@@ -51,12 +52,13 @@ class _Phase:
     def __call__(self, name: str) -> None:
         self.name = name
         if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
+            tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text(name)
             os.replace(tmp, self.path)
         if self.fault:
             kind, _, where = self.fault.partition(":")
-            if name.startswith(where):
+            where, _, only = where.partition("@")
+            if name.startswith(where) and (not only or int(only) == self.rank):
                 if kind == "raise":
                     raise RuntimeError(f"injected failure ({FAULT_ENV}={self.fault}) in phase {name!r}")
                 if kind == "hang":
@@ -242,7 +244,7 @@ def _run(a, phase: _Phase, device) -> int:
                                                 "NCCL_SHM_DISABLE")},
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    tmp = Path(a.out).with_suffix(".tmp")
+    tmp = Path(str(a.out) + ".tmp")
     tmp.write_text(json.dumps(res, indent=1))
     os.replace(tmp, a.out)
     return 0
