@@ -35,6 +35,7 @@ def test_tier_environments():
     assert NB.FULL_SIZES[0] == 64 * 1024 and NB.FULL_SIZES[-1] == 2**30
 
 
+@pytest.mark.slow
 def test_gloo_two_processes_tiny(tmp_path):
     seen = []
     rc, lines = NB.launch(tier="nvlink", nproc=2, out=tmp_path / "r.jsonl", sizes=[4096, 65536],
