@@ -1,0 +1,102 @@
+"""run_plan end to end through torchrun on CPU (gloo): ok, raise, hang, out of memory, refused."""
+
+import dataclasses
+import os
+
+import pytest
+
+from autotune.plan import Plan, PlanDocument, Workload
+from autotune.runtime.launch import FIXED_ENV, run_plan, worker_env
+from runtime_harness import SEQ, TINY
+
+
+def _doc(model=TINY, seq=SEQ, **kw):
+    p = Plan(**kw)
+    return PlanDocument(plan=p, model=model, gpu="h200", num_gpus=p.num_gpus, fabric={},
+                        workload=Workload(seq_len=seq, global_batch_size=p.global_batch_size))
+
+
+def _no_worker_left(workdir):
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            assert workdir not in cmd, f"process {d} of the killed job is still alive: {cmd!r}"
+
+
+def test_ok_run_reports_metrics_with_the_simulator_mfu_formula(tmp_path):
+    r = run_plan(_doc(tp_degree=2, micro_batch_size=2, zero_stage=0), steps=2, warmup=1, device="cpu",
+                 timeout_s=120, workdir=tmp_path)
+    assert r["status"] == "ok", r["reason"]
+    assert len(r["step_times_ms"]) == 2 and len(r["losses"]) == 2 and len(r["peak_rss_bytes"]) == 2
+    # tiny model: N without the input embedding = head 16384 + 4 layers x 36992 + norm 64 = 164416;
+    # per token 6N + 6 L H Q T = 986496 + 6*4*4*16*32 = 1035648 FLOP; x 2 sequences x 32 tokens
+    assert r["model_flops_per_step"] == 1035648 * 64
+    s = r["step_time_ms"] / 1e3
+    assert r["mfu"] == pytest.approx(1035648 * 64 / (s * 2 * 989e12), rel=1e-9)
+    assert r["tokens_per_s_per_gpu"] == pytest.approx(64 / s / 2, rel=1e-9)
+    # random tokens over a 256-word vocabulary: the initial loss is near ln(256) = 5.55
+    assert 5.0 < r["losses"][0] < 7.0
+    assert r["env"]["NCCL_NVLS_ENABLE"] == "0" and r["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+
+
+def test_worker_that_raises_is_failed_with_its_message(tmp_path):
+    r = run_plan(_doc(dp_degree=2, zero_stage=0), steps=1, warmup=1, device="cpu", timeout_s=120,
+                 env={"AUTOTUNE_RUNTIME_FAULT": "raise:warmup"}, workdir=tmp_path)
+    assert r["status"] == "failed"
+    assert "injected failure" in r["reason"] and "warmup 1/1" in r["reason"]
+
+
+@pytest.mark.slow
+def test_hang_is_killed_and_reported_with_its_phase(tmp_path):
+    # rank 1 sleeps in the second timed step; rank 0 waits for it in a collective
+    r = run_plan(_doc(dp_degree=2, zero_stage=0), steps=2, warmup=0, device="cpu", timeout_s=12,
+                 env={"AUTOTUNE_RUNTIME_FAULT": "hang:step 2@1"}, workdir=tmp_path)
+    assert r["status"] == "timeout"
+    assert r["reason"] == "timed out after 12 s in step 2/2"
+    _no_worker_left(str(tmp_path))
+
+
+def test_memory_cap_exceeded_is_oom_with_memory_reached(tmp_path):
+    # vocab 32000, 4 x 512 tokens per rank: the FP32 logits alone are 4*512*32000*4 B = 250 MiB, more
+    # than the 128 MiB cap set above what each rank holds after building the model (RLIMIT_AS on CPU;
+    # on CUDA the same option uses set_per_process_memory_fraction). A real allocator failure.
+    big = dataclasses.replace(TINY, vocab_size=32000)
+    r = run_plan(_doc(big, 512, dp_degree=2, micro_batch_size=4, zero_stage=3), steps=1, warmup=0,
+                 device="cpu", timeout_s=120, memory_limit_mib=128, workdir=tmp_path)
+    assert r["status"] == "oom", r["reason"]
+    assert r["memory_reached_bytes"] > 100 * 2**20
+    assert "out of memory" in r["reason"]
+
+
+def test_refused_plan_is_failed_and_marked_refused(tmp_path):
+    r = run_plan(_doc(tp_degree=2, tp_comm_overlap=True, zero_stage=0), steps=1, warmup=0, device="cpu",
+                 timeout_s=120, workdir=tmp_path)
+    assert r["status"] == "failed" and r["refused"] and "tp_comm_overlap" in r["reason"]
+
+
+def test_worker_env_sets_fixed_nccl_and_allocator_settings():
+    e = worker_env(_doc(memory_reclaim="expandable_segments"), {"NCCL_NVLS_ENABLE": "1"})
+    assert e["NCCL_NVLS_ENABLE"] == "0" and e["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert "expandable_segments:True" in e["PYTORCH_CUDA_ALLOC_CONF"]
+    e = worker_env(_doc(), {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:64"})
+    assert e["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
+    assert FIXED_ENV == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+@pytest.mark.gpu
+def test_gpu_tp2_run_and_context_parallel(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    model = dataclasses.replace(TINY, hidden_size=256, num_heads=2, num_kv_heads=2, head_dim=128,
+                                ffn_hidden_size=512)
+    for i, kw in enumerate((dict(tp_degree=2, sequence_parallel=True, zero_stage=0),
+               dict(dp_degree=2, zero_stage=3, param_gather_overlap=True, memory_reclaim="expandable_segments"),
+               dict(cp_degree=2, zero_stage=3))):
+        r = run_plan(_doc(model, 256, **kw), steps=2, warmup=1, device="cuda", timeout_s=300,
+                     workdir=tmp_path / str(i))
+        assert r["status"] == "ok", r["reason"]
+        assert all(b > 0 for b in r["peak_allocated_bytes"])
