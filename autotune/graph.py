@@ -347,7 +347,10 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
         prev = None
         last_b: dict[int, tuple] = {}
         order = schedule_order(p, r, m)
-        for phase, c, i in order:
+        # every (phase, chunk) of a stage has the same parts for all micro-batches: build them once
+        # and share the dict between nodes (read-only), which keeps large graphs cheap
+        proto: dict[tuple[str, int], tuple[dict[str, float], float, float]] = {}
+        for phase, c in {(ph, c) for ph, c, _ in order}:
             vs = c * P + r
             cc = chunks[vs]
             parts = dict(cc.fwd_parts if phase == "F" else cc.bwd_parts)
@@ -356,12 +359,16 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
                 _add(parts, "exposed_pp_comm", p2p)
             if phase == "B" and reclaim_mb:
                 _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, m)))
+            proto[phase, c] = parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2)
+        for phase, c, i in order:
+            parts, dur, flops = proto[phase, c]
             node = (phase, r, c, i)
-            add_node(node, kind="fwd" if phase == "F" else "bwd", stage=r, chunk=c, microbatch=i,
-                     stream="compute", duration_ms=sum(parts.values()), parts=parts,
-                     flops=cc.fwd_flops * (1 if phase == "F" else 2))
+            node_list.append((node, {"kind": "fwd" if phase == "F" else "bwd", "stage": r, "chunk": c,
+                                     "microbatch": i, "stream": "compute", "duration_ms": dur,
+                                     "parts": parts, "flops": flops}))
+            durations[node] = dur
             if prev is not None:
-                add_edge(prev, node, kind="stream", delay_ms=0.0)
+                edge_list.append((prev, node, {"kind": "stream", "delay_ms": 0.0}))
             prev = node
             if phase == "B":
                 last_b[c] = node

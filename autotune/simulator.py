@@ -62,6 +62,8 @@ def simulate_graph(g: nx.DiGraph) -> Timeline:
     wait_pp = [0.0] * num_stages
     wait_dp = [0.0] * num_stages
     busy = [dict.fromkeys(BREAKDOWN_KEYS, 0.0) for _ in range(num_stages)]
+    part_counts: dict[tuple[int, int], int] = {}
+    part_refs: dict[tuple[int, int], Mapping[str, float]] = {}
     for n in nx.topological_sort(g):
         d = nodes[n]
         s = 0.0
@@ -79,9 +81,13 @@ def simulate_graph(g: nx.DiGraph) -> Timeline:
         finish[n] = s + d["duration_ms"]
         if d["stream"] == "compute":
             st = d["stage"]
-            b = busy[st]
-            for k, v in d["parts"].items():
-                b[k] += v
+            parts = d["parts"]          # shared between nodes of one (phase, chunk): count, sum later
+            key = (st, id(parts))
+            if key in part_counts:
+                part_counts[key] += 1
+            else:
+                part_counts[key] = 1
+                part_refs[key] = parts
             gap = s - s_local
             if gap > 0 and cause is not None:
                 if cause[0] == "p2p":
@@ -89,6 +95,10 @@ def simulate_graph(g: nx.DiGraph) -> Timeline:
                 elif cause[1] == "dp":
                     wait_dp[st] += gap
     step = max(finish.values(), default=0.0)
+    for (st, _), cnt in part_counts.items():
+        b = busy[st]
+        for k, v in part_refs[(st, _)].items():
+            b[k] += v * cnt
     breakdowns = []
     for st in range(num_stages):
         b = dict(busy[st])
