@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import optuna
 import pytest
@@ -147,7 +148,9 @@ def test_tuner_finds_the_exhaustive_optimum_on_the_small_space(tmp_path):
         return r.mfu if r.feasible else 0.0
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    bf = optuna.create_study(direction="maximize", sampler=optuna.samplers.BruteForceSampler(seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        bf = optuna.create_study(direction="maximize", sampler=optuna.samplers.BruteForceSampler(seed=0))
     bf.optimize(objective)  # stops by itself once every combination was tried
     optimum = bf.best_value
     assert len(bf.trials) >= 100  # the whole space was enumerated
