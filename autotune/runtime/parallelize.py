@@ -438,7 +438,7 @@ def _layer_ranges(counts: tuple[int, ...]) -> list[list[int]]:
 
 def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Optional[int] = None,
                 device: torch.device | str = "cpu", compute_dtype: torch.dtype | None = None, seed: int = 0,
-                lr: float = 3e-4, validate: bool = True) -> PlanRuntime:
+                lr: float = 3e-4, validate: bool = True, meta_init: Optional[bool] = None) -> PlanRuntime:
     """Build this rank's part of the model and apply ``plan`` (collective: every rank calls it).
 
     Args:
@@ -450,6 +450,9 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         seed: weight-initialization seed (identical on every rank).
         lr: AdamW learning rate (betas 0.9/0.95, weight decay 0.1, eps 1e-8: Llama 3 paper Sec. 3.4).
         validate: run :func:`autotune.plan.validate_plan` for the truncated model first.
+        meta_init: build on the meta device and initialize after sharding (torchtitan's way; the
+            weights then differ from the unparallelized model's); None = only for models over
+            :data:`FULL_INIT_MAX_BYTES` of FP32 parameters.
 
     Raises:
         PlanError: the plan is invalid for the model, or asks for something this runtime cannot honor.
@@ -476,7 +479,7 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
     ranges = _layer_ranges(counts)
     n_stages = len(counts)
     stage_ids = [pp_rank + i * p.pp_degree for i in range(n_stages // p.pp_degree)]
-    full_init = tspec.num_params * 4 <= FULL_INIT_MAX_BYTES
+    full_init = (tspec.num_params * 4 <= FULL_INIT_MAX_BYTES) if meta_init is None else not meta_init
     chunks: list[Llama] = []
     for sid in stage_ids:
         m = build_llama(tspec, seq_len=seq_len, seed=seed, device=None if full_init else "meta")
@@ -545,7 +548,7 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         for m in chunks:
             m.to_empty(device=device)
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(seed + dist.get_rank())
+                torch.manual_seed(seed)  # same on all ranks (DTensor's RNG tracker expects it)
                 m.init_weights(buffer_device=device)
 
     # ---- optimizer ----

@@ -60,10 +60,23 @@ def _worker(rank: int, world: int, port: int, plans: list[dict], out_dir: str) -
     lr = 1e-3
     try:
         for pd in plans:
-            plan = Plan.from_dict(pd)
-            rec: dict = {"plan": pd}
+            pd = dict(pd)
+            rec: dict = {"plan": dict(pd)}
             try:
-                rt = parallelize(plan, TINY, seq_len=SEQ, device="cpu", seed=0, lr=lr)
+                meta = pd.pop("_meta_init", None) if isinstance(pd, dict) else None
+                plan = Plan.from_dict(pd)
+                rt = parallelize(plan, TINY, seq_len=SEQ, device="cpu", seed=0, lr=lr, meta_init=meta)
+                if meta:
+                    # meta init: weights differ from the reference; check the step runs and is finite
+                    x, y = global_batch(plan.global_batch_size)
+                    l1 = rt.train_step(rt.local_batch(x), rt.local_batch(y))
+                    l2 = rt.train_step(rt.local_batch(x), rt.local_batch(y))
+                    rec.update(meta_losses=[l1, l2], honored=rt.honored)
+                    results.append(rec)
+                    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+                        json.dump(results, f)
+                    dist.barrier()
+                    continue
                 x, y = global_batch(plan.global_batch_size)
                 loss1 = rt.train_step(rt.local_batch(x), rt.local_batch(y))
                 # grads are still there after the optimizer step (zero_grad happens at the next step)
