@@ -153,12 +153,35 @@ def _target_line(model, cluster, workload) -> str:
             f"global batch {workload.global_batch_size} sequences = {workload.global_batch_tokens:,} tokens")
 
 
+def real_options(f):
+    opts = [
+        click.option("--layers", type=int, default=None,
+                     help="real backend: run depth-truncated proxies with N layers (true widths)."),
+        click.option("--real-steps", type=int, default=3, show_default=True,
+                     help="real backend: timed steps per trial (after 2 warm-up steps)."),
+        click.option("--trial-timeout", type=float, default=900.0, show_default=True,
+                     help="real backend: wall-clock limit per trial, s (a hung trial is killed and marked failed)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _evaluator_options(backend, layers, real_steps, trial_timeout):
+    if backend != "real":
+        if layers is not None:
+            raise click.UsageError("--layers applies to --backend real only")
+        return None
+    return {"layers": layers, "steps": real_steps, "timeout_s": trial_timeout}
+
+
 @main.command()
 @target_options
 @study_options
 @tune_options
+@real_options
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, trials, timeout,
-        seed):
+        seed, layers, real_steps, trial_timeout):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     Example: autotune run --size 405b --trials 200
@@ -169,7 +192,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
     tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
-                  seed=seed)
+                  seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout))
     click.echo(f"tuning {_target_line(model, cluster, workload)}")
     click.echo(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
                f"{trials} trials" + (f", timeout {timeout:g} s" if timeout else ""))
@@ -300,9 +323,10 @@ def simulate(plan_file, backend, interconnect):
 @target_options
 @study_options
 @tune_options
+@real_options
 @click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
 def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, trials, timeout,
-           seed, top_k):
+           seed, layers, real_steps, trial_timeout, top_k):
     """Re-tune for a slower fabric, warm-started with the fastest fabric's best plans; compare both.
 
     Example: autotune retune --size 405b --interconnect pcie5+eth100
@@ -315,7 +339,8 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
     click.echo(f"re-tuning {_target_line(model, cluster, workload)}")
     r = do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
-                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=click.echo)
+                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=click.echo,
+                  evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout))
     fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
     click.echo("")
     click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),

@@ -1,0 +1,60 @@
+"""The real evaluator and `autotune validate` on CPU (gloo, 2 processes, tiny Llama)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from autotune.errors import PlanError
+from autotune.hardware import ClusterSpec, get_fabric, get_gpu
+from autotune.plan import Plan, PlanDocument, Workload
+from autotune.runtime.evaluator import RealEvaluator, TrialFailed, tier_env
+
+from runtime_harness import TINY
+
+WL = Workload(seq_len=32, global_batch_size=4)
+
+
+def _cluster(fabric="nvlink4"):
+    return ClusterSpec(gpu=get_gpu("h200"), num_gpus=2, fabric=get_fabric(fabric))
+
+
+def test_tier_env():
+    assert tier_env(_cluster("nvlink4")) == {}
+    assert tier_env(_cluster("pcie5")) == {"NCCL_P2P_DISABLE": "1"}
+
+
+@pytest.mark.slow
+def test_real_evaluator_ok_and_refused(monkeypatch):
+    ev = RealEvaluator(model=TINY, cluster=_cluster(), workload=WL, steps=2, warmup=1, timeout_s=120,
+                       device="cpu")
+    plan = Plan(dp_degree=2, micro_batch_size=1, num_micro_batches=2, zero_stage=3, param_gather_overlap=True)
+    r = ev.evaluate(plan)
+    assert r.feasible and r.backend == "real" and r.step_time_ms > 0
+    # MFU from the measured step: model FLOPs / (step x GPUs x peak), the simulator's formula
+    from autotune.flops import step_model_flops
+    assert r.mfu == pytest.approx(step_model_flops(TINY, 32, 4) / (r.step_time_ms / 1e3 * 2 * 989e12))
+    assert "simulated_step_time_ms" in r.details and len(r.details["step_times_ms"]) == 2
+    # a setting the runtime cannot honor is refused before anything is launched
+    with pytest.raises(PlanError):
+        ev.evaluate(Plan(tp_degree=2, micro_batch_size=1, num_micro_batches=4, zero_stage=0,
+                         tp_comm_overlap=True, dp_grad_reduce_overlap=False))
+    # a crash is a TrialFailed with the rank's message
+    monkeypatch.setenv("AUTOTUNE_RUNTIME_FAULT", "raise:step")
+    with pytest.raises(TrialFailed):
+        ev.evaluate(plan)
+
+
+@pytest.mark.slow
+def test_validate_command_cpu(tmp_path):
+    from autotune.cli import main
+    doc = PlanDocument(plan=Plan(tp_degree=2, micro_batch_size=1, num_micro_batches=4, zero_stage=0,
+                                 sequence_parallel=True, dp_grad_reduce_overlap=False),
+                       model=TINY, gpu="h200", num_gpus=2, fabric=get_fabric("nvlink4").to_dict(), workload=WL)
+    p = tmp_path / "plan.yaml"
+    doc.save(p)
+    res = CliRunner().invoke(main, ["validate", str(p), "--device", "cpu", "--steps", "2", "--warmup", "1",
+                                    "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    assert "MFU" in res.output and "simulated step time" in res.output
+    assert (tmp_path / "r.json").exists()
