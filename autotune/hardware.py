@@ -192,6 +192,9 @@ def get_fabric(spec: str) -> FabricSpec:
     p = Path(spec)
     if spec.endswith((".yaml", ".yml")) or p.is_file():
         return _fabric_from_file(p)
+    shipped = _shipped_measured_fabric(spec)
+    if shipped is not None:
+        return _fabric_from_file(shipped)
     data = _load_data("fabrics.yaml")
     intra_names, inter_names = list(data["intra_node"]), list(data["inter_node"])
     parts = [s.strip().lower() for s in spec.split("+")]
@@ -200,7 +203,8 @@ def get_fabric(spec: str) -> FabricSpec:
                           f"e.g. nvlink4+ib-ndr400")
     if parts[0] not in data["intra_node"]:
         raise ConfigError(f"unknown intra-node fabric {parts[0]!r} in {spec!r}; known: {', '.join(intra_names)} "
-                          f"(inter-node: {', '.join(inter_names)}), or a YAML file")
+                          f"(inter-node: {', '.join(inter_names)}), measured tiers: "
+                          f"{', '.join(shipped_measured_fabrics()) or 'none'}, or a YAML file")
     intra = _link_from_mapping(data["intra_node"][parts[0]], name=parts[0], where=parts[0], intra=True)
     inter = None
     if len(parts) == 2:
@@ -208,6 +212,21 @@ def get_fabric(spec: str) -> FabricSpec:
             raise ConfigError(f"unknown inter-node fabric {parts[1]!r} in {spec!r}; known: {', '.join(inter_names)}")
         inter = _link_from_mapping(data["inter_node"][parts[1]], name=parts[1], where=parts[1], intra=False)
     return FabricSpec(name="+".join(parts), intra_node=intra, inter_node=inter)
+
+
+def _shipped_measured_fabric(name: str):
+    """Interconnect tiers measured by ``autotune profile`` and shipped with the package
+    (``autotune/profiling/fabrics/<name>.yaml``, e.g. ``h200-nvlink``, ``h200-host``, ``h200-sockets``)."""
+    key = name.strip().lower()
+    if "/" in key or "+" in key:
+        return None
+    f = resources.files("autotune").joinpath("profiling", "fabrics", f"{key}.yaml")
+    return Path(str(f)) if f.is_file() else None
+
+
+def shipped_measured_fabrics() -> list[str]:
+    d = resources.files("autotune").joinpath("profiling", "fabrics")
+    return sorted(x.name[:-5] for x in d.iterdir() if x.name.endswith(".yaml")) if d.is_dir() else []
 
 
 def _fabric_from_file(p: Path) -> FabricSpec:

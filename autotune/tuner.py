@@ -597,11 +597,22 @@ class Tuner:
                 mem.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
             self._pending.clear()
 
-            def persist(_: optuna.Study, ft: FrozenTrial) -> None:
-                study.add_trial(ft)
+            # With the real backend a trial costs minutes of GPU time while an invalid combination is
+            # pruned before anything runs, so there --trials counts the plans that were run (at most
+            # REAL_MAX_ATTEMPTS_FACTOR x trials attempts in all).
+            count_run = self.backend == "real" and n_trials is not None
+            ran = [0]
 
-            mem.optimize(self.objective, n_trials=n_trials, timeout=timeout, catch=(Exception,),
-                         show_progress_bar=show_progress_bar, callbacks=[persist])
+            def persist(st: optuna.Study, ft: FrozenTrial) -> None:
+                study.add_trial(ft)
+                if count_run and ft.state != TrialState.PRUNED:
+                    ran[0] += 1
+                    if ran[0] >= n_trials:
+                        st.stop()
+
+            mem.optimize(self.objective, n_trials=n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials,
+                         timeout=timeout, catch=(Exception,), show_progress_bar=show_progress_bar,
+                         callbacks=[persist])
         trials = study.get_trials(deepcopy=False)
         states = Counter()
         for t in trials:
@@ -616,6 +627,10 @@ class Tuner:
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(trials) - before,
                            n_trials=len(trials), states=dict(states), best=best)
+
+
+#: --trials with the real backend counts plans run; invalid ones are pruned for free, up to this many x.
+REAL_MAX_ATTEMPTS_FACTOR = 20
 
 
 def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: int) -> float:

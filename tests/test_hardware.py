@@ -39,3 +39,9 @@ def test_cluster_checks():
         make_cluster("h100", 12, "nvlink4+ib-ndr400")
     with pytest.raises(ConfigError, match="no inter-node tier"):
         make_cluster("h100", 16, "nvlink4")
+
+
+def test_shipped_measured_fabrics():
+    # autotune profile measured these tiers on 2x H200 (autotune/profiling/fabrics/); usable by name
+    f = get_fabric("h200-sockets")
+    assert f.intra_node.calibration_tier == "sockets" and f.gpus_per_node == 2 and f.inter_node is None

@@ -158,3 +158,14 @@ def test_tuner_finds_the_exhaustive_optimum_on_the_small_space(tmp_path):
               evaluator=ev, seed=0)
     s = t.optimize(40, show_progress_bar=False)
     assert s.best.result.mfu >= 0.99 * optimum
+
+
+def test_real_backend_trials_count_plans_run(tmp_path):
+    # With the real backend, --trials N means N plans run: invalid combinations pruned before anything
+    # runs do not use up the budget. The default space on 8 GPUs has many invalid tp x pp x cp combos.
+    t = tuner(tmp_path, space="default", backend="real")
+    summary = t.optimize(6)
+    trials = t.study.get_trials(deepcopy=False)
+    run = [x for x in trials if x.state != optuna.trial.TrialState.PRUNED]
+    assert len(run) == 6
+    assert summary.n_new_trials == len(trials) >= 6

@@ -115,7 +115,10 @@ class RealEvaluator(Evaluator):
         warnings = validate_plan(plan, model, self.cluster.num_gpus, self.workload,
                                  gpus_per_node=self.cluster.gpus_per_node)
         device_type = "cpu" if self.device == "cpu" else "cuda"
-        check_runtime_support(plan, device_type=device_type)          # PlanError -> pruned
+        # PlanError -> pruned. The allocator setting is applied by the launcher in the worker's
+        # environment, so it is not checked against this process's environment here.
+        check_runtime_support(plan.replace(memory_reclaim="none") if plan.memory_reclaim == "expandable_segments"
+                              else plan, device_type=device_type)
         doc = PlanDocument(plan=plan, model=self.model, gpu=self.cluster.gpu.name, num_gpus=self.cluster.num_gpus,
                            fabric=self.cluster.fabric.to_dict(), workload=self.workload)
         res = run_plan(doc, layers=self.layers, steps=self.steps, warmup=self.warmup, timeout_s=self.timeout_s,

@@ -243,6 +243,9 @@ class GradReducer:
                 self._pending.append(self._issue(b, async_op=True))
 
     def _issue(self, b: int, *, async_op: bool):
+        for p in self.buckets[b]:
+            if p.grad is None:          # a parameter this rank's step did not touch: reduce zeros
+                p.grad = torch.zeros_like(p)
         grads = [self._local(p.grad) for p in self.buckets[b]]
         flat = torch.cat([g.reshape(-1) for g in grads])
         work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
@@ -436,6 +439,17 @@ def _layer_ranges(counts: tuple[int, ...]) -> list[list[int]]:
     return out
 
 
+def _materialize(chunks: list, *, full_init: bool, device, seed: int) -> None:
+    """Allocate and initialize meta-device chunks on ``device`` (no-op when built fully already)."""
+    if full_init:
+        return
+    for m in chunks:
+        m.to_empty(device=device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)  # same on all ranks (DTensor's RNG tracker expects it)
+            m.init_weights(buffer_device=device)
+
+
 def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Optional[int] = None,
                 device: torch.device | str = "cpu", compute_dtype: torch.dtype | None = None, seed: int = 0,
                 lr: float = 3e-4, validate: bool = True, meta_init: Optional[bool] = None) -> PlanRuntime:
@@ -530,6 +544,8 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
                          f"reduce-scatter {'overlapped' if overlap_reduce else 'serialized (device sync)'}")
     elif p.tp_degree == 1 and p.pp_degree == 1 and overlap_reduce:
         from torch.nn.parallel import DistributedDataParallel as DDP
+        _materialize(chunks, full_init=full_init, device=device, seed=seed)   # DDP broadcasts at wrap
+        full_init = True
         dp_mode = "ddp"
         wrapped = [DDP(m, process_group=dp_mesh.get_group(), bucket_cap_mb=p.bucket_size_mib,
                        device_ids=[device.index] if device.type == "cuda" else None,
@@ -537,19 +553,16 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         honored["dp"] = f"DDP over {dp_size} ranks, bucket_cap_mb={p.bucket_size_mib}, overlapped"
     else:
         dp_mode = "reducer_overlap" if overlap_reduce else "reducer_blocking"
+        _materialize(chunks, full_init=full_init, device=device, seed=seed)   # hooks need real params
+        full_init = True
         params = [prm for m in chunks for prm in m.parameters()]
         reducer = GradReducer(params, dp_mesh.get_group(), bucket_bytes=p.bucket_size_mib << 20,
                               overlap=overlap_reduce, num_accumulations=p.num_micro_batches)
         honored["dp"] = (f"bucketed all-reduce ({p.bucket_size_mib} MiB) over {dp_size} ranks, "
                          + ("async during backward" if overlap_reduce else "blocking after backward"))
 
-    # ---- meta init ----
-    if not full_init:
-        for m in chunks:
-            m.to_empty(device=device)
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(seed)  # same on all ranks (DTensor's RNG tracker expects it)
-                m.init_weights(buffer_device=device)
+    # ---- meta init (FSDP: after sharding, so each rank materializes only its shard) ----
+    _materialize(chunks, full_init=full_init, device=device, seed=seed)
 
     # ---- optimizer ----
     params = [prm for m in chunks for prm in m.parameters()]
