@@ -1,0 +1,190 @@
+"""Fidelity benchmark (GPU host): plans run for real beside the simulator's predictions.
+
+For each plan of a fixed list (1 and 2 GPUs; Llama 3.1 8B, 70B and 405B at true width, truncated to a
+few layers so each run takes seconds; TP, PP with each schedule, FSDP/DDP, recomputation modes, async
+on and off, each reclaim policy, each measured interconnect tier) it runs the plan with
+:func:`autotune.runtime.launch.run_plan`, simulates the same (truncated) model with the simulated
+evaluator, and prints per plan: measured step time and peak reserved memory, the predicted step time
+and peak memory, and their errors; then the mean absolute percentage error (MAPE), the worst case and
+Spearman's rank correlation of the plans by step time. ``--markdown FILE`` writes the table for
+``docs/fidelity.md``.
+
+Run on the GPU host: ``python bench/fidelity.py [--limit N] [--markdown docs/fidelity.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.hardware import ClusterSpec, get_fabric, get_gpu  # noqa: E402
+from autotune.models import get_model  # noqa: E402
+from autotune.plan import Plan, PlanDocument, Workload  # noqa: E402
+from autotune.runtime.evaluator import TIER_ENV  # noqa: E402
+from autotune.simulator import SimulatedEvaluator  # noqa: E402
+
+W = Workload(seq_len=8192, global_batch_size=4)
+
+
+def plans() -> list[tuple[str, str, int, int, str, Plan]]:
+    """(label, size, layers, gpus, fabric, plan)."""
+    P = Plan
+    dp2 = dict(dp_degree=2, micro_batch_size=1, num_micro_batches=2)
+    out = [
+        ("1gpu rc=none", "8b", 4, 1, "h200-nvlink", P(micro_batch_size=1, num_micro_batches=4, zero_stage=0,
+                                                      dp_grad_reduce_overlap=False)),
+        ("1gpu rc=selective", "8b", 4, 1, "h200-nvlink", P(micro_batch_size=1, num_micro_batches=4, zero_stage=0,
+                                                           dp_grad_reduce_overlap=False, recompute="selective")),
+        ("1gpu rc=full mbs2", "8b", 4, 1, "h200-nvlink", P(micro_batch_size=2, num_micro_batches=2, zero_stage=0,
+                                                           dp_grad_reduce_overlap=False, recompute="full")),
+        ("fsdp z3 overlap", "8b", 4, 2, "h200-nvlink", P(zero_stage=3, param_gather_overlap=True, **dp2)),
+        ("fsdp z3 blocking", "8b", 4, 2, "h200-nvlink", P(zero_stage=3, async_collectives=False,
+                                                          dp_grad_reduce_overlap=False, **dp2)),
+        ("fsdp z2", "8b", 4, 2, "h200-nvlink", P(zero_stage=2, **dp2)),
+        ("ddp z0 overlap", "8b", 4, 2, "h200-nvlink", P(zero_stage=0, **dp2)),
+        ("ddp z0 blocking", "8b", 4, 2, "h200-nvlink", P(zero_stage=0, dp_grad_reduce_overlap=False, **dp2)),
+        ("zero1", "8b", 4, 2, "h200-nvlink", P(zero_stage=1, **dp2)),
+        ("tp2 sp", "8b", 4, 2, "h200-nvlink", P(tp_degree=2, micro_batch_size=1, num_micro_batches=4, zero_stage=0,
+                                                sequence_parallel=True, dp_grad_reduce_overlap=False)),
+        ("tp2 no-sp", "8b", 4, 2, "h200-nvlink", P(tp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                   zero_stage=0, dp_grad_reduce_overlap=False)),
+        ("pp2 gpipe", "8b", 4, 2, "h200-nvlink", P(pp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                   pipeline_schedule="gpipe", zero_stage=0,
+                                                   dp_grad_reduce_overlap=False)),
+        ("pp2 1f1b", "8b", 4, 2, "h200-nvlink", P(pp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                  zero_stage=0, dp_grad_reduce_overlap=False)),
+        ("pp2 interleaved v2", "8b", 4, 2, "h200-nvlink", P(pp_degree=2, vpp_degree=2, micro_batch_size=1,
+                                                            num_micro_batches=4, pipeline_schedule="interleaved_1f1b",
+                                                            zero_stage=0, dp_grad_reduce_overlap=False)),
+        ("cp2", "8b", 4, 2, "h200-nvlink", P(cp_degree=2, micro_batch_size=1, num_micro_batches=4, zero_stage=3,
+                                             param_gather_overlap=True)),
+        ("fsdp empty_cache/step", "8b", 4, 2, "h200-nvlink", P(zero_stage=3, memory_reclaim="empty_cache_per_step",
+                                                               **dp2)),
+        ("fsdp empty_cache/mb", "8b", 4, 2, "h200-nvlink", P(zero_stage=3,
+                                                             memory_reclaim="empty_cache_per_microbatch", **dp2)),
+        ("fsdp expandable", "8b", 4, 2, "h200-nvlink", P(zero_stage=3, memory_reclaim="expandable_segments", **dp2)),
+        ("fsdp host tier", "8b", 4, 2, "h200-host", P(zero_stage=3, param_gather_overlap=True, **dp2)),
+        ("fsdp sockets tier", "8b", 4, 2, "h200-sockets", P(zero_stage=3, param_gather_overlap=True, **dp2)),
+        ("ddp host tier", "8b", 4, 2, "h200-host", P(zero_stage=0, **dp2)),
+        ("70b-2L fsdp", "70b", 2, 2, "h200-nvlink", P(zero_stage=3, param_gather_overlap=True, **dp2)),
+        ("70b-2L tp2 sp", "70b", 2, 2, "h200-nvlink", P(tp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                        zero_stage=0, sequence_parallel=True,
+                                                        dp_grad_reduce_overlap=False, recompute="full")),
+        ("405b-1L fsdp", "405b", 1, 2, "h200-nvlink", P(zero_stage=3, param_gather_overlap=True,
+                                                        recompute="full", **dp2)),
+    ]
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rho of two equal-length lists (average ranks for ties)."""
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def main() -> int:
+    from autotune.runtime.launch import run_plan
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=None, help="run only the first N plans")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--markdown", default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    import signal
+
+    def _stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)          # a time limit still prints the table of what ran
+    rows = []
+    try:
+        _run_all(a, rows, run_plan)
+    except KeyboardInterrupt:
+        print(f"interrupted after {len(rows)} plans", flush=True)
+    return _report(a, rows)
+
+
+def _run_all(a, rows, run_plan) -> None:
+    for label, size, layers, gpus, fabric_name, plan in plans()[: a.limit]:
+        model = get_model(size)
+        fabric = get_fabric(fabric_name)
+        cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=gpus, fabric=fabric)
+        proxy = replace(model, num_layers=layers, name=f"{model.name}-{layers}L")
+        sim = SimulatedEvaluator(model=proxy, cluster=cluster, workload=W).evaluate(plan)
+        doc = PlanDocument(plan=plan, model=model, gpu="h200", num_gpus=gpus, fabric=fabric.to_dict(), workload=W)
+        t0 = time.time()
+        r = run_plan(doc, layers=layers, steps=a.steps, warmup=2, timeout_s=150,
+                     env=TIER_ENV.get(fabric.intra_node.calibration_tier, {}), nproc=gpus)
+        row = {"plan": label, "model": proxy.name, "gpus": gpus, "fabric": fabric_name, "status": r["status"],
+               "wall_s": round(time.time() - t0, 1), "sim_step_ms": sim.step_time_ms if sim.feasible else None,
+               "sim_peak_gib": sim.peak_memory_bytes / 2**30, "reason": r.get("reason")}
+        if r["status"] == "ok":
+            row["step_ms"] = r["step_time_ms"]
+            row["peak_gib"] = max(x or 0 for x in r.get("peak_reserved_bytes") or [0]) / 2**30
+            row["device"] = r.get("device_name")
+            row["torch"] = r.get("torch_version")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def _report(a, rows) -> int:
+    ok = [r for r in rows if r["status"] == "ok" and r["sim_step_ms"]]
+    for r in ok:
+        r["step_err_pct"] = 100 * (r["sim_step_ms"] - r["step_ms"]) / r["step_ms"]
+        r["mem_err_pct"] = 100 * (r["sim_peak_gib"] - r["peak_gib"]) / r["peak_gib"]
+    lines = [f"| plan | model | GPUs | fabric | measured step ms | simulated step ms | error | measured peak GiB "
+             f"| simulated peak GiB | error |", "|" + "---|" * 10]
+    for r in rows:
+        if r in ok:
+            lines.append(f"| {r['plan']} | {r['model']} | {r['gpus']} | {r['fabric']} | {r['step_ms']:.1f} | "
+                         f"{r['sim_step_ms']:.1f} | {r['step_err_pct']:+.1f}% | {r['peak_gib']:.1f} | "
+                         f"{r['sim_peak_gib']:.1f} | {r['mem_err_pct']:+.1f}% |")
+        else:
+            lines.append(f"| {r['plan']} | {r['model']} | {r['gpus']} | {r['fabric']} | {r['status']} | "
+                         f"{r['sim_step_ms'] or '-'} | - | - | {r['sim_peak_gib']:.1f} | - |")
+    summary = []
+    if ok:
+        errs = [abs(r["step_err_pct"]) for r in ok]
+        merrs = [abs(r["mem_err_pct"]) for r in ok]
+        worst = max(ok, key=lambda r: abs(r["step_err_pct"]))
+        summary = [f"plans run: {len(rows)}, compared: {len(ok)}",
+                   f"step time MAPE (simulated): {statistics.fmean(errs):.1f}%, worst {worst['step_err_pct']:+.1f}% "
+                   f"({worst['plan']}), Spearman rank correlation {spearman([r['step_ms'] for r in ok], [r['sim_step_ms'] for r in ok]):.2f}",
+                   f"peak memory MAPE: {statistics.fmean(merrs):.1f}%, worst {max(merrs):.1f}%",
+                   f"hardware: {ok[0].get('device')} x2, torch {ok[0].get('torch')}, "
+                   f"{_dt.date.today().isoformat()}"]
+    print("\n".join(lines + [""] + summary))
+    if a.markdown:
+        Path(a.markdown).write_text("\n".join(lines + [""] + [f"- {s}" for s in summary]) + "\n")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
