@@ -25,8 +25,10 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# CPU benchmarks; bench/bench_real.py and bench/fidelity.py need a GPU host (see README).
 bench: install
-	@set -e; for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f; done
+	$(BIN)/python bench/bench_simulator.py
+	$(BIN)/python bench/bench_tuner.py
 
 clean:
 	rm -rf $(VENV)

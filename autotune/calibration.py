@@ -15,6 +15,8 @@ A *calibration profile* is a versioned YAML file of kernel and collective timing
     gemm_backward_factor: 1.0                   # dgrad/wgrad time per FLOP relative to forward
     attention:    [[seq_len, heads, kv_heads, head_dim, fwd_tflops, bwd_tflops], ...]  # causal, batch 1
     memory_bound_bandwidth_gbs: 4250            # achieved HBM bandwidth (read + write bytes / time)
+    memory_bound_ops: {rmsnorm: 2851, rope: 360, ...}  # optional, GB/s per kernel; else taken from
+                                                # measurements.memory_ops rows [op, bytes, ms, GB/s, n]
     collectives:                                # per interconnect tier
       <tier>:                                   # nvlink | host | network | sockets
         link_bandwidth_gbs: 450                 # nominal bandwidth of the measured path (per GPU/dir)
@@ -101,6 +103,7 @@ class CalibrationProfile:
     empty_cache_ms: float
     alloc_after_empty_cache_ms_per_gib: float
     fragmentation: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FRAGMENTATION))
+    memory_bound_ops: Mapping[str, float] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -152,6 +155,16 @@ class CalibrationProfile:
             raise ConfigError(f"{source}: collectives must include the 'nvlink' tier")
         overlap = d.get("overlap") or {}
         reclaim = d.get("reclaim") or {}
+        mops: dict[str, float] = {}
+        for row in ((d.get("measurements") or {}).get("memory_ops") or []):
+            try:                                      # [op, bytes, ms, GB/s, repeats]
+                mops[str(row[0])] = float(row[3])
+            except (TypeError, ValueError, IndexError):
+                raise ConfigError(f"{source}: measurements.memory_ops rows must be [op, bytes, ms, GB/s, n], "
+                                  f"got {row!r}") from None
+        mops.update({str(k): float(v) for k, v in (d.get("memory_bound_ops") or {}).items()})
+        if any(v <= 0 for v in mops.values()):
+            raise ConfigError(f"{source}: memory_bound_ops bandwidths must be > 0, got {mops}")
         frag = dict(DEFAULT_FRAGMENTATION)
         frag.update({str(k): float(v) for k, v in (d.get("fragmentation") or {}).items()})
         return cls(
@@ -163,7 +176,7 @@ class CalibrationProfile:
             overlap_compute_slowdown=float(overlap.get("compute_slowdown", 0.0)),
             empty_cache_ms=float(reclaim.get("empty_cache_ms", 0.0)),
             alloc_after_empty_cache_ms_per_gib=float(reclaim.get("alloc_after_empty_cache_ms_per_gib", 0.0)),
-            fragmentation=frag, raw=dict(d),
+            fragmentation=frag, memory_bound_ops=mops, raw=dict(d),
         )
 
     @classmethod
@@ -220,8 +233,10 @@ class OpCosts(abc.ABC):
         """Causal flash attention over ``seq_len`` tokens, ``heads`` query heads on this rank."""
 
     @abc.abstractmethod
-    def memory_bound_ms(self, nbytes: float) -> float:
-        """An elementwise/memory-bound kernel moving ``nbytes`` (reads + writes)."""
+    def memory_bound_ms(self, nbytes: float, op: str | None = None) -> float:
+        """An elementwise/memory-bound kernel moving ``nbytes`` (reads + writes); ``op`` names the
+        kernel (``rmsnorm``, ``rope``, ``swiglu``, ``cross_entropy``, ``adamw``) when its own measured
+        bandwidth should be used, None for a generic elementwise kernel."""
 
     @abc.abstractmethod
     def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:
@@ -277,7 +292,9 @@ class CalibratedCosts(OpCosts):
     * attention: achieved TFLOP/s interpolated over log2(seq_len) among the profile's rows with the
       closest heads-per-rank, scaled by the same compute ratio. FLOPs: forward 2 x 2 s^2 d h / 2 (causal),
       backward 2.5x forward (FlashAttention-2, Dao 2023, Sec. 3.1: 5 vs 2 matmuls).
-    * memory-bound: bytes / (achieved bandwidth x gpu.hbm_bandwidth / profile.hbm_bandwidth).
+    * memory-bound: bytes / (achieved bandwidth x gpu.hbm_bandwidth / profile.hbm_bandwidth), with the
+      kernel's own measured bandwidth when the profile has one (an eager RoPE reaches ~360 GB/s on
+      H200 while RMSNorm reaches ~2850 GB/s), else the profile's generic figure.
     * collectives: t = f(n) S / busbw(S) + (g(n) - g(n0)) x latency (see :func:`collective_factors`),
       busbw from the tier's curve measured on n0 ranks, scaled by link.bandwidth / measured link
       bandwidth (the same fraction of a faster or slower link is assumed reachable).
@@ -325,8 +342,10 @@ class CalibratedCosts(OpCosts):
             self._cache[key] = v
         return v
 
-    def memory_bound_ms(self, nbytes: float) -> float:
-        return nbytes / (self.profile.memory_bound_bandwidth_gbs * self.memory_scale * 1e6)
+    def memory_bound_ms(self, nbytes: float, op: str | None = None) -> float:
+        gbs = self.profile.memory_bound_ops.get(op, self.profile.memory_bound_bandwidth_gbs) if op \
+            else self.profile.memory_bound_bandwidth_gbs
+        return nbytes / (gbs * self.memory_scale * 1e6)
 
     def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:
         if group_size <= 1 or nbytes <= 0:

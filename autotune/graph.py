@@ -129,8 +129,11 @@ class CostBuilder:
         # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t
         # (plain GeLU r f w f: 4f/t). Backward moves about twice the forward bytes.
         act_bytes = (6 if m.gated_mlp else 4) * f / t
-        mb_fwd_bytes = T * (20 * h / (t if sp else 1) + 4 * (q + kv) / t + act_bytes)
-        mem_fwd = costs.memory_bound_ms(mb_fwd_bytes)
+        hdiv = t if sp else 1
+        mem_fwd = (costs.memory_bound_ms(T * 8 * h / hdiv, "rmsnorm")          # 2 RMSNorms
+                   + costs.memory_bound_ms(T * 12 * h / hdiv)                 # 2 residual adds
+                   + costs.memory_bound_ms(T * 4 * (q + kv) / t, "rope")      # RoPE on q, k
+                   + costs.memory_bound_ms(T * act_bytes, "swiglu"))          # SwiGLU / GeLU
         mem_bwd = 2 * mem_fwd
 
         fwd: dict[str, float] = {}
@@ -178,7 +181,7 @@ class CostBuilder:
             _add(bwd, "exposed_tp_comm", fwd.get("exposed_tp_comm", 0.0))
             _add(bwd, "exposed_cp_comm", fwd.get("exposed_cp_comm", 0.0))
         elif p.recompute == "selective":
-            _add(bwd, "recompute", attn_fwd + costs.memory_bound_ms(T * act_bytes))
+            _add(bwd, "recompute", attn_fwd + costs.memory_bound_ms(T * act_bytes, "swiglu"))
         return fwd, bwd, flops
 
     def chunk_cost(self, vstage: int, num_layers: int) -> ChunkCost:
@@ -205,9 +208,10 @@ class CostBuilder:
         if last:                                      # final norm, LM head, cross-entropy (vocab-parallel)
             V = m.vocab_size
             _add(cc.fwd_parts, "compute", costs.gemm_ms(T, V // t, h)
-                 + costs.memory_bound_ms(T * V / t * 6 + 4 * T * h))
+                 + costs.memory_bound_ms(T * V / t * 6, "cross_entropy") + costs.memory_bound_ms(4 * T * h, "rmsnorm"))
             _add(cc.bwd_parts, "compute", costs.gemm_ms(T, h, V // t, backward=True)
-                 + costs.gemm_ms(h, V // t, T, backward=True) + costs.memory_bound_ms(T * V / t * 6 + 6 * T * h))
+                 + costs.gemm_ms(h, V // t, T, backward=True)
+                 + costs.memory_bound_ms(T * V / t * 6, "cross_entropy") + costs.memory_bound_ms(6 * T * h, "rmsnorm"))
             cc.fwd_flops += 2.0 * T * V / t * h
             cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
         # ZeRO-3 / FSDP: parameters all-gathered for each micro-batch's forward and backward, gradients
@@ -263,7 +267,7 @@ class CostBuilder:
     def optimizer_ms(self, stage_params: int) -> float:
         """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1), memory-bound."""
         shard = stage_params / (self.dp_group if self.p.zero_stage >= 1 else 1)
-        return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM)
+        return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM, "adamw")
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -129,8 +129,10 @@ class SimulatedEvaluator(Evaluator):
         super().__init__(model=model, cluster=cluster, workload=workload)
         self.calibration = calibration or default_calibration()
         self.costs = costs or CalibratedCosts(profile=self.calibration, gpu=cluster.gpu)
-        self.graph_build_ms = 0.0
+        self.graph_build_ms = 0.0       # building graphs (all plans so far), ms
         self.num_graphs = 0
+        self.simulated_ms = 0.0         # building + simulating the graphs of feasible plans, ms
+        self.num_simulated_plans = 0
 
     def evaluate(self, plan: Plan) -> StepResult:
         model, cluster, w = self.model, self.cluster, self.workload
@@ -150,7 +152,10 @@ class SimulatedEvaluator(Evaluator):
                               hfu=0.0, tokens_per_s_per_gpu=0.0, tflops_per_gpu=0.0,
                               peak_memory_bytes=int(mem.peak_bytes), memory_per_stage_bytes=per_stage,
                               infeasible_reason=reason, details=details)
+        t0 = time.perf_counter()
         step_ms, breakdown, extra = self._simulate(plan, [float(s) for s in per_stage])
+        self.simulated_ms += (time.perf_counter() - t0) * 1e3
+        self.num_simulated_plans += 1
         details.update(extra)
         return make_result(backend=self.backend, model=model, cluster=cluster, workload=w, plan=plan,
                            step_time_ms=step_ms, breakdown_ms=breakdown, peak_memory_bytes=int(mem.peak_bytes),

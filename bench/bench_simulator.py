@@ -67,8 +67,10 @@ def timing_table() -> None:
 def llama3_table() -> None:
     model = get_model("405b")
     print()
-    print("Llama 3 405B (paper Table 4) vs simulated (shipped calibration, measured=false; H100 derived "
-          "from H200 by roofline ratios)")
+    from autotune.calibration import CalibratedCosts, default_calibration
+    from autotune.hardware import get_gpu
+    label = CalibratedCosts(profile=default_calibration(), gpu=get_gpu("h100")).label
+    print(f"Llama 3 405B (paper Table 4) vs simulated with {label}")
     print(f"{'GPUs':>6s} {'DP':>4s} {'v':>2s} {'published TFLOP/s':>18s} {'published MFU':>14s} "
           f"{'sim TFLOP/s':>12s} {'sim MFU':>8s} {'sim peak GiB':>13s}  note")
     for gpus, dp, pub_tflops, pub_mfu in ((8192, 64, 430, 0.43), (16384, 128, 400, 0.41)):

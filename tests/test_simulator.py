@@ -28,7 +28,7 @@ class ZeroCommCosts(OpCosts):
     def attention_ms(self, **kw):
         return 0.0
 
-    def memory_bound_ms(self, nbytes):
+    def memory_bound_ms(self, nbytes, op=None):
         return 0.0
 
     def collective_ms(self, kind, nbytes, group_size, link):

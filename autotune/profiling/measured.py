@@ -171,6 +171,7 @@ class MeasuredCosts(OpCosts):
         self._gemm: dict[tuple[int, int, int, str], float] = {}
         self._attn: dict[tuple[int, int, int, int, int], tuple[float, float]] = {}
         self._mem: list[tuple[int, float]] = []
+        self._mem_by_op: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self._coll: dict[tuple[str, str, int], dict[int, tuple[float, float]]] = defaultdict(dict)
         self._overlap: float | None = None
         self._reclaim: tuple[float, float] | None = None
@@ -196,6 +197,10 @@ class MeasuredCosts(OpCosts):
         for a in rows(s, e, "attention"):
             self._attn[(a.batch, a.seq_len, a.heads, a.kv_heads, a.head_dim)] = (a.fwd_ms, a.bwd_ms)
         self._mem = [(r.nbytes, r.gbs) for r in rows(s, e, "memory_op") if r.op != COPY_OP and r.gbs > 0]
+        self._mem_by_op = defaultdict(list)
+        for r in rows(s, e, "memory_op"):
+            if r.gbs > 0:
+                self._mem_by_op[r.op].append((r.nbytes, r.gbs))
         for c in table("collective"):
             if c.busbw_gbs > 0:
                 self._coll[(c.tier, c.kind, c.group_size)][c.nbytes] = (c.median_ms, c.busbw_gbs)
@@ -307,16 +312,19 @@ class MeasuredCosts(OpCosts):
             batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim, backward=backward))
 
     # ---- memory-bound
-    def memory_bound_ms(self, nbytes: float) -> float:
-        """``nbytes`` / GB/s, GB/s linear in log2(bytes) over the stored Llama memory-bound ops
-        (RMSNorm, RoPE, SwiGLU, cross-entropy, AdamW; not the raw copy)."""
-        key = ("memory", float(nbytes))
+    def memory_bound_ms(self, nbytes: float, op: str | None = None) -> float:
+        """``nbytes`` / GB/s, GB/s linear in log2(bytes) over the stored rows of kernel ``op`` when it was
+        measured, else over all stored Llama memory-bound ops (RMSNorm, RoPE, SwiGLU, cross-entropy,
+        AdamW; not the raw copy)."""
+        key = ("memory", float(nbytes), op)
         v = self._cached(key)
         if v is not None:
             return v
-        if not self._mem:
-            return self._note(key, "fallback", self.fallback.memory_bound_ms(nbytes))
-        xs, ys = _curve(self._mem)
+        pts = self._mem_by_op.get(op) if op else None
+        pts = pts or self._mem
+        if not pts:
+            return self._note(key, "fallback", self.fallback.memory_bound_ms(nbytes, op))
+        xs, ys = _curve(pts)
         src = "looked_up" if float(nbytes) in xs else "interpolated"
         return self._note(key, src, nbytes / (interp_log(xs, ys, float(nbytes)) * 1e6))
 
