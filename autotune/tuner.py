@@ -547,6 +547,8 @@ class Tuner:
             trial.set_user_attr("pruned_reason", e.reason)
             raise optuna.TrialPruned(e.reason) from None
         trial.set_user_attr("plan", _plain(plan.to_dict()))
+        if plan in self._cache:             # the sampler proposed a plan already evaluated in this run
+            trial.set_user_attr("reused_result", True)
         try:
             result = self.evaluate(plan)
         except PlanError as e:
@@ -599,13 +601,14 @@ class Tuner:
 
             # With the real backend a trial costs minutes of GPU time while an invalid combination is
             # pruned before anything runs, so there --trials counts the plans that were run (at most
-            # REAL_MAX_ATTEMPTS_FACTOR x trials attempts in all).
+            # REAL_MAX_ATTEMPTS_FACTOR x trials attempts in all); a plan proposed again reuses its result
+            # and does not count either.
             count_run = self.backend == "real" and n_trials is not None
             ran = [0]
 
             def persist(st: optuna.Study, ft: FrozenTrial) -> None:
                 study.add_trial(ft)
-                if count_run and ft.state != TrialState.PRUNED:
+                if count_run and ft.state != TrialState.PRUNED and not ft.user_attrs.get("reused_result"):
                     ran[0] += 1
                     if ran[0] >= n_trials:
                         st.stop()
