@@ -113,7 +113,21 @@ def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: Model
     head = [title]
     if target:
         head.append(target)
-    rows = plan_rows(plan) + result_rows(result) + [("breakdown (critical path)", "")] + breakdown_rows(result)
+    rows = plan_rows(plan) + result_rows(result)
+    d = result.details or {}
+    if result.backend == "real":
+        sim_ms = d.get("simulated_step_time_ms")
+        if sim_ms:
+            mfu_sim = result.mfu * result.step_time_ms / sim_ms
+            rows.append(("simulated prediction", f"{sim_ms:,.1f} ms, MFU {mfu_sim:.1%} (error "
+                                                 f"{d.get('simulated_error_pct', 0.0):+.1f}% vs measured)"))
+        elif d.get("simulated_feasible") is False:
+            rows.append(("simulated prediction", "the memory model said this plan does not fit"))
+        if d.get("device_name"):
+            rows.append(("measured on", f"{d['device_name']}, torch {d.get('torch_version', '?')}, "
+                                        f"{str(d.get('date', '?'))[:19]}"))
+    if result.breakdown_ms:
+        rows += [("breakdown (critical path)", "")] + breakdown_rows(result)
     return "\n".join(head) + "\n" + _table(rows) + f"\n({provenance_label(result)}; MFU = model FLOPs / " \
         "(step time x GPUs x dense BF16 peak), causal attention FLOPs)"
 

@@ -573,6 +573,13 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
                                       process_group=dp_mesh.get_group(), **adam_kw)
         honored["optimizer"] = f"ZeroRedundancyOptimizer(AdamW) over {dp_size} ranks"
     else:
+        from torch.distributed.tensor import DTensor
+        kinds = {isinstance(prm, DTensor) for prm in params}
+        if len(kinds) > 1:
+            # TP without SP leaves the norm weights plain tensors beside DTensor weights; the CUDA
+            # default (foreach) kernels refuse such a mix ("got mixed torch.Tensor and DTensor",
+            # seen on 2x H200, 2026-11-30), so update parameter by parameter.
+            adam_kw["foreach"] = False
         opt = torch.optim.AdamW(params, **adam_kw)
         honored["optimizer"] = "AdamW (FP32 states)" + (", sharded by FSDP2" if dp_mode == "fsdp" else "")
 
