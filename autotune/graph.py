@@ -362,7 +362,7 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
             if sends and blocking_p2p and p2p:
                 _add(parts, "exposed_pp_comm", p2p)
             if phase == "B" and reclaim_mb:
-                _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, m)))
+                _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)))
             proto[phase, c] = parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2)
         for phase, c, i in order:
             parts, dur, flops = proto[phase, c]

@@ -165,7 +165,7 @@ class MemoryEstimate:
                         + [f"{_gib(s.total_bytes):.2f}"])
         widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
         fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-        lines = ["memory per GPU by pipeline stage (GiB; in-flight = micro-batches of activations held)",
+        lines = ["memory per GPU by pipeline stage (GiB; in-flight = micro-batches of activations held; fractional under interleaved 1F1B, x (1 + (p-1)/(p m)), Narayanan et al. 2021)",
                  fmt(head), fmt(["-" * w for w in widths])]
         lines += [fmt(r) for r in rows]
         peak = self.peak_bytes

@@ -89,8 +89,9 @@ class RealEvaluator(Evaluator):
                         f"the real backend runs plans on this host's GPUs: --gpus {cluster.num_gpus} but "
                         f"{n} CUDA GPU(s) are visible; use --gpus {max(n, 1)} or --backend simulated")
             elif device == "auto":
-                raise AutotuneError("the real backend needs CUDA GPUs and none is visible; use --backend "
-                                    "simulated (or device='cpu' for a gloo test run)")
+                raise AutotuneError("no CUDA GPU found: real runs need the local NVIDIA GPUs. Without one, "
+                                    "`autotune simulate PLAN.yaml` or `--backend simulated` predicts the plan; "
+                                    "`autotune validate --device cpu` runs a small model with gloo on the CPU")
         self._sim = None
 
     def _simulated(self, plan: Plan) -> StepResult | None:
