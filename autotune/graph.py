@@ -50,6 +50,7 @@ BF16 = 2  # bytes per element
 #: bf16 gradient (2); write master, m, v (12) and the bf16 parameter (2) = 28.
 ADAM_BYTES_PER_PARAM = 28
 MAX_DP_GROUPS_PER_CHUNK = 8
+STREAM_EDGE = {"kind": "stream", "delay_ms": 0.0}   # shared source dict; networkx copies it per edge
 
 
 @dataclass
@@ -372,22 +373,25 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
                                      "parts": parts, "flops": flops}))
             durations[node] = dur
             if prev is not None:
-                edge_list.append((prev, node, {"kind": "stream", "delay_ms": 0.0}))
+                edge_list.append((prev, node, STREAM_EDGE))
             prev = node
             if phase == "B":
                 last_b[c] = node
-        # data dependencies across virtual stages (send/recv)
+        # data dependencies across virtual stages (send/recv); attribute dicts are shared (networkx
+        # copies them into its own edge dicts)
+        p2p_attr = {"kind": "p2p", "delay_ms": 0.0 if blocking_p2p else p2p}
+        data_attr = {"kind": "data", "delay_ms": 0.0}
+        append = edge_list.append
         for phase, c, i in order:
             vs = c * P + r
             node = (phase, r, c, i)
-            delay = 0.0 if blocking_p2p else p2p
-            if phase == "F" and vs > 0:
-                add_edge(("F", (vs - 1) % P, (vs - 1) // P, i), node, kind="p2p", delay_ms=delay)
-            if phase == "B":
-                if vs < n_virtual - 1:
-                    add_edge(("B", (vs + 1) % P, (vs + 1) // P, i), node, kind="p2p", delay_ms=delay)
-                else:
-                    add_edge(("F", r, c, i), node, kind="data", delay_ms=0.0)
+            if phase == "F":
+                if vs > 0:
+                    append((("F", (vs - 1) % P, (vs - 1) // P, i), node, p2p_attr))
+            elif vs < n_virtual - 1:
+                append((("B", (vs + 1) % P, (vs + 1) // P, i), node, p2p_attr))
+            else:
+                append((("F", r, c, i), node, data_attr))
         # end of step: DP gradient buckets, optimizer, parameter all-gather, reclaim
         overlap_dp = p.async_collectives and p.dp_grad_reduce_overlap
         tail = prev

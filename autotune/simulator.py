@@ -63,19 +63,21 @@ def simulate_graph(g: nx.DiGraph) -> Timeline:
     busy = [dict.fromkeys(BREAKDOWN_KEYS, 0.0) for _ in range(num_stages)]
     part_counts: dict[tuple[int, int], int] = {}
     part_refs: dict[tuple[int, int], Mapping[str, float]] = {}
+    ndata = g._node     # node attribute dicts (read-only use)
     for n in nx.topological_sort(g):
-        d = nodes[n]
+        d = ndata[n]
         s = 0.0
         s_local = 0.0       # ready time ignoring cross-stream waits (for wait attribution)
         cause = None
         for u, e in pred[n].items():
-            t = finish[u] + e["delay_ms"]
+            fu = finish[u]
+            t = fu + e["delay_ms"]
+            du = ndata[u]
             if t > s:
                 s = t
-                cause = e["kind"], nodes[u]["stream"]
-            if e["kind"] == "stream" or (nodes[u]["stream"] == d["stream"] and nodes[u]["stage"] == d["stage"]):
-                if finish[u] > s_local:
-                    s_local = finish[u]
+                cause = e["kind"], du["stream"]
+            if fu > s_local and (e["kind"] == "stream" or (du["stream"] == d["stream"] and du["stage"] == d["stage"])):
+                s_local = fu
         start[n] = s
         finish[n] = s + d["duration_ms"]
         if d["stream"] == "compute":
