@@ -175,7 +175,7 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     Megatron-LM names: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
     ``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``, ``--sequence-parallel``,
     ``--recompute-granularity``, ``--use-distributed-optimizer``, ``--overlap-grad-reduce``,
-    ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--decoder-first/last-pipeline-num-layers``.
+    ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--pipeline-model-parallel-layout`` (uneven splits).
     torchtitan (``[parallelism]``): ``tensor_parallel_degree``, ``pipeline_parallel_degree``,
     ``context_parallel_degree``, ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree``,
     ``pipeline_parallel_schedule``; ``[activation_checkpoint] mode``.
@@ -185,12 +185,16 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
            f"--context-parallel-size {p.cp_degree}", f"--micro-batch-size {p.micro_batch_size}",
            f"--global-batch-size {workload.global_batch_size}", f"--seq-length {workload.seq_len}"]
     layers = p.layers_per_virtual_stage(model.num_layers)
-    if p.pipeline_schedule == "interleaved_1f1b" and p.pp_degree > 1 and p.vpp_degree > 1:
-        meg.append(f"--num-layers-per-virtual-pipeline-stage {max(layers)}")
-    if p.stage_layers is not None and p.pp_degree > 1:
-        per_rank = [sum(layers[r::p.pp_degree]) for r in range(p.pp_degree)]
-        meg.append(f"--decoder-first-pipeline-num-layers {per_rank[0]} "
-                   f"--decoder-last-pipeline-num-layers {per_rank[-1]}")
+    if p.pp_degree > 1 and len(set(layers)) > 1:
+        # uneven split: Megatron-LM's explicit layout, one '|'-separated entry per virtual stage in model
+        # order (E = embedding, t = transformer layer, L = loss/LM head); the first/last-stage flags
+        # cannot describe chunks of different sizes on one rank
+        stages = ["t" * n for n in layers]
+        stages[0] = "E" + stages[0]
+        stages[-1] = stages[-1] + "L"
+        meg.append(f"--pipeline-model-parallel-layout '{'|'.join(stages)}'")
+    elif p.pipeline_schedule == "interleaved_1f1b" and p.pp_degree > 1 and p.vpp_degree > 1:
+        meg.append(f"--num-layers-per-virtual-pipeline-stage {layers[0]}")
     if p.sp_active:
         meg.append("--sequence-parallel")
     if p.recompute == "selective":

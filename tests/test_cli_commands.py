@@ -158,3 +158,18 @@ from fake_evaluator import FakeEvaluator  # noqa: E402
 class _Oom(FakeEvaluator):
     def __init__(self, **kw):
         super().__init__(capacity_scale=0.001, **kw)
+
+
+def test_launch_hints_uneven_layout():
+    # Llama 3 style split (one layer fewer on the first and last of 16 stages): Megatron-LM's first/last
+    # flags cannot express it with virtual stages, so the explicit layout is emitted: 16 entries,
+    # 'E' + 7 t, 14 x 8 t, 7 t + 'L' (7 + 14*8 + 7 = 126 layers).
+    from autotune.models import get_model
+    from autotune.plan import Plan, Workload
+    from autotune.report import launch_hints
+    plan = Plan(tp_degree=8, pp_degree=16, dp_degree=8, micro_batch_size=1, num_micro_batches=16,
+                stage_layers=(7,) + (8,) * 14 + (7,))
+    text = launch_hints(plan, get_model("405b"), Workload(seq_len=8192, global_batch_size=128))
+    layout = "|".join(["E" + "t" * 7] + ["t" * 8] * 14 + ["t" * 7 + "L"])
+    assert f"--pipeline-model-parallel-layout '{layout}'" in text
+    assert "--decoder-first-pipeline-num-layers" not in text
