@@ -31,7 +31,42 @@ def _debug() -> bool:
 
 
 class AutotuneGroup(click.Group):
-    """A click group that turns errors into one clear line and a non-zero exit code."""
+    """A click group that turns errors into one clear line and a non-zero exit code.
+
+    Commands in :data:`LAZY_COMMANDS` (GPU-host commands that import SQLAlchemy) are imported only when
+    run or asked for help, so ``autotune --help`` lists them from their one-line summaries.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is not None or name not in LAZY_COMMANDS:
+            return cmd
+        mod_name, attr, _ = LAZY_COMMANDS[name]
+        try:
+            mod = __import__(mod_name, fromlist=[attr])
+        except ImportError as e:
+            raise click.UsageError(f"`autotune {name}` is unavailable: cannot import {mod_name} ({e})") from None
+        cmd = getattr(mod, attr)
+        self.add_command(cmd, name=name)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``autotune --help``, without importing the lazy commands."""
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.commands:
+                cmd = self.commands[name]
+                if cmd.hidden:
+                    continue
+                rows.append((name, cmd.get_short_help_str(formatter.width - 6 - len(name))))
+            else:
+                rows.append((name, LAZY_COMMANDS[name][2]))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -357,20 +392,11 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     click.echo(f"studies: {r.fast.study} (fast) and {r.slow.study} (slow), {r.n_enqueued} warm-start plan(s)")
 
 
-def _register_optional_commands() -> None:
-    for mod_name, attr in (("autotune.profiling.cli", "profile"), ("autotune.runtime.cli", "validate")):
-        try:
-            mod = __import__(mod_name, fromlist=[attr])
-            cmd = getattr(mod, attr)
-        except ImportError:
-            continue
-        except Exception as e:  # noqa: BLE001 - a broken optional module must not break --help
-            if _debug():
-                raise
-            print(f"warning: `autotune {attr}` unavailable: {type(e).__name__}: {e}", file=sys.stderr)
-            continue
-        if isinstance(cmd, click.Command):
-            main.add_command(cmd, name=attr)
+#: name -> (module, attribute, one-line help); imported on first use (see AutotuneGroup).
+LAZY_COMMANDS = {
+    "profile": ("autotune.profiling.cli", "profile",
+                "GPU host: time kernels and collectives, store them, export a calibration profile."),
+    "validate": ("autotune.runtime.cli", "validate",
+                 "GPU host: run a plan file for real and compare with the simulator's prediction."),
+}
 
-
-_register_optional_commands()

@@ -173,3 +173,16 @@ def test_launch_hints_uneven_layout():
     layout = "|".join(["E" + "t" * 7] + ["t" * 8] * 14 + ["t" * 7 + "L"])
     assert f"--pipeline-model-parallel-layout '{layout}'" in text
     assert "--decoder-first-pipeline-num-layers" not in text
+
+
+def test_help_lists_gpu_commands_without_importing_them():
+    # `autotune --help` must stay fast on a CPU machine: the GPU-host commands (which pull in SQLAlchemy
+    # and, when run, torch) are listed from their summaries and imported only when used.
+    import subprocess
+    import sys
+    code = ("import sys; from click.testing import CliRunner; from autotune.cli import main; "
+            "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0, r.output; "
+            "assert 'profile' in r.output and 'validate' in r.output; "
+            "print('sqlalchemy' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
