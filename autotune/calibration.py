@@ -181,14 +181,9 @@ class CalibrationProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationProfile":
-        p = Path(path)
-        try:
-            d = yaml.safe_load(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"calibration file {p} does not exist") from None
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"calibration file {p} is not readable YAML: {e}") from None
-        return cls.from_dict(d, source=str(p))
+        from autotune.files import read_yaml_file
+
+        return cls.from_dict(read_yaml_file(path, what="calibration file"), source=str(path))
 
 
 DEFAULT_CALIBRATION_FILE = "h200.yaml"

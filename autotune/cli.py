@@ -10,7 +10,6 @@ re-run with ``AUTOTUNE_DEBUG=1`` for the traceback, and exits 1. Nothing here im
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 import click

@@ -230,12 +230,9 @@ def shipped_measured_fabrics() -> list[str]:
 
 
 def _fabric_from_file(p: Path) -> FabricSpec:
-    try:
-        d = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"interconnect file {p} does not exist") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"interconnect file {p} is not readable YAML: {e}") from None
+    from autotune.files import read_yaml_file
+
+    d = read_yaml_file(p, what="interconnect file")
     if not isinstance(d, Mapping) or "intra_node" not in d:
         raise ConfigError(f"interconnect file {p}: expected a mapping with 'intra_node' "
                           "({bandwidth_gbs, latency_us, gpus_per_node}) and optional 'inter_node'")

@@ -19,7 +19,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import yaml
 
@@ -422,14 +422,9 @@ class PlanDocument:
 
     @classmethod
     def load(cls, path: str | Path) -> "PlanDocument":
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"plan file {p} does not exist") from None
-        except OSError as e:
-            raise ConfigError(f"plan file {p} cannot be read: {e}") from None
-        return cls.from_yaml(text, source=str(p))
+        from autotune.files import read_text_file
+
+        return cls.from_yaml(read_text_file(path, what="plan file"), source=str(path))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_yaml())

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from autotune.errors import ConfigError, PlanError
 from autotune.models import ModelSpec
@@ -118,16 +117,9 @@ class SearchSpace:
             else:
                 raise ConfigError(f"unknown search space {spec!r}; known: {', '.join(known_search_spaces())} "
                                   "(or give a path to a YAML file)")
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"search space file {p} does not exist") from None
-        except OSError as e:
-            raise ConfigError(f"search space file {p} cannot be read: {e}") from None
-        try:
-            d = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"search space file {p} is not valid YAML: {e}") from None
+        from autotune.files import read_yaml_file
+
+        d = read_yaml_file(p, what="search space file")
         return cls.from_dict(d, source=str(p), default_name=p.stem)
 
     @classmethod
