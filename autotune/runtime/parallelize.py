@@ -365,7 +365,7 @@ class PlanRuntime:
                             if self.holds_last_stage else None)
             else:
                 model = self.wrapped[0]
-                total = 0.0
+                total = None        # summed on the device: a float() per micro-batch would stall the host
                 mbs = p.micro_batch_size
                 for i in range(p.num_micro_batches):
                     x = tokens[i * mbs:(i + 1) * mbs]
@@ -374,12 +374,12 @@ class PlanRuntime:
                     with self._sync_ctx(last), self._cp_ctx(x, y) as (xs, ys):
                         loss = cross_entropy_loss(model(xs), ys)
                         (loss / p.num_micro_batches).backward()
-                    total += float(loss.detach())
+                    total = loss.detach() if total is None else total + loss.detach()
                     if p.memory_reclaim == "empty_cache_per_microbatch":
                         _empty_cache(self.device)
                     if on_microbatch is not None:
                         on_microbatch(i)
-                loss_val = total / p.num_micro_batches
+                loss_val = float(total) / p.num_micro_batches
         if self.reducer is not None:
             self.reducer.finish()
         self.optimizer.step()
