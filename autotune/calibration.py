@@ -70,7 +70,7 @@ class CollectiveCurve:
 
     def busbw(self, nbytes: float) -> float:
         """Bus bandwidth at ``nbytes`` (GB/s): linear in log2(size) between points, flat outside."""
-        return _interp_log(self.sizes_bytes, self.busbw_gbs, nbytes)
+        return interp_log(self.sizes_bytes, self.busbw_gbs, nbytes)
 
 
 @dataclass(frozen=True)
@@ -196,16 +196,22 @@ def default_calibration(name: str = DEFAULT_CALIBRATION_FILE) -> CalibrationProf
     return CalibrationProfile.from_dict(yaml.safe_load(text), source=f"autotune/data/calibration/{name}")
 
 
-def _interp_log(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear interpolation of ys over log2(xs); clamped (flat) outside the range."""
+def interp_log(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear interpolation of ``ys`` over log2(``xs``) (ascending); flat outside the range.
+
+    Raises:
+        ValueError: empty or mismatched tables.
+    """
+    if not xs or len(xs) != len(ys):
+        raise ValueError(f"interpolation table needs equal, non-empty xs and ys (got {len(xs)} and {len(ys)})")
     if x <= xs[0]:
-        return ys[0]
+        return float(ys[0])
     if x >= xs[-1]:
-        return ys[-1]
+        return float(ys[-1])
     i = bisect.bisect_right(xs, x)
     x0, x1 = math.log2(xs[i - 1]), math.log2(xs[i])
     t = (math.log2(x) - x0) / (x1 - x0) if x1 > x0 else 0.0
-    return ys[i - 1] + t * (ys[i] - ys[i - 1])
+    return float(ys[i - 1] + t * (ys[i] - ys[i - 1]))
 
 
 # ----------------------------------------------------------------------------- cost model
@@ -313,7 +319,7 @@ class CalibratedCosts(OpCosts):
         key = ("g", m, n, k, backward)
         v = self._cache.get(key)
         if v is None:
-            tflops = _interp_log(self._gemm_x, self._gemm_y, float(m) * n * k) * self.compute_scale
+            tflops = interp_log(self._gemm_x, self._gemm_y, float(m) * n * k) * self.compute_scale
             v = 2.0 * m * n * k / (tflops * 1e9)
             if backward:
                 v *= self.profile.gemm_backward_factor
@@ -330,7 +336,7 @@ class CalibratedCosts(OpCosts):
             sel = sorted((r for r in rows if r[1] == best_h), key=lambda r: r[0])
             xs = tuple(float(r[0]) for r in sel)
             ys = tuple(r[5] if backward else r[4] for r in sel)
-            tflops = _interp_log(xs, ys, float(seq_len)) * self.compute_scale
+            tflops = interp_log(xs, ys, float(seq_len)) * self.compute_scale
             fwd_flops = 2.0 * seq_len * seq_len * head_dim * heads * batch  # causal: 4 s^2 d h / 2
             flops = fwd_flops * (2.5 if backward else 1.0)
             v = flops / (tflops * 1e9)

@@ -49,6 +49,8 @@ BF16 = 2  # bytes per element
 #: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
 #: bf16 gradient (2); write master, m, v (12) and the bf16 parameter (2) = 28.
 ADAM_BYTES_PER_PARAM = 28
+#: graph-size cap, not a hardware figure: DP buckets of a chunk are merged into at most this many nodes
+#: (each keeps its buckets' summed time and readiness point), so a 405B step graph stays small
 MAX_DP_GROUPS_PER_CHUNK = 8
 STREAM_EDGE = {"kind": "stream", "delay_ms": 0.0}   # shared source dict; networkx copies it per edge
 

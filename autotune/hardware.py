@@ -19,6 +19,15 @@ from autotune.errors import ConfigError
 
 GIB = 1024**3
 
+#: NCCL environment that makes GPUs of one host talk over each interconnect tier (calibration_tier):
+#: ``host`` through host shared memory (no peer-to-peer), ``sockets`` through TCP (no shared memory and
+#: no InfiniBand either). Used by ``autotune profile`` and by the real runtime's workers.
+NCCL_TIER_ENV: dict[str, dict[str, str]] = {
+    "nvlink": {},
+    "host": {"NCCL_P2P_DISABLE": "1"},
+    "sockets": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"},
+}
+
 
 @lru_cache(maxsize=None)
 def _load_data(name: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ with V vocabulary, h hidden size, L layers, n_q query heads, n_kv KV heads, d he
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -120,6 +120,16 @@ class ModelSpec:
         """
         lm_head = self.vocab_size * self.hidden_size
         return lm_head + self.num_layers * self.params_per_layer + self.hidden_size
+
+    def truncated(self, num_layers: int) -> "ModelSpec":
+        """The same widths with ``num_layers`` layers (a depth proxy), named ``<name>-<N>L``.
+
+        Raises:
+            ConfigError: num_layers outside 1..self.num_layers.
+        """
+        if not isinstance(num_layers, int) or not 1 <= num_layers <= self.num_layers:
+            raise ConfigError(f"--layers {num_layers} must be between 1 and the model's {self.num_layers} layers")
+        return replace(self, num_layers=num_layers, name=f"{self.name}-{num_layers}L")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -137,7 +136,7 @@ def _run_all(a, rows, run_plan) -> None:
     for label, size, layers, gpus, fabric_name, plan in plans()[: a.limit]:
         model = get_model(size)
         fabric = get_fabric(fabric_name)
-        proxy = replace(model, num_layers=layers, name=f"{model.name}-{layers}L")
+        proxy = model.truncated(layers)
         sim = _simulate(size, layers, gpus, fabric_name, plan)
         doc = PlanDocument(plan=plan, model=model, gpu="h200", num_gpus=gpus, fabric=fabric.to_dict(), workload=W)
         t0 = time.time()
@@ -158,7 +157,7 @@ def _run_all(a, rows, run_plan) -> None:
 def _simulate(size: str, layers: int, gpus: int, fabric_name: str, plan: Plan):
     model = get_model(size)
     cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=gpus, fabric=get_fabric(fabric_name))
-    proxy = replace(model, num_layers=layers, name=f"{model.name}-{layers}L")
+    proxy = model.truncated(layers)
     return SimulatedEvaluator(model=proxy, cluster=cluster, workload=W).evaluate(plan)
 
 

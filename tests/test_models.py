@@ -66,3 +66,11 @@ def test_bad_spec():
     with pytest.raises(ConfigError, match="num_kv_heads"):
         ModelSpec(name="x", hidden_size=64, num_layers=2, num_heads=6, num_kv_heads=4, ffn_hidden_size=128,
                   vocab_size=10)
+
+
+def test_truncated_proxy():
+    # 8B at 4 layers: 2Vh + 4 x 218,112,000 + h = 1,050,673,152 + 872,448,000 + 4096 = 1,923,125,248
+    m = get_model("8b").truncated(4)
+    assert m.num_params == 1_923_125_248 and m.name == "llama3.1-8b-4L" and m.hidden_size == 4096
+    with pytest.raises(ConfigError, match="between 1 and"):
+        get_model("8b").truncated(33)

@@ -27,7 +27,6 @@ that group is used directly.
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 import warnings
@@ -35,7 +34,7 @@ from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
 from autotune.calibration import (CalibratedCosts, CalibrationProfile, OpCosts, collective_factors,
-                                  default_calibration)
+                                  default_calibration, interp_log)
 from autotune.hardware import GPUSpec, LinkSpec
 from autotune.profiling.store import (DEFAULT_STORAGE, COPY_OP, ProfileEnvironment, nominal_tier_bandwidth,
                                       attention_flops, catalog_gpu, environments, find_environment, gemm_flops,
@@ -45,22 +44,7 @@ SOURCES = ("measured", "looked_up", "interpolated", "fallback")
 
 
 # ----------------------------------------------------------------------------- pure interpolation
-def interp_log(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear interpolation of ``ys`` over log2(``xs``) (ascending, distinct); flat outside.
-
-    Raises:
-        ValueError: empty or mismatched tables.
-    """
-    if not xs or len(xs) != len(ys):
-        raise ValueError(f"interpolation table needs equal, non-empty xs and ys (got {len(xs)} and {len(ys)})")
-    if x <= xs[0]:
-        return float(ys[0])
-    if x >= xs[-1]:
-        return float(ys[-1])
-    i = bisect.bisect_right(xs, x)
-    x0, x1 = math.log2(xs[i - 1]), math.log2(xs[i])
-    t = (math.log2(x) - x0) / (x1 - x0)
-    return float(ys[i - 1] + t * (ys[i] - ys[i - 1]))
+# interp_log (log2-linear, flat outside) is autotune.calibration.interp_log, imported above.
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:

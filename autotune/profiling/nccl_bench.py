@@ -43,13 +43,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from autotune.calibration import COLLECTIVE_KINDS
+from autotune.hardware import NCCL_TIER_ENV
 
 ALWAYS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-TIER_ENV: dict[str, dict[str, str]] = {
-    "nvlink": {},
-    "host": {"NCCL_P2P_DISABLE": "1"},
-    "sockets": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"},
-}
+TIER_ENV: dict[str, dict[str, str]] = NCCL_TIER_ENV
 QUICK_SIZES = (1 << 20, 16 << 20, 128 << 20, 1 << 30)
 FULL_SIZES = tuple(1 << e for e in range(16, 31))  # 64 KiB .. 1 GiB
 

@@ -26,17 +26,12 @@ from typing import Any, Mapping
 
 from autotune.errors import AutotuneError, PlanError
 from autotune.evaluator import Evaluator, StepResult
-from autotune.hardware import ClusterSpec
+from autotune.hardware import NCCL_TIER_ENV, ClusterSpec
 from autotune.models import ModelSpec
 from autotune.plan import Plan, PlanDocument, Workload, validate_plan
 
-#: NCCL environment per interconnect tier (see the module docstring).
-TIER_ENV: dict[str, dict[str, str]] = {
-    "nvlink": {},
-    "host": {"NCCL_P2P_DISABLE": "1"},
-    "sockets": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"},
-    "network": {},
-}
+#: NCCL environment per interconnect tier (see the module docstring; one table for the profiler and here).
+TIER_ENV = NCCL_TIER_ENV
 
 
 class TrialFailed(AutotuneError):
@@ -160,8 +155,4 @@ class RealEvaluator(Evaluator):
 
 
 def _truncated(model: ModelSpec, layers: int) -> ModelSpec:
-    from dataclasses import replace
-
-    if layers < 1 or layers > model.num_layers:
-        raise AutotuneError(f"--layers {layers} must be between 1 and the model's {model.num_layers} layers")
-    return replace(model, num_layers=layers, name=f"{model.name}-{layers}L")
+    return model.truncated(layers)
