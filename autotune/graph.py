@@ -47,8 +47,24 @@ from autotune.plan import Plan, Workload
 
 BF16 = 2  # bytes per element
 #: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
-#: bf16 gradient (2); write master, m, v (12) and the bf16 parameter (2) = 28.
+#: gradient (2 in BF16 or 4 in FP32); write master, m, v (12) and the BF16 parameter copy (2, or none
+#: when the FP32 master is the parameter) = 28 either way.
 ADAM_BYTES_PER_PARAM = 28
+#: Bytes per gradient element in DP reductions: FP32. PyTorch DDP reduces the FP32 gradients of FP32
+#: master parameters, FSDP2 runs with ``reduce_dtype=float32`` (torchtitan's default) and Megatron-LM
+#: accumulates and all-reduces in FP32 by default (``accumulate_allreduce_grads_in_fp32``); seen on
+#: H200 as ``ncclDevKernel_ReduceScatter_Sum_f32`` in the runtime's trace (2026-11-30).
+GRAD_REDUCE_BYTES = 4
+#: Mixed precision with FP32 master weights, per parameter and micro-batch (memory-bound, bytes
+#: read + written): casting FP32 weights to BF16 for the forward or the BF16 weight gradient back to
+#: FP32 moves 4 + 2 = 6 bytes; adding a micro-batch's FP32 gradient into the accumulated one moves
+#: 4 + 4 + 4 = 12 (not for the first micro-batch, whose gradient is stored); FSDP2's all-gather
+#: copy-out of a BF16 unsharded parameter moves 2 + 2 = 4. Measured on H200 (torch.profiler of the
+#: runtime, 8B 4-layer proxy, 1 GPU): 13.7 ms of BF16 weight casts for 4 micro-batches x 1.92 B
+#: parameters (46 GB at 3.4 TB/s) and 26.6 ms of FP32 adds (gradient accumulation, 3 x 23 GB).
+CAST_BYTES_PER_PARAM = 6
+ACCUMULATE_BYTES_PER_PARAM = 12
+GATHER_COPY_BYTES_PER_PARAM = 4
 #: graph-size cap, not a hardware figure: DP buckets of a chunk are merged into at most this many nodes
 #: (each keeps its buckets' summed time and readiness point), so a 405B step graph stays small
 MAX_DP_GROUPS_PER_CHUNK = 8
@@ -217,11 +233,12 @@ class CostBuilder:
                  + costs.memory_bound_ms(T * V / t * 6, "cross_entropy") + costs.memory_bound_ms(6 * T * h, "rmsnorm"))
             cc.fwd_flops += 2.0 * T * V / t * h
             cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
+        self._precision_costs(cc)
         # ZeRO-3 / FSDP: parameters all-gathered for each micro-batch's forward and backward, gradients
         # reduce-scattered after each backward (Rajbhandari et al. 2020, Sec. 5.3); ZeRO-2 only the latter.
         if self.dp_group > 1 and p.zero_stage >= 2:
             nbytes = cc.params * BF16
-            rs = costs.collective_ms("reduce_scatter", nbytes, self.dp_group, self.dp_link)
+            rs = costs.collective_ms("reduce_scatter", cc.params * GRAD_REDUCE_BYTES, self.dp_group, self.dp_link)
             self._overlap(cc.bwd_parts, rs, p.async_collectives and p.dp_grad_reduce_overlap)
             if p.zero_stage == 3:
                 ag = costs.collective_ms("all_gather", nbytes, self.dp_group, self.dp_link)
@@ -229,6 +246,33 @@ class CostBuilder:
                 self._overlap(cc.fwd_parts, ag, pre)
                 self._overlap(cc.bwd_parts, ag, pre)
         return cc
+
+    def _precision_costs(self, cc: ChunkCost) -> None:
+        """Per micro-batch mixed-precision bookkeeping of the chunk's P local parameters (constants above).
+
+        Without FSDP (autocast over FP32 masters): forward casts P weights (6P bytes); backward casts P
+        weight gradients to FP32 (6P) and accumulates them (12P, for all but the first micro-batch:
+        x (m - 1) / m). With FSDP (ZeRO 2/3 over g = dp x cp ranks): forward casts the local shard
+        before the all-gather (6P/g) and copies the gathered parameters out (4P); backward casts the
+        unsharded gradients to FP32 for the reduce-scatter (6P), accumulates the shard (12P/g x (m-1)/m)
+        and, ZeRO-3 only, copies the re-gathered parameters out again (4P).
+        """
+        p, costs, P = self.p, self.costs, float(cc.params)
+        later = (p.num_micro_batches - 1) / p.num_micro_batches
+        if self.dp_group > 1 and p.zero_stage >= 2:
+            g = self.dp_group
+            fwd = (costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P / g, "cast")
+                   + costs.memory_bound_ms(GATHER_COPY_BYTES_PER_PARAM * P, "copy"))
+            bwd = (costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P, "cast")
+                   + costs.memory_bound_ms(ACCUMULATE_BYTES_PER_PARAM * P / g * later, "accumulate"))
+            if p.zero_stage == 3:
+                bwd += costs.memory_bound_ms(GATHER_COPY_BYTES_PER_PARAM * P, "copy")
+        else:
+            fwd = costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P, "cast")
+            bwd = (costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P, "cast")
+                   + costs.memory_bound_ms(ACCUMULATE_BYTES_PER_PARAM * P * later, "accumulate"))
+        _add(cc.fwd_parts, "compute", fwd)
+        _add(cc.bwd_parts, "compute", bwd)
 
     def _overlap(self, parts: dict[str, float], comm_ms: float, overlapped: bool) -> None:
         """Add a DP collective beside a node: hidden behind its compute when overlapped, else exposed."""
@@ -252,7 +296,7 @@ class CostBuilder:
         if self.dp_group <= 1 or p.zero_stage >= 2:
             return []
         kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
-        total = chunk_params * BF16
+        total = chunk_params * GRAD_REDUCE_BYTES
         bucket = p.bucket_size_mib * 2**20
         n_full, rem = divmod(total, bucket)
         one = self.costs.collective_ms(kind, bucket, self.dp_group, self.dp_link)

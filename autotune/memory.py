@@ -2,19 +2,21 @@
 
 For every pipeline rank the estimate adds, in bytes per GPU:
 
-* **model states** (weights, gradients, optimizer): 16 bytes per parameter for mixed-precision Adam,
-  bf16 weights (2) + bf16 gradients (2) + fp32 master weights, momentum and variance (12)
-  (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1, K = 12). A stage holds its transformer layers'
-  parameters split over TP, the vocabulary-parallel input embedding on the first stage and the
-  LM head plus final RMSNorm on the last (Megatron-LM layout; a tied model keeps a copy of the
-  shared matrix on both end stages). ZeRO shards over the data-parallel group, DP x CP, only, never
-  over TP a second time: stage 1 shards the 12 optimizer bytes, stage 2 also the 2 gradient bytes,
-  stage 3 also the 2 weight bytes (ZeRO paper, Sec. 5.1-5.3; Megatron-LM shards its distributed
-  optimizer over the DP x CP group).
+* **model states** (weights, gradients, optimizer): 16 bytes per parameter for mixed-precision Adam
+  as PyTorch runs it (autocast or FSDP2 mixed precision): the FP32 master weight is the parameter
+  (4), its FP32 gradient (4), Adam momentum and variance (8) -- the ZeRO paper's 2 + 2 + 12
+  (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1, K = 12) regrouped; the BF16 compute copy (2) is counted
+  as transient. A stage holds its transformer layers' parameters split over TP, the
+  vocabulary-parallel input embedding on the first stage and the LM head plus final RMSNorm on the
+  last (Megatron-LM layout; a tied model keeps a copy of the shared matrix on both end stages). ZeRO
+  shards over the data-parallel group, DP x CP, only, never over TP a second time: stage 1 shards the
+  8 optimizer bytes (``ZeroRedundancyOptimizer`` keeps full FP32 parameters), stage 2 also the 4
+  gradient bytes, stage 3 also the 4 weight bytes (ZeRO paper, Sec. 5.1-5.3).
 * **activations** saved for backward by all in-flight micro-batches (:func:`activation_bytes_per_layer`,
   re-derived for Llama from Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4 and Table 2) times
   the in-flight count of the pipeline schedule (:func:`inflight_microbatches`).
-* **transient** buffers alive at the peak: the last stage's logits and loss buffers, one layer's
+* **transient** buffers alive at the peak: the last stage's logits and loss buffers (FP32 loss), the
+  BF16 compute copies of the FP32 master weights (autocast / FSDP2 mixed precision), one layer's
   backward working set under full recomputation, the DP gradient buckets, ZeRO-3's gathered layer
   parameters and the sequence-parallel all-gather buffer.
 * **allocator overhead**: a fragmentation fraction of everything else, per ``memory_reclaim`` policy
@@ -37,14 +39,25 @@ from autotune.plan import MEMORY_RECLAIM_POLICIES, RECOMPUTE_MODES, Plan, Worklo
 
 MIB = 1024**2
 
-#: Bytes per element of bf16 weights, gradients and activations.
+#: Bytes per element of BF16 activations and compute copies of the weights.
 BF16_BYTES = 2
-#: fp32 master weights + Adam momentum + Adam variance (ZeRO paper Sec. 3.1, K = 12).
-ADAM_STATE_BYTES = 12
-#: Bytes per parameter of mixed-precision Adam: 2 + 2 + 12 (ZeRO paper Sec. 3.1).
-MODEL_STATE_BYTES_PER_PARAM = BF16_BYTES + BF16_BYTES + ADAM_STATE_BYTES
-#: Bytes per logit on the last stage: bf16 logits (2) + fp32 softmax / loss gradient (4).
-LOGITS_BYTES_PER_ELEMENT = 2 + 4
+#: FP32 master weight, which is the module's parameter (PyTorch autocast / FSDP2 mixed precision).
+WEIGHT_BYTES = 4
+#: FP32 gradient of the master weight (accumulated over micro-batches and reduced in FP32).
+GRAD_BYTES = 4
+#: Adam momentum + variance, FP32.
+ADAM_STATE_BYTES = 8
+#: Bytes per parameter of mixed-precision Adam: 4 + 4 + 8 = 16, the ZeRO paper's 2 + 2 + 12
+#: (Rajbhandari et al. 2020, Sec. 3.1, K = 12) regrouped for FP32 parameters and gradients; the BF16
+#: compute copy (2) is transient (:func:`estimate_memory`).
+MODEL_STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + ADAM_STATE_BYTES
+#: Bytes per logit on the last stage at the loss's backward, with the cross-entropy computed in FP32
+#: (``F.cross_entropy(logits.float())``, as torchtitan and this runtime do): the saved FP32
+#: log-softmax output (4) + its incoming FP32 gradient (4) + the FP32 gradient it produces (4). The
+#: BF16 logits (2) and their FP32 copy (4) live only inside the forward, beside the saved output (4):
+#: 10 < 12. Checked on H200 (2026-11-30): an 8B 4-layer FSDP step peaked 18.5 GiB above its model
+#: states, of which this term is 11.7 GiB.
+LOGITS_BYTES_PER_ELEMENT = 4 + 4 + 4
 #: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
 LSE_BYTES = 4
 
@@ -336,11 +349,13 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     * parameters N_r = layers_r x params_per_layer / t, + ceil(V / t) h on rank 0 (vocab-parallel input
       embedding), + ceil(V / t) h + h on rank p-1 (LM head + final RMSNorm; a tied model still holds
       the shared matrix on both end ranks, once when p = 1);
-    * weights 2 N_r, grads 2 N_r, optimizer 12 N_r bytes; with g = dp x cp, ZeRO stage >= 1 divides the
+    * weights 4 N_r, grads 4 N_r, optimizer 8 N_r bytes; with g = dp x cp, ZeRO stage >= 1 divides the
       optimizer term by g, >= 2 also the grads, 3 also the weights (ceil to whole elements);
     * activations = ceil(in-flight x (layers_r x :func:`activation_bytes_per_layer` + embedding
       output on rank 0: 2sbh, /t with SP));
-    * transient = last rank: logits s b ceil(V/t) x (2 + 4) bytes; full recompute: one layer's
+    * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`);
+      BF16 compute copies of the weights: 2 N_r bytes (ZeRO-3: 2 x the embedding / head parameters of
+      the rank only); full recompute: one layer's
       no-recompute activations (the backward working set of one micro-batch); g > 1: two DP gradient
       buckets 2 x bucket_size_mib MiB; ZeRO-3 with g > 1: one layer's gathered bf16 parameters
       2 params_per_layer / t (x2 with param_gather_overlap for the prefetched next layer); SP: the
@@ -399,6 +414,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     if sp:
         common_transient += BF16_BYTES * s * b * h
     logits = s * b * vocab_shard * LOGITS_BYTES_PER_ELEMENT
+    head_params = (0 if model.tied_embeddings and p == 1 else vocab_shard * h) + h
 
     stages = []
     for r in range(p):
@@ -410,14 +426,23 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             if not (model.tied_embeddings and p == 1):
                 params += vocab_shard * h
             params += h
-        weights = BF16_BYTES * (_ceil_div(params, g) if z >= 3 else params)
-        grads = BF16_BYTES * (_ceil_div(params, g) if z >= 2 else params)
+        weights = WEIGHT_BYTES * (_ceil_div(params, g) if z >= 3 else params)
+        grads = GRAD_BYTES * (_ceil_div(params, g) if z >= 2 else params)
         optim = ADAM_STATE_BYTES * (_ceil_div(params, g) if z >= 1 else params)
 
         held = inflight_microbatches(plan, r)
         act_one = n * layer_act + (embed_out if r == 0 else 0)
         acts = math.ceil(held * act_one)
-        transient = common_transient + (logits if r == p - 1 else 0)
+        # BF16 compute copies of FP32 master weights, alive from a micro-batch's forward to its backward:
+        # autocast (no FSDP) and ZeRO-2 (FSDP2 without resharding after forward) hold all the rank's
+        # parameters; ZeRO-3 holds the root module's (embedding, final norm and LM head: FSDP2 does not
+        # reshard the root after forward), the layers' being the gathered-layer term above.
+        if z == 3:
+            root = (vocab_shard * h if r == 0 else 0) + (head_params if r == p - 1 else 0)
+            copies = BF16_BYTES * root
+        else:
+            copies = BF16_BYTES * params
+        transient = common_transient + copies + (logits if r == p - 1 else 0)
         subtotal = weights + grads + optim + acts + transient
         stages.append(StageMemory(
             stage=r, num_layers=n, num_inflight_microbatches=held, weights_bytes=weights,

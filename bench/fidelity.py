@@ -73,7 +73,33 @@ def plans() -> list[tuple[str, str, int, int, str, Plan]]:
         ("fsdp host tier", "8b", 4, 2, "h200-host", P(zero_stage=3, param_gather_overlap=True, **dp2)),
         ("fsdp sockets tier", "8b", 4, 2, "h200-sockets", P(zero_stage=3, param_gather_overlap=True, **dp2)),
         ("ddp host tier", "8b", 4, 2, "h200-host", P(zero_stage=0, **dp2)),
+        ("tp2 sp host tier", "8b", 4, 2, "h200-host", P(tp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                         zero_stage=0, sequence_parallel=True,
+                                                         dp_grad_reduce_overlap=False)),
+        ("pp2 1f1b host tier", "8b", 4, 2, "h200-host", P(pp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                          zero_stage=0, dp_grad_reduce_overlap=False)),
+        ("1gpu rc=selective mbs2", "8b", 4, 1, "h200-nvlink", P(micro_batch_size=2, num_micro_batches=2,
+                                                                zero_stage=0, dp_grad_reduce_overlap=False,
+                                                                recompute="selective")),
+        ("1gpu empty_cache/mb", "8b", 4, 1, "h200-nvlink", P(micro_batch_size=1, num_micro_batches=4, zero_stage=0,
+                                                             dp_grad_reduce_overlap=False,
+                                                             memory_reclaim="empty_cache_per_microbatch")),
+        ("tp2 sp rc=full", "8b", 4, 2, "h200-nvlink", P(tp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                        zero_stage=0, sequence_parallel=True, recompute="full",
+                                                        dp_grad_reduce_overlap=False)),
+        ("pp2 1f1b rc=full mbs2", "8b", 4, 2, "h200-nvlink", P(pp_degree=2, micro_batch_size=2, num_micro_batches=2,
+                                                               zero_stage=0, recompute="full",
+                                                               dp_grad_reduce_overlap=False)),
+        ("cp2 blocking", "8b", 4, 2, "h200-nvlink", P(cp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                      zero_stage=3, async_collectives=False,
+                                                      dp_grad_reduce_overlap=False)),
+        ("ddp bucket 100MiB", "8b", 4, 2, "h200-nvlink", P(zero_stage=0, bucket_size_mib=100, **dp2)),
+        ("8b-32L fsdp rc=full", "8b", 32, 2, "h200-nvlink", P(zero_stage=3, param_gather_overlap=True,
+                                                              recompute="full", **dp2)),
         ("70b-2L fsdp", "70b", 2, 2, "h200-nvlink", P(zero_stage=3, param_gather_overlap=True, **dp2)),
+        ("70b-2L pp2 1f1b", "70b", 2, 2, "h200-nvlink", P(pp_degree=2, micro_batch_size=1, num_micro_batches=4,
+                                                          zero_stage=0, dp_grad_reduce_overlap=False,
+                                                          recompute="selective")),
         ("70b-2L tp2 sp", "70b", 2, 2, "h200-nvlink", P(tp_degree=2, micro_batch_size=1, num_micro_batches=4,
                                                         zero_stage=0, sequence_parallel=True,
                                                         dp_grad_reduce_overlap=False, recompute="full")),
@@ -111,11 +137,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="run only the first N plans")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--predict-measured", default=None, metavar="FILE",
+                    help="GPU host, no runs: write the measured evaluator's predictions of every plan here (JSON)")
+    ap.add_argument("--storage", default="sqlite:///studies/autotune.db",
+                    help="profile store for --predict-measured (fill it with `autotune profile` first)")
+    ap.add_argument("--measured", default=None, metavar="FILE",
+                    help="add the measured evaluator's predictions (a --predict-measured file) to the table")
+    ap.add_argument("--only", default=None, help="comma-separated plan labels to run (default: all)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one extra step per plan (torch.profiler; per-category GPU time in the JSON)")
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--from-json", default=None,
                     help="no GPU: re-predict the plans of a stored run (its measured figures stay as measured)")
     a = ap.parse_args()
+    if a.predict_measured:
+        return _predict_measured(a)
     if a.from_json:
         return _repredict(a)
     import signal
@@ -133,32 +171,72 @@ def main() -> int:
 
 
 def _run_all(a, rows, run_plan) -> None:
-    for label, size, layers, gpus, fabric_name, plan in plans()[: a.limit]:
+    chosen = plans()
+    if a.only:
+        want = [x.strip() for x in a.only.split(",")]
+        unknown = sorted(set(want) - {c[0] for c in chosen})
+        if unknown:
+            raise SystemExit(f"error: unknown plan label(s) {unknown}; known: {[c[0] for c in chosen]}")
+        chosen = [c for c in chosen if c[0] in want]
+    for label, size, layers, gpus, fabric_name, plan in chosen[: a.limit]:
         model = get_model(size)
         fabric = get_fabric(fabric_name)
         proxy = model.truncated(layers)
-        sim = _simulate(size, layers, gpus, fabric_name, plan)
+        sim, live = _simulate(size, layers, gpus, fabric_name, plan)
         doc = PlanDocument(plan=plan, model=model, gpu="h200", num_gpus=gpus, fabric=fabric.to_dict(), workload=W)
         t0 = time.time()
-        r = run_plan(doc, layers=layers, steps=a.steps, warmup=2, timeout_s=150,
-                     env=TIER_ENV.get(fabric.intra_node.calibration_tier, {}), nproc=gpus)
+        r = run_plan(doc, layers=layers, steps=a.steps, warmup=a.warmup, timeout_s=150,
+                     env=TIER_ENV.get(fabric.intra_node.calibration_tier, {}), nproc=gpus, profile=a.profile)
         row = {"plan": label, "model": proxy.name, "gpus": gpus, "fabric": fabric_name, "status": r["status"],
                "wall_s": round(time.time() - t0, 1), "sim_step_ms": sim.step_time_ms if sim.feasible else None,
-               "sim_peak_gib": sim.peak_memory_bytes / 2**30, "reason": r.get("reason")}
+               "sim_peak_gib": sim.peak_memory_bytes / 2**30, "sim_live_gib": live, "reason": r.get("reason")}
         if r["status"] == "ok":
             row["step_ms"] = r["step_time_ms"]
             row["peak_gib"] = max(x or 0 for x in r.get("peak_reserved_bytes") or [0]) / 2**30
             row["device"] = r.get("device_name")
             row["torch"] = r.get("torch_version")
+            row["date"] = r.get("date")
+            for k in ("peak_allocated_bytes", "allocated_after_build_bytes", "allocated_after_step_bytes",
+                      "step_times_ms", "profile"):
+                if r.get(k) is not None:
+                    row[k] = r[k]
         rows.append(row)
         print(json.dumps(row), flush=True)
 
 
 def _simulate(size: str, layers: int, gpus: int, fabric_name: str, plan: Plan):
+    """(simulated StepResult, simulated live GiB: the peak stage's bytes without allocator overhead)."""
+    from autotune.memory import estimate_memory
+
     model = get_model(size)
     cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=gpus, fabric=get_fabric(fabric_name))
     proxy = model.truncated(layers)
-    return SimulatedEvaluator(model=proxy, cluster=cluster, workload=W).evaluate(plan)
+    ev = SimulatedEvaluator(model=proxy, cluster=cluster, workload=W)
+    est = estimate_memory(proxy, plan, cluster.gpu, W, fragmentation=ev.costs.fragmentation())
+    live = max(st.total_bytes - st.allocator_overhead_bytes for st in est.stages) / 2**30
+    return ev.evaluate(plan), live
+
+
+def _predict_measured(a) -> int:
+    """The measured evaluator's step time and peak memory for every plan (GEMMs and attention of the
+    exact shapes timed on this GPU when missing from the store), written as JSON keyed by plan label."""
+    from autotune.profiling.measured import MeasuredEvaluator
+
+    out = {}
+    evaluators = {}
+    for label, size, layers, gpus, fabric_name, plan in plans():
+        key = (size, layers, gpus, fabric_name)
+        if key not in evaluators:
+            cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=gpus, fabric=get_fabric(fabric_name))
+            evaluators[key] = MeasuredEvaluator(model=get_model(size).truncated(layers), cluster=cluster,
+                                                workload=W, storage=a.storage)
+        res = evaluators[key].evaluate(plan)
+        out[label] = {"step_ms": res.step_time_ms if res.feasible else None,
+                      "peak_gib": res.peak_memory_bytes / 2**30,
+                      "op_sources": res.details.get("op_sources"), "costs": str(evaluators[key].costs.label)}
+        print(label, out[label], flush=True)
+    Path(a.predict_measured).write_text(json.dumps(out, indent=1, default=str))
+    return 0
 
 
 def _repredict(a) -> int:
@@ -168,40 +246,72 @@ def _repredict(a) -> int:
         if label not in stored:
             continue
         r = dict(stored[label])
-        sim = _simulate(size, layers, gpus, fabric_name, plan)
+        sim, live = _simulate(size, layers, gpus, fabric_name, plan)
         r["sim_step_ms"] = sim.step_time_ms if sim.feasible else None
         r["sim_peak_gib"] = sim.peak_memory_bytes / 2**30
+        r["sim_live_gib"] = live
         rows.append(r)
     return _report(a, rows)
 
 
+def _pct(pred, meas):
+    return 100 * (pred - meas) / meas if pred is not None and meas else None
+
+
+def _fmt(x, spec=".1f", suffix=""):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _summary(name, rows, pred_key, meas_key):
+    pairs = [(r[pred_key], r[meas_key], r["plan"]) for r in rows
+             if r.get(pred_key) is not None and r.get(meas_key)]
+    if not pairs:
+        return None
+    errs = [100 * (p - m) / m for p, m, _ in pairs]
+    k = max(range(len(errs)), key=lambda i: abs(errs[i]))
+    rho = spearman([m for _, m, _ in pairs], [p for p, _, _ in pairs])
+    within = sum(abs(e) <= 10 for e in errs)
+    return (f"{name}: MAPE {statistics.fmean(abs(e) for e in errs):.1f}% over {len(pairs)} plans, "
+            f"worst {errs[k]:+.1f}% ({pairs[k][2]}), {within} within 10%, Spearman {rho:.2f}")
+
+
 def _report(a, rows) -> int:
-    ok = [r for r in rows if r["status"] == "ok" and r["sim_step_ms"]]
-    for r in ok:
-        r["step_err_pct"] = 100 * (r["sim_step_ms"] - r["step_ms"]) / r["step_ms"]
-        r["mem_err_pct"] = 100 * (r["sim_peak_gib"] - r["peak_gib"]) / r["peak_gib"]
-    lines = [f"| plan | model | GPUs | fabric | measured step ms | simulated step ms | error | measured peak GiB "
-             f"| simulated peak GiB | error |", "|" + "---|" * 10]
+    measured_pred = json.loads(Path(a.measured).read_text()) if getattr(a, "measured", None) else {}
+    ok = [r for r in rows if r["status"] == "ok" and r.get("step_ms")]
+    for r in rows:
+        mp = measured_pred.get(r["plan"]) or {}
+        r["meas_eval_step_ms"] = mp.get("step_ms")
+        r["meas_eval_peak_gib"] = mp.get("peak_gib")
+        if r.get("peak_allocated_bytes"):
+            r["alloc_gib"] = max(x or 0 for x in r["peak_allocated_bytes"]) / 2**30
+    lines = ["| plan | model | GPUs | fabric | measured step ms | simulated ms | error | measured-evaluator ms | "
+             "error | reserved GiB | simulated GiB | error | allocated GiB | simulated live GiB | error |",
+             "|" + "---|" * 15]
     for r in rows:
         if r in ok:
-            lines.append(f"| {r['plan']} | {r['model']} | {r['gpus']} | {r['fabric']} | {r['step_ms']:.1f} | "
-                         f"{r['sim_step_ms']:.1f} | {r['step_err_pct']:+.1f}% | {r['peak_gib']:.1f} | "
-                         f"{r['sim_peak_gib']:.1f} | {r['mem_err_pct']:+.1f}% |")
+            lines.append(
+                f"| {r['plan']} | {r['model']} | {r['gpus']} | {r['fabric']} | {r['step_ms']:.1f} | "
+                f"{_fmt(r['sim_step_ms'])} | {_fmt(_pct(r['sim_step_ms'], r['step_ms']), '+.1f', '%')} | "
+                f"{_fmt(r['meas_eval_step_ms'])} | {_fmt(_pct(r['meas_eval_step_ms'], r['step_ms']), '+.1f', '%')} | "
+                f"{r['peak_gib']:.1f} | {r['sim_peak_gib']:.1f} | {_fmt(_pct(r['sim_peak_gib'], r['peak_gib']), '+.1f', '%')} | "
+                f"{_fmt(r.get('alloc_gib'))} | {_fmt(r.get('sim_live_gib'))} | "
+                f"{_fmt(_pct(r.get('sim_live_gib'), r.get('alloc_gib')), '+.1f', '%')} |")
         else:
             lines.append(f"| {r['plan']} | {r['model']} | {r['gpus']} | {r['fabric']} | {r['status']} | "
-                         f"{r['sim_step_ms'] or '-'} | - | - | {r['sim_peak_gib']:.1f} | - |")
-    summary = []
+                         f"{_fmt(r['sim_step_ms'])} | - | {_fmt(r['meas_eval_step_ms'])} | - | - | "
+                         f"{r['sim_peak_gib']:.1f} | - | - | {_fmt(r.get('sim_live_gib'))} | - |")
+    summary = [f"plans run: {len(rows)}, ok: {len(ok)}"]
+    for name, pk, mk in (("step time, simulated evaluator", "sim_step_ms", "step_ms"),
+                         ("step time, measured evaluator", "meas_eval_step_ms", "step_ms"),
+                         ("peak reserved memory, simulated (with allocator overhead)", "sim_peak_gib", "peak_gib"),
+                         ("peak allocated memory, simulated live bytes", "sim_live_gib", "alloc_gib")):
+        line = _summary(name, ok, pk, mk)
+        if line:
+            summary.append(line)
     if ok:
-        errs = [abs(r["step_err_pct"]) for r in ok]
-        merrs = [abs(r["mem_err_pct"]) for r in ok]
-        worst = max(ok, key=lambda r: abs(r["step_err_pct"]))
-        summary = [f"plans run: {len(rows)}, compared: {len(ok)}",
-                   f"step time MAPE (simulated): {statistics.fmean(errs):.1f}%, worst {worst['step_err_pct']:+.1f}% "
-                   f"({worst['plan']}), Spearman rank correlation {spearman([r['step_ms'] for r in ok], [r['sim_step_ms'] for r in ok]):.2f}",
-                   f"peak memory MAPE: {statistics.fmean(merrs):.1f}%, worst {max(merrs):.1f}%",
-                   f"hardware: {ok[0].get('device')} x2, torch {ok[0].get('torch')}, "
-                   f"measured {str(ok[0].get('date') or '2026-11-30')[:10]}; predictions by the current simulator "
-                   f"(shipped calibration), {_dt.date.today().isoformat()}"]
+        summary.append(f"hardware: {ok[0].get('device')} x{max(r['gpus'] for r in ok)}, torch {ok[0].get('torch')}, "
+                       f"measured {str(ok[0].get('date') or '')[:10]}; simulated predictions by the current "
+                       f"simulator with the shipped calibration, {_dt.date.today().isoformat()}")
     print("\n".join(lines + [""] + summary))
     if a.markdown:
         Path(a.markdown).write_text("\n".join(lines + [""] + [f"- {s}" for s in summary]) + "\n")

@@ -129,7 +129,7 @@ def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
 def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5, warmup: int = 2,
              timeout_s: float = 900.0, env: Optional[Mapping[str, str]] = None, nproc: Optional[int] = None,
              device: str = "auto", memory_limit_mib: Optional[float] = None, seed: int = 0,
-             workdir: Optional[str | Path] = None) -> dict[str, Any]:
+             workdir: Optional[str | Path] = None, profile: bool = False) -> dict[str, Any]:
     """Run ``doc``'s plan for real: ``python -m torch.distributed.run --standalone --nproc-per-node N
     -m autotune.runtime.worker ...`` in a new session, wait up to ``timeout_s`` seconds.
 
@@ -144,6 +144,8 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         memory_limit_mib: cap each rank's memory this many MiB above what it holds after the model is
             built (see ``worker._apply_memory_limit``); None = no cap.
         workdir: where the plan, result, phase files and logs go (default: a new temp dir, kept).
+        profile: run one more step under ``torch.profiler`` after the timed ones; each rank's summary
+            (:func:`autotune.runtime.trace.summarize`) is returned as ``profile`` (a list by rank).
 
     Returns:
         dict with ``status`` (``ok``/``oom``/``timeout``/``failed``), ``reason`` (None when ok),
@@ -164,7 +166,7 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
     wd.mkdir(parents=True, exist_ok=True)
     plan_path, out_path = wd / "plan.yaml", wd / "result.json"
     doc.save(plan_path)
-    for stale in [out_path, *wd.glob("phase.rank*"), *wd.glob("error.rank*.json")]:
+    for stale in [out_path, *wd.glob("phase.rank*"), *wd.glob("error.rank*.json"), *wd.glob("profile.rank*.json")]:
         stale.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
            "-m", "autotune.runtime.worker", "--plan", str(plan_path), "--steps", str(steps),
@@ -174,6 +176,8 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         cmd += ["--layers", str(layers)]
     if memory_limit_mib is not None:
         cmd += ["--memory-limit-mib", str(memory_limit_mib)]
+    if profile:
+        cmd += ["--profile-dir", str(wd)]
     stdout_path, stderr_path = wd / "stdout.log", wd / "stderr.log"
     t0 = time.monotonic()
     with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
@@ -210,6 +214,8 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         metrics = json.loads(out_path.read_text())
         res.update(metrics)
         res.update(status="ok", reason=None)
+        if profile:
+            res["profile"] = [json.loads(f.read_text()) for f in sorted(wd.glob("profile.rank*.json"))]
     elif errors:
         e = sorted(errors, key=lambda x: x.get("kind") != "plan")[0]
         res.update(refused=e.get("kind") == "plan",

@@ -11,7 +11,8 @@ the embedding is missing and returns hidden states when the head is missing.
 Architecture (Llama 3 paper, Grattafiori et al. 2024, Sec. 3.1 and Table 3; Hugging Face
 ``LlamaForCausalLM``):
 
-* RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``, computed in FP32.
+* RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``, computed in FP32, returned in
+  the input's dtype (the residual stream stays in the compute dtype under autocast).
 * RoPE (Su et al. 2021) in the rotate-half form, with Llama 3 frequency scaling (factor 8, low/high
   frequency factors 1 and 4, original context 8192; HF ``_compute_llama3_parameters``).
 * GQA attention (Ainslie et al. 2023): K/V heads repeated to the query heads, then
@@ -94,7 +95,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return y.type_as(x) * self.weight
+        # output in the input's dtype: an FP32 master weight must not promote a BF16 residual stream
+        # to FP32 under autocast (that doubled the bytes of every norm and residual add; seen on H200)
+        return y.type_as(x) * self.weight.to(x.dtype)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -257,7 +260,15 @@ class Llama(nn.Module):
             blk.set_recompute(mode)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens)
+            dev = h.device.type
+            if torch.is_autocast_enabled(dev):
+                # the embedding is not an autocast op: its FP32 output would make the whole residual
+                # stream FP32; start it in the compute dtype, as with FSDP2's BF16 parameters
+                h = h.to(torch.get_autocast_dtype(dev))
+        else:
+            h = tokens
         for blk in self.layers.values():
             h = blk(h, self.rope_cos, self.rope_sin)
         h = self.norm(h) if self.norm is not None else h

@@ -547,7 +547,10 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         _materialize(chunks, full_init=full_init, device=device, seed=seed)   # DDP broadcasts at wrap
         full_init = True
         dp_mode = "ddp"
+        # gradient_as_bucket_view: gradients live in the buckets instead of beside them (without it
+        # DDP held a second FP32 copy of every gradient: +7.2 GiB for 1.9 B parameters on H200)
         wrapped = [DDP(m, process_group=dp_mesh.get_group(), bucket_cap_mb=p.bucket_size_mib,
+                       gradient_as_bucket_view=True,
                        device_ids=[device.index] if device.type == "cuda" else None,
                        broadcast_buffers=False) for m in chunks]
         honored["dp"] = f"DDP over {dp_size} ranks, bucket_cap_mb={p.bucket_size_mib}, overlapped"
@@ -567,6 +570,10 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
     # ---- optimizer ----
     params = [prm for m in chunks for prm in m.parameters()]
     adam_kw = dict(lr=lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    if device.type == "cuda":
+        # one fused kernel per parameter group (torchtitan's default): the foreach implementation
+        # made ~10 passes over the states, 41 ms vs 16 ms for 1.9 B parameters on H200 (2026-11-30)
+        adam_kw["fused"] = True
     if p.zero_stage == 1 and dp_mesh is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
@@ -580,8 +587,9 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
             # default (foreach) kernels refuse such a mix ("got mixed torch.Tensor and DTensor",
             # seen on 2x H200, 2026-11-30), so update parameter by parameter.
             adam_kw["foreach"] = False
+            adam_kw.pop("fused", None)
         opt = torch.optim.AdamW(params, **adam_kw)
-        honored["optimizer"] = "AdamW (FP32 states)" + (", sharded by FSDP2" if dp_mode == "fsdp" else "")
+        honored["optimizer"] = ("AdamW (FP32 states" + (", fused" if adam_kw.get("fused") else "") + ")") + (", sharded by FSDP2" if dp_mode == "fsdp" else "")
 
     # ---- reclaim ----
     honored["memory_reclaim"] = p.memory_reclaim + ("" if device.type == "cuda" else " (no-op on CPU)")

@@ -3,7 +3,8 @@
 Usage (normally through :func:`autotune.runtime.launch.run_plan`)::
 
     torchrun --standalone --nproc-per-node N -m autotune.runtime.worker \\
-        --plan PLAN.yaml [--layers N] --steps 5 --warmup 2 --out result.json [--phase-dir DIR]
+        --plan PLAN.yaml [--layers N] --steps 5 --warmup 2 --out result.json [--phase-dir DIR] \\
+        [--profile-dir DIR]
 
 Backend ``nccl`` on CUDA (device ``cuda:LOCAL_RANK``), ``gloo`` on CPU. Each rank writes its current
 phase (``init``, ``build``, ``warmup 1/2``, ``step 3/5``, ``report``) to ``DIR/phase.rank<R>`` so the
@@ -16,7 +17,8 @@ Result JSON (rank 0), times in ms, memory in bytes:
 ``step_time_spread_ms`` (max - min) and ``step_time_iqr_ms``, ``tokens_per_s_per_gpu``, ``mfu``
 (causal convention, :mod:`autotune.flops`, FLOPs of the model as run, i.e. of the truncated depth for
 a ``--layers`` proxy), ``mfu_palm``, ``hfu``, ``tflops_per_gpu``, ``peak_allocated_bytes`` /
-``peak_reserved_bytes`` (per rank; CUDA) or ``peak_rss_bytes`` (per rank; CPU), ``losses`` (per
+``peak_reserved_bytes``, ``allocated_after_build_bytes`` (model as built) and
+``allocated_after_step_bytes`` (with gradients and optimizer states) (per rank; CUDA) or ``peak_rss_bytes`` (per rank; CPU), ``losses`` (per
 step, mean over DP ranks), ``honored`` (what each plan setting became), versions, device, date.
 """
 
@@ -115,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory-limit-mib", type=float, default=None)
+    ap.add_argument("--profile-dir", default=None,
+                    help="after the timed steps, run one more step under torch.profiler and write its "
+                         "summary (autotune.runtime.trace) to DIR/profile.rank<R>.json")
     a = ap.parse_args(argv)
 
     rank = int(os.environ.get("RANK", "0"))
@@ -167,9 +172,11 @@ def _run(a, phase: _Phase, device) -> int:
     phase("build")
     rt = parallelize(plan, spec, seq_len=wl.seq_len, num_layers=a.layers, device=device, seed=a.seed)
     limit_note = _apply_memory_limit(a.memory_limit_mib, device)
+    built_bytes = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        built_bytes = torch.cuda.memory_allocated(device)
 
     gbs = plan.global_batch_size
     times_ms: list[float] = []
@@ -195,6 +202,22 @@ def _run(a, phase: _Phase, device) -> int:
 
     phase("report")
     mem = _mem_stats(device)
+    if device.type == "cuda":
+        # after a step: parameters, gradients (kept until the next zero_grad) and optimizer states
+        mem["allocated_after_build_bytes"] = built_bytes
+        mem["allocated_after_step_bytes"] = torch.cuda.memory_allocated(device)
+    if a.profile_dir:
+        from autotune.runtime.trace import profile_step
+        phase("profile")
+        g = torch.Generator().manual_seed(a.seed * 100003 + total)
+        data = torch.randint(0, spec.vocab_size, (gbs, wl.seq_len + 1), generator=g)
+        x, y = rt.local_batch(data[:, :-1]), rt.local_batch(data[:, 1:])
+        dist.barrier()
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        _, summary = profile_step(lambda: rt.train_step(x, y), sync=sync)
+        summary["rank"] = dist.get_rank()
+        Path(a.profile_dir).mkdir(parents=True, exist_ok=True)
+        (Path(a.profile_dir) / f"profile.rank{dist.get_rank()}.json").write_text(json.dumps(summary, indent=1))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {"times": times_ms, "losses": losses, "mem": mem,
                                       "dp_rank": rt.dp_rank, "tp_rank": rt.mesh.get_local_rank("tp")})
@@ -232,6 +255,8 @@ def _run(a, phase: _Phase, device) -> int:
         "peak_allocated_bytes": [g["mem"].get("peak_allocated_bytes") for g in gathered],
         "peak_reserved_bytes": [g["mem"].get("peak_reserved_bytes") for g in gathered],
         "peak_rss_bytes": [g["mem"]["peak_rss_bytes"] for g in gathered],
+        "allocated_after_build_bytes": [g["mem"].get("allocated_after_build_bytes") for g in gathered],
+        "allocated_after_step_bytes": [g["mem"].get("allocated_after_step_bytes") for g in gathered],
         "losses": step_losses,
         "honored": rt.honored, "dp_mode": rt.dp_mode, "memory_limit": limit_note,
         "backend": dist.get_backend(),
