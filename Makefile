@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.autotune-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench fidelity clean
 
 install: $(STAMP)
 
@@ -29,6 +29,17 @@ test: install
 bench: install
 	$(BIN)/python bench/bench_simulator.py
 	$(BIN)/python bench/bench_tuner.py
+
+# GPU host with 2 GPUs and this package's dependencies in $(PY): profile into a fresh store, the
+# measured evaluator's predictions, every fidelity plan run for real -> docs/fidelity-table.md
+PY ?= python3
+FIDELITY_DB ?= studies/fidelity-ops.db
+fidelity:
+	rm -f $(FIDELITY_DB)
+	$(PY) -m autotune profile --quick --tiers nvlink --storage sqlite:///$(FIDELITY_DB)
+	$(PY) bench/fidelity.py --predict-measured studies/fidelity-measured.json --storage sqlite:///$(FIDELITY_DB)
+	$(PY) bench/fidelity.py --measured studies/fidelity-measured.json --json studies/fidelity.json \
+		--markdown docs/fidelity-table.md
 
 clean:
 	rm -rf $(VENV)

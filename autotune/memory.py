@@ -10,8 +10,10 @@ For every pipeline rank the estimate adds, in bytes per GPU:
   vocabulary-parallel input embedding on the first stage and the LM head plus final RMSNorm on the
   last (Megatron-LM layout; a tied model keeps a copy of the shared matrix on both end stages). ZeRO
   shards over the data-parallel group, DP x CP, only, never over TP a second time: stage 1 shards the
-  8 optimizer bytes (``ZeroRedundancyOptimizer`` keeps full FP32 parameters), stage 2 also the 4
-  gradient bytes, stage 3 also the 4 weight bytes (ZeRO paper, Sec. 5.1-5.3).
+  8 optimizer bytes (``ZeroRedundancyOptimizer`` keeps full FP32 parameters); stage 2 also the 4
+  gradient bytes and the 4 FP32 weight bytes at rest (FSDP2 without resharding after forward, as the
+  Llama 3 paper's FSDP, Sec. 3.3.2: the BF16 compute copy stays whole through the step); stage 3
+  also re-shards the BF16 copy after each layer (ZeRO paper, Sec. 5.1-5.3).
 * **activations** saved for backward by all in-flight micro-batches (:func:`activation_bytes_per_layer`,
   re-derived for Llama from Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4 and Table 2) times
   the in-flight count of the pipeline schedule (:func:`inflight_microbatches`).
@@ -350,7 +352,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       embedding), + ceil(V / t) h + h on rank p-1 (LM head + final RMSNorm; a tied model still holds
       the shared matrix on both end ranks, once when p = 1);
     * weights 4 N_r, grads 4 N_r, optimizer 8 N_r bytes; with g = dp x cp, ZeRO stage >= 1 divides the
-      optimizer term by g, >= 2 also the grads, 3 also the weights (ceil to whole elements);
+      optimizer term by g, >= 2 also the grads and the (FP32, at rest) weights (ceil to whole elements);
     * activations = ceil(in-flight x (layers_r x :func:`activation_bytes_per_layer` + embedding
       output on rank 0: 2sbh, /t with SP));
     * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`);
@@ -426,7 +428,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             if not (model.tied_embeddings and p == 1):
                 params += vocab_shard * h
             params += h
-        weights = WEIGHT_BYTES * (_ceil_div(params, g) if z >= 3 else params)
+        weights = WEIGHT_BYTES * (_ceil_div(params, g) if z >= 2 else params)
         grads = GRAD_BYTES * (_ceil_div(params, g) if z >= 2 else params)
         optim = ADAM_STATE_BYTES * (_ceil_div(params, g) if z >= 1 else params)
 

@@ -46,7 +46,9 @@ SBH = 67_108_864                 # 2 s b h bytes at s=8192, b=1, h=4096
 #              -> 838,860,800
 #   total 303,038,464 + 838,860,800 = 1,141,899,264 bytes (1.063 GiB)
 LAYER8 = 1_141_899_264
-LOGITS8 = 8192 * 128256 * 6      # s b V x (2 bf16 + 4 fp32) = 6,304,038,912
+LOGITS8 = 8192 * 128256 * 12     # s b V x 12 (FP32 loss: saved log-softmax, its gradient in and out) = 12,608,077,824
+COPIES8 = 2 * N8                 # BF16 compute copies of all FP32 master weights = 16,060,522,496
+ROOT8 = 2 * (2 * VH8 + 4096)     # ZeRO-3: BF16 copies of embedding + LM head + final norm only = 2,101,354,496
 NO_FRAG = {"none": 0.0}          # isolate the terms from the allocator overhead
 
 
@@ -56,7 +58,8 @@ def est(model=M8, gpu=H200, workload=W, fragmentation=None, **plan):
 
 # ------------------------------------------------------------------ model states
 def test_zero3_tp2_dp4_worked_check_shards_over_dp_only():
-    # 8B on 8 GPUs, TP=2, DP=4, PP=1, ZeRO-3: all 16 bytes sharded over DP (4), parameters over TP (2).
+    # 8B on 8 GPUs, TP=2, DP=4, PP=1, ZeRO-3: all 16 bytes (FP32 weight 4 + FP32 grad 4 + Adam m, v 8)
+    # sharded over DP (4), parameters over TP (2).
     # Per-GPU parameters: layers over TP, vocab-parallel embedding and LM head over TP, final norm whole:
     #   32*218,112,000/2 + 2*(128256/2)*4096 + 4096 = 3,489,792,000 + 525,336,576 + 4,096 = 4,015,132,672
     #   x 16 bytes / 4 = 16,060,530,688 bytes  (~ N x 16 / 2 / 4 = 16,060,522,496; the 8 KiB gap is the
@@ -64,18 +67,20 @@ def test_zero3_tp2_dp4_worked_check_shards_over_dp_only():
     e = est(tp_degree=2, dp_degree=4, zero_stage=3)
     (s,) = e.stages
     assert s.model_state_bytes == 16_060_530_688
-    assert s.weights_bytes == s.grads_bytes == 2 * 1_003_783_168
-    assert s.optimizer_bytes == 12 * 1_003_783_168
+    assert s.weights_bytes == s.grads_bytes == 4 * 1_003_783_168
+    assert s.optimizer_bytes == 8 * 1_003_783_168
     assert s.model_state_bytes == pytest.approx(N8 * 16 / 2 / 4, rel=1e-6)
     assert s.model_state_bytes == pytest.approx(16.06e9, rel=1e-3)
 
 
 @pytest.mark.parametrize("zero, weights, grads, optim", [
-    # 8B, TP=1, PP=1, DP=8: a GPU holds all N parameters; N/8 = 1,003,782,656.
-    (0, 2 * N8, 2 * N8, 12 * N8),                          # 16,060,522,496 / same / 96,363,134,976
-    (1, 2 * N8, 2 * N8, 12 * 1_003_782_656),               # optimizer 12,045,391,872
-    (2, 2 * N8, 2 * 1_003_782_656, 12 * 1_003_782_656),    # grads 2,007,565,312
-    (3, 2 * 1_003_782_656, 2 * 1_003_782_656, 12 * 1_003_782_656),  # 16N/8 = 16,060,522,496 total
+    # 8B, TP=1, PP=1, DP=8: a GPU holds all N parameters; N/8 = 1,003,782,656. FP32 weights 4, FP32
+    # grads 4, Adam m + v 8 bytes; ZeRO-1 shards the 8, ZeRO-2 also the grads and the FP32 weights at
+    # rest (FSDP2 without resharding after forward), ZeRO-3 likewise (it differs in the BF16 copies).
+    (0, 4 * N8, 4 * N8, 8 * N8),                           # 32,121,044,992 / same / 64,242,089,984
+    (1, 4 * N8, 4 * N8, 8 * 1_003_782_656),                # optimizer 8,030,261,248
+    (2, 4 * 1_003_782_656, 4 * 1_003_782_656, 8 * 1_003_782_656),  # FSDP2 shards FP32 weights at rest too
+    (3, 4 * 1_003_782_656, 4 * 1_003_782_656, 8 * 1_003_782_656),  # 16N/8 = 16,060,522,496 total
 ])
 def test_zero_stages_state_bytes(zero, weights, grads, optim):
     (s,) = est(dp_degree=8, zero_stage=zero).stages
@@ -97,18 +102,20 @@ def test_embedding_on_first_and_lm_head_on_last_stage():
     #   stage 1 params: 16 layers + LM head + norm = 3,489,792,000 + 525,336,576 + 4,096 = 4,015,132,672
     #   (sum = 8,030,261,248 = N)
     #   activations: stage 0 = 16 x LAYER8 + embedding output 2sbh; stage 1 = 16 x LAYER8
-    #   transient: stage 1 holds logits 8192 x 128256 x 6 = 6,304,038,912; stage 0 nothing (DP=1)
-    #   total(1) - total(0) = 16 x 4,096 - 67,108,864 + 6,304,038,912 = 6,236,995,584
+    #   transient: BF16 copies of each stage's weights (2 x params) and, on stage 1, the logits
+    #   8192 x 128256 x 12 = 12,608,077,824; no DP buckets (DP=1)
+    #   total(1) - total(0) = model states 16 x 4,096 - embedding output 67,108,864 + logits
+    #   12,608,077,824 + copies 2 x 4,096 = 65,536 - 67,108,864 + 12,608,077,824 + 8,192 = 12,541,042,688
     e = est(pp_degree=2, num_micro_batches=1, pipeline_schedule="gpipe", zero_stage=0,
             fragmentation=NO_FRAG)
     s0, s1 = e.stages
-    assert s0.weights_bytes == 2 * 4_015_128_576
-    assert s1.weights_bytes == 2 * 4_015_132_672
-    assert (s0.weights_bytes + s1.weights_bytes) // 2 == N8
+    assert s0.weights_bytes == 4 * 4_015_128_576
+    assert s1.weights_bytes == 4 * 4_015_132_672
+    assert (s0.weights_bytes + s1.weights_bytes) // 4 == N8
     assert s0.activations_bytes == 16 * LAYER8 + SBH
     assert s1.activations_bytes == 16 * LAYER8
-    assert (s0.transient_bytes, s1.transient_bytes) == (0, LOGITS8)
-    assert s1.total_bytes - s0.total_bytes == 6_236_995_584
+    assert (s0.transient_bytes, s1.transient_bytes) == (2 * 4_015_128_576, LOGITS8 + 2 * 4_015_132_672)
+    assert s1.total_bytes - s0.total_bytes == 12_541_042_688
     assert e.peak_stage == 1
 
 
@@ -116,11 +123,11 @@ def test_tied_embeddings_held_on_both_end_stages_once_without_pp():
     tied = replace(M8, name="tied-8b", tied_embeddings=True)
     # PP=2: the last stage keeps its copy of the shared V h matrix -> same as untied: 4,015,132,672.
     s0, s1 = est(model=tied, pp_degree=2, zero_stage=0).stages
-    assert s0.weights_bytes == 2 * 4_015_128_576
-    assert s1.weights_bytes == 2 * 4_015_132_672
+    assert s0.weights_bytes == 4 * 4_015_128_576
+    assert s1.weights_bytes == 4 * 4_015_132_672
     # PP=1: one matrix only: N - V h = 8,030,261,248 - 525,336,576 = 7,504,924,672.
     (s,) = est(model=tied, zero_stage=0).stages
-    assert s.weights_bytes == 2 * 7_504_924_672
+    assert s.weights_bytes == 4 * 7_504_924_672
 
 
 # ------------------------------------------------------------------ activations
@@ -220,17 +227,19 @@ def test_uneven_stage_layers_per_rank():
 # ------------------------------------------------------------------ transient buffers
 def test_transient_buffers():
     base = est(fragmentation=NO_FRAG).stages[0].transient_bytes
-    assert base == LOGITS8                                     # pp=1: the only stage is the last
+    assert base == LOGITS8 + COPIES8           # pp=1: the only stage is the last; all weights copied
     # DP gradient buckets: 2 x 64 MiB = 134,217,728 when dp x cp > 1.
     assert est(dp_degree=8, zero_stage=0).stages[0].transient_bytes - base == 134_217_728
-    # ZeRO-3 gathered layer (bf16): 2 x 218,112,000 = 436,224,000; prefetch doubles it.
+    # ZeRO-3: gathered layer (bf16) 2 x 218,112,000 = 436,224,000, prefetch doubles it; only the root
+    # module's (embedding, head, norm) BF16 copies stay: ROOT8 instead of COPIES8.
     z3 = est(dp_degree=8, zero_stage=3).stages[0].transient_bytes
     z3p = est(dp_degree=8, zero_stage=3, param_gather_overlap=True).stages[0].transient_bytes
-    assert z3 - base == 134_217_728 + 436_224_000
+    assert z3 == LOGITS8 + ROOT8 + 134_217_728 + 436_224_000
     assert z3p - z3 == 436_224_000
-    # SP (t=2): logits split over TP (V/2) + one full-sequence all-gathered h tensor 2sbh.
+    # SP (t=2): logits split over TP (V/2) + one full-sequence all-gathered h tensor 2sbh + BF16 copies
+    # of the TP-sharded weights 2 x 4,015,132,672.
     sp = est(tp_degree=2, sequence_parallel=True).stages[0].transient_bytes
-    assert sp == LOGITS8 // 2 + SBH
+    assert sp == LOGITS8 // 2 + SBH + 2 * 4_015_132_672
 
 
 # ------------------------------------------------------------------ verdicts
@@ -246,21 +255,23 @@ def test_405b_tp8_on_8_h200_does_not_fit():
     assert not e.fits
 
 
-def test_8b_dp8_zero1_fits_on_h200():
+def test_8b_dp8_zero1_does_not_fit_on_h200():
     # 8B, TP=1, DP=8, ZeRO-1, PP=1, micro-batch 1, seq 8192, no recompute, memory_reclaim none (10%):
-    #   weights 2N = 16,060,522,496; grads 2N = 16,060,522,496; optimizer 12N/8 = 12,045,391,872
+    #   weights 4N = 32,121,044,992; grads 4N = 32,121,044,992; optimizer 8N/8 = 8,030,261,248
     #   activations 32 x 1,141,899,264 + 67,108,864 (embedding output) = 36,607,885,312
-    #   transient: logits 6,304,038,912 + 2 buckets x 64 MiB 134,217,728 = 6,438,256,640
-    #   subtotal 87,212,578,816; allocator 10% = ceil(8,721,257,881.6) = 8,721,257,882
-    #   total 95,933,836,698 bytes = 89.35 GiB < 149,035,365,171 (138.80 GiB) -> fits
+    #   transient: logits 12,608,077,824 + 2 buckets x 64 MiB 134,217,728 + BF16 copies 2N
+    #   16,060,522,496 = 28,802,818,048
+    #   subtotal 137,683,054,592; allocator 10% = ceil(13,768,305,459.2) = 13,768,305,460
+    #   total 151,451,360,052 bytes = 141.05 GiB > 149,035,365,171 (138.80 GiB) -> does not fit
+    #   (ZeroRedundancyOptimizer shards only Adam's m and v: FP32 weights and grads stay whole)
     e = est(dp_degree=8, zero_stage=1)
     (s,) = e.stages
-    assert s.optimizer_bytes == 12_045_391_872
+    assert s.optimizer_bytes == 8_030_261_248
     assert s.activations_bytes == 36_607_885_312
-    assert s.transient_bytes == 6_438_256_640
-    assert s.allocator_overhead_bytes == 8_721_257_882
-    assert s.total_bytes == 95_933_836_698
-    assert e.fits and e.headroom_bytes == 149_035_365_171 - 95_933_836_698
+    assert s.transient_bytes == 28_802_818_048
+    assert s.allocator_overhead_bytes == 13_768_305_460
+    assert s.total_bytes == 151_451_360_052
+    assert not e.fits and e.headroom_bytes == 149_035_365_171 - 151_451_360_052
 
 
 def test_peak_is_max_over_stages_not_average():

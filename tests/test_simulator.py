@@ -153,8 +153,9 @@ def test_mfu_definition():
     # MFU = model FLOPs of the step / (step time x GPUs x peak); recompute it from the result.
     from autotune.flops import model_flops_per_token
     ev = _evaluator(gpus=8)
-    plan = Plan(tp_degree=1, dp_degree=8, micro_batch_size=1, num_micro_batches=8, zero_stage=1)
+    plan = Plan(tp_degree=1, dp_degree=8, micro_batch_size=1, num_micro_batches=8, zero_stage=3)
     r = ev.evaluate(plan)
+    assert r.feasible, r.reason
     flops = model_flops_per_token(get_model("8b"), 8192) * 8192 * 64
     assert r.mfu == pytest.approx(flops / (r.step_time_ms / 1e3 * 8 * 989e12))
     assert r.tokens_per_s_per_gpu == pytest.approx(8192 * 64 / (r.step_time_ms / 1e3) / 8)
