@@ -215,3 +215,35 @@ def test_extrapolation_interleaved_cp_reclaim_and_breakdown_is_nonnegative():
     assert all(v >= 0 for v in r.breakdown_ms.values())
     assert r.breakdown_ms["compute"] <= r.step_time_ms
     assert sum(r.breakdown_ms.values()) == pytest.approx(r.step_time_ms, rel=1e-6)
+
+
+class BytesCosts(ZeroCommCosts):
+    """Memory-bound ops cost their byte count in GB (1 GB/ms), everything else is free."""
+
+    def gemm_ms(self, m, n, k, *, backward=False):
+        return 0.0
+
+    def memory_bound_ms(self, nbytes, op=None):
+        return nbytes / 1e9
+
+
+@pytest.mark.parametrize("zero, dp, fwd_bytes_per_param, bwd_bytes_per_param", [
+    # no FSDP, m = 4: forward casts FP32 -> BF16 (6 B); backward casts the gradient back (6 B) and adds
+    # it into the accumulated one for 3 of the 4 micro-batches (12 x 3/4 = 9 B) -> 6 / 15
+    (0, 1, 6.0, 6.0 + 12 * 3 / 4),
+    # FSDP2 ZeRO-3 over g = 2: forward casts the shard (6/2) and copies the gathered BF16 out (4);
+    # backward casts the unsharded gradient for the reduce-scatter (6), accumulates the shard
+    # (12/2 x 3/4 = 4.5) and copies the re-gathered parameters out (4) -> 7 / 14.5
+    (3, 2, 6 / 2 + 4, 6 + 12 / 2 * 3 / 4 + 4),
+    # ZeRO-2: no re-gather in backward -> 7 / 10.5
+    (2, 2, 6 / 2 + 4, 6 + 12 / 2 * 3 / 4),
+])
+def test_mixed_precision_bookkeeping_bytes(zero, dp, fwd_bytes_per_param, bwd_bytes_per_param):
+    from autotune.graph import ChunkCost, CostBuilder
+    plan = Plan(dp_degree=dp, micro_batch_size=1, num_micro_batches=4, zero_stage=zero)
+    cb = CostBuilder(model=TINY, plan=plan, cluster=make_cluster("h200", dp, "h200-nvlink"),
+                     workload=Workload(seq_len=256, global_batch_size=4 * dp), costs=BytesCosts())
+    cc = ChunkCost(params=1_000_000_000)
+    cb._precision_costs(cc)
+    assert cc.fwd_parts["compute"] == pytest.approx(fwd_bytes_per_param)
+    assert cc.bwd_parts["compute"] == pytest.approx(bwd_bytes_per_param)
