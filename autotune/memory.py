@@ -60,6 +60,12 @@ MODEL_STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + ADAM_STATE_BYTES
 #: 10 < 12. Checked on H200 (2026-11-30): an 8B 4-layer FSDP step peaked 18.5 GiB above its model
 #: states, of which this term is 11.7 GiB.
 LOGITS_BYTES_PER_ELEMENT = 4 + 4 + 4
+#: Bytes per logit that each *other* in-flight micro-batch keeps on the last pipeline stage until its
+#: backward: the saved FP32 log-softmax output (4) and the stage's BF16 output, which the pipeline
+#: runtime keeps for the stage backward (2). The current micro-batch also keeps its BF16 output (2)
+#: under pipelining (``torch.distributed.pipelining``; without PP the BF16 logits die after the FP32
+#: copy). Seen on H200 (2026-11-30): GPipe with 4 micro-batches peaked 22 GiB above 1F1B.
+PP_INFLIGHT_LOGITS_BYTES = 4 + 2
 #: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
 LSE_BYTES = 4
 
@@ -355,7 +361,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       optimizer term by g, >= 2 also the grads and the (FP32, at rest) weights (ceil to whole elements);
     * activations = ceil(in-flight x (layers_r x :func:`activation_bytes_per_layer` + embedding
       output on rank 0: 2sbh, /t with SP));
-    * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`);
+    * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`),
+      with PP (p > 1) + 2 bytes (the kept BF16 stage output) + (in-flight - 1) x 6 bytes
+      (:data:`PP_INFLIGHT_LOGITS_BYTES`);
       BF16 compute copies of the weights: 2 N_r bytes (ZeRO-3: 2 x the embedding / head parameters of
       the rank only); full recompute: one layer's
       no-recompute activations (the backward working set of one micro-batch); g > 1: two DP gradient
@@ -444,7 +452,13 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             copies = BF16_BYTES * root
         else:
             copies = BF16_BYTES * params
-        transient = common_transient + copies + (logits if r == p - 1 else 0)
+        if r == p - 1:
+            per_logit = s * b * vocab_shard
+            transient_logits = logits + (per_logit * 2 + math.ceil((held - 1) * per_logit * PP_INFLIGHT_LOGITS_BYTES)
+                                         if p > 1 else 0)
+        else:
+            transient_logits = 0
+        transient = common_transient + copies + transient_logits
         subtotal = weights + grads + optim + acts + transient
         stages.append(StageMemory(
             stage=r, num_layers=n, num_inflight_microbatches=held, weights_bytes=weights,

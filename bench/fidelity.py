@@ -197,7 +197,7 @@ def _run_all(a, rows, run_plan) -> None:
             row["torch"] = r.get("torch_version")
             row["date"] = r.get("date")
             for k in ("peak_allocated_bytes", "allocated_after_build_bytes", "allocated_after_step_bytes",
-                      "step_times_ms", "profile"):
+                      "reserved_by_stream_bytes", "step_times_ms", "profile"):
                 if r.get(k) is not None:
                     row[k] = r[k]
         rows.append(row)

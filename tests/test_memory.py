@@ -103,9 +103,10 @@ def test_embedding_on_first_and_lm_head_on_last_stage():
     #   (sum = 8,030,261,248 = N)
     #   activations: stage 0 = 16 x LAYER8 + embedding output 2sbh; stage 1 = 16 x LAYER8
     #   transient: BF16 copies of each stage's weights (2 x params) and, on stage 1, the logits
-    #   8192 x 128256 x 12 = 12,608,077,824; no DP buckets (DP=1)
+    #   8192 x 128256 x 12 = 12,608,077,824 + the BF16 stage output the pipeline keeps, 8192 x 128256 x 2
+    #   = 2,101,346,304; no DP buckets (DP=1)
     #   total(1) - total(0) = model states 16 x 4,096 - embedding output 67,108,864 + logits
-    #   12,608,077,824 + copies 2 x 4,096 = 65,536 - 67,108,864 + 12,608,077,824 + 8,192 = 12,541,042,688
+    #   14,709,424,128 + copies 2 x 4,096 = 65,536 - 67,108,864 + 14,709,424,128 + 8,192 = 14,642,388,992
     e = est(pp_degree=2, num_micro_batches=1, pipeline_schedule="gpipe", zero_stage=0,
             fragmentation=NO_FRAG)
     s0, s1 = e.stages
@@ -114,9 +115,14 @@ def test_embedding_on_first_and_lm_head_on_last_stage():
     assert (s0.weights_bytes + s1.weights_bytes) // 4 == N8
     assert s0.activations_bytes == 16 * LAYER8 + SBH
     assert s1.activations_bytes == 16 * LAYER8
-    assert (s0.transient_bytes, s1.transient_bytes) == (2 * 4_015_128_576, LOGITS8 + 2 * 4_015_132_672)
-    assert s1.total_bytes - s0.total_bytes == 12_541_042_688
+    assert (s0.transient_bytes, s1.transient_bytes) == (2 * 4_015_128_576,
+                                                        LOGITS8 + 2_101_346_304 + 2 * 4_015_132_672)
+    assert s1.total_bytes - s0.total_bytes == 14_642_388_992
     assert e.peak_stage == 1
+    # GPipe with m = 4: the last stage also keeps 3 other micro-batches' FP32 log-softmax output and BF16
+    # stage output until their backward: 3 x 8192 x 128256 x (4 + 2) = 18,912,116,736 more.
+    e4 = est(pp_degree=2, num_micro_batches=4, pipeline_schedule="gpipe", zero_stage=0, fragmentation=NO_FRAG)
+    assert e4.stages[1].transient_bytes - s1.transient_bytes == 18_912_116_736
 
 
 def test_tied_embeddings_held_on_both_end_stages_once_without_pp():

@@ -86,6 +86,19 @@ def _mem_stats(device) -> dict:
     return out
 
 
+def _reserved_by_stream(device) -> dict[str, int]:
+    """Reserved bytes of the caching allocator per CUDA stream (``torch.cuda.memory_snapshot`` segments;
+    a freed block is reused only by its own stream, so collectives on side streams keep pools of
+    their own). Keys are stream handles as strings; the default stream is ``"0"``."""
+    import torch
+    out: dict[str, int] = {}
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device") == device.index:
+            k = str(seg.get("stream", "?"))
+            out[k] = out.get(k, 0) + int(seg.get("total_size", 0))
+    return out
+
+
 def _apply_memory_limit(limit_mib: float | None, device) -> str | None:
     """Cap this process's memory at ``limit_mib`` MiB more than it holds now (a real cap: allocations
     beyond it fail with the allocator's own out-of-memory error).
@@ -206,6 +219,7 @@ def _run(a, phase: _Phase, device) -> int:
         # after a step: parameters, gradients (kept until the next zero_grad) and optimizer states
         mem["allocated_after_build_bytes"] = built_bytes
         mem["allocated_after_step_bytes"] = torch.cuda.memory_allocated(device)
+        mem["reserved_by_stream_bytes"] = _reserved_by_stream(device)
     if a.profile_dir:
         from autotune.runtime.trace import profile_step
         phase("profile")
@@ -257,6 +271,7 @@ def _run(a, phase: _Phase, device) -> int:
         "peak_rss_bytes": [g["mem"]["peak_rss_bytes"] for g in gathered],
         "allocated_after_build_bytes": [g["mem"].get("allocated_after_build_bytes") for g in gathered],
         "allocated_after_step_bytes": [g["mem"].get("allocated_after_step_bytes") for g in gathered],
+        "reserved_by_stream_bytes": [g["mem"].get("reserved_by_stream_bytes") for g in gathered],
         "losses": step_losses,
         "honored": rt.honored, "dp_mode": rt.dp_mode, "memory_limit": limit_note,
         "backend": dist.get_backend(),
