@@ -152,7 +152,8 @@ def apply_tp(model: Llama, tp_mesh, *, sequence_parallel: bool) -> None:
     """Megatron-style TP (+ SP) with DTensor (torchtitan ``apply_tp``).
 
     Q/K/V and w1/w3 column-parallel, wo and w2 row-parallel; embedding row-parallel over the vocab;
-    LM head column-parallel with the logits gathered (Replicate). With SP the residual stream between
+    LM head column-parallel with the logits left sharded over the vocabulary (a DTensor, ``Shard(-1)``)
+    for a vocab-parallel loss (:meth:`PlanRuntime._loss_ctx`). With SP the residual stream between
     blocks is sharded on the sequence dim (Shard(1)) and the norms run as ``SequenceParallel``.
     """
     from torch.distributed.tensor import Replicate, Shard
@@ -166,8 +167,11 @@ def apply_tp(model: Llama, tp_mesh, *, sequence_parallel: bool) -> None:
     if model.norm is not None and sp:
         root["norm"] = SequenceParallel()
     if model.output is not None:
+        # logits stay sharded over the vocabulary; the loss runs under ``loss_parallel`` (torchtitan's
+        # default, Megatron-LM's vocab-parallel cross-entropy): gathering them made every TP rank hold
+        # and soft-max all V logits in FP32 (TP=2 ranks peaked ~8 GiB above the model on H200)
         root["output"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
-                                         output_layouts=Replicate())
+                                         output_layouts=Shard(-1), use_local_output=False)
     if root:
         parallelize_module(model, tp_mesh, root)
     for blk in model.layers.values():
@@ -187,6 +191,13 @@ def apply_tp(model: Llama, tp_mesh, *, sequence_parallel: bool) -> None:
                                                    desired_input_layouts=(Replicate(),)),
             })
         parallelize_module(blk, tp_mesh, lp)
+
+
+def _local_scalar(loss: torch.Tensor) -> torch.Tensor:
+    """A detached plain-tensor copy of a loss (a replicated DTensor under ``loss_parallel``)."""
+    from torch.distributed.tensor import DTensor
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 class GradReducer:
@@ -369,8 +380,9 @@ class PlanRuntime:
                     # merge them for the caller): +2 bytes x s x V per micro-batch, 7.7 GiB for four
                     # 8B micro-batches at s = 8192 (H200, 2026-11-30)
                     kw["return_outputs"] = False
-                self.schedule.step(*args, **kw)
-                loss_val = (float(torch.stack([l.detach().float() for l in losses]).sum())
+                with self._loss_ctx():
+                    self.schedule.step(*args, **kw)
+                loss_val = (float(torch.stack([_local_scalar(l).float() for l in losses]).sum())
                             if self.holds_last_stage else None)
             else:
                 model = self.wrapped[0]
@@ -380,10 +392,11 @@ class PlanRuntime:
                     x = tokens[i * mbs:(i + 1) * mbs]
                     y = labels[i * mbs:(i + 1) * mbs]
                     last = i == p.num_micro_batches - 1
-                    with self._sync_ctx(last), self._cp_ctx(x, y) as (xs, ys):
+                    with self._sync_ctx(last), self._cp_ctx(x, y) as (xs, ys), self._loss_ctx():
                         loss = cross_entropy_loss(model(xs), ys)
                         (loss / p.num_micro_batches).backward()
-                    total = loss.detach() if total is None else total + loss.detach()
+                    val = _local_scalar(loss)
+                    total = val if total is None else total + val
                     if p.memory_reclaim == "empty_cache_per_microbatch":
                         _empty_cache(self.device)
                     if on_microbatch is not None:
@@ -395,6 +408,14 @@ class PlanRuntime:
         if p.memory_reclaim == "empty_cache_per_step":
             _empty_cache(self.device)
         return loss_val
+
+    def _loss_ctx(self):
+        """``loss_parallel()`` when the LM head is tensor-parallel (its logits are vocab-sharded
+        DTensors: the cross-entropy and its backward must both run inside it), else nothing."""
+        if self.plan.tp_degree > 1 and self.holds_last_stage:
+            from torch.distributed.tensor.parallel import loss_parallel
+            return loss_parallel()
+        return contextlib.nullcontext()
 
     def _sync_ctx(self, last: bool):
         m = self.wrapped[0]
