@@ -31,15 +31,15 @@ bench: install
 	$(BIN)/python bench/bench_tuner.py
 
 # GPU host with 2 GPUs and this package's dependencies in $(PY): profile into a fresh store, the
-# measured evaluator's predictions, every fidelity plan run for real -> docs/fidelity-table.md
+# measured evaluator's predictions, every fidelity plan run for real -> the table in docs/fidelity.md
 PY ?= python3
 FIDELITY_DB ?= studies/fidelity-ops.db
 fidelity:
 	rm -f $(FIDELITY_DB)
 	$(PY) -m autotune profile --quick --tiers nvlink --storage sqlite:///$(FIDELITY_DB)
 	$(PY) bench/fidelity.py --predict-measured studies/fidelity-measured.json --storage sqlite:///$(FIDELITY_DB)
-	$(PY) bench/fidelity.py --measured studies/fidelity-measured.json --json studies/fidelity.json \
-		--markdown docs/fidelity-table.md
+	$(PY) bench/fidelity.py --warmup 1 --steps 3 --measured studies/fidelity-measured.json \
+		--json studies/fidelity.json --markdown docs/fidelity.md
 
 clean:
 	rm -rf $(VENV)

@@ -225,6 +225,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    if trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {trials}")
     tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout))
     click.echo(f"tuning {_target_line(model, cluster, workload)}")
@@ -243,9 +245,10 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
                                 target=_target_line(model, cluster, workload)))
-    sel = f"--size {size}" if size else f"--model {model_path}"
-    click.echo(f"\nexport it: autotune export {sel}" + (f" --gpus {gpus}" if gpus else "")
-               + (f" --interconnect {interconnect}" if interconnect else "") + " -o plan.yaml")
+    # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
+    import shlex
+    click.echo(f"\nexport it: autotune export --study {shlex.quote(tuner.name)}"
+               + (f" --storage {shlex.quote(storage)}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
 
 def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend):
@@ -304,7 +307,7 @@ def show(storage):
                "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
         if bp is None:
             n_bad, n, _ = failure_summary(trials)
-            row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} failed)")
+            row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} trials pruned, OOM or failed)")
         else:
             row.update(mfu=f"{100 * bp.result.mfu:.1f}%", step=f"{bp.result.step_time_ms:,.0f}",
                        plan=short_plan(bp.plan))

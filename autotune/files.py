@@ -35,4 +35,4 @@ def read_yaml_file(path: str | Path, *, what: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{what} {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"{what} {path} is not valid YAML: {' '.join(str(e).split())}") from None

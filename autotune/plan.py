@@ -76,7 +76,8 @@ class Workload:
             lo = (global_batch_tokens // seq_len) * seq_len
             raise ConfigError(
                 f"global batch of {global_batch_tokens} tokens is not a whole number of {seq_len}-token "
-                f"sequences; use a multiple of {seq_len}, e.g. {lo or seq_len} or {lo + seq_len}")
+                f"sequences; use a multiple of {seq_len}, e.g. "
+                + (f"{lo} or {lo + seq_len}" if lo else f"{seq_len}"))
         return cls(seq_len=seq_len, global_batch_size=global_batch_tokens // seq_len)
 
 

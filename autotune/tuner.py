@@ -379,7 +379,7 @@ def best_plan(study: optuna.Study, info: StudyInfo) -> BestPlan | None:
 
 
 def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> BestPlan:
-    """The best plan or :class:`NoFeasiblePlanError` ("N/N trials failed: <most common reason>")."""
+    """The best plan or :class:`NoFeasiblePlanError` ("N/N trials gave no feasible plan ...: <most common reason>")."""
     bp = best_plan(study, info)
     if bp is None:
         trials = study.get_trials(deepcopy=False)
@@ -387,7 +387,8 @@ def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> Bes
             raise NoFeasiblePlanError(f"study {study.study_name!r} in {storage} has no trials yet; run "
                                       "`autotune run` with the same options first")
         n_bad, n, reason = failure_summary(trials)
-        raise NoFeasiblePlanError(f"{n_bad}/{n} trials failed: {reason}. Study {study.study_name!r} is kept in "
+        raise NoFeasiblePlanError(f"{n_bad}/{n} trials gave no feasible plan (pruned, out of memory or failed): "
+                                  f"{reason}. Study {study.study_name!r} is kept in "
                                   f"{storage}; widen the search space (--space), add GPUs or shrink the batch")
     return bp
 

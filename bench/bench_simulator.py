@@ -40,8 +40,8 @@ def llama3_plan(dp: int, v: int) -> Plan:
 
 def timing_table() -> None:
     cases = [
-        ("8b  8xH200 TP1 DP8 m=16", "8b", "h200", 8, Workload(seq_len=8192, global_batch_size=128),
-         Plan(dp_degree=8, micro_batch_size=1, num_micro_batches=16, zero_stage=1)),
+        ("8b  8xH200 TP1 DP8 FSDP m=16", "8b", "h200", 8, Workload(seq_len=8192, global_batch_size=128),
+         Plan(dp_degree=8, micro_batch_size=1, num_micro_batches=16, zero_stage=3)),
         ("70b 64xB200 TP8 PP4 1F1B m=256", "70b", "b200", 64, Workload(seq_len=8192, global_batch_size=512),
          Plan(tp_degree=8, pp_degree=4, dp_degree=2, micro_batch_size=1, num_micro_batches=256,
               sequence_parallel=True, zero_stage=1)),

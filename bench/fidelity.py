@@ -6,10 +6,11 @@ on and off, each reclaim policy, each measured interconnect tier) it runs the pl
 :func:`autotune.runtime.launch.run_plan`, simulates the same (truncated) model with the simulated
 evaluator, and prints per plan: measured step time and peak reserved memory, the predicted step time
 and peak memory, and their errors; then the mean absolute percentage error (MAPE), the worst case and
-Spearman's rank correlation of the plans by step time. ``--markdown FILE`` writes the table for
-``docs/fidelity.md``.
+Spearman's rank correlation of the plans by step time. ``--markdown FILE`` writes the table; a file
+holding the ``fidelity-table`` markers (``docs/fidelity.md``) keeps its text and gets a new table.
 
-Run on the GPU host: ``python bench/fidelity.py [--limit N] [--markdown docs/fidelity.md]``.
+Run on the GPU host: ``make fidelity`` (profile, measured-evaluator predictions, all runs, table), or
+``python bench/fidelity.py [--only LABELS] [--markdown docs/fidelity.md]``.
 """
 
 from __future__ import annotations
@@ -196,12 +197,26 @@ def _run_all(a, rows, run_plan) -> None:
             row["device"] = r.get("device_name")
             row["torch"] = r.get("torch_version")
             row["date"] = r.get("date")
+            row["cuda"] = r.get("cuda_version")
+            row["nccl"] = r.get("nccl_version")
+            row["driver"] = _driver_version()
             for k in ("peak_allocated_bytes", "allocated_after_build_bytes", "allocated_after_step_bytes",
                       "reserved_by_stream_bytes", "step_times_ms", "profile"):
                 if r.get(k) is not None:
                     row[k] = r[k]
         rows.append(row)
         print(json.dumps(row), flush=True)
+
+
+def _driver_version() -> str | None:
+    """NVIDIA driver version (``nvidia-smi``), None without one."""
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _simulate(size: str, layers: int, gpus: int, fabric_name: str, plan: Plan):
@@ -275,6 +290,22 @@ def _summary(name, rows, pred_key, meas_key):
             f"worst {errs[k]:+.1f}% ({pairs[k][2]}), {within} within 10%, Spearman {rho:.2f}")
 
 
+TABLE_START, TABLE_END = "<!-- fidelity-table:start -->", "<!-- fidelity-table:end -->"
+
+
+def _write_markdown(path: Path, table: str) -> None:
+    """Write ``table`` to ``path``; a file holding the two markers keeps everything outside them
+    (docs/fidelity.md: its text stays, its table is replaced)."""
+    if path.exists():
+        text = path.read_text()
+        if TABLE_START in text and TABLE_END in text:
+            head, rest = text.split(TABLE_START, 1)
+            tail = rest.split(TABLE_END, 1)[1]
+            path.write_text(f"{head}{TABLE_START}\n{table}{TABLE_END}{tail}")
+            return
+    path.write_text(table)
+
+
 def _report(a, rows) -> int:
     measured_pred = json.loads(Path(a.measured).read_text()) if getattr(a, "measured", None) else {}
     ok = [r for r in rows if r["status"] == "ok" and r.get("step_ms")]
@@ -309,12 +340,14 @@ def _report(a, rows) -> int:
         if line:
             summary.append(line)
     if ok:
-        summary.append(f"hardware: {ok[0].get('device')} x{max(r['gpus'] for r in ok)}, torch {ok[0].get('torch')}, "
+        sw = ", ".join(f"{k} {ok[0][key]}" for k, key in (("torch", "torch"), ("CUDA", "cuda"), ("NCCL", "nccl"),
+                                                             ("driver", "driver")) if ok[0].get(key))
+        summary.append(f"hardware: {ok[0].get('device')} x{max(r['gpus'] for r in ok)}, {sw}, "
                        f"measured {str(ok[0].get('date') or '')[:10]}; simulated predictions by the current "
                        f"simulator with the shipped calibration, {_dt.date.today().isoformat()}")
     print("\n".join(lines + [""] + summary))
     if a.markdown:
-        Path(a.markdown).write_text("\n".join(lines + [""] + [f"- {s}" for s in summary]) + "\n")
+        _write_markdown(Path(a.markdown), "\n".join(lines + [""] + [f"- {s}" for s in summary]) + "\n")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
     return 0

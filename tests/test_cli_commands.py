@@ -112,10 +112,10 @@ def test_export_refuses_without_feasible_plan(tmp_path):
     T.BACKENDS["oom"] = lambda **kw: _Oom(**kw)
     try:
         r = invoke("run", "--size", "8b", "--space", "small", "--backend", "oom", "--trials", "4", "--storage", url)
-        assert r.exit_code == 2 and re.search(r"error: 4/4 trials failed: ", r.output), r.output
+        assert r.exit_code == 2 and re.search(r"error: 4/4 trials gave no feasible plan ", r.output), r.output
         r = invoke("export", "--size", "8b", "--space", "small", "--backend", "oom", "--storage", url,
                    "-o", str(tmp_path / "p.yaml"))
-        assert r.exit_code == 2 and "4/4 trials failed" in r.output and not (tmp_path / "p.yaml").exists()
+        assert r.exit_code == 2 and "4/4 trials gave no feasible plan" in r.output and not (tmp_path / "p.yaml").exists()
     finally:
         del T.BACKENDS["oom"]
 
@@ -186,3 +186,31 @@ def test_help_lists_gpu_commands_without_importing_them():
             "print('sqlalchemy' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_run_rejects_bad_trials_before_tuning(tmp_path):
+    # --trials 0 is refused before anything is printed or stored (one error line, exit 2)
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    db = tmp_path / "s.db"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--trials", "0", "--storage", f"sqlite:///{db}"])
+    assert r.exit_code == 2 and r.output.startswith("error: --trials must be >= 1, got 0"), r.output
+    assert not db.exists()
+
+
+def test_export_hint_names_the_study(tmp_path):
+    # the hint printed after a run must select that very study, whatever options chose it
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "3", "--storage", url])
+    assert r.exit_code == 0, r.output
+    hint = r.output.strip().splitlines()[-1]
+    assert hint.startswith("export it: autotune export --study "), hint
+    import shlex
+    args = shlex.split(hint[len("export it: autotune "):])
+    args[args.index("-o") + 1] = str(tmp_path / "p.yaml")
+    r2 = CliRunner().invoke(main, args)
+    assert r2.exit_code == 0 and (tmp_path / "p.yaml").exists(), r2.output

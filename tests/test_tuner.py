@@ -70,7 +70,7 @@ def test_all_failed_message_and_study_kept(tmp_path):
     t = tuner(tmp_path, evaluator=ev)
     with pytest.raises(NoFeasiblePlanError) as ei:
         t.optimize(6, show_progress_bar=False)
-    assert re.match(r"6/6 trials failed: error: RuntimeError: fake evaluator exploded", str(ei.value)), str(ei.value)
+    assert re.match(r"6/6 trials gave no feasible plan \(pruned, out of memory or failed\): error: RuntimeError: fake evaluator exploded", str(ei.value)), str(ei.value)
     st = optuna.load_study(study_name=t.name, storage=f"sqlite:///{tmp_path}/s.db")
     assert len(st.trials) == 6
     for x in st.trials:  # every trial is either pruned (invalid combination) or failed, with its reason
@@ -81,7 +81,7 @@ def test_all_failed_message_and_study_kept(tmp_path):
                      "  cp_degree: [1]\n  micro_batch_size: [1, 2]\n")
     ev2 = FakeEvaluator(model=MODEL, cluster=CLUSTER, workload=W, capacity_scale=0.001)
     t2 = tuner(tmp_path, evaluator=ev2, space=str(space))
-    with pytest.raises(NoFeasiblePlanError, match=r"^5/5 trials failed: does not fit in memory: stage 0 needs"):
+    with pytest.raises(NoFeasiblePlanError, match=r"^5/5 trials gave no feasible plan \(pruned, out of memory or failed\): does not fit in memory: stage 0 needs"):
         t2.optimize(5, show_progress_bar=False)
 
 
