@@ -145,6 +145,9 @@ def main() -> int:
                     help="profile store for --predict-measured (fill it with `autotune profile` first)")
     ap.add_argument("--measured", default=None, metavar="FILE",
                     help="add the measured evaluator's predictions (a --predict-measured file) to the table")
+    ap.add_argument("--measured-store", default=None, metavar="DB",
+                    help="with --from-json: re-predict with the measured evaluator over this SQLite profile store "
+                         "(a copy is used; ops it holds are looked up, others interpolated; no GPU needed)")
     ap.add_argument("--only", default=None, help="comma-separated plan labels to run (default: all)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one extra step per plan (torch.profiler; per-category GPU time in the JSON)")
@@ -249,12 +252,27 @@ def _predict_measured(a) -> int:
         out[label] = {"step_ms": res.step_time_ms if res.feasible else None,
                       "peak_gib": res.peak_memory_bytes / 2**30,
                       "op_sources": res.details.get("op_sources"), "costs": str(evaluators[key].costs.label)}
-        print(label, out[label], flush=True)
+        print(label, out[label], flush=True, file=sys.stderr)
     Path(a.predict_measured).write_text(json.dumps(out, indent=1, default=str))
     return 0
 
 
+def _measured_from_store(db: str) -> str:
+    """Run :func:`_predict_measured` over a temporary copy of the store ``db``; returns the JSON path."""
+    import shutil
+    import tempfile
+    from types import SimpleNamespace
+
+    tmp = Path(tempfile.mkdtemp(prefix="autotune-fidelity-"))
+    shutil.copy(db, tmp / "ops.db")
+    out = tmp / "measured.json"
+    _predict_measured(SimpleNamespace(predict_measured=str(out), storage=f"sqlite:///{tmp / 'ops.db'}"))
+    return str(out)
+
+
 def _repredict(a) -> int:
+    if a.measured_store:
+        a.measured = _measured_from_store(a.measured_store)
     stored = {r["plan"]: r for r in json.loads(Path(a.from_json).read_text())}
     rows = []
     for label, size, layers, gpus, fabric_name, plan in plans():

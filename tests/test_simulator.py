@@ -247,3 +247,33 @@ def test_mixed_precision_bookkeeping_bytes(zero, dp, fwd_bytes_per_param, bwd_by
     cb._precision_costs(cc)
     assert cc.fwd_parts["compute"] == pytest.approx(fwd_bytes_per_param)
     assert cc.bwd_parts["compute"] == pytest.approx(bwd_bytes_per_param)
+
+
+class ByteCommCosts(ZeroCommCosts):
+    """GEMMs 1 ms each (compute dwarfs communication); a collective costs its byte count in GB (ms)."""
+
+    def collective_ms(self, kind, nbytes, group_size, link):
+        return nbytes / 1e9 if group_size > 1 else 0.0
+
+
+def test_fsdp_edge_units_are_exposed_without_pp():
+    # TINY (h 256, 16 layers, V 1024), DP=2, ZeRO-3, prefetch on, PP=1: one chunk with all layers.
+    # Non-layer (root) params: embedding 1024 x 256 + LM head 1024 x 256 + final norm 256 = 524,544;
+    # one layer: TINY.params_per_layer. Edge = root + one layer. Everything else hides behind compute.
+    #   forward:  all-gather of the edge in BF16 -> 2 x edge bytes exposed
+    #   backward: reduce-scatter of the edge in FP32 -> 4 x edge bytes exposed (the backward starts at
+    #             the LM head, already gathered: no exposed all-gather)
+    from autotune.graph import CostBuilder
+    plan = Plan(dp_degree=2, micro_batch_size=1, num_micro_batches=2, zero_stage=3, param_gather_overlap=True)
+    cb = CostBuilder(model=TINY, plan=plan, cluster=make_cluster("h200", 2, "h200-nvlink"),
+                     workload=Workload(seq_len=256, global_batch_size=4), costs=ByteCommCosts())
+    cc = cb.chunk_cost(0, 16)
+    edge = 2 * 1024 * 256 + 256 + TINY.params_per_layer
+    assert cc.fwd_parts["exposed_dp_comm"] == pytest.approx(2 * edge / 1e9)
+    assert cc.bwd_parts["exposed_dp_comm"] == pytest.approx(4 * edge / 1e9)
+    # with PP the next micro-batch's work hides the edges: nothing exposed
+    pp = Plan(dp_degree=2, pp_degree=2, micro_batch_size=1, num_micro_batches=2, zero_stage=3,
+              param_gather_overlap=True)
+    cb2 = CostBuilder(model=TINY, plan=pp, cluster=make_cluster("h200", 4),
+                      workload=Workload(seq_len=256, global_batch_size=4), costs=ByteCommCosts())
+    assert cb2.chunk_cost(0, 8).fwd_parts.get("exposed_dp_comm", 0.0) == 0.0
