@@ -247,8 +247,23 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                 target=_target_line(model, cluster, workload)))
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
-    click.echo(f"\nexport it: autotune export --study {shlex.quote(tuner.name)}"
+    click.echo(f"\nexport it: {_prog()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(storage)}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
+
+
+def _prog() -> str:
+    """How to invoke this command again: ``autotune`` when that is what PATH finds, else the path it
+    was started by (e.g. ``.venv/bin/autotune`` under ``make run``, whose venv is not activated)."""
+    import os
+    import shutil
+    import sys
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) != "autotune":
+        return "autotune"
+    found = shutil.which("autotune")
+    if found and os.path.realpath(found) == os.path.realpath(argv0):
+        return "autotune"
+    return os.path.relpath(argv0) if not os.path.relpath(argv0).startswith("..") else argv0
 
 
 def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend):

@@ -418,7 +418,7 @@ class PlanDocument:
         try:
             d = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"{source}: not valid YAML: {e}") from None
+            raise ConfigError(f"{source}: not valid YAML: {' '.join(str(e).split())}") from None
         return cls.from_dict(d, source=source)
 
     @classmethod
