@@ -145,9 +145,10 @@ def main() -> int:
                     help="profile store for --predict-measured (fill it with `autotune profile` first)")
     ap.add_argument("--measured", default=None, metavar="FILE",
                     help="add the measured evaluator's predictions (a --predict-measured file) to the table")
-    ap.add_argument("--measured-store", default=None, metavar="DB",
-                    help="with --from-json: re-predict with the measured evaluator over this SQLite profile store "
-                         "(a copy is used; ops it holds are looked up, others interpolated; no GPU needed)")
+    ap.add_argument("--measured-store", default=None, metavar="FILE",
+                    help="with --from-json: re-predict with the measured evaluator over this profile store, a "
+                         "SQLite file or a YAML profile written by `autotune profile --export` (a temporary copy "
+                         "is used; ops it holds are looked up, others interpolated; no GPU needed)")
     ap.add_argument("--only", default=None, help="comma-separated plan labels to run (default: all)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one extra step per plan (torch.profiler; per-category GPU time in the JSON)")
@@ -257,14 +258,20 @@ def _predict_measured(a) -> int:
     return 0
 
 
-def _measured_from_store(db: str) -> str:
-    """Run :func:`_predict_measured` over a temporary copy of the store ``db``; returns the JSON path."""
+def _measured_from_store(store: str) -> str:
+    """Run :func:`_predict_measured` over a temporary copy of ``store`` (SQLite file, or a YAML profile
+    imported losslessly by :func:`autotune.profiling.store.import_profile`); returns the JSON path."""
     import shutil
     import tempfile
     from types import SimpleNamespace
 
     tmp = Path(tempfile.mkdtemp(prefix="autotune-fidelity-"))
-    shutil.copy(db, tmp / "ops.db")
+    if store.endswith((".yaml", ".yml")):
+        from autotune.files import read_yaml_file
+        from autotune.profiling.store import import_profile
+        import_profile(read_yaml_file(store, what="profile"), f"sqlite:///{tmp / 'ops.db'}")
+    else:
+        shutil.copy(store, tmp / "ops.db")
     out = tmp / "measured.json"
     _predict_measured(SimpleNamespace(predict_measured=str(out), storage=f"sqlite:///{tmp / 'ops.db'}"))
     return str(out)
