@@ -239,9 +239,8 @@ class CostBuilder:
         # Each FSDP unit (one layer; the chunk's embedding / LM head / norm form its root unit) is one
         # collective, and the chunk's edge units cannot hide behind anything: the forward cannot start
         # before the root and first layer are gathered, and the root's and last layer's gradients are
-        # reduce-scattered after the chunk's last backward kernel (Zhao et al. 2023, "PyTorch FSDP",
-        # Sec. 3.3: "the first all-gather and the last reduce-scatter are exposed"). In a backward that
-        # holds no LM head the first layer to run is re-gathered with nothing to overlap it either.
+        # reduce-scattered after the chunk's last backward kernel, so neither has compute beside it. In
+        # a backward that holds no LM head the first layer to run is re-gathered with nothing beside it.
         # Without PP only: in a pipeline other micro-batches' work follows on the same stream and hides
         # the edges (not measured here: the fidelity plans hold no PP x FSDP).
         # Measured on H200 (torch.profiler, 2026-11-30): 23 ms of exposed collectives per step of the
