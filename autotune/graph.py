@@ -473,8 +473,7 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
             # the input embedding's gradient is the last one backward produces (a gather's backward
             # after every layer), so its buckets are ready only when the chunk's backward ends;
             # the layers' and the LM head's come evenly before it
-            emb_share = (model.vocab_size // plan.tp_degree * model.hidden_size / chunks[vs].params
-                         if vs == 0 else 0.0)
+            emb_share = model.embedding_params // plan.tp_degree / chunks[vs].params if vs == 0 else 0.0
             done = 0
             for k, grp in enumerate(groups):
                 done += len(grp)

@@ -68,7 +68,8 @@ LOGITS_BYTES_PER_ELEMENT = 4 + 4 + 4
 #: backward: the saved FP32 log-softmax output (4) and the stage's BF16 output, which the pipeline
 #: runtime keeps for the stage backward (2). The current micro-batch also keeps its BF16 output (2)
 #: under pipelining (``torch.distributed.pipelining``; without PP the BF16 logits die after the FP32
-#: copy). Seen on H200 (2026-11-30): GPipe with 4 micro-batches peaked 22 GiB above 1F1B.
+#: copy). Seen on H200 (2026-11-30, 8B 4-layer proxy, PP=2, 4 micro-batches): peak allocated 58.2 GiB
+#: with GPipe vs 33.7 GiB with 1F1B; this term's share of the gap is 3 x 6 x 8192 x 128256 bytes = 17.6 GiB.
 PP_INFLIGHT_LOGITS_BYTES = 4 + 2
 #: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
 LSE_BYTES = 4
@@ -453,7 +454,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # autocast (no FSDP) and ZeRO-2 (FSDP2 without resharding after forward) hold all the rank's
         # parameters; ZeRO-3 holds the root module's (embedding, final norm and LM head: FSDP2 does not
         # reshard the root after forward), the layers' being the gathered-layer term above.
-        root = (vocab_shard * h if r == 0 else 0) + (head_params if r == p - 1 else 0)
+        root = params - n * layer_params          # embedding / LM head / final norm held by this rank
         if z == 3:
             copies = BF16_BYTES * root
         else:
