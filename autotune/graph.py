@@ -44,6 +44,7 @@ from autotune.calibration import OpCosts
 from autotune.hardware import ClusterSpec, LinkSpec
 from autotune.models import ModelSpec
 from autotune.plan import Plan, Workload
+from autotune.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)
 
 BF16 = 2  # bytes per element
 #: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
@@ -331,46 +332,6 @@ class CostBuilder:
         """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1), memory-bound."""
         shard = stage_params / (self.dp_group if self.p.zero_stage >= 1 else 1)
         return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM, "adamw")
-
-
-# ----------------------------------------------------------------------------- schedules
-def schedule_order(plan: Plan, stage: int, num_micro_batches: int) -> list[tuple[str, int, int]]:
-    """Compute-stream order of stage ``stage``: a list of (``"F"``|``"B"``, chunk, micro-batch).
-
-    Chunk c of stage r is virtual stage c x p + r.
-    """
-    p, m = plan.pp_degree, num_micro_batches
-    if plan.pipeline_schedule == "gpipe" or p == 1 and plan.pipeline_schedule == "gpipe":
-        return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
-    v = plan.effective_vpp
-    if v == 1:
-        warm = min(p - stage - 1, m)
-        order = [("F", 0, i) for i in range(warm)]
-        f, b = warm, 0
-        while f < m:
-            order.append(("F", 0, f)); f += 1
-            order.append(("B", 0, b)); b += 1
-        order += [("B", 0, i) for i in range(b, m)]
-        return order
-    # interleaved 1F1B (Megatron-LM): k-th chunk-forward runs chunk (k // p) % v of micro-batch
-    # (k // (p v)) p + k % p; backwards visit chunks in reverse order.
-    total = m * v
-
-    def fwd_id(k: int) -> tuple[int, int]:
-        return (k // p) % v, (k // (p * v)) * p + k % p
-
-    def bwd_id(k: int) -> tuple[int, int]:
-        c, i = fwd_id(k)
-        return v - 1 - c, i
-
-    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
-    order = [("F",) + fwd_id(k) for k in range(warm)]
-    f, b = warm, 0
-    while f < total:
-        order.append(("F",) + fwd_id(f)); f += 1
-        order.append(("B",) + bwd_id(b)); b += 1
-    order += [("B",) + bwd_id(k) for k in range(b, total)]
-    return order
 
 
 def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,

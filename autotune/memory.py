@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from autotune.errors import ConfigError, PlanError
 from autotune.hardware import GIB, GPUSpec
 from autotune.models import ModelSpec
 from autotune.plan import MEMORY_RECLAIM_POLICIES, RECOMPUTE_MODES, Plan, Workload
+from autotune.schedule import count_inflight
 
 MIB = 1024**2
 
@@ -98,8 +99,9 @@ class StageMemory:
     Attributes:
         stage: pipeline rank, 0 = first.
         num_layers: transformer layers on this rank (summed over its virtual chunks).
-        num_inflight_microbatches: micro-batches whose activations are held at the peak (float:
-            interleaved 1F1B multiplies by 1 + (p-1)/(p m)).
+        num_inflight_microbatches: micro-batches' worth of the rank's layer activations held at the
+            peak, counted from the schedule's order (:func:`inflight_microbatches`; float: interleaved
+            1F1B and uneven chunks give fractions, e.g. p + (p - 2r - 1)/v with equal chunks).
         weights_bytes: bf16 parameters held (after ZeRO-3 sharding if any).
         grads_bytes: bf16 gradients held (after ZeRO-2/3 sharding if any).
         optimizer_bytes: fp32 master weights + Adam moments held (after ZeRO-1/2/3 sharding if any).
@@ -191,7 +193,9 @@ class MemoryEstimate:
                         + [f"{_gib(s.total_bytes):.2f}"])
         widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
         fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-        lines = ["memory per GPU by pipeline stage (GiB; in-flight = micro-batches of activations held; fractional under interleaved 1F1B, x (1 + (p-1)/(p m)), Narayanan et al. 2021)",
+        lines = ["memory per GPU by pipeline stage (GiB; in-flight = peak micro-batches of the stage's "
+                 "layer activations held, counted from the schedule's order: forwards - backwards per "
+                 "chunk, weighted by chunk layers)",
                  fmt(head), fmt(["-" * w for w in widths])]
         lines += [fmt(r) for r in rows]
         peak = self.peak_bytes
@@ -304,33 +308,34 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     return terms["attn_norm_input"]
 
 
-def inflight_microbatches(plan: Plan, stage: int) -> float:
-    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak.
+def inflight_microbatches(plan: Plan, stage: int,
+                          layers_per_virtual_stage: Sequence[int] | None = None) -> float:
+    """Micro-batches' worth of activations pipeline rank ``stage`` holds at its peak.
 
-    With p = pp_degree and m = num_micro_batches:
+    Counted from the schedule the step graph runs (:func:`autotune.schedule.count_inflight` over
+    :func:`autotune.schedule.schedule_order`): the peak over the step of sum over the rank's chunks of
+    (forwards done - backwards done) x chunk layers / rank layers. With p = pp_degree, m =
+    num_micro_batches, v = chunks per rank, rank r:
 
     * p = 1: 1 (gradient accumulation frees each micro-batch's activations after its backward);
     * GPipe (Huang et al. 2019): all m forwards run before any backward, so m;
-    * 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
-      Using Megatron-LM", Sec. 2.2.1): stage i warms up with p - i forwards, so min(p - i, m);
-    * interleaved 1F1B with v > 1 chunks per rank (same paper, Sec. 2.2.2): min(p - i, m) x
-      (1 + (p - 1) / (p m)), the factor Korthikanti et al. 2022 (Sec. 4.2.3) give for the first stage,
-      applied to every stage as design.md states.
+    * 1F1B (Narayanan et al. 2021, Sec. 2.2.1): stage r warms up with p - r - 1 forwards, so
+      min(p - r, m);
+    * interleaved 1F1B (same paper, Sec. 2.2.2): (p - r - 1) x 2 + (v - 1) p warm-up chunk-forwards
+      plus the first steady one; with equal chunks and m v >= that many, p + (p - 2r - 1)/v, which for
+      r = 0 is Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.2.3)'s p (1 + (p - 1)/(p v)); uneven
+      chunks (``layers_per_virtual_stage``, e.g. Llama 3's empty first and last chunks) weigh their
+      layers, so the count can grow in the steady phase.
+
+    Args:
+        plan: the parallelism plan; stage: pipeline rank 0 .. p-1.
+        layers_per_virtual_stage: layers of every virtual stage in model order
+            (``plan.layers_per_virtual_stage(model.num_layers)``); default equal chunks.
 
     Raises:
-        PlanError: stage outside 0 .. p-1.
+        PlanError: stage outside 0 .. p-1, or a layer split of the wrong length.
     """
-    p, m = plan.pp_degree, plan.num_micro_batches
-    if not 0 <= stage < p:
-        raise PlanError(f"pipeline stage {stage} does not exist; valid stages are 0 .. {p - 1}")
-    if p == 1:
-        return 1.0
-    if plan.pipeline_schedule == "gpipe":
-        return float(m)
-    held = float(min(p - stage, m))
-    if plan.pipeline_schedule == "interleaved_1f1b" and plan.effective_vpp > 1:
-        held *= 1.0 + (p - 1) / (p * m)
-    return held
+    return count_inflight(plan, stage, chunk_layers=layers_per_virtual_stage).num_inflight_microbatches
 
 
 # ----------------------------------------------------------------------------- estimate
@@ -364,10 +369,14 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       the shared matrix on both end ranks, once when p = 1);
     * weights 4 N_r, grads 4 N_r, optimizer 8 N_r bytes; with g = dp x cp, ZeRO stage >= 1 divides the
       optimizer term by g, >= 2 also the grads and the (FP32, at rest) weights (ceil to whole elements);
-    * activations = ceil(in-flight x (layers_r x :func:`activation_bytes_per_layer` + embedding
-      output on rank 0: 2sbh, /t with SP));
+    * activations at the rank's peak instant of the schedule (:func:`autotune.schedule.count_inflight`
+      over the order the step graph runs): sum over chunks c of a_c x layers_c x
+      :func:`activation_bytes_per_layer`, + on rank 0 a_0 x the embedding output 2sbh (/t with SP),
+      a_c = forwards - backwards of chunk c done; the instant maximises the rank's activations plus
+      its in-flight logits (below). Every chunk holds min(p - r, m) under 1F1B, m under GPipe, 1 when p = 1;
     * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`),
-      with PP (p > 1) + 2 bytes (the kept BF16 stage output) + (in-flight - 1) x 6 bytes
+      with PP (p > 1) + 2 bytes (the kept BF16 stage output) + (a_last - 1) x 6 bytes, a_last the
+      micro-batches alive in the rank's last chunk (the last virtual stage) at that instant
       (:data:`PP_INFLIGHT_LOGITS_BYTES`);
       BF16 compute copies of the weights: 2 N_r bytes (ZeRO-3: 2 x the embedding / head parameters of
       the rank only); full recompute: one layer's
@@ -447,9 +456,23 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         grads = GRAD_BYTES * (_ceil_div(params, g) if z >= 2 else params)
         optim = ADAM_STATE_BYTES * (_ceil_div(params, g) if z >= 1 else params)
 
-        held = inflight_microbatches(plan, r)
-        act_one = n * layer_act + (embed_out if r == 0 else 0)
-        acts = math.ceil(held * act_one)
+        # In-flight micro-batches from the schedule's own order (autotune.schedule.count_inflight):
+        # each chunk's layers hold their own count, rank 0's embedding output lives with chunk 0's
+        # forwards and rank p-1's in-flight logits with its last chunk (the last virtual stage, which
+        # holds the LM head); the stage's peak is taken at one instant of the step (peak_points).
+        count = count_inflight(plan, r, chunk_layers=per_virtual)
+        held = count.num_inflight_microbatches
+        first_chunk_bytes = embed_out if r == 0 else 0
+        per_logit = s * b * vocab_shard
+        other_logits_bytes = per_logit * PP_INFLIGHT_LOGITS_BYTES if r == p - 1 and p > 1 else 0
+
+        def _held_bytes(pt: tuple[int, int, int]) -> int:
+            layers_alive, first_alive, last_alive = pt
+            return (layers_alive * layer_act + first_alive * first_chunk_bytes
+                    + max(last_alive - 1, 0) * other_logits_bytes)
+
+        layers_alive, first_alive, last_alive = max(count.peak_points, key=_held_bytes)
+        acts = layers_alive * layer_act + first_alive * first_chunk_bytes
         # BF16 compute copies of FP32 master weights, alive from a micro-batch's forward to its backward:
         # autocast (no FSDP) and ZeRO-2 (FSDP2 without resharding after forward) hold all the rank's
         # parameters; ZeRO-3 holds the root module's (embedding, final norm and LM head: FSDP2 does not
@@ -460,8 +483,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         else:
             copies = BF16_BYTES * params
         if r == p - 1:
-            per_logit = s * b * vocab_shard
-            transient_logits = logits + (per_logit * 2 + math.ceil((held - 1) * per_logit * PP_INFLIGHT_LOGITS_BYTES)
+            # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
+            # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each
+            transient_logits = logits + (per_logit * 2 + max(last_alive - 1, 0) * other_logits_bytes
                                          if p > 1 else 0)
         else:
             transient_logits = 0
