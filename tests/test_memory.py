@@ -206,14 +206,31 @@ def test_gpipe_holds_all_microbatches():
     assert e.stages[3].activations_bytes == 8 * 8 * LAYER8
 
 
-def test_interleaved_factor_and_no_pipeline():
-    # interleaved, p=4, m=8, v=2: factor 1 + 3/32 = 1.09375 -> stage 0: 4.375, stage 3: 1.09375.
+def test_interleaved_counted_from_the_schedule_and_no_pipeline():
+    # interleaved, p=4, v=2, m=8, 8B: 8 virtual stages of 4 layers, rank r holds chunks r and r+4.
+    # Megatron-LM's order (autotune.schedule.schedule_order): the k-th chunk-forward is chunk (k//4)%2
+    # of micro-batch (k//8)*4 + k%4; rank r warms up with (4-r-1)*2 + (2-1)*4 chunk-forwards, then
+    # alternates F, B. Rank 0: 10 warm-up passes + the first steady F = 11 alive chunk passes of half
+    # its layers -> 5.5 (Korthikanti et al. 2022 Sec. 4.2.3: p (1 + (p-1)/(p v)) = 4 x 1.375 = 5.5;
+    # the closed form this replaces, 1 + (p-1)/(p m), gave 4.375). Rank 3: 4 + 1 = 5 passes -> 2.5
+    # (it held 1.09375 by the old closed form).
     p = Plan(pp_degree=4, vpp_degree=2, num_micro_batches=8, pipeline_schedule="interleaved_1f1b")
-    assert inflight_microbatches(p, 0) == 4.375
-    assert inflight_microbatches(p, 3) == 1.09375
+    assert inflight_microbatches(p, 0) == 5.5
+    assert inflight_microbatches(p, 3) == 2.5
     e = estimate_memory(M8, p, H200, W)
     assert [s.num_layers for s in e.stages] == [8, 8, 8, 8]     # 2 chunks of 4 layers per rank
-    assert e.stages[3].activations_bytes == 1.09375 * 8 * LAYER8     # 9,991,618,560 exactly
+    assert [s.num_inflight_microbatches for s in e.stages] == [5.5, 4.5, 3.5, 2.5]   # p + (p-2r-1)/v
+    assert e.stages[3].activations_bytes == 5 * 4 * LAYER8      # 5 chunk passes x 4 layers
+    # Rank 0's embedding output lives with chunk 0's forwards. Its order: F c0 mb0-3, F c1 mb0-3,
+    # F c0 mb4-5 (warm-up), F c0 mb6, B c1 mb0, F c0 mb7 -> chunk 0 holds 8 micro-batches while 11
+    # chunk passes (44 layers) are alive, the most of both at once: 44 x LAYER8 + 8 x SBH.
+    assert e.stages[0].activations_bytes == 44 * LAYER8 + 8 * SBH
+    # Rank 3's in-flight logits live with its last chunk (virtual stage 7, the LM head), which never
+    # holds more than 1 micro-batch (each F of chunk 1 is followed by its own B): the same logits
+    # buffers as 1F1B's last stage, whose single chunk holds 1. Same parameters per rank (8 layers),
+    # so the transient terms are equal.
+    e1 = estimate_memory(M8, replace(p, pipeline_schedule="1f1b", vpp_degree=1), H200, W)
+    assert e.stages[3].transient_bytes == e1.stages[3].transient_bytes
     # pp=1: one micro-batch whatever the schedule and count (gradient accumulation).
     assert inflight_microbatches(Plan(num_micro_batches=16, pipeline_schedule="gpipe"), 0) == 1
     with pytest.raises(PlanError, match="valid stages are 0 .. 3"):
@@ -228,6 +245,36 @@ def test_uneven_stage_layers_per_rank():
              stage_layers=(3, 5, 6, 2))
     e = estimate_memory(m16, p, H200, W)
     assert [s.num_layers for s in e.stages] == [3 + 6, 5 + 2]
+    # In-flight, weighted by chunk layers (hand count in tests/test_schedule.py, p=2 v=2 m=4): rank 0
+    # peaks at 21 of its 9 layers alive (chunk 0 x 3 micro-batches x 3 layers + chunk 1 x 2 x 6), rank
+    # 1 at 15 of 7 (chunk 0 x 3 x 5). Rank 0's other candidate instant, (18 layers, 4 chunk-0
+    # micro-batches), holds less: 21 L + 3 SBH > 18 L + 4 SBH.
+    assert [s.num_inflight_microbatches for s in e.stages] == pytest.approx([21 / 9, 15 / 7])
+    assert e.stages[0].activations_bytes == 21 * LAYER8 + 3 * SBH
+    assert e.stages[1].activations_bytes == 15 * LAYER8
+    assert inflight_microbatches(p, 1, p.layers_per_virtual_stage(16)) == pytest.approx(15 / 7)
+
+
+def test_llama3_405b_split_counts_its_empty_chunks():
+    # Llama 3 405B (paper Table 4): TP 8, PP 16, v = 8, 126 layers in 128 virtual stages, the first and
+    # last empty; m = 2048 sequences / DP 64 = 32. Hand count (tests/test_schedule.py): rank 0 holds
+    # 112 of its 7 layers' passes at the peak -> 16; rank 15, 113 of 7 -> 16.14 (the old closed form:
+    # 16.47 and 1.03). Rank 15's last chunk is the empty virtual stage 127 with the LM head: its
+    # F is always followed by its B, so 1 micro-batch of logits, no other in flight.
+    p = Plan(tp_degree=8, pp_degree=16, dp_degree=64, vpp_degree=8, num_micro_batches=32,
+             pipeline_schedule="interleaved_1f1b", sequence_parallel=True, zero_stage=2,
+             stage_layers=(0,) + (1,) * 126 + (0,))
+    wl = Workload(seq_len=8192, global_batch_size=2048)
+    e = estimate_memory(M405, p, get_gpu("h100"), wl, fragmentation=NO_FRAG)
+    assert e.stages[0].num_inflight_microbatches == 16.0
+    assert e.stages[15].num_inflight_microbatches == pytest.approx(113 / 7)
+    act = activation_bytes_per_layer(M405, p, wl)
+    assert e.stages[15].activations_bytes == 113 * act
+    # rank 0: 112 layers' passes with chunk 0 (embedding output 2sbh/t) at 31 micro-batches, or 111
+    # with 32 (schedule_order: the first steady F is chunk 0's 31st, then B of chunk 7, F of chunk 0's
+    # 32nd): 112 act + 31 e > 111 act + 32 e since act > e.
+    emb = 2 * 8192 * M405.hidden_size // 8
+    assert e.stages[0].activations_bytes == 112 * act + 31 * emb
 
 
 # ------------------------------------------------------------------ transient buffers
