@@ -159,7 +159,8 @@ def count_inflight(plan: Plan, stage: int, *, chunk_layers: Sequence[int] | None
     backward right after its forward, so 1 whatever the schedule.
 
     Cost: O(2 m v) per rank (one pass over the order), cached per (p, v, m, schedule, chunk layers,
-    stage); about 10 ms for m v = 32,768 ops.
+    stage); measured 23 ms for one rank at p = 16, v = 8, m = 2048 (32,768 ops; 2-core CPU of this
+    project's dev machine), microseconds once cached.
 
     Args:
         plan: supplies pp_degree = p, effective_vpp = v, pipeline_schedule and num_micro_batches.
