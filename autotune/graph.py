@@ -18,7 +18,8 @@ identical work, so one stands for all):
   (``kind="stream"``). A DP bucket group may start once its gradients exist: an edge from the chunk's
   last backward with a negative ``delay_ms`` (gradients are produced evenly over the backward).
 
-Pipeline schedules (order of compute nodes on each stage's compute stream):
+Pipeline schedules (order of compute nodes on each stage's compute stream; built by
+:func:`autotune.schedule.schedule_order`):
 GPipe (all forwards, then all backwards; Huang et al. 2019), 1F1B (PipeDream-Flush; Narayanan et al.
 2021, Sec. 2.2: stage r of p warms up with p - r - 1 forwards) and interleaved 1F1B (Narayanan et al.
 2021, Sec. 2.2; Megatron-LM's ``forward_backward_pipelining_with_interleaving``: warm-up

@@ -16,7 +16,8 @@ For every pipeline rank the estimate adds, in bytes per GPU:
   also re-shards the BF16 copy after each layer (ZeRO paper, Sec. 5.1-5.3).
 * **activations** saved for backward by all in-flight micro-batches (:func:`activation_bytes_per_layer`,
   re-derived for Llama from Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4 and Table 2) times
-  the in-flight count of the pipeline schedule (:func:`inflight_microbatches`).
+  the in-flight count of the pipeline schedule (:func:`inflight_microbatches`), counted from the
+  order the step graph runs (:func:`autotune.schedule.count_inflight`).
 * **transient** buffers alive at the peak: the last stage's logits and loss buffers (FP32 loss), the
   BF16 compute copies of the FP32 master weights (autocast / FSDP2 mixed precision), one layer's
   backward working set under full recomputation, the DP gradient buckets, ZeRO-3's gathered layer

@@ -156,7 +156,11 @@ def count_inflight(plan: Plan, stage: int, *, chunk_layers: Sequence[int] | None
     m v >= w + 1, Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4.2.3 for r = 0; uneven chunks
     weigh their layers). p = 1 runs no pipeline schedule (the runtime builds one only when
     pp_degree > 1, ``autotune/runtime/parallelize.py``): gradient accumulation, each micro-batch's
-    backward right after its forward, so 1 whatever the schedule.
+    backward right after its forward, so 1 whatever the schedule. Where m = p under interleaving,
+    :func:`schedule_order` still gives the later ranks their (p - r - 1) x 2 + (v - 1) p warm-up,
+    while Megatron-LM core 0.7 (``schedules.py``: ``if num_microbatches == pipeline_parallel_size``
+    -> ``all_warmup_microbatches``) runs every rank all-forward-then-backward (count m); the count
+    follows the order the step graph simulates.
 
     Cost: O(2 m v) per rank (one pass over the order), cached per (p, v, m, schedule, chunk layers,
     stage); measured 23 ms for one rank at p = 16, v = 8, m = 2048 (32,768 ops; 2-core CPU of this
