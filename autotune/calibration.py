@@ -17,6 +17,19 @@ A *calibration profile* is a versioned YAML file of kernel and collective timing
     memory_bound_bandwidth_gbs: 4250            # achieved HBM bandwidth (read + write bytes / time)
     memory_bound_ops: {rmsnorm: 2851, rope: 360, ...}  # optional, GB/s per kernel; else taken from
                                                 # measurements.memory_ops rows [op, bytes, ms, GB/s, n]
+    memory_bound_ops_compiled: {rmsnorm: ..., rope: ..., swiglu: ..., residual: ..., cast: ...,
+                                norm_residual: ...}  # optional: GB/s of the same ops under torch.compile,
+                                                # bytes counted exactly as for the eager op (the cost
+                                                # model's counts, autotune/profiling/shapes.py BLOCK_OPS),
+                                                # so time = bytes / GB/s with either table
+    gemm_fp8:                                   # optional: FP8 torch._scaled_mm, e4m3 in, BF16 out, fwd
+      tensorwise: [[m, n, k, tflops], ...]      # one FP32 scale per operand
+      rowwise:    [[m, n, k, tflops], ...]      # FP32 scale per row of A and per column of B
+    quantize:                                   # optional: dynamic FP8 quantization (amax + scale + cast)
+      tensorwise_gbs: 1800                      # effective GB/s, torch.compile'd; bytes charged per BF16
+      rowwise_gbs: 1900                         # element: amax reads 2 B, cast reads 2 B + writes 1 B
+      tensorwise_eager_gbs: 900                 # (5 B/element in all); *_eager_gbs: the same, eager
+      rowwise_eager_gbs: 800
     collectives:                                # per interconnect tier
       <tier>:                                   # nvlink | host | network | sockets
         link_bandwidth_gbs: 450                 # nominal bandwidth of the measured path (per GPU/dir)
@@ -52,6 +65,8 @@ from autotune.hardware import GPUSpec, LinkSpec
 CALIBRATION_SCHEMA_VERSION = 1
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 TIERS = ("nvlink", "host", "network", "sockets")
+#: FP8 scaling recipes of ``gemm_fp8`` (autotune/profiling/measure.py measure_gemm_fp8)
+FP8_SCALINGS = ("tensorwise", "rowwise")
 DEFAULT_FRAGMENTATION = {"none": 0.10, "empty_cache_per_step": 0.07, "empty_cache_per_microbatch": 0.04,
                          "expandable_segments": 0.03}
 
@@ -104,6 +119,9 @@ class CalibrationProfile:
     alloc_after_empty_cache_ms_per_gib: float
     fragmentation: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FRAGMENTATION))
     memory_bound_ops: Mapping[str, float] = field(default_factory=dict)
+    memory_bound_ops_compiled: Mapping[str, float] = field(default_factory=dict)
+    gemm_fp8: Mapping[str, tuple[tuple[int, int, int, float], ...]] = field(default_factory=dict)
+    quantize: Mapping[str, float] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -167,6 +185,24 @@ class CalibrationProfile:
             raise ConfigError(f"{source}: memory_bound_ops bandwidths must be > 0, got {mops}")
         frag = dict(DEFAULT_FRAGMENTATION)
         frag.update({str(k): float(v) for k, v in (d.get("fragmentation") or {}).items()})
+        mops_c = _positive_map(d.get("memory_bound_ops_compiled"), f"{source}: memory_bound_ops_compiled")
+        quant = _positive_map(d.get("quantize"), f"{source}: quantize")
+        g8: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
+        g8_in = d.get("gemm_fp8") or {}
+        if not isinstance(g8_in, Mapping):
+            raise ConfigError(f"{source}: gemm_fp8 must map a scaling (tensorwise, rowwise) to [m, n, k, tflops] "
+                              f"rows, got {type(g8_in).__name__}")
+        for sc, rows_ in g8_in.items():
+            if sc not in FP8_SCALINGS:
+                raise ConfigError(f"{source}: gemm_fp8 scaling {sc!r} unknown; valid: {', '.join(FP8_SCALINGS)}")
+            try:
+                tab = tuple(sorted((int(m), int(n), int(k), float(t)) for m, n, k, t in rows_ or ()))
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{source}: gemm_fp8.{sc} rows must be [m, n, k, tflops]: {e}") from None
+            if any(r[3] <= 0 for r in tab):
+                raise ConfigError(f"{source}: gemm_fp8.{sc} has a non-positive TFLOP/s")
+            if tab:
+                g8[str(sc)] = tab
         return cls(
             label=str(need("label")), measured=bool(d.get("measured", False)), source=str(d.get("source", "")),
             environment=dict(d.get("environment") or {}), gpu=str(need("gpu")),
@@ -176,14 +212,67 @@ class CalibrationProfile:
             overlap_compute_slowdown=float(overlap.get("compute_slowdown", 0.0)),
             empty_cache_ms=float(reclaim.get("empty_cache_ms", 0.0)),
             alloc_after_empty_cache_ms_per_gib=float(reclaim.get("alloc_after_empty_cache_ms_per_gib", 0.0)),
-            fragmentation=frag, memory_bound_ops=mops, raw=dict(d),
+            fragmentation=frag, memory_bound_ops=mops, memory_bound_ops_compiled=mops_c, gemm_fp8=g8,
+            quantize=quant, raw=dict(d),
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile as a schema-1 mapping (module docstring), :meth:`from_dict`'s inverse on every
+        parsed field; keys not parsed (``measurements``, a tier's ``measured_busbw_gbs``, reclaim's
+        ``expandable_segments``) are carried over from ``raw``. Optional tables are written only when set."""
+        d: dict[str, Any] = {k: v for k, v in self.raw.items()}
+        d.update({
+            "schema_version": CALIBRATION_SCHEMA_VERSION, "label": self.label, "measured": self.measured,
+            "source": self.source, "environment": dict(self.environment), "gpu": self.gpu,
+            "peak_bf16_tflops": self.peak_bf16_tflops, "hbm_bandwidth_gbs": self.hbm_bandwidth_gbs,
+            "gemm": [list(r) for r in self.gemm], "gemm_backward_factor": self.gemm_backward_factor,
+            "attention": [list(r) for r in self.attention],
+            "memory_bound_bandwidth_gbs": self.memory_bound_bandwidth_gbs,
+        })
+        for key, val in (("memory_bound_ops", dict(self.memory_bound_ops)),
+                         ("memory_bound_ops_compiled", dict(self.memory_bound_ops_compiled)),
+                         ("gemm_fp8", {sc: [list(r) for r in t] for sc, t in self.gemm_fp8.items()}),
+                         ("quantize", dict(self.quantize))):
+            if val:
+                d[key] = val
+            else:
+                d.pop(key, None)
+        cols: dict[str, Any] = {}
+        for tier, tc in self.collectives.items():
+            td = dict((self.raw.get("collectives") or {}).get(tier) or {})
+            td.update({"link_bandwidth_gbs": tc.link_bandwidth_gbs, "group_size": tc.group_size,
+                       "measured": tc.measured})
+            for kind, c in tc.curves.items():
+                td[kind] = [[s, b] for s, b in zip(c.sizes_bytes, c.busbw_gbs)]
+            cols[tier] = td
+        d["collectives"] = cols
+        d["overlap"] = {**dict(self.raw.get("overlap") or {}), "compute_slowdown": self.overlap_compute_slowdown}
+        d["reclaim"] = {**dict(self.raw.get("reclaim") or {}), "empty_cache_ms": self.empty_cache_ms,
+                        "alloc_after_empty_cache_ms_per_gib": self.alloc_after_empty_cache_ms_per_gib}
+        d["fragmentation"] = dict(self.fragmentation)
+        return d
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationProfile":
         from autotune.files import read_yaml_file
 
         return cls.from_dict(read_yaml_file(path, what="calibration file"), source=str(path))
+
+
+def _positive_map(x: Any, where: str) -> dict[str, float]:
+    """``{str: float > 0}`` from an optional mapping; ConfigError naming ``where`` otherwise."""
+    if not x:
+        return {}
+    if not isinstance(x, Mapping):
+        raise ConfigError(f"{where} must be a mapping of name -> positive number, got {type(x).__name__}")
+    try:
+        out = {str(k): float(v) for k, v in x.items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} values must be numbers, got {dict(x)}") from None
+    bad = {k: v for k, v in out.items() if v <= 0}
+    if bad:
+        raise ConfigError(f"{where} values must be > 0, got {bad}")
+    return out
 
 
 DEFAULT_CALIBRATION_FILE = "h200.yaml"

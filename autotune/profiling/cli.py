@@ -12,7 +12,17 @@ a measurement that fails is reported and skipped, never fatal):
 4. ``empty_cache`` and re-allocation with and without ``expandable_segments`` (subprocesses);
 5. with 2+ GPUs, per tier (nvlink, host, sockets): collectives for every group size 2..N via
    ``torch.distributed.run`` (:mod:`autotune.profiling.nccl_bench`), and overlap interference on
-   the first tier; each measured tier is written as a fabric YAML (``--fabrics-dir``).
+   the first tier; each measured tier is written as a fabric YAML (``--fabrics-dir``);
+6. opt-in (``--sections``): ``gemm_fp8`` FP8 ``torch._scaled_mm`` tensorwise and rowwise over
+   :func:`autotune.profiling.shapes.fp8_gemm_shapes` (the BF16 GEMM section then also times those
+   shapes, for comparison); ``quantize`` FP8 dynamic quantization stages eager and compiled over
+   :data:`autotune.profiling.shapes.QUANTIZE_SHAPES`; ``compiled`` the block ops of
+   :data:`autotune.profiling.shapes.BLOCK_OPS` eager and under ``torch.compile``.
+   ``--long-attention`` times attention at 4K..128K (:data:`autotune.profiling.shapes.LONG_SEQ_LENS`).
+
+Sections: ``gemm, attention, memory, reclaim, collectives`` (the default) and ``gemm_fp8, quantize,
+compiled``; leaving ``collectives`` out skips NCCL entirely (e.g. on a 1-GPU host). ``--merge-into``
+merges the exported profile into a shipped one (:mod:`autotune.profiling.merge`).
 
 Ends with a table of achieved GEMM / attention TFLOP/s, HBM GB/s and NCCL bus bandwidth per tier
 against the datasheet (:func:`autotune.hardware.get_gpu`; link presets for tiers) and against the
@@ -42,6 +52,8 @@ from autotune.profiling.store import (COPY_OP, DEFAULT_STORAGE, ProfileEnvironme
                                       nominal_tier_bandwidth, open_store, record, rows, tflops_of)
 
 DEFAULT_TIERS = ("nvlink", "host", "sockets")
+DEFAULT_SECTIONS = ("gemm", "attention", "memory", "reclaim", "collectives")
+ALL_SECTIONS = DEFAULT_SECTIONS + ("gemm_fp8", "quantize", "compiled")
 DEFAULT_FABRICS_DIR = "studies/fabrics"
 #: where fabric presets of measured tiers are written with ``--write-presets`` (shipped with the package)
 FABRIC_PRESETS_DIR = Path(__file__).resolve().parent / "fabrics"
@@ -106,15 +118,36 @@ def _parse_tiers(tiers: str | Sequence[str]) -> list[str]:
     return items
 
 
+def parse_sections(sections: str | Sequence[str]) -> tuple[str, ...]:
+    """Section names from ``gemm,attention,...`` (or a sequence), checked against :data:`ALL_SECTIONS`.
+
+    Raises:
+        ConfigError: an unknown section (named, with the valid ones) or none at all.
+    """
+    items = [t.strip() for t in (sections.split(",") if isinstance(sections, str) else sections) if t.strip()]
+    bad = [t for t in items if t not in ALL_SECTIONS]
+    if bad or not items:
+        raise ConfigError(f"--sections: unknown or empty section list {', '.join(bad) or repr(sections)}; "
+                          f"valid: {', '.join(ALL_SECTIONS)}")
+    return tuple(dict.fromkeys(items))
+
+
 def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFAULT_STORAGE,
                 export: str | None = None, tiers: str | Sequence[str] = DEFAULT_TIERS, gpus: int | None = None,
                 fabrics_dir: str | None = DEFAULT_FABRICS_DIR, write_presets: bool = False,
+                sections: str | Sequence[str] = DEFAULT_SECTIONS, long_attention: bool = False,
+                merge_into: str | None = None, merge_output: str | None = None,
                 echo: Callable[[str], None] = print) -> ProfileReport:
     """Profile this host (module docstring); returns a :class:`ProfileReport` and prints the summary.
 
+    ``sections`` picks what is measured (:data:`ALL_SECTIONS`); ``long_attention`` the 4K..128K
+    attention sweep; ``merge_into`` (with ``export``) merges the exported profile into that calibration
+    file (:func:`autotune.profiling.merge.merge_profiles`), written to ``merge_output`` (default: in place).
+
     Raises:
         NoGPUError: no CUDA GPU (checked first, before anything is opened or written).
-        ConfigError: an unknown tier or a ``gpus`` outside 1..(GPUs present).
+        ConfigError: an unknown tier or section, a ``gpus`` outside 1..(GPUs present), ``merge_into``
+            without ``export``.
         StorageError: the storage URL cannot be opened.
     """
     from autotune.profiling.measure import detect_environment, require_cuda
@@ -123,6 +156,9 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
     import torch
 
     tier_list = _parse_tiers(tiers)
+    secs = parse_sections(sections)
+    if merge_into and not export:
+        raise ConfigError("--merge-into needs --export (the merged profile is the exported one)")
     present = torch.cuda.device_count()
     if gpus is None:
         gpus = present
@@ -137,8 +173,11 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
          f"NCCL {info.nccl}) on {info.hostname}; storage {storage}; {'quick' if quick else 'full'} profile")
     sys.stdout.flush()
     try:
-        _kernels(session, env, quick=quick, force=force, report=report)
-        if gpus >= 2:
+        _kernels(session, env, quick=quick, force=force, report=report, sections=secs,
+                 long_attention=long_attention)
+        if "collectives" not in secs:
+            echo("collectives section not selected: NCCL collectives and overlap interference skipped")
+        elif gpus >= 2:
             _collectives(session, env, tiers=tier_list, nproc=gpus, quick=quick, force=force, report=report)
         else:
             echo("one GPU: collectives, overlap interference and interconnect tiers need 2+ GPUs; skipped "
@@ -152,11 +191,19 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
         if export:
             try:
                 d = export_profile(session, env)
+                from autotune.profiling.measure import torchao_version
+
+                d["environment"]["torchao"] = torchao_version()
                 Path(export).parent.mkdir(parents=True, exist_ok=True)
                 Path(export).write_text(dump_profile_yaml(d))
                 report.export_path = str(export)
             except (ConfigError, OSError) as e:
                 export_error = f"cannot export the profile to {export}: {e}"
+        if merge_into and report.export_path:
+            from autotune.profiling.merge import merge_files
+
+            out_path = merge_files(report.export_path, merge_into, output=merge_output)
+            echo(f"merged {report.export_path} into {merge_into} -> {out_path}")
         report.summary = summary_rows(session, env)
         report.seconds = time.monotonic() - t_start
         echo(format_summary(report.summary, gpu_name=info.gpu_name))
@@ -176,13 +223,20 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
 
 
 # ----------------------------------------------------------------------------- kernels
-def _kernels(session: Any, env: ProfileEnvironment, *, quick: bool, force: bool, report: ProfileReport) -> None:
+def _kernels(session: Any, env: ProfileEnvironment, *, quick: bool, force: bool, report: ProfileReport,
+             sections: Sequence[str] = DEFAULT_SECTIONS, long_attention: bool = False) -> None:
     import torch
 
     from autotune.profiling import measure as M
-    from autotune.profiling.shapes import attention_shapes, gemm_shapes, memory_op_sizes
+    from autotune.profiling.shapes import (FP8_SCALINGS, QUANTIZE_SHAPES, attention_shapes, block_op_sizes,
+                                           fp8_gemm_shapes, gemm_shapes, memory_op_sizes)
 
-    gemms, attns, mems = gemm_shapes(quick=quick), attention_shapes(quick=quick), memory_op_sizes(quick=quick)
+    gemms = gemm_shapes(quick=quick) if "gemm" in sections else []
+    if "gemm" in sections and "gemm_fp8" in sections:   # BF16 at the FP8 shapes too, for comparison
+        seen = {g.key for g in gemms}
+        gemms += [g for g in fp8_gemm_shapes() if g.key not in seen]
+    attns = attention_shapes(quick=quick, long=long_attention) if "attention" in sections else []
+    mems = memory_op_sizes(quick=quick) if "memory" in sections else {}
     tasks: list[tuple[str, Callable[[], None] | None]] = []
 
     for s in gemms:
@@ -225,7 +279,52 @@ def _kernels(session: Any, env: ProfileEnvironment, *, quick: bool, force: bool,
                    gbs=nbytes / (t.median_ms * 1e6), repeats=t.repeats)
 
         tasks.append((f"memory {name}", do_mem))
-    for ex in (False, True):
+    for s in (fp8_gemm_shapes() if "gemm_fp8" in sections else []):
+        for sc in FP8_SCALINGS:
+            if not force and all(lookup(session, env, "gemm_fp8", scaling=sc, m=s.m, n=s.n, k=s.k, pass_=p)
+                                 for p in ("fwd", "dgrad", "wgrad")):
+                tasks.append((f"gemm_fp8 {sc} {s.m}x{s.n}x{s.k}", None))
+                continue
+
+            def do_fp8(s=s, sc=sc) -> None:
+                res = M.measure_gemm_fp8(s.m, s.n, s.k, scaling=sc)
+                for p, t in res.items():
+                    record(session, env, "gemm_fp8", scaling=sc, m=s.m, n=s.n, k=s.k, pass_=p, median_ms=t.median_ms,
+                           tflops=tflops_of(gemm_flops(s.m, s.n, s.k), t.median_ms), repeats=t.repeats)
+
+            tasks.append((f"gemm_fp8 {sc} {s.m}x{s.n}x{s.k} ({s.name})", do_fp8))
+    if "quantize" in sections:
+        for i, (r_, c_) in enumerate(QUANTIZE_SHAPES):
+            for sc in FP8_SCALINGS:
+                # compiled: the whole amax + scale + cast function on the first 3 tensors (one compile each)
+                modes = (("eager", ("amax", "scale", "cast", "total")),) + ((("compiled", ("total",)),) if i < 3 else ())
+                for mode, stages in modes:
+                    if not force and all(lookup(session, env, "quantize", scaling=sc, mode=mode, stage=st, rows=r_,
+                                                cols=c_) for st in stages):
+                        tasks.append((f"quantize {sc} {mode} {r_}x{c_}", None))
+                        continue
+
+                    def do_q(r_=r_, c_=c_, sc=sc, mode=mode, stages=stages) -> None:
+                        res = M.measure_quantize(r_, c_, scaling=sc, compiled=mode == "compiled", stages=stages)
+                        for st, (nb, t) in res.items():
+                            record(session, env, "quantize", scaling=sc, mode=mode, stage=st, rows=r_, cols=c_,
+                                   nbytes=nb, median_ms=t.median_ms, gbs=nb / (t.median_ms * 1e6), repeats=t.repeats)
+
+                    tasks.append((f"quantize {sc} {mode} {r_}x{c_}", do_q))
+    for name, spec in (block_op_sizes().items() if "compiled" in sections else ()):
+        nb = M.block_op_nbytes(spec)
+        for mode in ("eager", "compiled"):
+            if not force and lookup(session, env, "block_op", op=name, mode=mode, nbytes=nb):
+                tasks.append((f"block {name} {mode}", None))
+                continue
+
+            def do_blk(spec=spec, name=name, mode=mode) -> None:
+                nbytes, t = M.measure_block_op(spec, compiled=mode == "compiled")
+                record(session, env, "block_op", op=name, mode=mode, nbytes=nbytes, median_ms=t.median_ms,
+                       gbs=nbytes / (t.median_ms * 1e6), repeats=t.repeats)
+
+            tasks.append((f"block {name} {mode}", do_blk))
+    for ex in ((False, True) if "reclaim" in sections else ()):
         if not force and lookup(session, env, "reclaim", expandable_segments=ex):
             tasks.append((f"reclaim expandable={ex}", None))
             continue
@@ -421,6 +520,25 @@ def summary_rows(session: Any, env: ProfileEnvironment) -> list[tuple[str, float
     for o in rows(session, env, "overlap"):
         out.append((f"overlap compute slowdown ({o.tier})", o.compute_slowdown, None,
                     ref.overlap_compute_slowdown))
+    bf = {(g.m, g.n, g.k): g.tflops for g in gem if g.pass_ == "fwd"}
+    g8 = [r for r in rows(session, env, "gemm_fp8") if r.pass_ == "fwd"]
+    for sc in ("tensorwise", "rowwise"):
+        xs = [r for r in g8 if r.scaling == sc]
+        if xs:
+            out.append((f"GEMM FP8 {sc} median of {len(xs)} shapes fwd", statistics.median(r.tflops for r in xs),
+                        spec.fp8_tflops if spec and getattr(spec, "fp8_tflops", None) else None, None))
+        for r in xs:   # the design.md 2026-12-01 comparison shapes, with the BF16 figure of this run
+            if (r.m, r.n, r.k) in ((8192, 14336, 4096), (8192, 4096, 14336), (8192, 6144, 4096), (8192, 8192, 8192)):
+                out.append((f"GEMM FP8 {sc} {r.m}x{r.n}x{r.k} fwd (vs this run's BF16)", r.tflops, None,
+                            bf.get((r.m, r.n, r.k))))
+    for r in rows(session, env, "quantize"):
+        if r.stage == "total" and (r.rows, r.cols) == (8192, 4096):
+            out.append((f"quantize {r.scaling} {r.mode} 8192x4096 GB/s (5 B/elem)", r.gbs, hbm, None))
+    blk = rows(session, env, "block_op")
+    for op in sorted({b.op for b in blk}):
+        e = next((b.gbs for b in blk if b.op == op and b.mode == "eager"), None)
+        c = next((b.gbs for b in blk if b.op == op and b.mode == "compiled"), None)
+        out.append((f"block {op} GB/s compiled (vs eager)", c, hbm, e))
     for r in rows(session, env, "reclaim"):
         tag = "expandable" if r.expandable_segments else "default"
         out.append((f"empty_cache ms ({tag})", r.empty_cache_ms, None, None))
@@ -462,12 +580,24 @@ def format_summary(rows_: Sequence[tuple[str, float | None, float | None, float 
               help="Where the measured tiers are written as --interconnect fabric files.")
 @click.option("--write-presets", is_flag=True,
               help="Also write the fabric files into autotune/profiling/fabrics/ (to ship them).")
+@click.option("--sections", default=",".join(DEFAULT_SECTIONS), show_default=True,
+              help=f"What to measure (comma-separated): {', '.join(ALL_SECTIONS)}. Leave out 'collectives' "
+                   "to skip NCCL.")
+@click.option("--long-attention", is_flag=True, help="Attention at seq 4K..128K for heads/KV 32/8, 16/4, 16/1, 8/1, 4/1.")
+@click.option("--merge-into", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Merge the exported profile into this calibration file (kernels from the new profile, "
+                   "collectives/overlap/reclaim kept unless measured); needs --export.")
+@click.option("--merge-output", default=None, type=click.Path(dir_okay=False),
+              help="Where the merged profile goes (default: --merge-into, in place).")
 def profile(quick: bool, force: bool, storage: str, export: str | None, tiers: str, gpus: int | None,
-            fabrics_dir: str, write_presets: bool) -> None:
+            fabrics_dir: str, write_presets: bool, sections: str, long_attention: bool, merge_into: str | None,
+            merge_output: str | None) -> None:
     """Time kernels and collectives on this GPU host and store them (see ``autotune.profiling.cli``)."""
     warnings.simplefilter("default")
     run_profile(quick=quick, force=force, storage=storage, export=export, tiers=tiers, gpus=gpus,
-                fabrics_dir=fabrics_dir, write_presets=write_presets, echo=lambda s: click.echo(s))
+                fabrics_dir=fabrics_dir, write_presets=write_presets, sections=sections,
+                long_attention=long_attention, merge_into=merge_into, merge_output=merge_output,
+                echo=lambda s: click.echo(s))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,15 @@ TP_DEGREES = (1, 2, 4, 8)
 FULL_TOKENS = (2048, 4096, 8192, 16384)
 FULL_SEQ_LENS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 QUICK_SEQ_LENS = (4096, 8192)
+#: long-context attention sweep (``--attention long``): 4K .. 128K per CP shard
+LONG_SEQ_LENS = (4096, 8192, 16384, 32768, 65536, 131072)
+#: (heads, kv_heads) per rank of the long sweep, with the plan each comes from: 8B TP1, 8B TP2, 405B TP8,
+#: 70B TP8, 8B TP8 (``max(1, n_kv / tp)`` KV heads, module docstring)
+LONG_HEAD_CONFIGS = ((("8b", 1), 32, 8), (("8b", 2), 16, 4), (("405b", 8), 16, 1), (("70b", 8), 8, 1),
+                     (("8b", 8), 4, 1))
+#: FP8 scaling recipes timed with ``torch._scaled_mm`` (tensorwise: one FP32 scale per operand; rowwise:
+#: one per row of A and per column of B), the names of ``gemm_fp8`` in a calibration profile
+FP8_SCALINGS = ("tensorwise", "rowwise")
 
 
 @dataclass(frozen=True)
@@ -115,12 +124,36 @@ def gemm_shapes(*, quick: bool = False) -> list[GemmShape]:
     return _dedupe(shapes)
 
 
-def attention_shapes(*, quick: bool = False) -> list[AttentionShape]:
+def fp8_gemm_shapes() -> list[GemmShape]:
+    """GEMM shapes for the FP8 (and the comparison BF16) sweep: 8B/70B/405B x TP 1, 2, 4, 8 at 8192 tokens
+    (:func:`layer_gemms`, LM head included) plus the reference rows 8192^3, 2048x4096x4096 and
+    512x4096x4096. Shapes with a dimension not divisible by 16 are dropped (``torch._scaled_mm`` needs
+    every dim divisible by 16: aten/src/ATen/native/cuda/Blas.cpp, ``_scaled_mm_out_cuda`` checks).
+    """
+    shapes = [GemmShape(8192, 8192, 8192, "square", "reference"),
+              GemmShape(2048, 4096, 4096, "small", "reference"),
+              GemmShape(512, 4096, 4096, "small", "reference")]
+    for size in ("8b", "70b", "405b"):
+        for tp in TP_DEGREES:
+            shapes += layer_gemms(get_model(size), tp_degree=tp, tokens=8192)
+    return [s for s in _dedupe(shapes) if s.m % 16 == 0 and s.n % 16 == 0 and s.k % 16 == 0]
+
+
+def attention_shapes(*, quick: bool = False, long: bool = False) -> list[AttentionShape]:
     """Attention shapes to profile (batch 1, head dim of the model).
 
-    quick: 8B at TP 1 and 2, 405B at TP 8, seq 4096 and 8192. Full: 8B/70B/405B x TP 1, 2, 4, 8 x seq
-    2K..128K (per CP shard).
+    quick: 8B at TP 1 and 2, 405B at TP 8, seq 4096 and 8192. long: the heads/KV heads per rank of
+    :data:`LONG_HEAD_CONFIGS` (32/8, 16/4, 16/1, 8/1, 4/1) x :data:`LONG_SEQ_LENS` (4K..128K), 30 shapes;
+    takes precedence over ``quick``. Full: 8B/70B/405B x TP 1, 2, 4, 8 x seq 2K..128K (per CP shard).
     """
+    if long:
+        out = []
+        for (size, tp), h, kv in LONG_HEAD_CONFIGS:
+            m = get_model(size)
+            for s in LONG_SEQ_LENS:
+                out.append(AttentionShape(batch=1, seq_len=s, heads=h, kv_heads=kv, head_dim=m.head_dim,
+                                          source=f"{m.name} tp={tp}"))
+        return _dedupe(out)
     if quick:
         cfgs, seqs = (("8b", 1), ("8b", 2), ("405b", 8)), QUICK_SEQ_LENS
     else:
@@ -146,6 +179,34 @@ MEMORY_OPS = {
     "cross_entropy": "cross-entropy over (T, V) bf16 logits: read T V x 2 bytes (+ targets)",
     "adamw": "AdamW step over N fp32 params: read p, g, m, v + write p, m, v = 28 N bytes",
 }
+
+
+#: transformer-block memory-bound ops timed eagerly and under ``torch.compile`` at Llama 3.1 8B shapes;
+#: name -> the bytes counted, which are those :meth:`autotune.graph.StepGraph._layer_cost` charges for the
+#: op (its comments: 2 RMSNorms 8h per token, 2 residual adds 12h, RoPE 4(q+kv), SwiGLU 6f), so that
+#: ``bytes / GB/s`` gives the op's time whichever table (eager or compiled) the cost model uses
+BLOCK_OPS = {
+    "rmsnorm": "one RMSNorm (T, h) bf16 with weight: read x + write y = 4 T h bytes (cost model: 8h/token for 2)",
+    "rope": "RoPE on q (T, n_q, d) and k (T, n_kv, d) bf16 (fp32 cos/sin not counted): 4 T (q + kv) bytes",
+    "swiglu": "silu(gate) * up over (T, f) bf16: read 2 T f + write T f = 6 T f bytes",
+    "residual": "x + y over (T, h) bf16: read 2 T h + write T h = 6 T h bytes (cost model: 12h/token for 2)",
+    "cast": "x16.float() and x32.bfloat16() of two (T, h) tensors: (2 + 4) + (4 + 2) = 12 T h bytes",
+    "norm_residual": "residual add then RMSNorm of the sum (the fused pair): 6 T h + 4 T h = 10 T h bytes "
+                     "(the two eager ops' counts added)",
+}
+
+
+def block_op_sizes() -> dict[str, dict[str, int]]:
+    """Sizes of :data:`BLOCK_OPS`: Llama 3.1 8B, 8192 tokens, h 4096, f 14336, 32 / 8 heads of 128."""
+    m = get_model("8b")
+    base = {"tokens": 8192, "hidden": m.hidden_size, "ffn": m.ffn_hidden_size, "heads": m.num_heads,
+            "kv_heads": m.num_kv_heads, "head_dim": m.head_dim}
+    return {op: {"op": op, **base} for op in BLOCK_OPS}
+
+
+#: tensors quantized to FP8 in the quantization sweep: (rows, cols) of Llama 3.1 8B / 70B activations
+#: (8192 tokens x h, x f) and weights (gate+up 2f x h, down h x f), bf16
+QUANTIZE_SHAPES = ((8192, 4096), (8192, 14336), (28672, 4096), (4096, 14336), (8192, 8192), (57344, 8192))
 
 
 def memory_op_sizes(*, quick: bool = False) -> dict[str, dict[str, int]]:

@@ -11,6 +11,9 @@ every table name starts with ``profile_`` so the two never collide:
 ``profile_collective``     collective (tier, kind, group_size, bytes): ms, bus bandwidth GB/s
 ``profile_overlap``        GEMM loop alone vs beside an async all-reduce: compute_slowdown
 ``profile_reclaim``        ``torch.cuda.empty_cache()`` ms and re-allocation ms/GiB, +/- expandable
+``profile_gemm_fp8``       FP8 ``torch._scaled_mm`` (scaling, m, n, k, pass): median ms, TFLOP/s
+``profile_quantize``       FP8 dynamic quantization (scaling, mode, stage, rows, cols): ms, GB/s
+``profile_block_op``       block op eager or compiled (op, mode, bytes charged): ms, GB/s
 =========================  =================================================================
 
 Shapes follow :mod:`autotune.calibration`: a GEMM (m, n, k) is ``(m x k) @ (k x n)`` in the forward
@@ -175,6 +178,57 @@ class ReclaimTiming(_Timing, Base):
     nbytes: Mapped[int] = mapped_column(BigInteger)
 
 
+class GemmFp8Timing(_Timing, Base):
+    """FP8 GEMM pass of forward shape (m, n, k) with ``scaling`` tensorwise | rowwise
+    (:func:`autotune.profiling.measure.measure_gemm_fp8`)."""
+
+    __tablename__ = "profile_gemm_fp8"
+    __table_args__ = (UniqueConstraint("env_id", "scaling", "m", "n", "k", "pass", name="uq_profile_gemm_fp8"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scaling: Mapped[str] = mapped_column(String(16))
+    m: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    k: Mapped[int] = mapped_column(Integer)
+    pass_: Mapped[str] = mapped_column("pass", String(8))
+    median_ms: Mapped[float] = mapped_column(Float)
+    tflops: Mapped[float] = mapped_column(Float)
+    repeats: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class QuantizeTiming(_Timing, Base):
+    """One stage (amax | scale | cast | total) of FP8 quantization of a rows x cols BF16 tensor, eager or
+    compiled; ``nbytes`` the bytes charged (:data:`autotune.profiling.measure.QUANTIZE_STAGE_BYTES`)."""
+
+    __tablename__ = "profile_quantize"
+    __table_args__ = (UniqueConstraint("env_id", "scaling", "mode", "stage", "rows", "cols",
+                                       name="uq_profile_quantize"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scaling: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[str] = mapped_column(String(16))
+    rows: Mapped[int] = mapped_column(BigInteger)
+    cols: Mapped[int] = mapped_column(BigInteger)
+    nbytes: Mapped[int] = mapped_column(BigInteger)
+    median_ms: Mapped[float] = mapped_column(Float)
+    gbs: Mapped[float] = mapped_column(Float)
+    repeats: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class BlockOpTiming(_Timing, Base):
+    """A transformer-block memory-bound op (:data:`autotune.profiling.shapes.BLOCK_OPS`), ``mode`` eager
+    or compiled; ``nbytes`` the bytes the cost model charges it."""
+
+    __tablename__ = "profile_block_op"
+    __table_args__ = (UniqueConstraint("env_id", "op", "mode", "nbytes", name="uq_profile_block_op"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    op: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str] = mapped_column(String(16))
+    nbytes: Mapped[int] = mapped_column(BigInteger)
+    median_ms: Mapped[float] = mapped_column(Float)
+    gbs: Mapped[float] = mapped_column(Float)
+    repeats: Mapped[int] = mapped_column(Integer, default=0)
+
+
 #: table name -> (ORM class, key columns besides env_id)
 TABLES: dict[str, tuple[type, tuple[str, ...]]] = {
     "gemm": (GemmTiming, ("m", "n", "k", "pass_")),
@@ -183,6 +237,9 @@ TABLES: dict[str, tuple[type, tuple[str, ...]]] = {
     "collective": (CollectiveTiming, ("tier", "kind", "group_size", "nbytes")),
     "overlap": (OverlapTiming, ("tier",)),
     "reclaim": (ReclaimTiming, ("expandable_segments",)),
+    "gemm_fp8": (GemmFp8Timing, ("scaling", "m", "n", "k", "pass_")),
+    "quantize": (QuantizeTiming, ("scaling", "mode", "stage", "rows", "cols")),
+    "block_op": (BlockOpTiming, ("op", "mode", "nbytes")),
 }
 
 
@@ -403,6 +460,11 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
     ``link_bandwidth_gbs`` = the path's nominal bandwidth (:data:`TIER_NOMINAL_PRESET`) and
     ``measured_busbw_gbs`` = all-reduce busbw at the largest size. Tiers, overlap, reclaim and
     fragmentation not measured are copied from the shipped calibration (tiers with ``measured: false``).
+    FP8 / compile keys, written only when measured: ``gemm_fp8.<scaling>`` = forward TFLOP/s per shape;
+    ``quantize.<scaling>_gbs`` / ``<scaling>_eager_gbs`` = median over the tensors of the ``total``
+    stage's GB/s, compiled / eager (5 bytes charged per element, :data:`QUANTIZE_STAGE_BYTES` of
+    :mod:`autotune.profiling.measure`); ``memory_bound_ops`` / ``memory_bound_ops_compiled`` = block ops'
+    GB/s eager / compiled at their largest size (eager table also holds the other memory ops' figures).
     The lossless ``measurements`` section holds every stored row (:func:`import_profile` reads it).
 
     Raises:
@@ -422,6 +484,9 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
         col = rows(s, env, "collective")
         ovl = rows(s, env, "overlap")
         rec = rows(s, env, "reclaim")
+        g8 = rows(s, env, "gemm_fp8")
+        qz = rows(s, env, "quantize")
+        blk = rows(s, env, "block_op")
     if not gem or not att:
         raise ConfigError(f"environment {env.gpu_name} x{env.gpu_count} (torch {env.torch_version}) has "
                           f"{len(gem)} GEMM and {len(att)} attention timings; run `autotune profile` first")
@@ -491,9 +556,46 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
     else:
         reclaim = dict(raw.get("reclaim") or {})
 
+    gemm_fp8: dict[str, list] = {}
+    for sc in sorted({r.scaling for r in g8}):
+        gemm_fp8[sc] = sorted([r.m, r.n, r.k, _r(r.tflops, 2)] for r in g8 if r.scaling == sc and r.pass_ == "fwd")
+    quantize: dict[str, float] = {}
+    for sc in ("tensorwise", "rowwise"):
+        for mode, key in (("compiled", f"{sc}_gbs"), ("eager", f"{sc}_eager_gbs")):
+            v = [r.gbs for r in qz if r.scaling == sc and r.mode == mode and r.stage == "total"]
+            if v:
+                quantize[key] = _r(statistics.median(v), 1)
+    mops: dict[str, float] = {}
+    mops_c: dict[str, float] = {}
+    for mode, dst in (("eager", mops), ("compiled", mops_c)):
+        big: dict[str, BlockOpTiming] = {}
+        for r in blk:
+            if r.mode == mode and (r.op not in big or r.nbytes > big[r.op].nbytes):
+                big[r.op] = r
+        dst.update({op: _r(r.gbs, 1) for op, r in sorted(big.items())})
+    if mops:   # eager per-op table: the legacy memory_ops rows' figures, block ops (cost-model bytes) over them
+        mops = {**{op: _r(r.gbs, 1) for op, r in sorted(largest.items()) if op != COPY_OP}, **mops}
+
     date = env.date or env.created_at.date().isoformat()
     envd = env.to_dict()
     envd["date"] = date
+    fp8_part: dict[str, Any] = {}
+    if gemm_fp8:
+        fp8_part["gemm_fp8"] = gemm_fp8
+    if quantize:
+        fp8_part["quantize"] = quantize
+    if mops:
+        fp8_part["memory_bound_ops"] = mops
+    if mops_c:
+        fp8_part["memory_bound_ops_compiled"] = mops_c
+    extra_meas: dict[str, Any] = {}
+    if g8:
+        extra_meas["gemm_fp8"] = [[r.scaling, r.m, r.n, r.k, r.pass_, r.median_ms, r.tflops, r.repeats] for r in g8]
+    if qz:
+        extra_meas["quantize"] = [[r.scaling, r.mode, r.stage, r.rows, r.cols, r.nbytes, r.median_ms, r.gbs,
+                                   r.repeats] for r in qz]
+    if blk:
+        extra_meas["block_ops"] = [[r.op, r.mode, r.nbytes, r.median_ms, r.gbs, r.repeats] for r in blk]
     return {
         "schema_version": CALIBRATION_SCHEMA_VERSION,
         "label": f"{gpu}-{date}",
@@ -510,6 +612,7 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
         "gemm_backward_factor": _r(statistics.fmean(ratios), 4) if ratios else 1.0,
         "attention": attn_rows,
         "memory_bound_bandwidth_gbs": mem_bw,
+        **fp8_part,
         "collectives": collectives,
         "overlap": overlap,
         "reclaim": reclaim,
@@ -524,6 +627,7 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
             "overlap": [[o.tier, o.gemm_ms_alone, o.gemm_ms_overlapped, o.comm_ms, o.comm_nbytes,
                          o.compute_slowdown] for o in ovl],
             "reclaim": [[r.expandable_segments, r.empty_cache_ms, r.alloc_ms_per_gib, r.nbytes] for r in rec],
+            **extra_meas,
         },
     }
 
@@ -563,6 +667,13 @@ def import_profile(d: Mapping[str, Any], session_or_url: Session | str = DEFAULT
             for ex, ec, al, nb in meas.get("reclaim", []):
                 record(s, env, "reclaim", expandable_segments=bool(ex), empty_cache_ms=ec, alloc_ms_per_gib=al,
                        nbytes=nb)
+            for sc, m, n, k, p, ms, tf, rep in meas.get("gemm_fp8", []):
+                record(s, env, "gemm_fp8", scaling=sc, m=m, n=n, k=k, pass_=p, median_ms=ms, tflops=tf, repeats=rep)
+            for sc, mode, st, r_, c_, nb, ms, gbs, rep in meas.get("quantize", []):
+                record(s, env, "quantize", scaling=sc, mode=mode, stage=st, rows=r_, cols=c_, nbytes=nb,
+                       median_ms=ms, gbs=gbs, repeats=rep)
+            for op, mode, nb, ms, gbs, rep in meas.get("block_ops", []):
+                record(s, env, "block_op", op=op, mode=mode, nbytes=nb, median_ms=ms, gbs=gbs, repeats=rep)
             return env
         bf = prof.gemm_backward_factor or 1.0
         for m, n, k, tf in prof.gemm:

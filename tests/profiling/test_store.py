@@ -18,7 +18,8 @@ def test_tables_created_with_profile_prefix(url):
     S.open_store(url)
     names = set(inspect(create_engine(url)).get_table_names())
     assert names == {"profile_environment", "profile_gemm", "profile_attention", "profile_memory_op",
-                     "profile_collective", "profile_overlap", "profile_reclaim"}
+                     "profile_collective", "profile_overlap", "profile_reclaim", "profile_gemm_fp8",
+                     "profile_quantize", "profile_block_op"}
     cols = {c["name"] for c in inspect(create_engine(url)).get_columns("profile_gemm")}
     assert {"env_id", "m", "n", "k", "pass", "median_ms", "tflops", "repeats"} <= cols
 
