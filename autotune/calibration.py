@@ -292,7 +292,11 @@ class OpCosts(abc.ABC):
             return 0.0
         if not placement.spans_nodes:
             return self.collective_ms(kind, nbytes, n, placement.intra_link)
-        k, N = placement.members_per_node, placement.num_nodes
+        return self._spanning_collective_ms(kind, nbytes, placement)
+
+    def _spanning_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
+        """:meth:`placed_collective_ms` of a group spanning nodes (its docstring gives the model)."""
+        n, k, N = placement.size, placement.members_per_node, placement.num_nodes
         intra, net = placement.intra_link, placement.member_inter_link
         b_inter = k * self.busbw_gbs(kind, nbytes / k, net)
         b_intra = self.busbw_gbs(kind, nbytes, intra) if k > 1 else math.inf
@@ -450,6 +454,14 @@ class CalibratedCosts(OpCosts):
             # so t(n) = f(n) S / busbw; extra latency steps beyond the measured group are added.
             v = nbytes * f / (busbw * 1e6) + max(0.0, steps - steps0) * link.latency_us / 1e3
             self._cache[key] = v
+        return v
+
+    def placed_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
+        """:meth:`OpCosts.placed_collective_ms`, cached per (kind, size, placement)."""
+        key = ("p", kind, float(nbytes), placement)
+        v = self._cache.get(key)
+        if v is None:
+            v = self._cache[key] = super().placed_collective_ms(kind, nbytes, placement)
         return v
 
     def overlap_slowdown(self) -> float:
