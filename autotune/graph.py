@@ -44,7 +44,7 @@ from autotune.calibration import OpCosts
 from autotune.hardware import ClusterSpec, LinkSpec
 from autotune.models import ModelSpec
 from autotune.plan import Plan, Workload
-from autotune.topology import place_group
+from autotune.topology import place_group, place_pipeline_pair
 
 BF16 = 2  # bytes per element
 #: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
@@ -119,12 +119,12 @@ class CostBuilder:
         t, cp = plan.tp_degree, plan.cp_degree
         self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
         # process groups in Megatron-LM rank order (TP, CP, DP, PP; autotune.topology): TP stride 1,
-        # CP stride tp, DP x CP (ZeRO shards and DP reductions) stride tp, a PP stage pair stride tp cp dp
+        # CP stride tp, DP x CP (ZeRO shards and DP reductions) stride tp, the slowest PP stage pair
         self.tp_place = place_group(cluster, t, 1)
         self.cp_place = place_group(cluster, cp, t)
         self.dp_group = plan.dp_degree * cp
         self.dp_place = place_group(cluster, self.dp_group, t)
-        self.pp_place = place_group(cluster, 2 if plan.pp_degree > 1 else 1, t * cp * plan.dp_degree)
+        self.pp_place = place_pipeline_pair(cluster, plan.pp_degree, t * cp * plan.dp_degree)
         # the slowest link of each group (kept for code that wants one link)
         self.tp_link = self.tp_place.bottleneck_link
         self.cp_link = self.cp_place.bottleneck_link

@@ -82,19 +82,27 @@ class GroupPlacement:
 
 
 @lru_cache(maxsize=4096)
-def _node_counts(size: int, stride: int, domain: int) -> tuple[int, int]:
-    """(max members per domain, domains spanned) of the group {0, s, 2s, ..., (n-1)s} (ranks from 0).
+def _node_counts(size: int, stride: int, domain: int, num_gpus: int) -> tuple[int, int]:
+    """(members per domain, domains spanned) of the worst group of stride ``stride`` and ``size`` members.
 
-    Exhaustive over the members (n <= GPU count), so it holds for any size, stride and domain."""
-    counts = Counter((j * stride) // domain for j in range(size))
-    return max(counts.values()), len(counts)
+    The groups are Megatron-LM's: members ``o + b s n + j s`` for offset o < s, block b and j < n. Each
+    group is counted member by member (every rank once, so O(num_gpus)); the one spanning the most
+    domains (then the most members in one domain) is returned. With power-of-two degrees all are alike.
+    """
+    best = (0, 0)
+    span = stride * size
+    for base in range(0, num_gpus - span + 1, span):
+        for o in range(stride):
+            counts = Counter((base + o + j * stride) // domain for j in range(size))
+            best = max(best, (len(counts), max(counts.values())))
+    return best[1], best[0]
 
 
 def place_group(cluster: ClusterSpec, size: int, stride: int) -> GroupPlacement:
     """Placement of a group of ``size`` members ``stride`` global ranks apart (module docstring).
 
-    The representative group is the one holding rank 0 (members 0, s, ..., (n-1)s); with power-of-two
-    degrees every group of the same kind lies the same way.
+    Every group of the kind is counted (Megatron-LM layout: members ``o + b s n + j s``); the one that
+    spans the most nodes stands for all (with power-of-two degrees every group lies the same way).
 
     Raises:
         ConfigError: ``size`` or ``stride`` not a positive integer, or the group needs more ranks than
@@ -111,7 +119,7 @@ def place_group(cluster: ClusterSpec, size: int, stride: int) -> GroupPlacement:
     if size == 1:
         k, nodes = 1, 1
     else:
-        k, nodes = _node_counts(size, stride, domain)
+        k, nodes = _node_counts(size, stride, domain, cluster.num_gpus)
     inter = fabric.inter_node if nodes > 1 else None
     if nodes > 1 and inter is None:      # ClusterSpec forbids multi-node clusters without one
         raise ConfigError(f"process group spans {nodes} nodes but fabric {fabric.name!r} has no inter-node tier")
@@ -128,7 +136,9 @@ class PlanPlacements:
         tp: the TP group (size tp, stride 1).
         cp: the CP group (size cp, stride tp).
         dp: the DP x CP group ZeRO shards over and DP gradients are reduced in (size dp x cp, stride tp).
-        pp: a pair of adjacent pipeline stages (size 2, stride tp x cp x dp; size 1 without PP).
+        pp: the slowest pair of adjacent pipeline stages (what one send/recv crosses; size 1 without
+            PP): stride tp x cp x dp; across two nodes (k = 1, N = 2) as soon as the pipeline spans nodes,
+            since some stage boundary then falls on a node boundary (see :func:`place_pipeline_pair`).
     """
 
     tp: GroupPlacement
@@ -156,5 +166,26 @@ def plan_placements(cluster: ClusterSpec, *, tp_degree: int, cp_degree: int, dp_
         tp=place_group(cluster, tp_degree, 1),
         cp=place_group(cluster, cp_degree, tp_degree),
         dp=place_group(cluster, dp_degree * cp_degree, tp_degree),
-        pp=place_group(cluster, 2 if pp_degree > 1 else 1, tp_degree * cp_degree * dp_degree),
+        pp=place_pipeline_pair(cluster, pp_degree, tp_degree * cp_degree * dp_degree),
     )
+
+
+def place_pipeline_pair(cluster: ClusterSpec, pp_degree: int, stride: int) -> GroupPlacement:
+    """The slowest send/recv pair of a pipeline of ``pp_degree`` stages ``stride`` ranks apart.
+
+    A pipeline inside one node: a pair inside the node (k = 2, N = 1). A pipeline spanning nodes: some
+    adjacent pair sits on two nodes (stage i on the last rank row of a node, stage i + 1 on the next),
+    and the slowest boundary paces the 1F1B steady state, so a pair across two nodes (k = 1, N = 2).
+    Without PP: a group of one (no communication).
+
+    Raises:
+        ConfigError: as :func:`place_group`.
+    """
+    if pp_degree <= 1:
+        return place_group(cluster, 1, max(1, stride))
+    chain = place_group(cluster, pp_degree, stride)
+    fabric = cluster.fabric
+    if not chain.spans_nodes:
+        return replace(chain, size=2, members_per_node=2)
+    return GroupPlacement(size=2, stride=stride, members_per_node=1, num_nodes=2, intra_link=fabric.intra_node,
+                          inter_link=fabric.inter_node, nics_per_member=fabric.nics_per_gpu)
