@@ -55,12 +55,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import yaml
 
 from autotune.errors import ConfigError
 from autotune.hardware import GPUSpec, LinkSpec
+
+if TYPE_CHECKING:
+    from autotune.topology import GroupPlacement
 
 CALIBRATION_SCHEMA_VERSION = 1
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
@@ -330,7 +333,75 @@ class OpCosts(abc.ABC):
 
     @abc.abstractmethod
     def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:
-        """One collective of ``kind`` over ``group_size`` ranks whose slowest link is ``link``."""
+        """One collective of ``kind`` over ``group_size`` ranks that all talk over one ``link`` (one tier).
+        The step graph asks :meth:`placed_collective_ms`, which calls this per tier."""
+
+    def busbw_gbs(self, kind: str, nbytes: float, link: LinkSpec) -> float:
+        """Bus bandwidth (GB/s, nccl-tests' definition) of ``kind`` at buffer size ``nbytes`` on one
+        ``link``, as the 2-rank measurement on that tier gives it: ``f(2) S / collective_ms(kind, S, 2,
+        link)`` (:func:`collective_factors`; at n = 2 no latency is added to the measured curve, so this
+        is the curve's busbw, scaled to ``link``). ``inf`` when the collective is free."""
+        t = self.collective_ms(kind, nbytes, 2, link)
+        if t <= 0:
+            return math.inf
+        return collective_factors(kind, 2)[0] * nbytes / (t * 1e6)
+
+    def placed_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
+        """One collective of ``kind`` over a process group placed by :mod:`autotune.topology`, ms.
+
+        Inside one node (NVLink domain): ``collective_ms(kind, S, n, intra_link)``.
+        Across N nodes with k members each (n = k N), NCCL's ring goes through the k local members over
+        NVLink and crosses to the next node over the NICs, all links working at once on pipelined
+        chunks, so the ring's bus bandwidth is that of its slowest link (nccl-tests
+        ``doc/PERFORMANCE.md``: "the bus bandwidth should reflect the speed of the hardware bottleneck:
+        NVLink, PCI, QPI, or network"):
+
+        * intra-node phase (k > 1): ``B_intra = busbw(S)`` on the intra-node tier;
+        * inter-node phase: the group's k members of a node send through k member NIC shares
+          (:class:`autotune.topology.GroupPlacement`, ``nics_per_member`` NICs each; every group runs
+          at once, so each member keeps one GPU's share), each carrying 1/k of the buffer:
+          ``B_inter = k x busbw(S / k)`` on the member's NIC path;
+        * ring: ``t = f(n) S / min(B_intra, B_inter) + latency``, with f from :func:`collective_factors`
+          and latency ``(nsteps - nInter) intra_lat + nInter inter_lat`` (:func:`ring_steps`, NCCL
+          ``tuning.cc``);
+        * all-reduce may also run as NCCL's tree (intra-node chain + inter-node double binary tree):
+          NCCL ``tuning.cc`` gives it algorithm bandwidth busbw / 2 (``ratio = .5``), so
+          ``t = 2 S / min(B_intra, B_inter)``, and latency ``2 ((k - 1) intra_lat + log2(N) inter_lat)``;
+          NCCL runs whichever its model predicts faster (``ncclTopoGetAlgoTime``), so the minimum.
+
+        The latency of the 2-rank measurement is already inside the measured busbw curves, so only the
+        latency beyond that of 2 ranks on the bottleneck tier (``g(2) x latency``) is added, as in
+        :class:`CalibratedCosts`. The per-tier busbw curves (:meth:`busbw_gbs`) stay the measured input.
+
+        Raises:
+            ValueError: unknown ``kind``.
+        """
+        n = placement.size
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if not placement.spans_nodes:
+            return self.collective_ms(kind, nbytes, n, placement.intra_link)
+        return self._spanning_collective_ms(kind, nbytes, placement)
+
+    def _spanning_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
+        """:meth:`placed_collective_ms` of a group spanning nodes (its docstring gives the model)."""
+        n, k, N = placement.size, placement.members_per_node, placement.num_nodes
+        intra, net = placement.intra_link, placement.member_inter_link
+        b_inter = k * self.busbw_gbs(kind, nbytes / k, net)
+        b_intra = self.busbw_gbs(kind, nbytes, intra) if k > 1 else math.inf
+        bw = min(b_intra, b_inter)
+        if math.isinf(bw):
+            return 0.0
+        bottleneck_lat = net.latency_us if b_inter <= b_intra else intra.latency_us
+        measured_lat_us = collective_factors(kind, 2)[1] * bottleneck_lat
+        f, _ = collective_factors(kind, n)
+        steps, inter_steps = ring_steps(kind, n, N, k)
+        ring_lat_us = (steps - inter_steps) * intra.latency_us + inter_steps * net.latency_us
+        t = f * nbytes / (bw * 1e6) + max(0.0, ring_lat_us - measured_lat_us) / 1e3
+        if kind == "all_reduce":
+            tree_lat_us = 2.0 * ((k - 1) * intra.latency_us + math.ceil(math.log2(N)) * net.latency_us)
+            t = min(t, 2.0 * nbytes / (bw * 1e6) + max(0.0, tree_lat_us - measured_lat_us) / 1e3)
+        return t
 
     def overlap_slowdown(self) -> float:
         """Fractional slowdown of compute while a collective runs beside it (0 = none)."""
@@ -349,28 +420,47 @@ class OpCosts(abc.ABC):
 
 #: collective -> (bandwidth factor f(n) with t = f(n) S / busbw, latency steps g(n))
 def collective_factors(kind: str, n: int) -> tuple[float, float]:
-    """Ring bandwidth factor and latency step count of a collective over ``n`` ranks.
+    """Ring bandwidth factor and latency step count of a collective over ``n`` ranks of one tier.
 
-    Bandwidth term (nccl-tests PERFORMANCE.md, ring algorithms): all-reduce moves 2(n-1)/n x S per rank,
-    all-gather / reduce-scatter / all-to-all (n-1)/n x S, send/recv S; with busbw defined as in the
-    module docstring, ``t = S / busbw x factor`` where factor is 1 for every kind once busbw is known,
-    so we return the algorithm-bandwidth factor relative to busbw: t = f(n) S / busbw with
-    f = 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (send/recv).
-    Latency term: NCCL picks tree algorithms for latency-bound sizes on large groups, so steps are
-    2 ceil(log2 n) for all-reduce (double binary tree, Sanders et al. 2009) and ceil(log2 n) for
-    all-gather / reduce-scatter, n-1 for all-to-all (pairwise), 1 for send/recv.
+    Bandwidth term (nccl-tests ``doc/PERFORMANCE.md``, "Bus bandwidth"): with busbw as defined in the
+    module docstring, ``t = f(n) S / busbw`` with f = 2(n-1)/n (all-reduce), (n-1)/n (all-gather,
+    reduce-scatter, all-to-all), 1 (send/recv).
+    Latency steps: NCCL's ring (``src/graph/tuning.cc``, ``ncclTopoTuneModel``: ``nsteps``) takes
+    2(n-1) steps for all-reduce and n-1 for all-gather / reduce-scatter; all-to-all is n-1 pairwise
+    exchanges; send/recv one. Inside one node NCCL's tree is a chain with the same 2(n-1) steps
+    (tuning.cc: tree latency ``2 ((nRanks/nNodes - 1) intraLat + log2(nNodes) interLat)``), so the
+    ring count holds for every algorithm there; across nodes see :meth:`OpCosts.placed_collective_ms`.
+
+    Raises:
+        ValueError: unknown ``kind``.
     """
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVE_KINDS)}")
     if n <= 1:
         return 0.0, 0.0
-    lg = math.ceil(math.log2(n))
     if kind == "all_reduce":
-        return 2.0 * (n - 1) / n, 2.0 * lg
-    if kind in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n, float(lg)
-    if kind == "all_to_all":
+        return 2.0 * (n - 1) / n, 2.0 * (n - 1)
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n, float(n - 1)
+    return 1.0, 1.0                                   # send_recv
+
+
+def ring_steps(kind: str, n: int, num_nodes: int, members_per_node: int) -> tuple[float, float]:
+    """(all steps, inter-node steps) of NCCL's ring over ``n`` ranks on ``num_nodes`` nodes.
+
+    NCCL ``src/graph/tuning.cc`` (``ncclTopoTuneModel``): all-reduce ``nsteps = 2(nRanks-1)``,
+    ``nInterSteps = 2(nNodes-1)``; all-gather / reduce-scatter ``nRanks-1`` and ``nNodes-1``; the ring
+    latency is ``(nsteps - nInterSteps) intraLat + nInterSteps interLat``. All-to-all (pairwise, not in
+    that model): n-1 exchanges, n-k of them with off-node peers; send/recv: one network step.
+    """
+    if kind == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * (num_nodes - 1)
+    if kind in ("all_gather", "reduce_scatter"):
+        return float(n - 1), float(num_nodes - 1)
+    if kind == "all_to_all":
+        return float(n - 1), float(n - members_per_node)
     if kind == "send_recv":
-        return 1.0, 1.0
+        return 1.0, 1.0 if num_nodes > 1 else 0.0
     raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVE_KINDS)}")
 
 
@@ -385,9 +475,10 @@ class CalibratedCosts(OpCosts):
     * memory-bound: bytes / (achieved bandwidth x gpu.hbm_bandwidth / profile.hbm_bandwidth), with the
       kernel's own measured bandwidth when the profile has one (an eager RoPE reaches ~360 GB/s on
       H200 while RMSNorm reaches ~2850 GB/s), else the profile's generic figure.
-    * collectives: t = f(n) S / busbw(S) + (g(n) - g(n0)) x latency (see :func:`collective_factors`),
-      busbw from the tier's curve measured on n0 ranks, scaled by link.bandwidth / measured link
-      bandwidth (the same fraction of a faster or slower link is assumed reachable).
+    * collectives on one tier: t = f(n) S / busbw(S) + (g(n) - g(n0)) x latency (see
+      :func:`collective_factors`), busbw from the tier's curve measured on n0 ranks, scaled by
+      link.bandwidth / measured link bandwidth (the same fraction of a faster or slower link is assumed
+      reachable); groups spanning nodes: :meth:`OpCosts.placed_collective_ms`.
     """
 
     def __init__(self, *, profile: CalibrationProfile, gpu: GPUSpec) -> None:
@@ -452,6 +543,14 @@ class CalibratedCosts(OpCosts):
             # so t(n) = f(n) S / busbw; extra latency steps beyond the measured group are added.
             v = nbytes * f / (busbw * 1e6) + max(0.0, steps - steps0) * link.latency_us / 1e3
             self._cache[key] = v
+        return v
+
+    def placed_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
+        """:meth:`OpCosts.placed_collective_ms`, cached per (kind, size, placement)."""
+        key = ("p", kind, float(nbytes), placement)
+        v = self._cache.get(key)
+        if v is None:
+            v = self._cache[key] = super().placed_collective_ms(kind, nbytes, placement)
         return v
 
     def overlap_slowdown(self) -> float:

@@ -36,7 +36,7 @@ each node (``flops``, ``bytes``) so measured evaluators can look the same ops up
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import networkx as nx
@@ -46,6 +46,7 @@ from autotune.hardware import ClusterSpec, LinkSpec
 from autotune.models import ModelSpec
 from autotune.plan import Plan, Workload
 from autotune.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)
+from autotune.topology import place_group, place_pipeline_pair
 
 BF16 = 2  # bytes per element
 #: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
@@ -97,15 +98,18 @@ def _add(d: dict[str, float], key: str, v: float) -> None:
 
 
 def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
-    """The slowest link a process group spanning ``extent`` consecutive global ranks crosses.
+    """The slowest link a process group spanning ``extent`` consecutive global ranks crosses: the
+    intra-node tier if the extent fits in one NVLink domain, else one member's inter-node NIC path
+    (bandwidth x the GPU's NIC share, :attr:`autotune.hardware.FabricSpec.nics_per_gpu`).
 
-    Rank order is Megatron-LM's (TP fastest, then CP, DP, PP): a TP group spans tp ranks, a CP group
-    tp x cp, a DP group tp x cp x dp. A group that fits in one node uses the intra-node tier, else the
-    inter-node tier (each GPU has its own NIC, so the per-GPU inter-node bandwidth bounds the ring).
+    Kept for callers that want one link; the step graph costs collectives from the group's placement
+    (:func:`autotune.topology.place_group`, :meth:`autotune.calibration.OpCosts.placed_collective_ms`).
     """
     if extent <= cluster.fabric.gpus_per_node or cluster.fabric.inter_node is None:
         return cluster.fabric.intra_node
-    return cluster.fabric.inter_node
+    inter, share = cluster.fabric.inter_node, cluster.fabric.nics_per_gpu
+    return inter if share == 1.0 else replace(inter, name=f"{inter.name}x{share:g}",
+                                              bandwidth_gbs=inter.bandwidth_gbs * share)
 
 
 class CostBuilder:
@@ -116,12 +120,18 @@ class CostBuilder:
         self.m, self.p, self.c, self.w, self.costs = model, plan, cluster, workload, costs
         t, cp = plan.tp_degree, plan.cp_degree
         self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
-        self.tp_link = group_link(cluster, t)
-        self.cp_link = group_link(cluster, t * cp)
+        # process groups in Megatron-LM rank order (TP, CP, DP, PP; autotune.topology): TP stride 1,
+        # CP stride tp, DP x CP (ZeRO shards and DP reductions) stride tp, the slowest PP stage pair
+        self.tp_place = place_group(cluster, t, 1)
+        self.cp_place = place_group(cluster, cp, t)
         self.dp_group = plan.dp_degree * cp
-        self.dp_link = group_link(cluster, t * cp * plan.dp_degree)
-        pp_extent = t * cp * plan.dp_degree * 2 if plan.pp_degree > 1 else 1
-        self.pp_link = group_link(cluster, pp_extent)
+        self.dp_place = place_group(cluster, self.dp_group, t)
+        self.pp_place = place_pipeline_pair(cluster, plan.pp_degree, t * cp * plan.dp_degree)
+        # the slowest link of each group (kept for code that wants one link)
+        self.tp_link = self.tp_place.bottleneck_link
+        self.cp_link = self.cp_place.bottleneck_link
+        self.dp_link = self.dp_place.bottleneck_link
+        self.pp_link = self.pp_place.bottleneck_link
         self.slowdown = costs.overlap_slowdown()
         self._layer = self._layer_cost()
 
@@ -168,17 +178,17 @@ class CostBuilder:
         if t > 1:
             nbytes = T * h * BF16
             if sp:
-                one = (costs.collective_ms("all_gather", nbytes, t, self.tp_link)
-                       + costs.collective_ms("reduce_scatter", nbytes, t, self.tp_link))
+                one = (costs.placed_collective_ms("all_gather", nbytes, self.tp_place)
+                       + costs.placed_collective_ms("reduce_scatter", nbytes, self.tp_place))
             else:
-                one = costs.collective_ms("all_reduce", nbytes, t, self.tp_link)
+                one = costs.placed_collective_ms("all_reduce", nbytes, self.tp_place)
             tp_fwd = tp_bwd = 2 * one
         # CP (ring attention; Liu et al. 2023; Megatron-LM context parallel): K and V of every other
         # CP rank pass through each rank in forward; backward passes K, V and dK, dV (2x).
         cp_fwd = cp_bwd = 0.0
         if p.cp_degree > 1:
             nbytes = p.cp_degree * T * 2 * (kv // t if kv >= t else kv) * BF16
-            cp_fwd = costs.collective_ms("all_gather", nbytes, p.cp_degree, self.cp_link)
+            cp_fwd = costs.placed_collective_ms("all_gather", nbytes, self.cp_place)
             cp_bwd = 2 * cp_fwd
         for parts, tp_ms, cp_ms, gemm_ms, attn_ms in ((fwd, tp_fwd, cp_fwd, gemm_fwd, attn_fwd),
                                                       (bwd, tp_bwd, cp_bwd, gemm_bwd, attn_bwd)):
@@ -224,7 +234,7 @@ class CostBuilder:
             _add(cc.bwd_parts, "compute", costs.memory_bound_ms(3 * T * h * BF16))
             if t > 1:
                 _add(cc.fwd_parts, "exposed_tp_comm",
-                     costs.collective_ms("all_reduce", T * h * BF16, t, self.tp_link))
+                     costs.placed_collective_ms("all_reduce", T * h * BF16, self.tp_place))
             cc.params += m.embedding_params // t
         if last:                                      # final norm, LM head, cross-entropy (vocab-parallel)
             V = m.vocab_size
@@ -250,17 +260,17 @@ class CostBuilder:
         if self.dp_group > 1 and p.zero_stage >= 2:
             layer_unit = m.params_per_layer // t
             edge = min(cc.params, (cc.params - num_layers * layer_unit) + layer_unit) if p.pp_degree == 1 else 0
-            g, link = self.dp_group, self.dp_link
-            rs = costs.collective_ms("reduce_scatter", cc.params * GRAD_REDUCE_BYTES, g, link)
-            rs_edge = costs.collective_ms("reduce_scatter", edge * GRAD_REDUCE_BYTES, g, link)
+            place = self.dp_place
+            rs = costs.placed_collective_ms("reduce_scatter", cc.params * GRAD_REDUCE_BYTES, place)
+            rs_edge = costs.placed_collective_ms("reduce_scatter", edge * GRAD_REDUCE_BYTES, place)
             self._overlap(cc.bwd_parts, rs, p.async_collectives and p.dp_grad_reduce_overlap, exposed_ms=rs_edge)
             if p.zero_stage == 3:
-                ag = costs.collective_ms("all_gather", cc.params * BF16, g, link)
-                ag_edge = costs.collective_ms("all_gather", edge * BF16, g, link)
+                ag = costs.placed_collective_ms("all_gather", cc.params * BF16, place)
+                ag_edge = costs.placed_collective_ms("all_gather", edge * BF16, place)
                 pre = p.async_collectives and p.param_gather_overlap
                 self._overlap(cc.fwd_parts, ag, pre, exposed_ms=ag_edge)
                 ag_first_bwd = 0.0 if last or p.pp_degree > 1 else \
-                    costs.collective_ms("all_gather", layer_unit * BF16, g, link)
+                    costs.placed_collective_ms("all_gather", layer_unit * BF16, place)
                 self._overlap(cc.bwd_parts, ag, pre, exposed_ms=min(ag, ag_first_bwd))
         return cc
 
@@ -306,7 +316,7 @@ class CostBuilder:
         if self.p.pp_degree == 1:
             return 0.0
         nbytes = self.tokens * self.m.hidden_size * BF16 / (self.p.tp_degree if self.p.sp_active else 1)
-        return self.costs.collective_ms("send_recv", nbytes, 2, self.pp_link)
+        return self.costs.placed_collective_ms("send_recv", nbytes, self.pp_place)
 
     def dp_bucket_ms(self, chunk_params: int) -> list[float]:
         """End-of-step DP gradient reduction of one chunk, per bucket (ZeRO 0: all-reduce; 1: reduce-scatter)."""
@@ -317,17 +327,17 @@ class CostBuilder:
         total = chunk_params * GRAD_REDUCE_BYTES
         bucket = p.bucket_size_mib * 2**20
         n_full, rem = divmod(total, bucket)
-        one = self.costs.collective_ms(kind, bucket, self.dp_group, self.dp_link)
+        one = self.costs.placed_collective_ms(kind, bucket, self.dp_place)
         out = [one] * int(n_full)
         if rem:
-            out.append(self.costs.collective_ms(kind, rem, self.dp_group, self.dp_link))
+            out.append(self.costs.placed_collective_ms(kind, rem, self.dp_place))
         return out
 
     def param_gather_ms(self, stage_params: int) -> float:
         """ZeRO-1/2 all-gather of updated bf16 parameters after the optimizer step, ms."""
         if self.dp_group <= 1 or self.p.zero_stage not in (1, 2):
             return 0.0
-        return self.costs.collective_ms("all_gather", stage_params * BF16, self.dp_group, self.dp_link)
+        return self.costs.placed_collective_ms("all_gather", stage_params * BF16, self.dp_place)
 
     def optimizer_ms(self, stage_params: int) -> float:
         """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1), memory-bound."""

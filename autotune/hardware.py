@@ -18,6 +18,8 @@ import yaml
 from autotune.errors import ConfigError
 
 GIB = 1024**3
+#: GPUs of a host node that share its NICs when a fabric does not say (an HGX/DGX board: 8 GPUs)
+DEFAULT_GPUS_PER_HOST = 8
 
 #: NCCL environment that makes GPUs of one host talk over each interconnect tier (calibration_tier):
 #: ``host`` through host shared memory (no peer-to-peer), ``sockets`` through TCP (no shared memory and
@@ -70,11 +72,17 @@ class LinkSpec:
 
     Attributes:
         name: preset name (``nvlink4``, ``ib-ndr400``) or a user label.
-        bandwidth_gbs: per GPU, per direction, GB/s.
+        bandwidth_gbs: intra-node tiers: per GPU, per direction, GB/s; inter-node tiers: per NIC, per
+            direction, GB/s (one NIC per GPU on the shipped presets, so the two agree there).
         latency_us: per-step latency of a collective (one ring hop), microseconds.
-        gpus_per_node: GPUs that share this tier (intra-node tiers only; 0 for inter-node).
+        gpus_per_node: intra-node tiers: GPUs joined by this tier (the NVLink domain: 8 on HGX, 72 on
+            NVL72). Inter-node tiers: GPUs of the host node whose ``nics_per_node`` NICs they share
+            (8 on an HGX/DGX board); 0 (plan files written before NICs were modelled) reads as 8.
         calibration_tier: which measured efficiency curve of the calibration profile applies
             (``nvlink``, ``host``, ``network``, ``sockets``).
+        nics_per_node: inter-node tiers only: NICs of one host node of ``gpus_per_node`` GPUs (8 on
+            DGX H100/H200/B200: eight single-port ConnectX-7 400 Gb/s, DGX datasheets); 0 for
+            intra-node tiers.
     """
 
     name: str
@@ -82,11 +90,25 @@ class LinkSpec:
     latency_us: float
     gpus_per_node: int = 0
     calibration_tier: str = "nvlink"
+    nics_per_node: int = 0
+
+    @property
+    def nics_per_gpu(self) -> float:
+        """NICs per GPU of an inter-node tier (``nics_per_node / gpus_per_node``; 1.0 on HGX), else 0."""
+        if not self.nics_per_node or not self.gpus_per_node:
+            return 0.0
+        return self.nics_per_node / self.gpus_per_node
 
 
 @dataclass(frozen=True)
 class FabricSpec:
-    """The cluster's interconnect: a tier inside a node (NVLink domain) and one between nodes."""
+    """The cluster's interconnect: a tier inside a node (NVLink domain) and one between nodes.
+
+    ``gpus_per_node`` is the NVLink domain size (the GPUs the intra-node tier joins: 8 on HGX, 72 on
+    NVL72); process groups larger than it cross the inter-node tier (:mod:`autotune.topology`). The
+    inter-node tier attaches ``nics_per_node`` NICs of ``inter_node.bandwidth_gbs`` each to every host
+    of ``inter_node.gpus_per_node`` GPUs.
+    """
 
     name: str
     intra_node: LinkSpec
@@ -94,7 +116,23 @@ class FabricSpec:
 
     @property
     def gpus_per_node(self) -> int:
+        """GPUs of one NVLink domain (the intra-node tier's ``gpus_per_node``)."""
         return self.intra_node.gpus_per_node
+
+    @property
+    def nvlink_domain_size(self) -> int:
+        """Same as :attr:`gpus_per_node`: GPUs joined by the intra-node tier (8 on HGX, 72 on NVL72)."""
+        return self.intra_node.gpus_per_node
+
+    @property
+    def nics_per_node(self) -> int:
+        """NICs per host node of the inter-node tier (0 without one)."""
+        return self.inter_node.nics_per_node if self.inter_node is not None else 0
+
+    @property
+    def nics_per_gpu(self) -> float:
+        """Inter-node NICs per GPU (1.0 with one NIC per GPU; 0 without an inter-node tier)."""
+        return self.inter_node.nics_per_gpu if self.inter_node is not None else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +172,16 @@ class ClusterSpec:
     @property
     def gpus_per_node(self) -> int:
         return min(self.num_gpus, self.fabric.gpus_per_node)
+
+    @property
+    def nvlink_domain_size(self) -> int:
+        """GPUs of one NVLink domain that this cluster fills (min of the GPU count and the domain)."""
+        return min(self.num_gpus, self.fabric.nvlink_domain_size)
+
+    @property
+    def nics_per_node(self) -> int:
+        """NICs per host node (0 when the fabric has no inter-node tier)."""
+        return self.fabric.nics_per_node
 
     @property
     def label(self) -> str:
@@ -177,23 +225,34 @@ def _link_from_mapping(d: Mapping[str, Any], *, name: str, where: str, intra: bo
         raise ConfigError(f"{where}: bandwidth_gbs and latency_us must be numbers, got {dict(d)!r}") from None
     if bw <= 0 or lat < 0:
         raise ConfigError(f"{where}: bandwidth_gbs must be > 0 and latency_us >= 0, got {bw} and {lat}")
-    per = 0
+    per, nics = 0, 0
     if intra:
         per = d.get("gpus_per_node")
-        if not isinstance(per, int) or per < 1:
+        if not isinstance(per, int) or isinstance(per, bool) or per < 1:
             raise ConfigError(f"{where}: gpus_per_node must be a positive integer, got {per!r}")
+    else:
+        # host node the NICs belong to; 0 / missing: the 8-GPU HGX board with one NIC per GPU
+        per = d.get("gpus_per_node") or DEFAULT_GPUS_PER_HOST
+        if not isinstance(per, int) or isinstance(per, bool) or per < 1:
+            raise ConfigError(f"{where}: gpus_per_node (GPUs sharing the node's NICs) must be a positive "
+                              f"integer, got {per!r}")
+        nics = d.get("nics_per_node", per)
+        if not isinstance(nics, int) or isinstance(nics, bool) or nics < 1:
+            raise ConfigError(f"{where}: nics_per_node must be a positive integer (e.g. 8, one NIC per GPU "
+                              f"of an HGX node), got {nics!r}")
     tier = str(d.get("calibration_tier", "nvlink" if intra else "network"))
     if tier not in ("nvlink", "host", "network", "sockets"):
         raise ConfigError(f"{where}: calibration_tier must be one of nvlink, host, network, sockets; got {tier!r}")
     return LinkSpec(name=str(d.get("name", name)), bandwidth_gbs=bw, latency_us=lat, gpus_per_node=per,
-                    calibration_tier=tier)
+                    calibration_tier=tier, nics_per_node=nics)
 
 
 def get_fabric(spec: str) -> FabricSpec:
     """Parse ``--interconnect``: ``nvlink4+ib-ndr400``, a single intra-node preset, or a YAML file.
 
     A YAML file holds ``name``, ``intra_node: {bandwidth_gbs, latency_us, gpus_per_node}`` and
-    optionally ``inter_node: {bandwidth_gbs, latency_us}``.
+    optionally ``inter_node: {bandwidth_gbs, latency_us, nics_per_node, gpus_per_node}`` (bandwidth per
+    NIC; ``nics_per_node`` NICs per host of ``gpus_per_node`` GPUs, both default 8: one NIC per GPU).
 
     Raises:
         ConfigError: unknown preset (lists the known ones) or a malformed file (names file and field).

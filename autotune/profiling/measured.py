@@ -16,9 +16,10 @@ tier (``link.calibration_tier``) for the largest group measured, n0 ranks, and n
 group: ``t = f(n) x S / busbw(S) + max(0, g(n) - g(n0)) x link.latency_us``, where f and g are
 :func:`autotune.calibration.collective_factors`: the **ring** bandwidth term (f = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather / reduce-scatter / all-to-all, 1 for send/recv; nccl-tests'
-busbw is by definition independent of n for ring algorithms) plus a **tree** latency term (double
-binary tree for all-reduce, 2 ceil(log2 n) steps; ceil(log2 n) for all-gather / reduce-scatter;
-n - 1 pairwise steps for all-to-all) for the steps beyond those of the measured group. Bandwidth is
+busbw is by definition independent of n for ring algorithms) plus NCCL's ring latency steps
+(2(n-1) for all-reduce, n-1 for all-gather / reduce-scatter / all-to-all; NCCL ``src/graph/tuning.cc``)
+beyond those of the measured group. Groups spanning nodes are costed per tier by
+:meth:`autotune.calibration.OpCosts.placed_collective_ms`, which calls this for each tier. Bandwidth is
 scaled by ``link.bandwidth_gbs / nominal`` where nominal is the tier's datasheet bandwidth
 (:data:`autotune.profiling.store.TIER_NOMINAL_PRESET`; the measured fabric files carry the same
 figure, so they scale by 1). For a measured group size the stored point (exact S) or the curve of

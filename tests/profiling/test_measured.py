@@ -46,16 +46,16 @@ def test_interp_attention_log_seq_and_nearest_heads():
 
 def test_collective_cost_model_hand_computed():
     curve = [(2**30, 331.0)]
-    # all-reduce of 1 GiB over 8 ranks at busbw 331 GB/s: 2 x 7/8 x 2^30 / 331e9 s, plus the extra tree
-    # latency steps 2 ceil(log2 8) - 2 ceil(log2 2) = 4 at 5 us.
+    # all-reduce of 1 GiB over 8 ranks at busbw 331 GB/s: 2 x 7/8 x 2^30 / 331e9 s, plus the extra ring
+    # latency steps (NCCL tuning.cc nsteps = 2(n-1)) 2 x 7 - 2 x 1 = 12 at 5 us.
     bw_s = 2 * 7 / 8 * 2**30 / 331e9
     assert collective_time_ms("all_reduce", 2**30, 8, curve=curve, measured_group=2, latency_us=0.0) == \
         pytest.approx(bw_s * 1e3)
     assert collective_time_ms("all_reduce", 2**30, 8, curve=curve, measured_group=2, latency_us=5.0) == \
-        pytest.approx(bw_s * 1e3 + 4 * 5e-3)
-    # all-gather over 4 ranks: (3/4) S / busbw, latency steps ceil(log2 4) - 1 = 1
+        pytest.approx(bw_s * 1e3 + 12 * 5e-3)
+    # all-gather over 4 ranks: (3/4) S / busbw, ring latency steps (n-1) - 1 = 2
     assert collective_time_ms("all_gather", 2**30, 4, curve=curve, measured_group=2, latency_us=5.0) == \
-        pytest.approx(0.75 * 2**30 / 331e6 + 5e-3)
+        pytest.approx(0.75 * 2**30 / 331e6 + 2 * 5e-3)
     # all-to-all over 8: (7/8) S / busbw + (7 - 1) pairwise steps
     assert collective_time_ms("all_to_all", 2**30, 8, curve=curve, measured_group=2, latency_us=5.0) == \
         pytest.approx(7 / 8 * 2**30 / 331e6 + 6 * 5e-3)
@@ -104,9 +104,9 @@ def test_attention_memory_overlap_reclaim(costs):
 
 def test_collectives_lookup_group_extrapolation_and_scaling(costs):
     assert costs.collective_ms("all_reduce", 2**30, 2, NVLINK4) == pytest.approx(2**30 / 331e6)
-    # 8 ranks from the 2-rank curve: 2 x 7/8 x 2^30 / 331e9 s + (6 - 2) steps x 4 us
+    # 8 ranks from the 2-rank curve: 2 x 7/8 x 2^30 / 331e9 s + (14 - 2) ring steps x 4 us
     assert costs.collective_ms("all_reduce", 2**30, 8, NVLINK4) == \
-        pytest.approx(2 * 7 / 8 * 2**30 / 331e6 + 4 * 4e-3)
+        pytest.approx(2 * 7 / 8 * 2**30 / 331e6 + 12 * 4e-3)
     # all-gather was not measured: the all-reduce bus bandwidth curve with all-gather's factor 1/2
     assert costs.collective_ms("all_gather", 2**30, 2, NVLINK4) == pytest.approx(0.5 * 2**30 / 331e6)
     # a link at half the nominal 450 GB/s halves the bus bandwidth
