@@ -155,10 +155,17 @@ def study_options(f):
         click.option("--space", default="default", show_default=True,
                      help="Search space: a name under search_spaces/ or a YAML file."),
         click.option("--backend", default="simulated", show_default=True, help="simulated, measured or real."),
+        ENGINE_OPTION,
     ]
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+ENGINE_OPTION = click.option(
+    "--engine", default=None,
+    help="Engine that runs the plan: megatron, torchtitan or native (autotune's runtime). Default: megatron; "
+         "native with --backend real.")
 
 
 def tune_options(f):
@@ -214,8 +221,8 @@ def _evaluator_options(backend, layers, real_steps, trial_timeout):
 @study_options
 @tune_options
 @real_options
-def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, trials, timeout,
-        seed, layers, real_steps, trial_timeout):
+def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
+        timeout, seed, layers, real_steps, trial_timeout):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     Example: autotune run --size 405b --trials 200
@@ -228,10 +235,11 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
     tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
-                  seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout))
+                  seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout),
+                  engine=engine)
     click.echo(f"tuning {_target_line(model, cluster, workload)}")
     click.echo(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
-               f"{trials} trials" + (f", timeout {timeout:g} s" if timeout else ""))
+               f"engine {tuner.engine.name}; {trials} trials" + (f", timeout {timeout:g} s" if timeout else ""))
     try:
         summary = tuner.optimize(trials, timeout=timeout)
     finally:
@@ -244,7 +252,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
-                                target=_target_line(model, cluster, workload)))
+                                target=_target_line(model, cluster, workload), engine=tuner.engine.name))
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {_prog()} export --study {shlex.quote(tuner.name)}"
@@ -266,7 +274,9 @@ def _prog() -> str:
     return os.path.relpath(argv0) if not os.path.relpath(argv0).startswith("..") else argv0
 
 
-def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend):
+def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend,
+                   engine=None):
+    from autotune.engines import resolve_engine
     from autotune.search_space import SearchSpace
     from autotune.tuner import load_study, study_name
 
@@ -274,7 +284,8 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
         return load_study(study, storage)
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend)
+    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+                      engine=resolve_engine(engine, backend).name)
     return load_study(name, storage)
 
 
@@ -284,7 +295,8 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
 @study_options
 @click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the plan YAML.")
-def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, output):
+def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine,
+           output):
     """Write the best plan of a study as YAML and print launch flags for Megatron-LM / torchtitan.
 
     Example: autotune export --size 405b -o plan.yaml
@@ -293,33 +305,42 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
     from autotune.tuner import require_best_plan
 
     st, info = _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage,
-                              space, backend)
+                              space, backend, engine)
     best = require_best_plan(st, info, storage)
     doc = best.document()
     try:
         doc.save(output)
     except OSError as e:
         raise ConfigError(f"cannot write {output}: {e}") from None
+    from autotune.report import error_band_line
+
     click.echo(f"wrote {output}: trial {best.trial_number} of {best.study}, MFU {100 * best.result.mfu:.1f}%, "
-               f"step {best.result.step_time_ms:,.1f} ms")
+               f"step {best.result.step_time_ms:,.1f} ms (engine {info.engine})")
+    click.echo(error_band_line(info.engine))
     click.echo(launch_hints(best.plan, info.model, info.workload))
 
 
 @main.command()
 @click.option("--storage", default=None, help="Optuna storage URL (default sqlite:///studies/autotune.db).")
-def show(storage):
+@click.option("--engine", default=None, help="Only studies of this engine (megatron, torchtitan, native).")
+def show(storage, engine):
     """List the best plan per model size and interconnect found in the storage (one row per study)."""
     from autotune.report import format_studies, short_plan
     from autotune.tuner import best_plan, failure_summary, list_studies, load_study
 
     storage = storage or DEFAULT_STORAGE
+    if engine is not None:
+        from autotune.engines import get_engine
+        get_engine(engine)
     rows = []
     for info in list_studies(storage):
+        if engine is not None and info.engine != engine:
+            continue
         st, info = load_study(info.name, storage)
         bp = best_plan(st, info)
         trials = st.get_trials(deepcopy=False)
         row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
-               "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
+               "engine": info.engine, "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
         if bp is None:
             n_bad, n, _ = failure_summary(trials)
             row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} trials pruned, OOM or failed)")
@@ -335,11 +356,14 @@ def show(storage):
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--backend", default="simulated", show_default=True, help="simulated, measured or real.")
 @click.option("--interconnect", default=None, help="Evaluate on another fabric than the file's.")
-def simulate(plan_file, backend, interconnect):
+@click.option("--engine", default=None, help="Evaluate for another engine than the file's (megatron, torchtitan, "
+                                             "native).")
+def simulate(plan_file, backend, interconnect, engine):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table.
 
     Example: autotune simulate plan.yaml
     """
+    from autotune.engines import resolve_engine
     from autotune.hardware import ClusterSpec, fabric_from_dict, get_fabric, get_gpu
     from autotune.memory import estimate_memory
     from autotune.plan import PlanDocument, validate_plan
@@ -350,7 +374,8 @@ def simulate(plan_file, backend, interconnect):
     fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)
     validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload)
-    ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload)
+    eng = resolve_engine(engine if engine is not None else (None if backend == "real" else doc.engine), backend)
+    ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
     try:
         result = ev.evaluate(doc.plan)
         frag = None
@@ -360,11 +385,12 @@ def simulate(plan_file, backend, interconnect):
     finally:
         ev.close()
     click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
-                                target=_target_line(doc.model, cluster, doc.workload)))
+                                target=_target_line(doc.model, cluster, doc.workload), engine=eng.name))
     click.echo("")
-    click.echo(estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag).describe())
+    click.echo(estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag,
+                               engine=eng).describe())
     pred = doc.prediction or {}
-    if "mfu" in pred and "step_time_ms" in pred and not interconnect:
+    if "mfu" in pred and "step_time_ms" in pred and not interconnect and eng.name == doc.engine:
         same = abs(float(pred["mfu"]) - result.mfu) <= 1e-9 * max(1.0, result.mfu) and \
             abs(float(pred["step_time_ms"]) - result.step_time_ms) <= 1e-6 * max(1.0, result.step_time_ms)
         click.echo(f"\nprediction stored in the file ({pred.get('backend', '?')}): step {float(pred['step_time_ms']):,.1f} "
@@ -377,8 +403,8 @@ def simulate(plan_file, backend, interconnect):
 @tune_options
 @real_options
 @click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
-def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, trials, timeout,
-           seed, layers, real_steps, trial_timeout, top_k):
+def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
+           timeout, seed, layers, real_steps, trial_timeout, top_k):
     """Re-tune for a slower fabric, warm-started with the fastest fabric's best plans; compare both.
 
     Example: autotune retune --size 405b --interconnect pcie5+eth100
@@ -392,7 +418,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     click.echo(f"re-tuning {_target_line(model, cluster, workload)}")
     r = do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=click.echo,
-                  evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout))
+                  evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout), engine=engine)
     fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
     click.echo("")
     click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),

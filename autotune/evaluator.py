@@ -20,6 +20,7 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from autotune.engines import EngineProfile, get_engine
 from autotune.hardware import ClusterSpec
 from autotune.models import ModelSpec
 from autotune.plan import Plan, Workload
@@ -85,14 +86,18 @@ class Evaluator(abc.ABC):
         model: the model to train.
         cluster: the GPUs and fabric the plan runs on.
         workload: sequence length and global batch.
+        engine: the training engine that runs the plan (:func:`autotune.engines.get_engine` name or
+            profile; None = :data:`autotune.engines.DEFAULT_ENGINE`). Raises ConfigError if unknown.
     """
 
     backend: str = "abstract"
 
-    def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> None:
+    def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                 engine: EngineProfile | str | None = None) -> None:
         self.model = model
         self.cluster = cluster
         self.workload = workload
+        self.engine = get_engine(engine)
 
     @abc.abstractmethod
     def evaluate(self, plan: Plan) -> StepResult:

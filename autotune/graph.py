@@ -42,6 +42,7 @@ from typing import Any
 import networkx as nx
 
 from autotune.calibration import OpCosts
+from autotune.engines import EngineProfile, get_engine
 from autotune.hardware import ClusterSpec, LinkSpec
 from autotune.models import ModelSpec
 from autotune.plan import Plan, Workload
@@ -116,8 +117,10 @@ class CostBuilder:
     """Computes per-chunk costs of a plan from an :class:`OpCosts`. Pure arithmetic, cached per plan."""
 
     def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
-                 costs: OpCosts) -> None:
+                 costs: OpCosts, engine: EngineProfile | str | None = "native") -> None:
         self.m, self.p, self.c, self.w, self.costs = model, plan, cluster, workload, costs
+        self.engine = get_engine(engine)
+        self.grad_reduce_bytes = self.engine.grad_reduce_bytes
         t, cp = plan.tp_degree, plan.cp_degree
         self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
         # process groups in Megatron-LM rank order (TP, CP, DP, PP; autotune.topology): TP stride 1,
@@ -161,10 +164,11 @@ class CostBuilder:
         # (plain GeLU r f w f: 4f/t). Backward moves about twice the forward bytes.
         act_bytes = (6 if m.gated_mlp else 4) * f / t
         hdiv = t if sp else 1
-        mem_fwd = (costs.memory_bound_ms(T * 8 * h / hdiv, "rmsnorm")          # 2 RMSNorms
-                   + costs.memory_bound_ms(T * 12 * h / hdiv)                 # 2 residual adds
-                   + costs.memory_bound_ms(T * 4 * (q + kv) / t, "rope")      # RoPE on q, k
-                   + costs.memory_bound_ms(T * act_bytes, "swiglu"))          # SwiGLU / GeLU
+        mb = self._memory_bound_ms
+        mem_fwd = (mb(T * 8 * h / hdiv, "rmsnorm")          # 2 RMSNorms
+                   + mb(T * 12 * h / hdiv, None)             # 2 residual adds
+                   + mb(T * 4 * (q + kv) / t, "rope")        # RoPE on q, k
+                   + mb(T * act_bytes, "swiglu"))            # SwiGLU / GeLU
         mem_bwd = 2 * mem_fwd
 
         fwd: dict[str, float] = {}
@@ -185,10 +189,16 @@ class CostBuilder:
             tp_fwd = tp_bwd = 2 * one
         # CP (ring attention; Liu et al. 2023; Megatron-LM context parallel): K and V of every other
         # CP rank pass through each rank in forward; backward passes K, V and dK, dV (2x).
+        # The engine decides the exchange: an all-gather of every rank's K/V (torch context_parallel's
+        # allgather rotation; the Llama 3 paper's CP, Sec. 3.3.2) or a ring of cp - 1 send/recv steps of
+        # one K/V block each (Megatron-LM --cp-comm-type p2p, Transformer Engine's ring attention).
         cp_fwd = cp_bwd = 0.0
         if p.cp_degree > 1:
-            nbytes = p.cp_degree * T * 2 * (kv // t if kv >= t else kv) * BF16
-            cp_fwd = costs.placed_collective_ms("all_gather", nbytes, self.cp_place)
+            block = T * 2 * (kv // t if kv >= t else kv) * BF16
+            if self.engine.cp_comm == "p2p":
+                cp_fwd = (p.cp_degree - 1) * costs.placed_collective_ms("send_recv", block, self.cp_place)
+            else:
+                cp_fwd = costs.placed_collective_ms("all_gather", p.cp_degree * block, self.cp_place)
             cp_bwd = 2 * cp_fwd
         for parts, tp_ms, cp_ms, gemm_ms, attn_ms in ((fwd, tp_fwd, cp_fwd, gemm_fwd, attn_fwd),
                                                       (bwd, tp_bwd, cp_bwd, gemm_bwd, attn_bwd)):
@@ -212,8 +222,29 @@ class CostBuilder:
             _add(bwd, "exposed_tp_comm", fwd.get("exposed_tp_comm", 0.0))
             _add(bwd, "exposed_cp_comm", fwd.get("exposed_cp_comm", 0.0))
         elif p.recompute == "selective":
-            _add(bwd, "recompute", attn_fwd + costs.memory_bound_ms(T * act_bytes, "swiglu"))
+            mode = self.engine.selective_recompute
+            if mode == "core_attention":
+                # Megatron-LM --recompute-granularity selective, --recompute-modules [core_attn]
+                _add(bwd, "recompute", attn_fwd)
+            elif mode == "every_second_mm":
+                # torchtitan's op-level SAC (distributed/activation_checkpoint.py): attention and the odd
+                # mm of each block saved; the 2nd, 4th and 6th of wq, wk, wv, wo, w1, w3, w2 (wk, wo, w3)
+                # and every elementwise op of the block are recomputed
+                second = [(T, kv // t, h), (T, h, q // t), (T, f // t, h)]
+                _add(bwd, "recompute", sum(costs.gemm_ms(a, b, c) for a, b, c in second) + mem_fwd)
+            else:
+                _add(bwd, "recompute", attn_fwd + mb(T * act_bytes, "swiglu"))
         return fwd, bwd, flops
+
+    def _memory_bound_ms(self, nbytes: float, op: str | None) -> float:
+        """A memory-bound kernel of the layer, ms; a kernel the engine fuses (Transformer Engine's
+        fused RoPE / SwiGLU / RMSNorm, :attr:`EngineProfile.fused_kernels`) runs at least at the
+        profile's generic elementwise bandwidth (measured), not at the eager kernel's own (an eager RoPE
+        reaches ~360 GB/s on H200)."""
+        t = self.costs.memory_bound_ms(nbytes, op)
+        if op is not None and self.engine.fuses(op):
+            t = min(t, self.costs.memory_bound_ms(nbytes))
+        return t
 
     def chunk_cost(self, vstage: int, num_layers: int) -> ChunkCost:
         """Cost of virtual stage ``vstage`` holding ``num_layers`` layers, per micro-batch."""
@@ -238,11 +269,12 @@ class CostBuilder:
             cc.params += m.embedding_params // t
         if last:                                      # final norm, LM head, cross-entropy (vocab-parallel)
             V = m.vocab_size
+            mb = self._memory_bound_ms
             _add(cc.fwd_parts, "compute", costs.gemm_ms(T, V // t, h)
-                 + costs.memory_bound_ms(T * V / t * 6, "cross_entropy") + costs.memory_bound_ms(4 * T * h, "rmsnorm"))
+                 + mb(T * V / t * 6, "cross_entropy") + mb(4 * T * h, "rmsnorm"))
             _add(cc.bwd_parts, "compute", costs.gemm_ms(T, h, V // t, backward=True)
                  + costs.gemm_ms(h, V // t, T, backward=True)
-                 + costs.memory_bound_ms(T * V / t * 6, "cross_entropy") + costs.memory_bound_ms(6 * T * h, "rmsnorm"))
+                 + mb(T * V / t * 6, "cross_entropy") + mb(6 * T * h, "rmsnorm"))
             cc.fwd_flops += 2.0 * T * V / t * h
             cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
         self._precision_costs(cc)
@@ -261,8 +293,8 @@ class CostBuilder:
             layer_unit = m.params_per_layer // t
             edge = min(cc.params, (cc.params - num_layers * layer_unit) + layer_unit) if p.pp_degree == 1 else 0
             place = self.dp_place
-            rs = costs.placed_collective_ms("reduce_scatter", cc.params * GRAD_REDUCE_BYTES, place)
-            rs_edge = costs.placed_collective_ms("reduce_scatter", edge * GRAD_REDUCE_BYTES, place)
+            rs = costs.placed_collective_ms("reduce_scatter", cc.params * self.grad_reduce_bytes, place)
+            rs_edge = costs.placed_collective_ms("reduce_scatter", edge * self.grad_reduce_bytes, place)
             self._overlap(cc.bwd_parts, rs, p.async_collectives and p.dp_grad_reduce_overlap, exposed_ms=rs_edge)
             if p.zero_stage == 3:
                 ag = costs.placed_collective_ms("all_gather", cc.params * BF16, place)
@@ -284,20 +316,26 @@ class CostBuilder:
         unsharded gradients to FP32 for the reduce-scatter (6P), accumulates the shard (12P/g x (m-1)/m)
         and, ZeRO-3 only, copies the re-gathered parameters out again (4P).
         """
-        p, costs, P = self.p, self.costs, float(cc.params)
+        p, costs, P, e = self.p, self.costs, float(cc.params), self.engine
         later = (p.num_micro_batches - 1) / p.num_micro_batches
+        cast = 1.0 if e.cast_weights_per_microbatch else 0.0           # FP32 -> BF16 weight casts
+        # fused main-grad accumulation (Megatron --gradient-accumulation-fusion): the wgrad GEMM writes
+        # into the FP32 buffer, so neither the gradient cast nor the per-micro-batch add exists
+        unfused = 0.0 if e.grad_accumulation == "fused_main_grad" else 1.0
+        copy = 1.0 if e.fsdp_gather_copy_out else 0.0
         if self.dp_group > 1 and p.zero_stage >= 2:
             g = self.dp_group
-            fwd = (costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P / g, "cast")
-                   + costs.memory_bound_ms(GATHER_COPY_BYTES_PER_PARAM * P, "copy"))
-            bwd = (costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P, "cast")
+            fwd = (costs.memory_bound_ms(cast * CAST_BYTES_PER_PARAM * P / g, "cast")
+                   + costs.memory_bound_ms(copy * GATHER_COPY_BYTES_PER_PARAM * P, "copy"))
+            # the reduce-scattered shard is added into the accumulated shard by every engine
+            bwd = (costs.memory_bound_ms(unfused * CAST_BYTES_PER_PARAM * P, "cast")
                    + costs.memory_bound_ms(ACCUMULATE_BYTES_PER_PARAM * P / g * later, "accumulate"))
             if p.zero_stage == 3:
-                bwd += costs.memory_bound_ms(GATHER_COPY_BYTES_PER_PARAM * P, "copy")
+                bwd += costs.memory_bound_ms(copy * GATHER_COPY_BYTES_PER_PARAM * P, "copy")
         else:
-            fwd = costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P, "cast")
-            bwd = (costs.memory_bound_ms(CAST_BYTES_PER_PARAM * P, "cast")
-                   + costs.memory_bound_ms(ACCUMULATE_BYTES_PER_PARAM * P * later, "accumulate"))
+            fwd = costs.memory_bound_ms(cast * CAST_BYTES_PER_PARAM * P, "cast")
+            bwd = (costs.memory_bound_ms(unfused * CAST_BYTES_PER_PARAM * P, "cast")
+                   + costs.memory_bound_ms(unfused * ACCUMULATE_BYTES_PER_PARAM * P * later, "accumulate"))
         _add(cc.fwd_parts, "compute", fwd)
         _add(cc.bwd_parts, "compute", bwd)
 
@@ -324,7 +362,7 @@ class CostBuilder:
         if self.dp_group <= 1 or p.zero_stage >= 2:
             return []
         kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
-        total = chunk_params * GRAD_REDUCE_BYTES
+        total = chunk_params * self.grad_reduce_bytes
         bucket = p.bucket_size_mib * 2**20
         n_full, rem = divmod(total, bucket)
         one = self.costs.placed_collective_ms(kind, bucket, self.dp_place)
@@ -348,7 +386,8 @@ class CostBuilder:
 def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
                      costs: OpCosts, num_micro_batches: int | None = None,
                      reserved_bytes_per_stage: list[float] | None = None,
-                     builder: CostBuilder | None = None) -> nx.DiGraph:
+                     builder: CostBuilder | None = None,
+                     engine: EngineProfile | str | None = "native") -> nx.DiGraph:
     """Build the step graph (module docstring). ``num_micro_batches`` overrides the plan's count
     (the simulator uses it to extrapolate long pipelines); ``reserved_bytes_per_stage`` sizes the
     cost of re-allocating after ``empty_cache``.
@@ -359,7 +398,8 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
         ``flops``; edge attributes ``kind`` and ``delay_ms``.
     """
     p = plan
-    cb = builder or CostBuilder(model=model, plan=plan, cluster=cluster, workload=workload, costs=costs)
+    cb = builder or CostBuilder(model=model, plan=plan, cluster=cluster, workload=workload, costs=costs,
+                                engine=engine)
     m = num_micro_batches or p.num_micro_batches
     P, v = p.pp_degree, p.effective_vpp
     layers = p.layers_per_virtual_stage(model.num_layers)

@@ -39,6 +39,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
+from autotune.engines import EngineProfile, get_engine
 from autotune.errors import ConfigError, PlanError
 from autotune.hardware import GIB, GPUSpec
 from autotune.models import ModelSpec
@@ -263,8 +264,33 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload) ->
 _SELECTIVE_DROPPED = ("attn_output", "mlp_act_output")
 
 
+def _selective_bytes(terms: Mapping[str, int], mode: str, model: ModelSpec, plan: Plan,
+                     workload: Workload) -> int:
+    """Bytes one layer keeps under ``recompute: selective`` as engine mode ``mode`` defines it
+    (:attr:`autotune.engines.EngineProfile.selective_recompute`):
+
+    * ``core_attention_and_mlp_act`` (native runtime): all terms but the attention output and the MLP
+      activation output (:data:`_SELECTIVE_DROPPED`);
+    * ``core_attention`` (Megatron-LM ``--recompute-modules core_attn``): the checkpointed core
+      attention's inputs (Q, K, V) and its output (the input the output projection saves) stay; only
+      flash attention's own saved logsumexp is dropped;
+    * ``every_second_mm`` (torchtitan op-level SAC, ``torchtitan/distributed/activation_checkpoint.py``):
+      only the block's input and the outputs of the saved ops survive: wq 2sbq/t, wv 2sb kv/t, the
+      attention output 2sbq/t and its logsumexp, w1 2sbf/t (gate) and w2 (the MLP output, 2sbh, /t
+      with SP); wk, wo, w3 (the even mms) and every elementwise output are recomputed.
+    """
+    if mode == "core_attention":
+        return sum(v for k, v in terms.items() if k != "attn_logsumexp")
+    if mode == "every_second_mm":
+        s, b, t = _seq_per_rank(plan, workload), plan.micro_batch_size, plan.tp_degree
+        q, kv, f = model.q_dim, model.kv_dim, model.ffn_hidden_size
+        return (terms["attn_norm_input"] + BF16_BYTES * s * b * (2 * q + kv + f) // t
+                + terms["attn_logsumexp"] + terms["mlp_norm_input"])
+    return sum(v for k, v in terms.items() if k not in _SELECTIVE_DROPPED)
+
+
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload, *,
-                               recompute: str | None = None) -> int:
+                               recompute: str | None = None, engine: EngineProfile | str | None = "native") -> int:
     """Activation bytes one transformer layer keeps for backward: one micro-batch, one GPU.
 
     Re-derived for Llama from Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1 and Table 2), bf16
@@ -285,9 +311,10 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     Recomputation (``recompute``, default ``plan.recompute``):
 
     * ``none``: all of the above.
-    * ``selective``: drops the attention output and the MLP activation output (recomputed from the
-      kept Q/K/V and gate/up outputs; Korthikanti Sec. 4.3 recomputes the attention core, Megatron-LM
-      selective recompute). The logsumexp is kept (conservative; 4sb heads/t is < 0.5% of a layer).
+    * ``selective``: what the engine's selective recomputation keeps (:func:`_selective_bytes`); for
+      the native runtime it drops the attention output and the MLP activation output (recomputed from
+      the kept Q/K/V and gate/up outputs; Korthikanti Sec. 4.3 recomputes the attention core). The
+      logsumexp is kept (conservative; 4sb heads/t is < 0.5% of a layer).
     * ``full``: only the layer's input, 2sbh (/t with SP); the backward working set of one layer is
       accounted as transient by :func:`estimate_memory`.
 
@@ -305,7 +332,7 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     if mode == "none":
         return sum(terms.values())
     if mode == "selective":
-        return sum(v for k, v in terms.items() if k not in _SELECTIVE_DROPPED)
+        return _selective_bytes(terms, get_engine(engine).selective_recompute, model, plan, workload)
     return terms["attn_norm_input"]
 
 
@@ -359,7 +386,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
-                    fragmentation: Mapping[str, float] | None = None) -> MemoryEstimate:
+                    fragmentation: Mapping[str, float] | None = None,
+                    engine: EngineProfile | str | None = "native") -> MemoryEstimate:
     """Bytes per GPU on every pipeline rank of ``plan`` during one training step.
 
     Rank r of p holds the virtual stages r, r + p, r + 2p, ... of
@@ -396,6 +424,11 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             (``usable_hbm_bytes``); workload: sequence length (global batch is not needed here).
         fragmentation: overrides of the allocator fraction per ``memory_reclaim`` policy (a partial
             mapping is fine; the calibration profile supplies measured values).
+        engine: the engine that runs the plan (:mod:`autotune.engines`): its parameter and optimizer
+            bytes replace the 4 + 8 above (Megatron-LM: BF16 parameters 2 B + FP32 main param and
+            Adam moments 12 B in the (distributed) optimizer, no transient BF16 copy), ZeRO-2 shards
+            the parameters only where the engine does (FSDP2), and the reduce-scatter stream pool
+            exists only for FSDP2 engines.
 
     Returns:
         :class:`MemoryEstimate` with one :class:`StageMemory` per pipeline rank.
@@ -406,6 +439,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         ConfigError: a fragmentation key that is not a memory_reclaim policy, or a value outside [0, 1).
     """
     _check_tp(model, plan)
+    eng = get_engine(engine)
     frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation)
     p, t = plan.pp_degree, plan.tp_degree
     g = plan.dp_degree * plan.cp_degree
@@ -423,7 +457,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     if plan.recompute == "none":
         layer_act = full_layer_act
     elif plan.recompute == "selective":
-        layer_act = sum(v for k, v in terms.items() if k not in _SELECTIVE_DROPPED)
+        layer_act = _selective_bytes(terms, eng.selective_recompute, model, plan, workload)
     else:
         layer_act = terms["attn_norm_input"]
     embed_out = BF16_BYTES * s * b * h // (t if sp else 1)
@@ -453,9 +487,10 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             if not (model.tied_embeddings and p == 1):
                 params += vocab_shard * h
             params += h
-        weights = WEIGHT_BYTES * (_ceil_div(params, g) if z >= 2 else params)
+        shard_weights = z == 3 or (z == 2 and eng.shard_params_at_zero2)
+        weights = eng.param_bytes * (_ceil_div(params, g) if shard_weights else params)
         grads = GRAD_BYTES * (_ceil_div(params, g) if z >= 2 else params)
-        optim = ADAM_STATE_BYTES * (_ceil_div(params, g) if z >= 1 else params)
+        optim = eng.optimizer_bytes * (_ceil_div(params, g) if z >= 1 else params)
 
         # In-flight micro-batches from the schedule's own order (autotune.schedule.count_inflight):
         # each chunk's layers hold their own count, rank 0's embedding output lives with chunk 0's
@@ -479,7 +514,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # parameters; ZeRO-3 holds the root module's (embedding, final norm and LM head: FSDP2 does not
         # reshard the root after forward), the layers' being the gathered-layer term above.
         root = params - n * layer_params          # embedding / LM head / final norm held by this rank
-        if z == 3:
+        if not eng.bf16_compute_copy:
+            copies = 0                            # BF16 parameters are what the kernels read
+        elif z == 3:
             copies = BF16_BYTES * root
         else:
             copies = BF16_BYTES * params
@@ -497,7 +534,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # unsharded gradients of the largest FSDP unit plus their shard, while nothing of it is live at
         # the step's peak (start of backward).
         rs_pool = 0
-        if z >= 2 and g > 1:
+        if z >= 2 and g > 1 and eng.fsdp_stream_pool:
             unit = max(layer_params, root)
             rs_pool = GRAD_BYTES * (unit + _ceil_div(unit, g))
         stages.append(StageMemory(

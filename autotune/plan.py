@@ -356,6 +356,8 @@ class PlanDocument:
         workload: sequence length and global batch.
         study: Optuna study name it came from, or None; trial_id: its trial number, or None.
         prediction: what the evaluator predicted (step_time_ms, mfu, ...), or empty.
+        engine: the training engine the prediction is for (:mod:`autotune.engines`); files written
+            before engines were modelled read as ``native`` (what their predictions costed).
     """
 
     plan: Plan
@@ -368,6 +370,7 @@ class PlanDocument:
     trial_id: int | None = None
     prediction: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = PLAN_SCHEMA_VERSION
+    engine: str = "native"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -376,6 +379,7 @@ class PlanDocument:
             "trial_id": self.trial_id,
             "model": self.model.to_dict(),
             "cluster": {"gpu": self.gpu, "num_gpus": self.num_gpus, "fabric": _plain(self.fabric)},
+            "engine": self.engine,
             "workload": asdict(self.workload),
             "plan": self.plan.to_dict(),
             "prediction": _plain(self.prediction),
@@ -405,7 +409,17 @@ class PlanDocument:
             workload = Workload(**wl)
         except TypeError as e:
             raise ConfigError(f"{source}: field workload: {e} (expected seq_len, global_batch_size)") from None
+        engine = d.get("engine", "native")
+        if not isinstance(engine, str):
+            raise ConfigError(f"{source}: field engine must be an engine name, got {engine!r}")
+        from autotune.engines import get_engine
+
+        try:
+            get_engine(engine)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: field engine: {e}") from None
         return cls(
+            engine=engine,
             plan=Plan.from_dict(d["plan"], source=f"{source}: field plan"),
             model=ModelSpec.from_dict(d["model"], source=f"{source}: field model"),
             gpu=str(c["gpu"]), num_gpus=int(c["num_gpus"]), fabric=dict(c["fabric"]),

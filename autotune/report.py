@@ -107,13 +107,32 @@ def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
             for k in keys]
 
 
+def error_band_line(engine: str) -> str:
+    """How far to trust a prediction for ``engine``: its error against published runs
+    (``bench/published.py``) or, for ``native``, against real runs (``docs/fidelity.md``), read from
+    ``autotune/data/error_bands.yaml``; says so when the engine has no measured error yet."""
+    from autotune.engines import error_band
+
+    b = error_band(engine)
+    if b is None:
+        return f"error band: none measured yet for engine {engine}"
+    return (f"error band ({engine}): step-time error {b['mean_abs_error_pct']:.1f}% mean, "
+            f"{b['worst_error_pct']:+.1f}% worst over {b['num_runs']} {b['against']} ({b['source']})")
+
+
 def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: ModelSpec | None = None,
-                     target: str | None = None) -> str:
-    """The best-plan table: degrees, schedule, settings, step time, tokens/s/GPU, MFU, memory, breakdown."""
+                     target: str | None = None, engine: str | None = None) -> str:
+    """The best-plan table: degrees, schedule, settings, step time, tokens/s/GPU, MFU, memory, breakdown,
+    and (given ``engine``) the engine and the error band of its predictions."""
     head = [title]
     if target:
         head.append(target)
     rows = plan_rows(plan) + result_rows(result)
+    eng = engine or (result.details or {}).get("engine")
+    if eng:
+        rows.append(("engine", str(eng)))
+        if result.backend != "real":
+            rows.append(("trust", error_band_line(str(eng)).split(": ", 1)[1]))
     d = result.details or {}
     if result.backend == "real":
         sim_ms = d.get("simulated_step_time_ms")
@@ -155,9 +174,9 @@ def format_studies(rows: Sequence[Mapping[str, Any]]) -> str:
     """One row per study: model, GPUs, fabric, workload, trials, best MFU, step time, degrees."""
     if not rows:
         return "no studies"
-    header = ["model", "gpus", "interconnect", "workload", "trials", "best MFU", "step ms", "plan", "study"]
-    body = [[r["model"], r["gpus"], r["fabric"], r["workload"], str(r["n_trials"]), r["mfu"], r["step"], r["plan"],
-             r["study"]] for r in rows]
+    header = ["model", "gpus", "interconnect", "engine", "workload", "trials", "best MFU", "step ms", "plan", "study"]
+    body = [[r["model"], r["gpus"], r["fabric"], r.get("engine", "-"), r["workload"], str(r["n_trials"]), r["mfu"],
+             r["step"], r["plan"], r["study"]] for r in rows]
     return _table(body, header)
 
 

@@ -179,13 +179,16 @@ class SearchSpace:
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def bind(self, *, model: ModelSpec, num_gpus: int, workload: Workload) -> "BoundSearchSpace":
-        """Restrict the choices to values that can be valid for this model, GPU count and workload.
+    def bind(self, *, model: ModelSpec, num_gpus: int, workload: Workload,
+             engine: Any = None) -> "BoundSearchSpace":
+        """Restrict the choices to values that can be valid for this model, GPU count and workload
+        (and, given an :class:`autotune.engines.EngineProfile`, that engine: ZeRO stages, schedules and
+        TP communication overlap it cannot run are dropped).
 
         Raises:
             ConfigError: a knob has no valid value left (names the knob, its values and why each fails).
         """
-        return BoundSearchSpace(space=self, model=model, num_gpus=num_gpus, workload=workload)
+        return BoundSearchSpace(space=self, model=model, num_gpus=num_gpus, workload=workload, engine=engine)
 
 
 def _check_value(k: str, x: Any, where: str) -> None:
@@ -255,6 +258,7 @@ class BoundSearchSpace:
     model: ModelSpec
     num_gpus: int
     workload: Workload
+    engine: Any = None
     choices: dict[str, tuple[Any, ...]] = field(init=False)
     excluded: dict[str, dict[str, str]] = field(init=False)
 
@@ -279,6 +283,14 @@ class BoundSearchSpace:
                 return f"micro_batch_size={v} does not divide the global batch of {w.global_batch_size} sequences"
             if knob == "vpp_degree" and v == 1:
                 return "vpp_degree=1 with interleaved_1f1b is plain 1F1B (already searched)"
+            e = self.engine
+            if e is not None:
+                if knob == "zero_stage" and v not in e.zero_stages:
+                    return e.zero_stage_reasons.get(v) or f"engine {e.name} has no zero_stage {v}"
+                if knob == "pipeline_schedule" and v not in e.schedules:
+                    return f"engine {e.name} has no {v} schedule"
+                if knob == "tp_comm_overlap" and v is True and not e.tp_comm_overlap:
+                    return e.tp_comm_overlap_reason or f"engine {e.name} has no TP communication overlap"
             return None
 
         choices: dict[str, tuple[Any, ...]] = {}
@@ -290,6 +302,9 @@ class BoundSearchSpace:
                     keep.append(v)
                 else:
                     excluded.setdefault(knob, {})[str(v)] = r
+            if not keep and knob in _BOOL_KNOBS and self.engine is not None and all(
+                    v is True for v in self.space.choices[knob]):
+                keep = [False]      # the engine cannot turn this setting on: search it switched off
             if not keep and knob != "vpp_degree":
                 raise ConfigError(
                     f"{self.space.source}: no value of {knob} {list(self.space.choices[knob])} is valid for "

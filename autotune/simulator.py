@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import networkx as nx
 
 from autotune.calibration import CalibrationProfile, CalibratedCosts, OpCosts, default_calibration
+from autotune.engines import EngineProfile, check_plan_for_engine
 from autotune.evaluator import BREAKDOWN_KEYS, Evaluator, StepResult
 from autotune.flops import model_flops_per_token, recompute_flops_per_token
 from autotune.graph import CostBuilder, build_step_graph
@@ -126,8 +127,9 @@ class SimulatedEvaluator(Evaluator):
     backend = "simulated"
 
     def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                 calibration: CalibrationProfile | None = None, costs: OpCosts | None = None) -> None:
-        super().__init__(model=model, cluster=cluster, workload=workload)
+                 calibration: CalibrationProfile | None = None, costs: OpCosts | None = None,
+                 engine: EngineProfile | str | None = None) -> None:
+        super().__init__(model=model, cluster=cluster, workload=workload, engine=engine)
         self.calibration = calibration or default_calibration()
         self.costs = costs or CalibratedCosts(profile=self.calibration, gpu=cluster.gpu)
         self.graph_build_ms = 0.0       # building graphs (all plans so far), ms
@@ -138,9 +140,12 @@ class SimulatedEvaluator(Evaluator):
     def evaluate(self, plan: Plan) -> StepResult:
         model, cluster, w = self.model, self.cluster, self.workload
         warnings = validate_plan(plan, model, cluster.num_gpus, w, gpus_per_node=cluster.gpus_per_node)
-        mem = estimate_memory(model, plan, cluster.gpu, w, fragmentation=self.costs.fragmentation())
+        check_plan_for_engine(plan, self.engine)
+        mem = estimate_memory(model, plan, cluster.gpu, w, fragmentation=self.costs.fragmentation(),
+                              engine=self.engine)
         per_stage = tuple(int(s.total_bytes) for s in mem.stages)
-        details: dict[str, Any] = {"costs": dict(self.costs.provenance()), "warnings": list(warnings)}
+        details: dict[str, Any] = {"costs": dict(self.costs.provenance()), "warnings": list(warnings),
+                                   "engine": self.engine.name}
         if not mem.fits:
             st = mem.stages[mem.peak_stage]
             reason = (f"out of memory: pipeline stage {mem.peak_stage} needs {mem.peak_bytes / 2**30:.1f} GiB "
@@ -169,7 +174,8 @@ class SimulatedEvaluator(Evaluator):
         t0 = time.perf_counter()
         g = build_step_graph(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
                              costs=self.costs, num_micro_batches=num_micro_batches,
-                             reserved_bytes_per_stage=reserved_bytes_per_stage, builder=builder)
+                             reserved_bytes_per_stage=reserved_bytes_per_stage, builder=builder,
+                             engine=self.engine)
         self.graph_build_ms += (time.perf_counter() - t0) * 1e3
         self.num_graphs += 1
         return g
@@ -177,7 +183,7 @@ class SimulatedEvaluator(Evaluator):
     def _simulate(self, plan: Plan, reserved: list[float]) -> tuple[float, dict[str, float], dict[str, Any]]:
         p, m = plan.pp_degree, plan.num_micro_batches
         cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
-                         costs=self.costs)
+                         costs=self.costs, engine=self.engine)
         # past 2p micro-batches every schedule here is in its steady state; from p it may not be yet
         # (an interleaved 405B plan on 8 stages added 872 ms per round of 8 from 8 to 16 micro-batches
         # and 890 ms from 16 on), so extrapolate from 2p and 3p

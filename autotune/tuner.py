@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.engines import DEFAULT_ENGINE, resolve_engine
 from autotune.errors import AutotuneError, ConfigError, NoFeasiblePlanError, PlanError, StorageError
 from autotune.evaluator import Evaluator, StepResult
 from autotune.hardware import ClusterSpec, FabricSpec, fabric_from_dict, get_gpu, make_cluster
@@ -161,9 +162,11 @@ def _fast_sqlite(storage: optuna.storages.RDBStorage) -> None:
 
 # ------------------------------------------------------------------ naming and study identity
 def study_name(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, space_name: str = "default",
-               backend: str = DEFAULT_BACKEND) -> str:
-    """``<model>/<gpu>x<count>/<fabric>/<workload.label>`` (+ ``/space=..``, ``/backend=..`` if not default)."""
-    name = f"{model.name.replace('/', '--')}/{cluster.gpu.name}x{cluster.num_gpus}/{cluster.fabric.name}/{workload.label}"
+               backend: str = DEFAULT_BACKEND, engine: str = DEFAULT_ENGINE) -> str:
+    """``<model>/<gpu>x<count>/<fabric>/<engine>/<workload.label>`` (+ ``/space=..``, ``/backend=..`` if
+    not default)."""
+    name = (f"{model.name.replace('/', '--')}/{cluster.gpu.name}x{cluster.num_gpus}/{cluster.fabric.name}/"
+            f"{engine}/{workload.label}")
     if space_name != "default":
         name += f"/space={space_name}"
     if backend != DEFAULT_BACKEND:
@@ -184,6 +187,7 @@ class StudyInfo:
     space: str
     backend: str
     n_trials: int = 0
+    engine: str = "native"
 
     @property
     def cluster(self) -> ClusterSpec:
@@ -198,7 +202,7 @@ class StudyInfo:
         """Same model, GPU, GPU count, workload, space and backend (the fabric may differ)."""
         return (self.model == other.model and self.gpu == other.gpu and self.num_gpus == other.num_gpus
                 and self.workload == other.workload and self.space == other.space
-                and self.backend == other.backend)
+                and self.backend == other.backend and self.engine == other.engine)
 
 
 def fabric_speed(fabric: Mapping[str, Any] | FabricSpec) -> tuple[float, float]:
@@ -215,7 +219,9 @@ def _study_info_from_attrs(name: str, attrs: Mapping[str, Any], n_trials: int = 
         return StudyInfo(name=name, model=ModelSpec.from_dict(attrs["model"], source=f"study {name}: model"),
                          gpu=attrs["gpu"], num_gpus=int(attrs["num_gpus"]), fabric=dict(attrs["fabric"]),
                          workload=Workload(**attrs["workload"]), space=attrs.get("space", "default"),
-                         backend=attrs.get("backend", DEFAULT_BACKEND), n_trials=n_trials)
+                         backend=attrs.get("backend", DEFAULT_BACKEND), n_trials=n_trials,
+                         # studies from before engines were modelled were costed as the native runtime
+                         engine=attrs.get("engine", "native"))
     except (KeyError, TypeError, AutotuneError):
         return None
 
@@ -367,7 +373,8 @@ class BestPlan:
         """The :class:`PlanDocument` ``autotune export`` writes."""
         return PlanDocument(plan=self.plan, model=self.info.model, gpu=self.info.gpu, num_gpus=self.info.num_gpus,
                             fabric=dict(self.info.fabric), workload=self.info.workload, study=self.study,
-                            trial_id=self.trial_number, prediction=prediction_of(self.result))
+                            trial_id=self.trial_number, prediction=prediction_of(self.result),
+                            engine=self.info.engine)
 
 
 def best_plan(study: optuna.Study, info: StudyInfo) -> BestPlan | None:
@@ -448,19 +455,25 @@ class Tuner:
         seed: TPE sampler seed (same seed and same study history -> the same trials).
         evaluator: an evaluator to use instead of building one for ``backend``.
         evaluator_options: extra keyword arguments for the backend's evaluator.
+        engine: the engine that runs the plans (:mod:`autotune.engines`); None = ``native`` for the
+            real backend, else :data:`autotune.engines.DEFAULT_ENGINE`.
 
     Raises:
-        ConfigError: bad space; StorageError: storage unreachable; AutotuneError: backend unavailable
+        ConfigError: bad space or engine (the real backend runs only ``native``); StorageError: storage unreachable; AutotuneError: backend unavailable
             (when the first plan is evaluated).
     """
 
     def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                  space: SearchSpace | str | None = None, storage: str = DEFAULT_STORAGE,
                  backend: str = DEFAULT_BACKEND, seed: int | None = 0, evaluator: Evaluator | None = None,
-                 evaluator_options: Mapping[str, Any] | None = None) -> None:
+                 evaluator_options: Mapping[str, Any] | None = None, engine: str | None = None) -> None:
         self.model, self.cluster, self.workload = model, cluster, workload
+        # an evaluator given without an engine name brings its own
+        given = getattr(evaluator, "engine", None) if engine is None else None
+        self.engine = given if given is not None else resolve_engine(engine, backend)
         self.space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
-        self.bound: BoundSearchSpace = self.space.bind(model=model, num_gpus=cluster.num_gpus, workload=workload)
+        self.bound: BoundSearchSpace = self.space.bind(model=model, num_gpus=cluster.num_gpus, workload=workload,
+                                                       engine=self.engine)
         self.storage = storage
         if backend not in BACKENDS:
             raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
@@ -469,7 +482,8 @@ class Tuner:
         self._evaluator = evaluator
         self._evaluator_options = dict(evaluator_options or {})
         self._cache: dict[Plan, StepResult] = {}
-        self.name = study_name(model, cluster, workload, space_name=self.space.name, backend=backend)
+        self.name = study_name(model, cluster, workload, space_name=self.space.name, backend=backend,
+                               engine=self.engine.name)
         self._study: optuna.Study | None = None
         self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
@@ -478,7 +492,7 @@ class Tuner:
     def info(self) -> StudyInfo:
         return StudyInfo(name=self.name, model=self.model, gpu=self.cluster.gpu.name, num_gpus=self.cluster.num_gpus,
                          fabric=self.cluster.fabric.to_dict(), workload=self.workload, space=self.space.name,
-                         backend=self.backend)
+                         backend=self.backend, engine=self.engine.name)
 
     def _study_attrs(self) -> dict[str, Any]:
         return {"autotune_schema": 1, "model": self.model.to_dict(), "gpu": self.cluster.gpu.name,
@@ -486,7 +500,7 @@ class Tuner:
                 "workload": {"seq_len": self.workload.seq_len, "global_batch_size": self.workload.global_batch_size,
                              "dtype": self.workload.dtype},
                 "space": self.space.name, "space_fingerprint": self.space.fingerprint, "backend": self.backend,
-                "excluded_values": self.bound.excluded}
+                "engine": self.engine.name, "excluded_values": self.bound.excluded}
 
     @property
     def study(self) -> optuna.Study:
@@ -521,7 +535,8 @@ class Tuner:
     def evaluator(self) -> Evaluator:
         if self._evaluator is None:
             self._evaluator = make_evaluator(self.backend, model=self.model, cluster=self.cluster,
-                                             workload=self.workload, **self._evaluator_options)
+                                             workload=self.workload, engine=self.engine.name,
+                                             **self._evaluator_options)
         return self._evaluator
 
     def close(self) -> None:
@@ -708,7 +723,7 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
            storage: str = DEFAULT_STORAGE, backend: str = DEFAULT_BACKEND, seed: int | None = 0,
            n_trials: int = 200, timeout: float | None = None, top_k: int = 5,
            show_progress_bar: bool | None = None, evaluator_options: Mapping[str, Any] | None = None,
-           log_fn: Callable[[str], None] | None = None) -> RetuneResult:
+           log_fn: Callable[[str], None] | None = None, engine: str | None = None) -> RetuneResult:
     """Re-tune for the (slower) fabric of ``cluster``, warm-started from the fastest fabric's study.
 
     Steps: find the same target's study on the fastest other fabric in ``storage`` (if none, tune the
@@ -724,7 +739,7 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
     say = log_fn or (lambda s: None)
     space_obj = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     slow = Tuner(model=model, cluster=cluster, workload=workload, space=space_obj, storage=storage,
-                 backend=backend, seed=seed, evaluator_options=evaluator_options)
+                 backend=backend, seed=seed, evaluator_options=evaluator_options, engine=engine)
     found = find_fastest_study(storage, slow.info)
     tuned_fast_first = False
     if found is None:
@@ -735,7 +750,7 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
                               "first")
         say(f"no study on another fabric in {storage}; tuning {fast_cluster.fabric.name} first")
         fast_tuner = Tuner(model=model, cluster=fast_cluster, workload=workload, space=space_obj, storage=storage,
-                           backend=backend, seed=seed, evaluator_options=evaluator_options)
+                           backend=backend, seed=seed, evaluator_options=evaluator_options, engine=engine)
         fast_tuner.optimize(n_trials, timeout=timeout, show_progress_bar=show_progress_bar)
         fast_tuner.close()
         tuned_fast_first = True

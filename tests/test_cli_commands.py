@@ -45,11 +45,14 @@ def test_export_then_simulate_reads_back_the_same_prediction(storage, tmp_path):
     assert r.exit_code == 0, r.output
     assert "--tensor-model-parallel-size" in r.output and "tensor_parallel_degree" in r.output
     doc = PlanDocument.load(out)
-    assert doc.study == "llama3.1-8b/b200x8/nvlink5+ib-ndr400/seq8192-gbs128/space=small"
+    # the default engine (megatron) is part of the study name and of the plan file
+    assert doc.study == "llama3.1-8b/b200x8/nvlink5+ib-ndr400/megatron/seq8192-gbs128/space=small"
+    assert doc.engine == "megatron"
     assert isinstance(doc.trial_id, int)
     from autotune.simulator import SimulatedEvaluator
     cl = make_cluster("b200", 8, "nvlink5+ib-ndr400")
-    again = SimulatedEvaluator(model=doc.model, cluster=cl, workload=doc.workload).evaluate(doc.plan)
+    again = SimulatedEvaluator(model=doc.model, cluster=cl, workload=doc.workload,
+                               engine=doc.engine).evaluate(doc.plan)
     assert again.mfu == pytest.approx(doc.prediction["mfu"], rel=1e-12)
     assert again.step_time_ms == pytest.approx(doc.prediction["step_time_ms"], rel=1e-12)
     r = invoke("simulate", str(out))

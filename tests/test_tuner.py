@@ -29,9 +29,9 @@ def tuner(tmp_path, evaluator=None, **kw):
 
 
 def test_study_name():
-    assert study_name(MODEL, CLUSTER, W) == "llama3.1-8b/b200x8/nvlink5+ib-ndr400/seq8192-gbs128"
-    assert study_name(MODEL, CLUSTER, W, space_name="small", backend="measured") == \
-        "llama3.1-8b/b200x8/nvlink5+ib-ndr400/seq8192-gbs128/space=small/backend=measured"
+    assert study_name(MODEL, CLUSTER, W) == "llama3.1-8b/b200x8/nvlink5+ib-ndr400/megatron/seq8192-gbs128"
+    assert study_name(MODEL, CLUSTER, W, space_name="small", backend="measured", engine="torchtitan") == \
+        "llama3.1-8b/b200x8/nvlink5+ib-ndr400/torchtitan/seq8192-gbs128/space=small/backend=measured"
 
 
 def test_trials_store_results_and_best_is_highest_feasible(tmp_path):
@@ -136,8 +136,9 @@ def test_tuner_finds_the_exhaustive_optimum_on_the_small_space(tmp_path):
     """Best plan within 1% of the exhaustive optimum (BruteForceSampler over the same space)."""
     from autotune.simulator import SimulatedEvaluator
 
-    ev = SimulatedEvaluator(model=MODEL, cluster=CLUSTER, workload=W)
-    bound = SearchSpace.load("small").bind(model=MODEL, num_gpus=8, workload=W)
+    ev = SimulatedEvaluator(model=MODEL, cluster=CLUSTER, workload=W, engine="native")
+    # the same space the tuner searches: bound to the evaluator's engine (values it cannot run dropped)
+    bound = SearchSpace.load("small").bind(model=MODEL, num_gpus=8, workload=W, engine=ev.engine)
 
     def objective(trial):
         try:

@@ -409,11 +409,12 @@ def _make_measured_evaluator() -> type:
         backend = "measured"
 
         def __init__(self, *, model, cluster, workload, calibration=None, storage: str = DEFAULT_STORAGE,
-                     measure: bool | None = None, environment_id: int | None = None, costs=None) -> None:
+                     measure: bool | None = None, environment_id: int | None = None, costs=None,
+                     engine=None) -> None:
             costs = costs or MeasuredCosts(gpu=cluster.gpu, storage=storage, measure=measure,
                                            environment_id=environment_id, calibration=calibration)
             super().__init__(model=model, cluster=cluster, workload=workload, calibration=calibration,
-                             costs=costs)
+                             costs=costs, engine=engine)
 
         def evaluate(self, plan):
             c = self.costs

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from autotune.errors import AutotuneError, PlanError
+from autotune.errors import AutotuneError, ConfigError, PlanError
 from autotune.evaluator import Evaluator, StepResult
 from autotune.hardware import NCCL_TIER_ENV, ClusterSpec
 from autotune.models import ModelSpec
@@ -69,8 +69,13 @@ class RealEvaluator(Evaluator):
 
     def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload, layers: int | None = None,
                  steps: int = 3, warmup: int = 2, timeout_s: float = 900.0, device: str = "auto",
-                 predict: bool = True, env: Mapping[str, str] | None = None) -> None:
-        super().__init__(model=model, cluster=cluster, workload=workload)
+                 predict: bool = True, env: Mapping[str, str] | None = None, engine: str | None = None) -> None:
+        from autotune.engines import REAL_BACKEND_ENGINE
+
+        if engine not in (None, REAL_BACKEND_ENGINE):
+            raise ConfigError(f"--backend real runs autotune's own runtime (engine {REAL_BACKEND_ENGINE}); "
+                              f"--engine {engine} can only be simulated (--backend simulated or measured)")
+        super().__init__(model=model, cluster=cluster, workload=workload, engine=REAL_BACKEND_ENGINE)
         self.layers, self.steps, self.warmup, self.timeout_s = layers, steps, warmup, timeout_s
         self.device = device
         self.env = dict(tier_env(cluster))
@@ -96,7 +101,8 @@ class RealEvaluator(Evaluator):
 
         model = self.model if self.layers is None else _truncated(self.model, self.layers)
         if self._sim is None:
-            self._sim = SimulatedEvaluator(model=model, cluster=self.cluster, workload=self.workload)
+            self._sim = SimulatedEvaluator(model=model, cluster=self.cluster, workload=self.workload,
+                                           engine=self.engine)
         try:
             return self._sim.evaluate(plan)
         except PlanError:
