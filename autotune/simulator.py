@@ -137,7 +137,8 @@ class SimulatedEvaluator(Evaluator):
 
     def evaluate(self, plan: Plan) -> StepResult:
         model, cluster, w = self.model, self.cluster, self.workload
-        warnings = validate_plan(plan, model, cluster.num_gpus, w, gpus_per_node=cluster.gpus_per_node)
+        warnings = validate_plan(plan, model, cluster.num_gpus, w, gpus_per_node=cluster.gpus_per_node,
+                                 gpu=cluster.gpu)
         mem = estimate_memory(model, plan, cluster.gpu, w, fragmentation=self.costs.fragmentation())
         per_stage = tuple(int(s.total_bytes) for s in mem.stages)
         details: dict[str, Any] = {"costs": dict(self.costs.provenance()), "warnings": list(warnings)}

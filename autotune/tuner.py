@@ -460,7 +460,8 @@ class Tuner:
                  evaluator_options: Mapping[str, Any] | None = None) -> None:
         self.model, self.cluster, self.workload = model, cluster, workload
         self.space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
-        self.bound: BoundSearchSpace = self.space.bind(model=model, num_gpus=cluster.num_gpus, workload=workload)
+        self.bound: BoundSearchSpace = self.space.bind(model=model, num_gpus=cluster.num_gpus, workload=workload,
+                                                         gpu=cluster.gpu)
         self.storage = storage
         if backend not in BACKENDS:
             raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")

@@ -218,10 +218,14 @@ class MeasuredCosts(OpCosts):
             return None
 
     # ---- GEMM
-    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False) -> float:
+    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False, precision: str = "bf16") -> float:
         """Forward: stored fwd pass of (m, n, k). Backward (the simulator passes the pass's own shape):
         the stored dgrad of forward shape (m, k, n), else the wgrad of forward shape (k, n, m); measured
-        on the spot as a dgrad (an (m x n) @ (n x k)... GEMM of exactly these dimensions)."""
+        on the spot as a dgrad (an (m x n) @ (n x k)... GEMM of exactly these dimensions).
+        FP8 precisions are not in the store: they come from the fallback costs."""
+        if precision != "bf16":
+            return self._note(("gemm", m, n, k, backward, precision), "fallback",
+                              self.fallback.gemm_ms(m, n, k, backward=backward, precision=precision))
         key = ("gemm", m, n, k, backward)
         v = self._cached(key)
         if v is not None:
