@@ -24,7 +24,7 @@ Sampling is define-by-run and conditional, so knobs that have no effect in a pla
 
 * ``pipeline_schedule`` only when pp > 1 (else 1f1b); ``vpp_degree`` only for interleaved_1f1b;
 * ``sequence_parallel`` only when tp > 1; ``tp_comm_overlap`` only when tp > 1 and collectives are async;
-* ``precision`` and ``compile`` always (FP8 values the GPU cannot run are dropped at bind time when
+* ``precision`` and ``compile`` when the space lists more than one value (FP8 values the GPU cannot run are dropped at bind time when
   the GPU is given; per-rank GEMM dimensions FP8 cannot take are pruned);
 * ``zero_stage`` and ``bucket_size_mib`` only when dp x cp > 1; ``dp_grad_reduce_overlap`` only then and
   with async collectives; ``param_gather_overlap`` only with grad-reduce overlap and ZeRO >= 1.
@@ -361,8 +361,10 @@ class BoundSearchSpace:
         gather_overlap = pick("param_gather_overlap") if grad_overlap and zero >= 1 else False
         bucket = pick("bucket_size_mib") if g > 1 else c["bucket_size_mib"][0]
         reclaim = pick("memory_reclaim")
-        precision = pick("precision")
-        compiled = pick("compile")
+        # late knobs are sampled only when the space offers a choice, so spaces (and stored trials) that
+        # do not list them sample exactly as before
+        precision = pick("precision") if len(c["precision"]) > 1 else c["precision"][0]
+        compiled = pick("compile") if len(c["compile"]) > 1 else c["compile"][0]
         try:
             plan = Plan(tp_degree=tp, pp_degree=pp, dp_degree=dp, cp_degree=cp, vpp_degree=vpp,
                         micro_batch_size=mbs, num_micro_batches=num_mb, pipeline_schedule=schedule,
