@@ -13,6 +13,12 @@ A *calibration profile* is a versioned YAML file of kernel and collective timing
     hbm_bandwidth_gbs: 4800
     gemm:         [[m, n, k, tflops], ...]      # BF16 (m x k) @ (k x n), achieved TFLOP/s, forward
     gemm_backward_factor: 1.0                   # dgrad/wgrad time per FLOP relative to forward
+    gemm_fp8:                                   # optional: FP8 e4m3 GEMMs (torch._scaled_mm, BF16 out)
+      tensorwise: [[m, n, k, tflops], ...]      # per-tensor scales (also used for fp8_delayed)
+      rowwise:    [[m, n, k, tflops], ...]      # per-row scales; absent -> tensorwise (flagged)
+    peak_fp8_tflops: 1979                       # optional; else the catalog GPU's fp8_tflops
+    quantize: {tensorwise_gbs: ..., rowwise_gbs: ...}   # optional: FP8 cast kernels, GB/s (r + w)
+    memory_bound_ops_compiled: {rmsnorm: ..., ...}       # optional: torch.compile'd kernels, GB/s
     attention:    [[seq_len, heads, kv_heads, head_dim, fwd_tflops, bwd_tflops], ...]  # causal, batch 1
     memory_bound_bandwidth_gbs: 4250            # achieved HBM bandwidth (read + write bytes / time)
     memory_bound_ops: {rmsnorm: 2851, rope: 360, ...}  # optional, GB/s per kernel; else taken from
@@ -68,8 +74,15 @@ if TYPE_CHECKING:
 CALIBRATION_SCHEMA_VERSION = 1
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 TIERS = ("nvlink", "host", "network", "sockets")
-#: FP8 scaling recipes of ``gemm_fp8`` (autotune/profiling/measure.py measure_gemm_fp8)
-FP8_SCALINGS = ("tensorwise", "rowwise")
+#: recipes a profile's ``gemm_fp8`` table may hold, and the keys of its ``quantize`` mapping (the
+#: compiled amax + scale + cast figures, and the same timed eagerly; autotune/profiling/measure.py)
+FP8_GEMM_RECIPES = ("tensorwise", "rowwise")
+FP8_SCALINGS = FP8_GEMM_RECIPES
+QUANTIZE_KEYS = ("tensorwise_gbs", "rowwise_gbs", "tensorwise_eager_gbs", "rowwise_eager_gbs")
+#: which measured FP8 GEMM table each FP8 plan precision uses: delayed scaling runs the same
+#: per-tensor-scaled kernel as current scaling (only the scale's origin differs: TE DelayedScaling
+#: takes it from the amax history), so it uses the tensorwise table; mxfp8 has no table (Blackwell).
+PRECISION_GEMM_TABLE = {"fp8_tensorwise": "tensorwise", "fp8_delayed": "tensorwise", "fp8_rowwise": "rowwise"}
 DEFAULT_FRAGMENTATION = {"none": 0.10, "empty_cache_per_step": 0.07, "empty_cache_per_microbatch": 0.04,
                          "expandable_segments": 0.03}
 
@@ -122,9 +135,10 @@ class CalibrationProfile:
     alloc_after_empty_cache_ms_per_gib: float
     fragmentation: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FRAGMENTATION))
     memory_bound_ops: Mapping[str, float] = field(default_factory=dict)
-    memory_bound_ops_compiled: Mapping[str, float] = field(default_factory=dict)
     gemm_fp8: Mapping[str, tuple[tuple[int, int, int, float], ...]] = field(default_factory=dict)
+    peak_fp8_tflops: float | None = None
     quantize: Mapping[str, float] = field(default_factory=dict)
+    memory_bound_ops_compiled: Mapping[str, float] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -188,24 +202,27 @@ class CalibrationProfile:
             raise ConfigError(f"{source}: memory_bound_ops bandwidths must be > 0, got {mops}")
         frag = dict(DEFAULT_FRAGMENTATION)
         frag.update({str(k): float(v) for k, v in (d.get("fragmentation") or {}).items()})
-        mops_c = _positive_map(d.get("memory_bound_ops_compiled"), f"{source}: memory_bound_ops_compiled")
-        quant = _positive_map(d.get("quantize"), f"{source}: quantize")
-        g8: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
-        g8_in = d.get("gemm_fp8") or {}
-        if not isinstance(g8_in, Mapping):
-            raise ConfigError(f"{source}: gemm_fp8 must map a scaling (tensorwise, rowwise) to [m, n, k, tflops] "
-                              f"rows, got {type(g8_in).__name__}")
-        for sc, rows_ in g8_in.items():
-            if sc not in FP8_SCALINGS:
-                raise ConfigError(f"{source}: gemm_fp8 scaling {sc!r} unknown; valid: {', '.join(FP8_SCALINGS)}")
+        gemm_fp8: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
+        g8 = d.get("gemm_fp8") or {}
+        if not isinstance(g8, Mapping):
+            raise ConfigError(f"{source}: gemm_fp8 must be a mapping {{tensorwise: rows, rowwise: rows}}, "
+                              f"got {type(g8).__name__}")
+        for recipe, rows in g8.items():
+            if recipe not in FP8_GEMM_RECIPES:
+                raise ConfigError(f"{source}: gemm_fp8.{recipe} unknown; valid: {', '.join(FP8_GEMM_RECIPES)}")
             try:
-                tab = tuple(sorted((int(m), int(n), int(k), float(t)) for m, n, k, t in rows_ or ()))
+                tab = tuple(sorted((int(m), int(n), int(k), float(t)) for m, n, k, t in rows or ()))
             except (TypeError, ValueError) as e:
-                raise ConfigError(f"{source}: gemm_fp8.{sc} rows must be [m, n, k, tflops]: {e}") from None
-            if any(r[3] <= 0 for r in tab):
-                raise ConfigError(f"{source}: gemm_fp8.{sc} has a non-positive TFLOP/s")
-            if tab:
-                g8[str(sc)] = tab
+                raise ConfigError(f"{source}: gemm_fp8.{recipe} rows must be [m, n, k, tflops]: {e}") from None
+            if not tab or any(r[3] <= 0 for r in tab):
+                raise ConfigError(f"{source}: gemm_fp8.{recipe} must be a non-empty table with TFLOP/s > 0")
+            gemm_fp8[str(recipe)] = tab
+        quant = _positive_map(d.get("quantize"), f"{source}: quantize")
+        unknown = sorted(set(quant) - set(QUANTIZE_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: quantize.{unknown[0]} unknown; valid: {', '.join(QUANTIZE_KEYS)}")
+        compiled = _positive_map(d.get("memory_bound_ops_compiled"), f"{source}: memory_bound_ops_compiled")
+        peak8 = d.get("peak_fp8_tflops")
         return cls(
             label=str(need("label")), measured=bool(d.get("measured", False)), source=str(d.get("source", "")),
             environment=dict(d.get("environment") or {}), gpu=str(need("gpu")),
@@ -215,8 +232,9 @@ class CalibrationProfile:
             overlap_compute_slowdown=float(overlap.get("compute_slowdown", 0.0)),
             empty_cache_ms=float(reclaim.get("empty_cache_ms", 0.0)),
             alloc_after_empty_cache_ms_per_gib=float(reclaim.get("alloc_after_empty_cache_ms_per_gib", 0.0)),
-            fragmentation=frag, memory_bound_ops=mops, memory_bound_ops_compiled=mops_c, gemm_fp8=g8,
-            quantize=quant, raw=dict(d),
+            fragmentation=frag, memory_bound_ops=mops, gemm_fp8=gemm_fp8,
+            peak_fp8_tflops=float(peak8) if peak8 else None, quantize=quant,
+            memory_bound_ops_compiled=compiled, raw=dict(d),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,6 +250,8 @@ class CalibrationProfile:
             "attention": [list(r) for r in self.attention],
             "memory_bound_bandwidth_gbs": self.memory_bound_bandwidth_gbs,
         })
+        if self.peak_fp8_tflops:
+            d["peak_fp8_tflops"] = self.peak_fp8_tflops
         for key, val in (("memory_bound_ops", dict(self.memory_bound_ops)),
                          ("memory_bound_ops_compiled", dict(self.memory_bound_ops_compiled)),
                          ("gemm_fp8", {sc: [list(r) for r in t] for sc, t in self.gemm_fp8.items()}),
@@ -317,8 +337,12 @@ class OpCosts(abc.ABC):
     label: str = ""
 
     @abc.abstractmethod
-    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False) -> float:
-        """BF16 GEMM (m x k) @ (k x n), 2 m n k FLOPs; backward=True for one dgrad or wgrad GEMM."""
+    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False, precision: str = "bf16") -> float:
+        """GEMM (m x k) @ (k x n), 2 m n k FLOPs; backward=True for one dgrad or wgrad GEMM.
+
+        ``precision`` is a :data:`autotune.plan.PRECISIONS` value (``bf16`` or an FP8 recipe); callers
+        pass it only when it is not ``bf16``, so BF16-only implementations stay valid.
+        """
 
     @abc.abstractmethod
     def attention_ms(self, *, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
@@ -403,6 +427,16 @@ class OpCosts(abc.ABC):
             t = min(t, 2.0 * nbytes / (bw * 1e6) + max(0.0, tree_lat_us - measured_lat_us) / 1e3)
         return t
 
+    def quantize_ms(self, nbytes: float, precision: str) -> float:
+        """FP8 cast kernels (amax + scale + cast) moving ``nbytes`` (reads + writes), ms; default: a
+        generic memory-bound kernel."""
+        return self.memory_bound_ms(nbytes)
+
+    def memory_bound_compiled_ms(self, nbytes: float, op: str) -> float | None:
+        """A torch.compile'd memory-bound kernel ``op`` moving ``nbytes``, ms, or None when its compiled
+        bandwidth was never measured (the caller then keeps the eager cost)."""
+        return None
+
     def overlap_slowdown(self) -> float:
         """Fractional slowdown of compute while a collective runs beside it (0 = none)."""
         return 0.0
@@ -472,6 +506,19 @@ class CalibratedCosts(OpCosts):
     * attention: achieved TFLOP/s interpolated over log2(seq_len) among the profile's rows with the
       closest heads-per-rank, scaled by the same compute ratio. FLOPs: forward 2 x 2 s^2 d h / 2 (causal),
       backward 2.5x forward (FlashAttention-2, Dao 2023, Sec. 3.1: 5 vs 2 matmuls).
+    * FP8 GEMM (``precision`` not bf16; only the transformer layers' linears ask, the LM head stays
+      BF16): the profile's ``gemm_fp8`` table of the recipe (:data:`PRECISION_GEMM_TABLE`;
+      ``fp8_rowwise`` without a rowwise table uses the tensorwise one, flagged in ``provenance()``),
+      interpolated as the BF16 table (rows of equal m n k averaged), times ``gpu.fp8_tflops /
+      profile FP8 peak``. Below the smallest measured FP8 shape the FP8 rate falls as the BF16 rate
+      does between the two shapes (assumption: same small-GEMM efficiency loss; flagged). ``mxfp8``,
+      and any FP8 precision on a profile without ``gemm_fp8``, is derived from datasheet ratios: the
+      BF16 rate x ``gpu.fp8_tflops / gpu.bf16_tflops`` (B200: 4500 / 2250 = 2). Backward FP8 GEMMs use
+      the profile's ``gemm_backward_factor`` (measured for BF16; FP8 dgrad/wgrad not measured).
+    * FP8 casts: bytes / (``quantize.tensorwise_gbs`` or ``rowwise_gbs`` when the profile has them,
+      else the generic memory-bound bandwidth), scaled like memory-bound kernels.
+    * torch.compile: memory-bound kernels use ``memory_bound_ops_compiled[op]`` when measured, else
+      the eager cost is kept (``provenance()['compile']`` says which).
     * memory-bound: bytes / (achieved bandwidth x gpu.hbm_bandwidth / profile.hbm_bandwidth), with the
       kernel's own measured bandwidth when the profile has one (an eager RoPE reaches ~360 GB/s on
       H200 while RMSNorm reaches ~2850 GB/s), else the profile's generic figure.
@@ -494,17 +541,79 @@ class CalibratedCosts(OpCosts):
         self._gemm_x = tuple(float(r[0]) * r[1] * r[2] for r in order)
         self._gemm_y = tuple(r[3] for r in order)
         self._cache: dict[tuple, float] = {}
+        # FP8: tables per recipe (x = m n k, rows of equal x averaged) and the compute scale
+        self._fp8_tables = {rec: _merge_by_volume(rows) for rec, rows in profile.gemm_fp8.items()}
+        self.fp8_assumptions: list[str] = []
+        peak8 = profile.peak_fp8_tflops
+        if peak8 is None:
+            try:
+                from autotune.hardware import get_gpu
 
-    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False) -> float:
-        key = ("g", m, n, k, backward)
+                peak8 = get_gpu(profile.gpu).fp8_tflops
+            except ConfigError:
+                peak8 = None
+        self.profile_fp8_tflops = peak8
+        self.fp8_scale = (gpu.fp8_tflops / peak8) if gpu.fp8_tflops and peak8 else None
+        if self._fp8_tables and "rowwise" not in self._fp8_tables and "tensorwise" in self._fp8_tables:
+            self.fp8_assumptions.append("fp8_rowwise GEMM rate assumed equal to tensorwise (no rowwise table "
+                                        "in the profile)")
+        if not self._fp8_tables:
+            self.fp8_assumptions.append("FP8 GEMM rates derived from datasheet ratios (BF16 rate x "
+                                        "fp8_tflops / bf16_tflops): the profile has no gemm_fp8 table")
+
+    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False, precision: str = "bf16") -> float:
+        """GEMM time, ms (class docstring gives the rule per precision).
+
+        Raises:
+            ValueError: an FP8 precision on a GPU without a datasheet FP8 peak (``fp8_tflops``), or an
+                unknown precision (plans are validated first: :func:`autotune.plan.validate_precision`).
+        """
+        key = ("g", m, n, k, backward, precision)
         v = self._cache.get(key)
         if v is None:
-            tflops = interp_log(self._gemm_x, self._gemm_y, float(m) * n * k) * self.compute_scale
+            tflops = self.gemm_tflops(m, n, k, precision=precision)
             v = 2.0 * m * n * k / (tflops * 1e9)
             if backward:
                 v *= self.profile.gemm_backward_factor
             self._cache[key] = v
         return v
+
+    def gemm_tflops(self, m: int, n: int, k: int, *, precision: str = "bf16") -> float:
+        """Achieved forward TFLOP/s of a GEMM (m x k) @ (k x n) on this GPU at ``precision``."""
+        x = float(m) * n * k
+        bf16 = interp_log(self._gemm_x, self._gemm_y, x) * self.compute_scale
+        if precision == "bf16":
+            return bf16
+        if precision not in PRECISION_GEMM_TABLE and precision != "mxfp8":
+            raise ValueError(f"precision={precision!r} is not valid; choose one of bf16, "
+                             f"{', '.join(PRECISION_GEMM_TABLE)}, mxfp8")
+        if not self.gpu.fp8_tflops:
+            raise ValueError(f"precision={precision} needs an FP8 GPU; {self.gpu.name} has no FP8 peak "
+                             "(fp8_tflops) in the catalog")
+        rec = PRECISION_GEMM_TABLE.get(precision)
+        tab = self._fp8_tables.get(rec) if rec else None
+        if tab is None and rec == "rowwise":
+            tab = self._fp8_tables.get("tensorwise")
+        if tab is None or self.fp8_scale is None:
+            # derived from datasheet ratios: BF16 achieved rate x FP8 / BF16 dense peak
+            return bf16 * self.gpu.fp8_tflops / self.gpu.bf16_tflops
+        xs, ys = tab
+        fp8 = interp_log(xs, ys, x)
+        if x < xs[0]:
+            # below the smallest FP8 shape: fall off as the BF16 rate does (same-efficiency-loss assumption)
+            fp8 *= interp_log(self._gemm_x, self._gemm_y, x) / interp_log(self._gemm_x, self._gemm_y, xs[0])
+        return fp8 * self.fp8_scale
+
+    def quantize_ms(self, nbytes: float, precision: str) -> float:
+        key = "rowwise_gbs" if precision in ("fp8_rowwise", "mxfp8") else "tensorwise_gbs"
+        gbs = self.profile.quantize.get(key, self.profile.memory_bound_bandwidth_gbs)
+        return nbytes / (gbs * self.memory_scale * 1e6)
+
+    def memory_bound_compiled_ms(self, nbytes: float, op: str) -> float | None:
+        gbs = self.profile.memory_bound_ops_compiled.get(op)
+        if gbs is None:
+            return None
+        return nbytes / (gbs * self.memory_scale * 1e6)
 
     def attention_ms(self, *, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
                      backward: bool = False) -> float:
@@ -564,5 +673,24 @@ class CalibratedCosts(OpCosts):
         return self.profile.fragmentation
 
     def provenance(self) -> Mapping[str, Any]:
+        q = self.profile.quantize
         return {"label": self.label, "measured": self.profile.measured, "estimated": self.estimated,
-                "calibration_gpu": self.profile.gpu, "environment": dict(self.profile.environment)}
+                "calibration_gpu": self.profile.gpu, "environment": dict(self.profile.environment),
+                "gpu_bf16_tflops": self.gpu.bf16_tflops, "gpu_fp8_tflops": self.gpu.fp8_tflops,
+                "fp8": {"gemm_tables": sorted(self._fp8_tables), "assumptions": list(self.fp8_assumptions),
+                        "mxfp8": "derived from datasheet ratios (BF16 rate x fp8_tflops / bf16_tflops)",
+                        "quantize_bandwidth": ("profile quantize " + ", ".join(sorted(q))) if q else
+                        f"generic memory-bound bandwidth {self.profile.memory_bound_bandwidth_gbs:g} GB/s "
+                        "(no quantize measurement in the profile)"},
+                "compile": ("memory_bound_ops_compiled: " + ", ".join(sorted(self.profile.memory_bound_ops_compiled)))
+                if self.profile.memory_bound_ops_compiled else
+                "no memory_bound_ops_compiled in the profile: compile=true keeps eager costs"}
+
+
+def _merge_by_volume(rows: Sequence[tuple[int, int, int, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(x = m n k ascending, TFLOP/s) of a GEMM table; rows with the same m n k are averaged."""
+    acc: dict[float, list[float]] = {}
+    for m, n, k, t in rows:
+        acc.setdefault(float(m) * n * k, []).append(t)
+    xs = tuple(sorted(acc))
+    return xs, tuple(sum(acc[x]) / len(acc[x]) for x in xs)

@@ -69,6 +69,17 @@ GRAD_REDUCE_BYTES = 4
 CAST_BYTES_PER_PARAM = 6
 ACCUMULATE_BYTES_PER_PARAM = 12
 GATHER_COPY_BYTES_PER_PARAM = 4
+#: FP8 cast traffic, bytes per element (BF16 source, FP8 destination). Dynamic scaling (torchao
+#: ``hp_tensor_to_float8_dynamic``, torchao/float8/float8_scaling_utils.py: amax of the BF16 tensor,
+#: then scale + cast) reads the source twice and writes one byte: 2 + 2 + 1. Transformer Engine's
+#: delayed scaling takes the scale from the amax history of earlier steps (TE docs, "Using FP8 with
+#: Transformer Engine", DelayedScaling), so its cast has no amax pass; TE casts and transposes in one
+#: kernel (``fp8_cast_transpose_fused``, transformer_engine/pytorch/module/linear.py), writing both
+#: layouts: 2 + 1 + 1. MXFP8 (TE MXFP8BlockScaling) computes each 32-element block's scale inside the
+#: cast kernel and writes rowwise and columnwise copies: counted as 2 + 1 + 1 too (1/32 byte of
+#: E8M0 scales per copy neglected).
+FP8_DYNAMIC_CAST_BYTES = 2 + 2 + 1
+FP8_TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1
 #: graph-size cap, not a hardware figure: DP buckets of a chunk are merged into at most this many nodes
 #: (each keeps its buckets' summed time and readiness point), so a 405B step graph stays small
 MAX_DP_GROUPS_PER_CHUNK = 8
@@ -136,7 +147,33 @@ class CostBuilder:
         self.dp_link = self.dp_place.bottleneck_link
         self.pp_link = self.pp_place.bottleneck_link
         self.slowdown = costs.overlap_slowdown()
+        #: FP8 cast time per layer per micro-batch, (forward, backward) ms (in the ``compute`` parts)
+        self.quantize_ms: tuple[float, float] = (0.0, 0.0)
         self._layer = self._layer_cost()
+
+    def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
+        """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).
+
+        Each linear computes Y = X W with X (T x K), W (K x N), per rank; dY is (T x N).
+
+        * ``fp8_tensorwise`` / ``fp8_rowwise`` (torchao ``matmul_with_hp_or_float8_args``,
+          torchao/float8/float8_linear.py: saves the BF16 X and W and re-casts in backward): forward
+          casts X and W; backward casts dY twice (row-major for dgrad, transposed for wgrad), W^T (dgrad)
+          and X^T (wgrad); each at :data:`FP8_DYNAMIC_CAST_BYTES` per element.
+        * ``fp8_delayed`` / ``mxfp8`` (TE ``_Linear``, transformer_engine/pytorch/module/linear.py):
+          forward cast-transposes X (saving X^T in FP8 for wgrad) and W, the weight only on the first
+          micro-batch of a step (``is_first_microbatch`` caches ``weight_fp8`` / ``weight_t_fp8``):
+          x 1/m; backward cast-transposes dY; each at :data:`FP8_TE_CAST_TRANSPOSE_BYTES` per element.
+        """
+        p = self.p
+        x = sum(float(T) * K for T, N, K in gemms)
+        w = sum(float(K) * N for T, N, K in gemms)
+        dy = sum(float(T) * N for T, N, K in gemms)
+        if p.precision in ("fp8_tensorwise", "fp8_rowwise"):
+            b = FP8_DYNAMIC_CAST_BYTES
+            return b * (x + w), b * (2 * dy + w + x)
+        b = FP8_TE_CAST_TRANSPOSE_BYTES
+        return b * (x + w / p.num_micro_batches), b * dy
 
     # ---- one transformer layer, one micro-batch, one rank
     def _layer_cost(self) -> tuple[dict[str, float], dict[str, float], float]:
@@ -149,9 +186,17 @@ class CostBuilder:
             gemms += [(T, 2 * f // t, h), (T, h, f // t)]
         else:
             gemms += [(T, f // t, h), (T, h, f // t)]
-        gemm_fwd = sum(costs.gemm_ms(a, b, c) for a, b, c in gemms)
-        gemm_bwd = sum(costs.gemm_ms(a, c, b, backward=True) + costs.gemm_ms(c, b, a, backward=True)
+        # FP8 (plan.precision): the layers' four linears run FP8 GEMMs forward and backward (torchao
+        # Float8Linear and TE Linear quantize dgrad and wgrad too); the LM head stays BF16 (chunk_cost).
+        gkw = {"precision": p.precision} if p.fp8 else {}
+        gemm_fwd = sum(costs.gemm_ms(a, b, c, **gkw) for a, b, c in gemms)
+        gemm_bwd = sum(costs.gemm_ms(a, c, b, backward=True, **gkw) + costs.gemm_ms(c, b, a, backward=True, **gkw)
                        for a, b, c in gemms)
+        quant_fwd = quant_bwd = 0.0
+        if p.fp8:
+            qf, qb = self.fp8_cast_bytes(gemms)
+            quant_fwd, quant_bwd = costs.quantize_ms(qf, p.precision), costs.quantize_ms(qb, p.precision)
+            self.quantize_ms = (quant_fwd, quant_bwd)
         flops = sum(2.0 * a * b * c for a, b, c in gemms)
         heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)
         seq = self.w.seq_len
@@ -164,12 +209,16 @@ class CostBuilder:
         # (plain GeLU r f w f: 4f/t). Backward moves about twice the forward bytes.
         act_bytes = (6 if m.gated_mlp else 4) * f / t
         hdiv = t if sp else 1
+        # torch.compile (plan.compile) or an engine's fused kernel: the same bytes at the profile's
+        # compiled bandwidths, when measured (_memory_bound_ms)
         mb = self._memory_bound_ms
-        mem_fwd = (mb(T * 8 * h / hdiv, "rmsnorm")          # 2 RMSNorms
-                   + mb(T * 12 * h / hdiv, None)             # 2 residual adds
-                   + mb(T * 4 * (q + kv) / t, "rope")        # RoPE on q, k
-                   + mb(T * act_bytes, "swiglu"))            # SwiGLU / GeLU
+        mem_fwd = (mb(T * 8 * h / hdiv, "rmsnorm")                  # 2 RMSNorms
+                   + mb(T * 12 * h / hdiv, None, "residual")        # 2 residual adds
+                   + mb(T * 4 * (q + kv) / t, "rope")               # RoPE on q, k
+                   + mb(T * act_bytes, "swiglu"))                   # SwiGLU / GeLU
         mem_bwd = 2 * mem_fwd
+        mem_fwd += quant_fwd
+        mem_bwd += quant_bwd
 
         fwd: dict[str, float] = {}
         bwd: dict[str, float] = {}
@@ -231,20 +280,34 @@ class CostBuilder:
                 # mm of each block saved; the 2nd, 4th and 6th of wq, wk, wv, wo, w1, w3, w2 (wk, wo, w3)
                 # and every elementwise op of the block are recomputed
                 second = [(T, kv // t, h), (T, h, q // t), (T, f // t, h)]
-                _add(bwd, "recompute", sum(costs.gemm_ms(a, b, c) for a, b, c in second) + mem_fwd)
+                _add(bwd, "recompute", sum(costs.gemm_ms(a, b, c, precision=p.precision) for a, b, c in second)
+                     + mem_fwd)
             else:
                 _add(bwd, "recompute", attn_fwd + mb(T * act_bytes, "swiglu"))
         return fwd, bwd, flops
 
-    def _memory_bound_ms(self, nbytes: float, op: str | None) -> float:
-        """A memory-bound kernel of the layer, ms; a kernel the engine fuses (Transformer Engine's
-        fused RoPE / SwiGLU / RMSNorm, :attr:`EngineProfile.fused_kernels`) runs at least at the
-        profile's generic elementwise bandwidth (measured), not at the eager kernel's own (an eager RoPE
-        reaches ~360 GB/s on H200)."""
-        t = self.costs.memory_bound_ms(nbytes, op)
-        if op is not None and self.engine.fuses(op):
-            t = min(t, self.costs.memory_bound_ms(nbytes))
-        return t
+    def _memory_bound_ms(self, nbytes: float, op: str | None, compiled_op: str | None = None) -> float:
+        """A memory-bound kernel of the layer moving ``nbytes``, ms.
+
+        * ``plan.compile``: the profile's measured torch.compile bandwidth for the op
+          (``memory_bound_ops_compiled[compiled_op or op]``, H200 2026-12-01), when it has one;
+        * a kernel the engine fuses (Transformer Engine's fused RoPE / SwiGLU / RMSNorm,
+          :attr:`EngineProfile.fused_kernels`): the same measured fused-kernel bandwidth (a fused kernel
+          for that op, as torch.compile generates it; no TE on the measuring image), else at least the
+          profile's generic elementwise bandwidth, never the eager kernel's own when that is slower (an
+          eager RoPE reaches ~350 GB/s on H200);
+        * else the eager kernel's measured bandwidth.
+        """
+        eager = self.costs.memory_bound_ms(nbytes, op)
+        key = compiled_op or op
+        fused = op is not None and self.engine.fuses(op)
+        if (self.p.compile or fused) and key:
+            v = self.costs.memory_bound_compiled_ms(nbytes, key)
+            if v is not None:
+                return v if self.p.compile else min(v, eager)
+        if fused:
+            return min(eager, self.costs.memory_bound_ms(nbytes))
+        return eager
 
     def chunk_cost(self, vstage: int, num_layers: int) -> ChunkCost:
         """Cost of virtual stage ``vstage`` holding ``num_layers`` layers, per micro-batch."""
@@ -267,6 +330,8 @@ class CostBuilder:
                 _add(cc.fwd_parts, "exposed_tp_comm",
                      costs.placed_collective_ms("all_reduce", T * h * BF16, self.tp_place))
             cc.params += m.embedding_params // t
+        # the LM head stays BF16 under FP8: torchtitan's float8 converter skips the ``output`` linear and
+        # Megatron-LM / TE keep the output layer in BF16 (it is not a TE Linear)
         if last:                                      # final norm, LM head, cross-entropy (vocab-parallel)
             V = m.vocab_size
             mb = self._memory_bound_ms

@@ -20,6 +20,8 @@ from autotune.errors import ConfigError
 GIB = 1024**3
 #: GPUs of a host node that share its NICs when a fabric does not say (an HGX/DGX board: 8 GPUs)
 DEFAULT_GPUS_PER_HOST = 8
+#: GPU architectures, oldest first (``GPUSpec.arch``).
+GPU_ARCHS = ("ampere", "hopper", "blackwell")
 
 #: NCCL environment that makes GPUs of one host talk over each interconnect tier (calibration_tier):
 #: ``host`` through host shared memory (no peer-to-peer), ``sockets`` through TCP (no shared memory and
@@ -49,6 +51,8 @@ class GPUSpec:
         hbm_bandwidth_gbs: HBM bandwidth, GB/s.
         cuda_context_gib: memory taken before the first tensor (context, cuBLAS, NCCL), GiB.
         default_intra_node: the fabric preset inside a node when ``--interconnect`` names none.
+        arch: architecture, one of :data:`GPU_ARCHS` (``ampere``, ``hopper``, ``blackwell``; NVIDIA
+            datasheets, CUDA compute capability 8.0 / 9.0 / 10.0); ``unknown`` when not given.
     """
 
     name: str
@@ -59,6 +63,23 @@ class GPUSpec:
     hbm_bandwidth_gbs: float
     cuda_context_gib: float = 1.0
     default_intra_node: str = "nvlink4"
+    arch: str = "unknown"
+
+    @property
+    def arch_rank(self) -> int:
+        """Position of ``arch`` in :data:`GPU_ARCHS` (older = smaller); -1 when unknown."""
+        return GPU_ARCHS.index(self.arch) if self.arch in GPU_ARCHS else -1
+
+    @property
+    def supports_fp8(self) -> bool:
+        """FP8 (e4m3/e5m2) tensor cores: Hopper or newer (H100 datasheet; ``torch._scaled_mm`` needs
+        compute capability >= 8.9) and a datasheet FP8 peak."""
+        return self.arch_rank >= GPU_ARCHS.index("hopper") and bool(self.fp8_tflops)
+
+    @property
+    def supports_mxfp8(self) -> bool:
+        """MXFP8 block-scaled tensor cores: Blackwell (B200 datasheet; TE MXFP8BlockScaling)."""
+        return self.arch_rank >= GPU_ARCHS.index("blackwell") and bool(self.fp8_tflops)
 
     @property
     def usable_hbm_bytes(self) -> int:

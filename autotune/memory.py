@@ -43,7 +43,7 @@ from autotune.engines import EngineProfile, get_engine
 from autotune.errors import ConfigError, PlanError
 from autotune.hardware import GIB, GPUSpec
 from autotune.models import ModelSpec
-from autotune.plan import MEMORY_RECLAIM_POLICIES, RECOMPUTE_MODES, Plan, Workload
+from autotune.plan import MEMORY_RECLAIM_POLICIES, RECOMPUTE_MODES, Plan, Workload, fp8_gemm_dims
 from autotune.schedule import count_inflight
 
 MIB = 1024**2
@@ -74,6 +74,18 @@ LOGITS_BYTES_PER_ELEMENT = 4 + 4 + 4
 #: copy). Seen on H200 (2026-11-30, 8B 4-layer proxy, PP=2, 4 micro-batches): peak allocated 58.2 GiB
 #: with GPipe vs 33.7 GiB with 1F1B; this term's share of the gap is 3 x 6 x 8192 x 128256 bytes = 17.6 GiB.
 PP_INFLIGHT_LOGITS_BYTES = 4 + 2
+#: FP8 precisions run by Transformer Engine (``fp8_delayed``: DelayedScaling, ``mxfp8``:
+#: MXFP8BlockScaling). TE's ``_Linear.forward`` (transformer_engine/pytorch/module/linear.py) saves the
+#: FP8 cast-transposed input ``inputmat_t`` (1 byte per element) instead of the BF16 input, and
+#: ``weight_t_fp8``; the module caches its FP8 weight and FP8 transpose (``weight_fp8``,
+#: ``weight_t_fp8``) from the first micro-batch of a step to the last: 1 + 1 bytes per linear weight.
+#: The torchao recipes (``fp8_tensorwise``, ``fp8_rowwise``) save the high-precision input and weight
+#: (``ctx.save_for_backward(input_hp, weight_hp_t)`` in ``matmul_with_hp_or_float8_args``,
+#: torchao/float8/float8_linear.py) and re-cast them in backward: no change to saved activations; their
+#: FP8 copies live for one GEMM only (not counted).
+TE_FP8_PRECISIONS = ("fp8_delayed", "mxfp8")
+FP8_BYTES = 1
+TE_FP8_WEIGHT_COPY_BYTES = 2     # FP8 weight + its FP8 transpose
 #: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
 LSE_BYTES = 4
 
@@ -256,7 +268,26 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload) ->
     else:
         terms["mlp_fc1"] = BF16_BYTES * s * b * f // t
         terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # GeLU output, input of fc2
+    if plan.precision in TE_FP8_PRECISIONS:
+        # TE saves the linears' inputs in FP8 (TE_FP8_PRECISIONS): the norm outputs and the MLP
+        # activation output are kept only for their linears -> 1 byte; the attention output is also
+        # saved in BF16 by the attention kernel's backward -> 2 + 1 bytes
+        for k in ("attn_norm_output", "mlp_norm_output", "mlp_act_output"):
+            terms[k] = terms[k] * FP8_BYTES // BF16_BYTES
+        terms["attn_output"] = terms["attn_output"] * (BF16_BYTES + FP8_BYTES) // BF16_BYTES
     return terms
+
+
+def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int) -> int:
+    """Bytes of Transformer Engine's cached FP8 weight + FP8 transpose copies on one GPU.
+
+    2 bytes x the per-rank linear weights (:func:`autotune.plan.fp8_gemm_dims`, K x N each) of
+    ``num_layers`` layers, for the TE recipes (:data:`TE_FP8_PRECISIONS`); 0 otherwise.
+    """
+    if plan.precision not in TE_FP8_PRECISIONS:
+        return 0
+    per_layer = sum(k * n for k, n in fp8_gemm_dims(model, plan.tp_degree).values())
+    return TE_FP8_WEIGHT_COPY_BYTES * per_layer * num_layers
 
 
 #: Tensors that selective recomputation (Megatron-LM ``--recompute-granularity selective`` extended to
@@ -317,6 +348,11 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
       logsumexp is kept (conservative; 4sb heads/t is < 0.5% of a layer).
     * ``full``: only the layer's input, 2sbh (/t with SP); the backward working set of one layer is
       accounted as transient by :func:`estimate_memory`.
+
+    FP8 (``plan.precision``): the TE recipes save the linears' inputs in FP8 (see
+    :data:`TE_FP8_PRECISIONS`): norm outputs and the MLP activation output 1 byte per element, the
+    attention output 2 + 1; torchao's recipes save BF16 as above. torch.compile changes nothing here
+    (no measurement of its activation savings).
 
     Worked value (Llama 3.1 8B, s = 8192, b = 1, t = 1, none): 1,141,899,264 bytes (see tests).
 
@@ -408,7 +444,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       micro-batches alive in the rank's last chunk (the last virtual stage) at that instant
       (:data:`PP_INFLIGHT_LOGITS_BYTES`);
       BF16 compute copies of the weights: 2 N_r bytes (ZeRO-3: 2 x the embedding / head parameters of
-      the rank only); full recompute: one layer's
+      the rank only); TE FP8 recipes (``fp8_delayed``, ``mxfp8``) add their cached FP8 weight +
+      transpose, 2 bytes per linear weight (:func:`te_fp8_weight_copy_bytes`); full recompute: one layer's
       no-recompute activations (the backward working set of one micro-batch); g > 1: two DP gradient
       buckets 2 x bucket_size_mib MiB; ZeRO-3 with g > 1: one layer's gathered bf16 parameters
       2 params_per_layer / t (x2 with param_gather_overlap for the prefetched next layer); SP: the
@@ -520,6 +557,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             copies = BF16_BYTES * root
         else:
             copies = BF16_BYTES * params
+        # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
+        copies += te_fp8_weight_copy_bytes(model, plan, min(n, 1) if z == 3 else n)
         if r == p - 1:
             # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
             # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each

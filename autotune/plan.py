@@ -33,6 +33,17 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_RECLAIM_POLICIES = ("none", "empty_cache_per_step", "empty_cache_per_microbatch",
                            "expandable_segments")
 ZERO_STAGES = (0, 1, 2, 3)
+#: GEMM precision of the transformer layers' linear layers (the LM head stays BF16, see graph.py):
+#: ``bf16``; ``fp8_tensorwise``: dynamic (current) per-tensor scaling, torchao Float8LinearConfig
+#: recipe "tensorwise" / Transformer Engine Float8CurrentScaling; ``fp8_rowwise``: torchao recipe
+#: "rowwise" (per-row scales); ``fp8_delayed``: TE DelayedScaling (amax history; Megatron-LM
+#: ``--fp8-recipe delayed``); ``mxfp8``: TE MXFP8BlockScaling (32-element blocks, Blackwell only).
+PRECISIONS = ("bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed", "mxfp8")
+FP8_PRECISIONS = PRECISIONS[1:]
+#: ``torch._scaled_mm`` (the FP8 GEMM torchao calls) needs both GEMM dimensions of each operand
+#: divisible by 16 (PyTorch aten/src/ATen/native/cuda/Blas.cpp, _scaled_mm_out_cuda checks; torchtitan's
+#: float8 converter skips nn.Linear layers with a dimension not divisible by 16 for this reason).
+FP8_GEMM_DIM_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,10 @@ class Plan:
             ``empty_cache_per_microbatch`` or ``expandable_segments``.
         stage_layers: explicit transformer layers per virtual pipeline stage in model order (length
             pp x vpp; or length pp with each entry divisible by vpp); None = even split.
+        precision: GEMM precision of the transformer layers' linear layers, one of :data:`PRECISIONS`
+            (FP8 needs a Hopper or newer GPU, ``mxfp8`` a Blackwell one: :func:`validate_precision`).
+        compile: torch.compile per transformer block (torchtitan ``[compile] enable``): fused
+            memory-bound kernels where the calibration profile measured them.
 
     Raises:
         PlanError: wrong type or value for any field (names the field and the valid values).
@@ -133,6 +148,8 @@ class Plan:
     bucket_size_mib: int = 64
     memory_reclaim: str = "none"
     stage_layers: tuple[int, ...] | None = None
+    precision: str = "bf16"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for f in ("tp_degree", "pp_degree", "dp_degree", "cp_degree", "vpp_degree", "micro_batch_size",
@@ -141,11 +158,11 @@ class Plan:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PlanError(f"{f} must be an integer >= 1, got {v!r}")
         for f in ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
-                  "param_gather_overlap"):
+                  "param_gather_overlap", "compile"):
             if not isinstance(getattr(self, f), bool):
                 raise PlanError(f"{f} must be true or false, got {getattr(self, f)!r}")
         for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
-                         ("memory_reclaim", MEMORY_RECLAIM_POLICIES)):
+                         ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS)):
             if getattr(self, f) not in valid:
                 raise PlanError(f"{f}={getattr(self, f)!r} is not valid; choose one of {', '.join(valid)}")
         if self.zero_stage not in ZERO_STAGES or isinstance(self.zero_stage, bool):
@@ -187,6 +204,11 @@ class Plan:
     @property
     def sp_active(self) -> bool:
         return self.sequence_parallel and self.tp_degree > 1
+
+    @property
+    def fp8(self) -> bool:
+        """The layers' linear GEMMs run in an FP8 format (any precision but ``bf16``)."""
+        return self.precision != "bf16"
 
     def layers_per_virtual_stage(self, num_layers: int) -> tuple[int, ...]:
         """Transformer layers of each virtual stage in model order (length pp x effective VPP).
@@ -261,9 +283,60 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def fp8_gemm_dims(model: ModelSpec, tp_degree: int) -> dict[str, tuple[int, int]]:
+    """Per-rank (K, N) of each transformer-layer linear that runs in FP8, (m x K) @ (K x N).
+
+    Column-parallel QKV and gate/up split N over TP, row-parallel output and down projections split K
+    (Megatron-LM, Shoeybi et al. 2019, Sec. 3). Returns ``{name: (K, N)}``.
+    """
+    t, h, q, kv, f = tp_degree, model.hidden_size, model.q_dim, model.kv_dim, model.ffn_hidden_size
+    up = 2 * f if model.gated_mlp else f
+    return {"qkv": (h, (q + 2 * kv) // t), "attn_out": (q // t, h), "mlp_up": (h, up // t),
+            "mlp_down": (f // t, h)}
+
+
+def validate_precision(plan: Plan, model: ModelSpec, gpu: Any) -> list[str]:
+    """Check ``plan.precision`` against the GPU and the per-rank GEMM shapes.
+
+    Args:
+        plan: the plan; model: its model; gpu: an :class:`autotune.hardware.GPUSpec` (``arch``,
+            ``fp8_tflops``).
+
+    Returns:
+        Warnings for settings that have no effect (none today; kept for the validate_plan mechanism).
+
+    Raises:
+        PlanError: FP8 on a GPU older than Hopper (H100 datasheet: FP8 tensor cores arrive with Hopper),
+            ``mxfp8`` on a GPU that is not Blackwell (MXFP8 block scaling is a Blackwell tensor-core
+            format; TE MXFP8BlockScaling), or a per-rank K or N not divisible by
+            :data:`FP8_GEMM_DIM_MULTIPLE` (``torch._scaled_mm``'s requirement); names the field, the
+            value and what is valid.
+    """
+    if not plan.fp8:
+        return []
+    arch = getattr(gpu, "arch", "unknown")
+    name = getattr(gpu, "name", str(gpu))
+    if plan.precision == "mxfp8" and not gpu.supports_mxfp8:
+        ok = ["bf16"] + (list(FP8_PRECISIONS[:3]) if gpu.supports_fp8 else [])
+        raise PlanError(f"precision=mxfp8 needs a Blackwell GPU (b200, gb200), but {name} is {arch}; "
+                        f"valid precision here: {', '.join(ok)}")
+    if not gpu.supports_fp8:
+        raise PlanError(f"precision={plan.precision} needs FP8 tensor cores (Hopper or newer: h100, h200, "
+                        f"b200, gb200), but {name} is {arch}; valid precision here: bf16")
+    bad = [f"{k} K={kk} N={nn}" for k, (kk, nn) in fp8_gemm_dims(model, plan.tp_degree).items()
+           if kk % FP8_GEMM_DIM_MULTIPLE or nn % FP8_GEMM_DIM_MULTIPLE]
+    if bad:
+        raise PlanError(f"precision={plan.precision} with tp_degree={plan.tp_degree}: per-rank GEMM "
+                        f"dimensions {', '.join(bad)} are not multiples of {FP8_GEMM_DIM_MULTIPLE} "
+                        f"(torch._scaled_mm requirement); use precision=bf16 or a tp_degree that keeps "
+                        f"them multiples of {FP8_GEMM_DIM_MULTIPLE}")
+    return []
+
+
 def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workload,
-                  *, gpus_per_node: int | None = None) -> list[str]:
-    """Check ``plan`` against a model, a GPU count and a workload.
+                  *, gpus_per_node: int | None = None, gpu: Any = None) -> list[str]:
+    """Check ``plan`` against a model, a GPU count and a workload (and, given ``gpu``, an
+    :class:`autotune.hardware.GPUSpec`, its precision: :func:`validate_precision`).
 
     Returns:
         Warnings (strings) for settings that have no effect in this plan; each is also logged.
@@ -311,8 +384,11 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
             and p.num_micro_batches % p.pp_degree:
         raise PlanError(f"interleaved_1f1b needs num_micro_batches ({p.num_micro_batches}) to be a multiple "
                         f"of pp_degree ({p.pp_degree})")
-    # warnings: settings with no effect
+    # 7. precision against the GPU and the per-rank GEMM shapes
     warn: list[str] = []
+    if gpu is not None:
+        warn += validate_precision(p, m, gpu)
+    # warnings: settings with no effect
     dp_group = p.dp_degree * p.cp_degree
     if p.sequence_parallel and tp == 1:
         warn.append("sequence_parallel has no effect with tp_degree=1")

@@ -64,6 +64,8 @@ def plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("param-gather overlap", _onoff(plan.param_gather_overlap)),
         ("DP bucket", f"{plan.bucket_size_mib} MiB"),
         ("memory reclaim", plan.memory_reclaim),
+        ("precision", plan.precision + (" (layers' linears; LM head BF16)" if plan.fp8 else "")),
+        ("torch.compile", _onoff(plan.compile)),
     ]
     return rows
 
@@ -83,13 +85,32 @@ def _onoff(b: bool) -> str:
     return "on" if b else "off"
 
 
-def result_rows(result: StepResult) -> list[tuple[str, str]]:
+def fp8_peak_utilization(result: StepResult, fp8_tflops: float | None = None) -> float | None:
+    """Achieved model TFLOP/s per GPU / the GPU's dense FP8 peak, in [0, 1], or None when the peak is
+    unknown. ``fp8_tflops`` defaults to the ``gpu_fp8_tflops`` the simulated costs record in
+    ``result.details['costs']`` (datasheet figure, autotune/data/gpus.yaml)."""
+    if fp8_tflops is None:
+        costs = (result.details or {}).get("costs")
+        fp8_tflops = costs.get("gpu_fp8_tflops") if isinstance(costs, Mapping) else None
+    if not fp8_tflops or not result.feasible:
+        return None
+    return result.tflops_per_gpu / fp8_tflops
+
+
+def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows of a result; for an FP8 ``plan`` also the utilisation of the FP8 peak."""
     rows = [
         ("step time", f"{result.step_time_ms:,.1f} ms"),
         ("tokens/s per GPU", f"{result.tokens_per_s_per_gpu:,.0f}"),
         ("MFU", f"{100 * result.mfu:.1f}% (causal; PaLM convention {100 * result.mfu_palm:.1f}%), "
                 f"{result.tflops_per_gpu:.0f} TFLOP/s per GPU"),
         ("HFU", f"{100 * result.hfu:.1f}%"),
+    ]
+    u8 = fp8_peak_utilization(result) if plan is not None and plan.fp8 else None
+    if u8 is not None:
+        rows.append(("FP8 peak utilisation", f"{100 * u8:.1f}% (model TFLOP/s / dense FP8 peak; MFU above "
+                                             "stays against the dense BF16 peak)"))
+    rows += [
         ("peak memory per GPU", f"{result.peak_memory_bytes / GIB:.1f} GiB"
          + (f" (stages: {', '.join(f'{b / GIB:.1f}' for b in result.memory_per_stage_bytes)})"
             if 1 < len(result.memory_per_stage_bytes) <= 8 else "")),
@@ -127,7 +148,7 @@ def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: Model
     head = [title]
     if target:
         head.append(target)
-    rows = plan_rows(plan) + result_rows(result)
+    rows = plan_rows(plan) + result_rows(result, plan)
     eng = engine or (result.details or {}).get("engine")
     if eng:
         rows.append(("engine", str(eng)))
@@ -198,6 +219,14 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     torchtitan (``[parallelism]``): ``tensor_parallel_degree``, ``pipeline_parallel_degree``,
     ``context_parallel_degree``, ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree``,
     ``pipeline_parallel_schedule``; ``[activation_checkpoint] mode``.
+    Precision (megatron/training/arguments.py ``_add_transformer_engine_args``): ``--fp8-format
+    {e4m3,hybrid}``, ``--fp8-recipe {tensorwise,delayed,mxfp8,blockwise}`` (no rowwise recipe),
+    ``--fp8-amax-history-len`` / ``--fp8-amax-compute-algo {most_recent,max}`` for delayed scaling
+    (1024 / max as NeMo's FP8 configs use; Megatron's defaults are 1 / most_recent). torchtitan
+    (torchtitan/config/job_config.py): ``[model] converters = ["float8"]`` with ``[float8]
+    recipe_name`` (tensorwise, rowwise) and ``filter_fqns``, or ``converters = ["mx"]`` with ``[mx]
+    recipe_name = "mxfp8_cublas"``; ``[compile] enable``, ``components = ["model", "loss"]``. The LM
+    head (``output``) is kept BF16 in every hint.
     """
     p = plan
     meg = [f"--tensor-model-parallel-size {p.tp_degree}", f"--pipeline-model-parallel-size {p.pp_degree}",
@@ -230,6 +259,20 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     if p.tp_comm_overlap:
         meg.append("--tp-comm-overlap")
     meg.append(f"--ddp-bucket-size {p.bucket_size_mib * 2**20 // 2}  # parameters (bf16) = {p.bucket_size_mib} MiB")
+    meg_notes = []
+    if p.fp8:
+        meg.append("--bf16")
+    if p.precision == "fp8_tensorwise":
+        meg.append("--fp8-format hybrid --fp8-recipe tensorwise")
+    elif p.precision == "fp8_delayed":
+        meg.append("--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max")
+    elif p.precision == "mxfp8":
+        meg.append("--fp8-format e4m3 --fp8-recipe mxfp8")
+    elif p.precision == "fp8_rowwise":
+        meg_notes.append("# fp8_rowwise: Megatron-LM has no rowwise recipe (--fp8-recipe: tensorwise, delayed, "
+                         "mxfp8, blockwise); use torchtitan's, or --fp8-format hybrid --fp8-recipe tensorwise")
+    if p.compile:
+        meg_notes.append("# compile: Megatron-LM has no per-block torch.compile flag; TE's fused kernels take its place")
     sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}[p.pipeline_schedule]
     shard = p.dp_degree if p.zero_stage >= 2 else 1
     replicate = 1 if p.zero_stage >= 2 else p.dp_degree
@@ -240,6 +283,16 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         tt += [f'pipeline_parallel_schedule = "{sched}"', f"pipeline_parallel_microbatch_size = {p.micro_batch_size}"]
     if p.tp_comm_overlap:
         tt.append("enable_async_tensor_parallel = true  # needs torch.compile")
+    if p.precision in ("fp8_tensorwise", "fp8_rowwise"):
+        tt += ["[model]", 'converters = ["float8"]', "[float8]",
+               f'recipe_name = "{p.precision.removeprefix("fp8_")}"', 'filter_fqns = ["output"]  # LM head stays BF16']
+    elif p.precision == "mxfp8":
+        tt += ["[model]", 'converters = ["mx"]', "[mx]", 'recipe_name = "mxfp8_cublas"',
+               'filter_fqns = ["output"]  # LM head stays BF16']
+    elif p.precision == "fp8_delayed":
+        tt.append("# fp8_delayed: torchtitan's float8 has dynamic scaling only; delayed scaling is Megatron-LM / TE")
+    if p.compile:
+        tt += ["[compile]", "enable = true", 'components = ["model", "loss"]']
     tt += ["[training]", f"seq_len = {workload.seq_len}", f"local_batch_size = {p.micro_batch_size * p.num_micro_batches}",
            f"global_batch_size = {workload.global_batch_size}",
            "[activation_checkpoint]", f'mode = "{p.recompute}"']
@@ -248,7 +301,8 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         env.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     elif p.memory_reclaim != "none":
         env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
-    out = ["Megatron-LM:", "  " + " \\\n  ".join(meg), "torchtitan (TOML):"] + ["  " + x for x in tt]
+    out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes] + \
+        ["torchtitan (TOML):"] + ["  " + x for x in tt]
     if p.zero_stage == 1:
         out.append("  # torchtitan has no ZeRO-1; FSDP (data_parallel_shard_degree) is the nearest")
     if env:
@@ -256,5 +310,5 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     return "\n".join(out)
 
 
-__all__ = ["format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
+__all__ = ["fp8_peak_utilization", "format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
            "provenance_label", "short_plan"]

@@ -24,6 +24,8 @@ Sampling is define-by-run and conditional, so knobs that have no effect in a pla
 
 * ``pipeline_schedule`` only when pp > 1 (else 1f1b); ``vpp_degree`` only for interleaved_1f1b;
 * ``sequence_parallel`` only when tp > 1; ``tp_comm_overlap`` only when tp > 1 and collectives are async;
+* ``precision`` and ``compile`` when the space lists more than one value (FP8 values the GPU cannot run are dropped at bind time when
+  the GPU is given; per-rank GEMM dimensions FP8 cannot take are pruned);
 * ``zero_stage`` and ``bucket_size_mib`` only when dp x cp > 1; ``dp_grad_reduce_overlap`` only then and
   with async collectives; ``param_gather_overlap`` only with grad-reduce overlap and ZeRO >= 1.
 
@@ -47,8 +49,8 @@ from typing import Any, Mapping
 
 from autotune.errors import ConfigError, PlanError
 from autotune.models import ModelSpec
-from autotune.plan import (MEMORY_RECLAIM_POLICIES, PIPELINE_SCHEDULES, RECOMPUTE_MODES, ZERO_STAGES, Plan,
-                           Workload, validate_plan)
+from autotune.plan import (MEMORY_RECLAIM_POLICIES, PIPELINE_SCHEDULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES,
+                           Plan, Workload, validate_plan)
 
 SEARCH_SPACE_SCHEMA_VERSION = 1
 LAYER_SPLITS = ("even", "ends")
@@ -56,13 +58,17 @@ DERIVED_FIELDS = ("dp_degree", "num_micro_batches", "stage_layers")
 
 _INT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_size", "bucket_size_mib")
 _BOOL_KNOBS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
-               "param_gather_overlap")
+               "param_gather_overlap", "compile")
 _ENUM_KNOBS = {"pipeline_schedule": PIPELINE_SCHEDULES, "recompute": RECOMPUTE_MODES,
-               "memory_reclaim": MEMORY_RECLAIM_POLICIES, "zero_stage": ZERO_STAGES}
+               "memory_reclaim": MEMORY_RECLAIM_POLICIES, "zero_stage": ZERO_STAGES, "precision": PRECISIONS}
 #: Every knob a search space may list, in sampling order.
 KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size",
          "sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
-         "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim")
+         "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim", "precision",
+         "compile")
+#: knobs added after studies were first stored: left out of the fingerprint while fixed at the Plan
+#: default, so studies of a space that does not list them still resume
+_LATE_KNOBS = ("precision", "compile")
 _PLAN_DEFAULTS = {f.name: f.default for f in fields(Plan)}
 
 
@@ -175,20 +181,23 @@ class SearchSpace:
     @property
     def fingerprint(self) -> str:
         """Short hash of the choices (12 hex digits): studies remember which space they were tuned on."""
-        blob = json.dumps({"layer_split": self.layer_split, "knobs": {k: list(v) for k, v in self.choices.items()}},
-                          sort_keys=True)
+        knobs = {k: list(v) for k, v in self.choices.items()
+                 if not (k in _LATE_KNOBS and tuple(v) == (_PLAN_DEFAULTS[k],))}
+        blob = json.dumps({"layer_split": self.layer_split, "knobs": knobs}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def bind(self, *, model: ModelSpec, num_gpus: int, workload: Workload,
+    def bind(self, *, model: ModelSpec, num_gpus: int, workload: Workload, gpu: Any = None,
              engine: Any = None) -> "BoundSearchSpace":
-        """Restrict the choices to values that can be valid for this model, GPU count and workload
-        (and, given an :class:`autotune.engines.EngineProfile`, that engine: ZeRO stages, schedules and
-        TP communication overlap it cannot run are dropped).
+        """Restrict the choices to values that can be valid for this model, GPU count and workload (and,
+        given ``gpu``, an :class:`autotune.hardware.GPUSpec`, the precisions its architecture runs; given
+        ``engine``, an :class:`autotune.engines.EngineProfile`, the ZeRO stages, schedules, precisions,
+        compile and TP communication overlap it can run).
 
         Raises:
             ConfigError: a knob has no valid value left (names the knob, its values and why each fails).
         """
-        return BoundSearchSpace(space=self, model=model, num_gpus=num_gpus, workload=workload, engine=engine)
+        return BoundSearchSpace(space=self, model=model, num_gpus=num_gpus, workload=workload, gpu=gpu,
+                                engine=engine)
 
 
 def _check_value(k: str, x: Any, where: str) -> None:
@@ -258,6 +267,7 @@ class BoundSearchSpace:
     model: ModelSpec
     num_gpus: int
     workload: Workload
+    gpu: Any = None
     engine: Any = None
     choices: dict[str, tuple[Any, ...]] = field(init=False)
     excluded: dict[str, dict[str, str]] = field(init=False)
@@ -283,6 +293,11 @@ class BoundSearchSpace:
                 return f"micro_batch_size={v} does not divide the global batch of {w.global_batch_size} sequences"
             if knob == "vpp_degree" and v == 1:
                 return "vpp_degree=1 with interleaved_1f1b is plain 1F1B (already searched)"
+            if knob == "precision" and v != "bf16" and self.gpu is not None:
+                if v == "mxfp8" and not self.gpu.supports_mxfp8:
+                    return f"precision=mxfp8 needs a Blackwell GPU; {self.gpu.name} is {self.gpu.arch}"
+                if not self.gpu.supports_fp8:
+                    return f"precision={v} needs FP8 tensor cores (Hopper or newer); {self.gpu.name} is {self.gpu.arch}"
             e = self.engine
             if e is not None:
                 if knob == "zero_stage" and v not in e.zero_stages:
@@ -291,6 +306,10 @@ class BoundSearchSpace:
                     return f"engine {e.name} has no {v} schedule"
                 if knob == "tp_comm_overlap" and v is True and not e.tp_comm_overlap:
                     return e.tp_comm_overlap_reason or f"engine {e.name} has no TP communication overlap"
+                if knob == "precision" and v not in e.precisions:
+                    return f"engine {e.name} has no {v} recipe (it runs {', '.join(e.precisions)})"
+                if knob == "compile" and v is True and not e.compile:
+                    return f"engine {e.name} has no torch.compile setting"
             return None
 
         choices: dict[str, tuple[Any, ...]] = {}
@@ -362,14 +381,18 @@ class BoundSearchSpace:
         gather_overlap = pick("param_gather_overlap") if grad_overlap and zero >= 1 else False
         bucket = pick("bucket_size_mib") if g > 1 else c["bucket_size_mib"][0]
         reclaim = pick("memory_reclaim")
+        # late knobs are sampled only when the space offers a choice, so spaces (and stored trials) that
+        # do not list them sample exactly as before
+        precision = pick("precision") if len(c["precision"]) > 1 else c["precision"][0]
+        compiled = pick("compile") if len(c["compile"]) > 1 else c["compile"][0]
         try:
             plan = Plan(tp_degree=tp, pp_degree=pp, dp_degree=dp, cp_degree=cp, vpp_degree=vpp,
                         micro_batch_size=mbs, num_micro_batches=num_mb, pipeline_schedule=schedule,
                         sequence_parallel=sp, recompute=recompute, zero_stage=zero, async_collectives=async_c,
                         tp_comm_overlap=tp_overlap, dp_grad_reduce_overlap=grad_overlap,
                         param_gather_overlap=gather_overlap, bucket_size_mib=bucket, memory_reclaim=reclaim,
-                        stage_layers=stage_layers)
-            validate_plan(plan, m, n, w)
+                        stage_layers=stage_layers, precision=precision, compile=compiled)
+            validate_plan(plan, m, n, w, gpu=self.gpu)
         except PlanError as e:
             raise Pruned(str(e)) from None
         return plan
@@ -451,6 +474,8 @@ def plan_params(plan: Plan) -> dict[str, Any]:
     if g > 1:
         p["bucket_size_mib"] = plan.bucket_size_mib
     p["memory_reclaim"] = plan.memory_reclaim
+    p["precision"] = plan.precision
+    p["compile"] = plan.compile
     return p
 
 

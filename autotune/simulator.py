@@ -139,7 +139,8 @@ class SimulatedEvaluator(Evaluator):
 
     def evaluate(self, plan: Plan) -> StepResult:
         model, cluster, w = self.model, self.cluster, self.workload
-        warnings = validate_plan(plan, model, cluster.num_gpus, w, gpus_per_node=cluster.gpus_per_node)
+        warnings = validate_plan(plan, model, cluster.num_gpus, w, gpus_per_node=cluster.gpus_per_node,
+                                 gpu=cluster.gpu)
         check_plan_for_engine(plan, self.engine)
         mem = estimate_memory(model, plan, cluster.gpu, w, fragmentation=self.costs.fragmentation(),
                               engine=self.engine)

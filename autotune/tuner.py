@@ -473,7 +473,7 @@ class Tuner:
         self.engine = given if given is not None else resolve_engine(engine, backend)
         self.space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
         self.bound: BoundSearchSpace = self.space.bind(model=model, num_gpus=cluster.num_gpus, workload=workload,
-                                                       engine=self.engine)
+                                                       gpu=cluster.gpu, engine=self.engine)
         self.storage = storage
         if backend not in BACKENDS:
             raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")

@@ -219,10 +219,14 @@ class MeasuredCosts(OpCosts):
             return None
 
     # ---- GEMM
-    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False) -> float:
+    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False, precision: str = "bf16") -> float:
         """Forward: stored fwd pass of (m, n, k). Backward (the simulator passes the pass's own shape):
         the stored dgrad of forward shape (m, k, n), else the wgrad of forward shape (k, n, m); measured
-        on the spot as a dgrad (an (m x n) @ (n x k)... GEMM of exactly these dimensions)."""
+        on the spot as a dgrad (an (m x n) @ (n x k)... GEMM of exactly these dimensions).
+        FP8 precisions are not in the store: they come from the fallback costs."""
+        if precision != "bf16":
+            return self._note(("gemm", m, n, k, backward, precision), "fallback",
+                              self.fallback.gemm_ms(m, n, k, backward=backward, precision=precision))
         key = ("gemm", m, n, k, backward)
         v = self._cached(key)
         if v is not None:
@@ -312,6 +316,12 @@ class MeasuredCosts(OpCosts):
         xs, ys = _curve(pts)
         src = "looked_up" if float(nbytes) in xs else "interpolated"
         return self._note(key, src, nbytes / (interp_log(xs, ys, float(nbytes)) * 1e6))
+
+    def memory_bound_compiled_ms(self, nbytes: float, op: str) -> float | None:
+        """A torch.compile'd / fused memory-bound kernel: the store has no compiled timings (``autotune
+        profile --sections compiled`` writes them into the calibration profile), so the fallback
+        calibration's measured compiled bandwidth, or None."""
+        return self.fallback.memory_bound_compiled_ms(nbytes, op)
 
     # ---- collectives
     def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:

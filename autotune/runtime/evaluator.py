@@ -116,6 +116,10 @@ class RealEvaluator(Evaluator):
         model = self.model if self.layers is None else _truncated(self.model, self.layers)
         warnings = validate_plan(plan, model, self.cluster.num_gpus, self.workload,
                                  gpus_per_node=self.cluster.gpus_per_node)
+        # the native runtime runs BF16 eager modules only (FP8 / torch.compile support is a later task)
+        if plan.precision != "bf16" or plan.compile:
+            raise PlanError(f"the real runtime cannot run precision={plan.precision} / compile="
+                            f"{str(plan.compile).lower()} yet; it runs precision=bf16 with compile=false")
         device_type = "cpu" if self.device == "cpu" else "cuda"
         # PlanError -> pruned. The allocator setting is applied by the launcher in the worker's
         # environment, so it is not checked against this process's environment here.

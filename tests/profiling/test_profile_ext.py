@@ -181,7 +181,7 @@ def test_old_profiles_still_load_and_new_keys_are_checked():
     old = default_calibration("h200-probe.yaml")
     assert old.gemm_fp8 == {} and old.quantize == {} and old.memory_bound_ops_compiled == {}
     d = _shipped_raw()
-    for bad, msg in (({"gemm_fp8": {"blockwise": [[1, 1, 1, 1.0]]}}, "scaling 'blockwise' unknown"),
+    for bad, msg in (({"gemm_fp8": {"blockwise": [[1, 1, 1, 1.0]]}}, "gemm_fp8.blockwise unknown"),
                      ({"gemm_fp8": {"tensorwise": [[1, 1, 1]]}}, r"\[m, n, k, tflops\]"),
                      ({"quantize": {"tensorwise_gbs": 0}}, "quantize values must be > 0"),
                      ({"memory_bound_ops_compiled": {"rope": "fast"}}, "must be numbers")):
