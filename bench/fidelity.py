@@ -230,8 +230,9 @@ def _simulate(size: str, layers: int, gpus: int, fabric_name: str, plan: Plan):
     model = get_model(size)
     cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=gpus, fabric=get_fabric(fabric_name))
     proxy = model.truncated(layers)
-    ev = SimulatedEvaluator(model=proxy, cluster=cluster, workload=W)
-    est = estimate_memory(proxy, plan, cluster.gpu, W, fragmentation=ev.costs.fragmentation())
+    # the fidelity plans ran on autotune's own runtime: predict them for the native engine
+    ev = SimulatedEvaluator(model=proxy, cluster=cluster, workload=W, engine="native")
+    est = estimate_memory(proxy, plan, cluster.gpu, W, fragmentation=ev.costs.fragmentation(), engine="native")
     live = max(st.total_bytes - st.allocator_overhead_bytes for st in est.stages) / 2**30
     return ev.evaluate(plan), live
 
@@ -248,7 +249,7 @@ def _predict_measured(a) -> int:
         if key not in evaluators:
             cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=gpus, fabric=get_fabric(fabric_name))
             evaluators[key] = MeasuredEvaluator(model=get_model(size).truncated(layers), cluster=cluster,
-                                                workload=W, storage=a.storage)
+                                                workload=W, storage=a.storage, engine="native")
         res = evaluators[key].evaluate(plan)
         out[label] = {"step_ms": res.step_time_ms if res.feasible else None,
                       "peak_gib": res.peak_memory_bytes / 2**30,

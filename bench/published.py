@@ -37,6 +37,7 @@ from autotune.hardware import ClusterSpec, GPUSpec, get_fabric, get_gpu  # noqa:
 from autotune.memory import estimate_memory  # noqa: E402
 from autotune.models import get_model  # noqa: E402
 from autotune.plan import Plan, Workload  # noqa: E402
+from autotune.search_space import derive_stage_layers  # noqa: E402
 from autotune.simulator import SimulatedEvaluator  # noqa: E402
 
 DEFAULT_RUNS = ROOT.parent / "shared" / "reference" / "published-runs.yaml"
@@ -86,7 +87,10 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
     * recompute as published (null -> none); sequence parallel with TP > 1; async collectives, DP
       gradient-reduce overlap and parameter-gather overlap on (the sources' recipes overlap DP
       communication); TP communication overlap only where the source states it (``async_tp``) or
-      the engine's default (off: Megatron-LM's --tp-comm-overlap is opt-in).
+      Megatron-Bridge's recipes (on with TP > 1), else the engine's default (off: Megatron-LM's
+      --tp-comm-overlap is opt-in);
+    * layers that do not split evenly: one fewer on the first and the last virtual stage (the
+      engines' own rules, see the code); torchtitan's interleaved schedule: 2 stages per rank.
     """
     tp, pp, cp = run.get("tp", 1), run.get("pp", 1), run.get("cp", 1)
     dp = num_gpus // (tp * pp * cp)
@@ -97,11 +101,23 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
     schedule = run.get("schedule") or "1f1b"
     if run.get("_group") == "llama3_paper_table4":
         vp = v or LLAMA3_VPP
-        n = pp * vp
-        per = (num_layers + 2) // n
-        stage_layers = (per - 1,) + (per,) * (n - 2) + (per - 1,)
+    if schedule == "interleaved_1f1b" and not vp and engine == "torchtitan":
+        vp = 2      # torchtitan/distributed/pipeline_parallel.py: stages_per_rank = 2 for multi-stage schedules
     if vp:
         schedule = "interleaved_1f1b"
+    n = pp * (vp or 1)
+    if pp > 1 and num_layers % n:
+        # one layer fewer on the first and the last (virtual) stage: the Llama 3 paper (Sec. 3.3.2),
+        # Megatron-LM --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split
+        # (Megatron-Bridge's 405B recipes), torchtitan's pipeline_parallel_first/last_stage_less_layers = 1
+        per = -(-num_layers // n)
+        if n * per - num_layers == 2 and per == 1:      # Llama 3 at v = 8: empty first and last chunk
+            stage_layers = (0,) + (1,) * (n - 2) + (0,)
+        else:
+            stage_layers = derive_stage_layers(num_layers, n, "ends")
+    # Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/llama3_llm_pretrain.py:
+    # CommOverlapConfig(tp_comm_overlap=tp > 1) (userbuffers configs for the 70B / 405B recipes)
+    tp_overlap = bool(run.get("async_tp", run.get("_group") == "megatron_bridge_25_11")) and tp > 1
     if run["dp_mode"] == "ddp":
         zero = 1
     elif run.get("_group") == "llama3_paper_table4":
@@ -114,7 +130,7 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
                 micro_batch_size=mbs, num_micro_batches=gbs // (mbs * dp),
                 pipeline_schedule=schedule if pp > 1 else "1f1b", sequence_parallel=tp > 1,
                 recompute=run.get("recompute") or "none", zero_stage=zero if dp * cp > 1 else 0,
-                async_collectives=True, tp_comm_overlap=bool(run.get("async_tp", False)) and tp > 1,
+                async_collectives=True, tp_comm_overlap=tp_overlap,
                 dp_grad_reduce_overlap=True, param_gather_overlap=zero >= 1 and dp * cp > 1,
                 stage_layers=stage_layers)
 
@@ -170,6 +186,8 @@ def main() -> int:
     ap.add_argument("--runs", default=str(DEFAULT_RUNS), help="published-runs YAML")
     ap.add_argument("--write-error-bands", action="store_true",
                     help="store per-engine errors in autotune/data/error_bands.yaml")
+    ap.add_argument("--markdown", default=None, metavar="FILE",
+                    help="rewrite the published-runs table between its markers in FILE (docs/fidelity.md)")
     args = ap.parse_args()
     data = load_runs(Path(args.runs))
     rows, skipped = [], []
@@ -208,7 +226,9 @@ def main() -> int:
                 f"{mem.capacity_bytes / 2**30:.1f} GiB usable)"
             print(f"{label} {degrees:>15s} {plan.recompute:9s} {engine:10s} {pub:9.0f} {pred:9.0f} "
                   f"{(f'{100 * err:+.1f}%' if err is not None else '-'):>7s} {memcol:>17s}{note}")
-            rows.append({"group": group, "engine": engine, "run": run, "err": err, "result": r, "mem": mem})
+            rows.append({"group": group, "engine": engine, "run": run, "err": err, "result": r, "mem": mem,
+                         "published": pub, "gpu": rgpu, "degrees": degrees.split() and " ".join(degrees.split()),
+                         "recompute": plan.recompute})
             if group == "llama3_paper_table4":
                 for v in (2, 4):
                     _, rv, _ = predict(run, engine, rfab, rgpu, v)
@@ -231,7 +251,41 @@ def main() -> int:
         print(f"not predicted: {label.split()[0]} {' '.join(label.split()[1:4])}: {why}")
     if args.write_error_bands:
         write_error_bands(rows)
+    if args.markdown:
+        write_markdown(Path(args.markdown), rows, skipped, errs)
     return 0
+
+
+MD_START, MD_END = "<!-- published-table:start -->", "<!-- published-table:end -->"
+
+
+def write_markdown(path: Path, rows: list[dict[str, Any]], skipped: list, errs: list[float]) -> None:
+    """The published-runs table (markdown) between :data:`MD_START` / :data:`MD_END` in ``path``."""
+    lines = ["| source | model | GPUs | GPU | precision | tp pp cp dp v | recompute | engine | published tok/s/GPU | "
+             "predicted | error | memory published / predicted GiB |", "|" + "---|" * 12]
+    for x in rows:
+        run, r, mem = x["run"], x["result"], x["mem"]
+        plan_deg = x.get("degrees", "")
+        pub = x.get("published")
+        fits = "" if mem.fits else " (does not fit)"
+        lines.append(f"| {x['group']} | {run['model'].split('-')[-1]} | {run['gpus']} | {x.get('gpu')} | "
+                     f"{run.get('precision', 'bf16')} | {plan_deg} | {x.get('recompute')} | {x['engine']} | "
+                     f"{pub:.0f} | {r.tokens_per_s_per_gpu:.0f} | {100 * x['err']:+.1f}% | "
+                     f"{run.get('memory_gib', '-')} / {mem.peak_bytes / 2**30:.1f}{fits} |")
+    worst = max(errs, key=abs) if errs else 0.0
+    lines.append("")
+    lines.append(f"{len(errs)} rows; mean absolute error {100 * statistics.mean(map(abs, errs)):.1f}%, worst "
+                 f"{100 * worst:+.1f}% (simulated, shipped calibration, {datetime.date.today().isoformat()}; "
+                 f"`python bench/published.py --markdown docs/fidelity.md`). Not predicted: "
+                 + ("; ".join(f"{' '.join(lab.split()[:4])}: {why}" for lab, why in skipped) or "none") + "\n")
+    table = "\n".join(lines)
+    text = path.read_text() if path.exists() else ""
+    if MD_START in text and MD_END in text:
+        head, rest = text.split(MD_START, 1)
+        tail = rest.split(MD_END, 1)[1]
+        path.write_text(f"{head}{MD_START}\n{table}{MD_END}{tail}")
+    else:
+        path.write_text(text + f"\n## Published runs (other engines and scales)\n\n{MD_START}\n{table}{MD_END}\n")
 
 
 def write_error_bands(rows: list[dict[str, Any]]) -> None:
