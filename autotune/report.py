@@ -137,8 +137,10 @@ def error_band_line(engine: str) -> str:
     b = error_band(engine)
     if b is None:
         return f"error band: none measured yet for engine {engine}"
-    return (f"error band ({engine}): step-time error {b['mean_abs_error_pct']:.1f}% mean, "
-            f"{b['worst_error_pct']:+.1f}% worst over {b['num_runs']} {b['against']} ({b['source']})")
+    q = b.get("quantity", "step time")
+    return (f"error band ({engine}): predicted {q} off by {b['mean_abs_error_pct']:.1f}% on average, worst "
+            f"{b['worst_error_pct']:+.1f}% (predicted / measured - 1), over {b['num_runs']} {b['against']} "
+            f"({b['source']}, {b.get('date', '?')})")
 
 
 def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: ModelSpec | None = None,

@@ -299,7 +299,8 @@ def write_error_bands(rows: list[dict[str, Any]]) -> None:
         worst = max(errs, key=abs)
         doc["engines"][engine] = {"mean_abs_error_pct": round(100 * statistics.mean(map(abs, errs)), 1),
                                   "worst_error_pct": round(100 * worst, 1), "num_runs": len(errs),
-                                  "against": "published runs (tokens/s per GPU)", "source": "bench/published.py",
+                                  "quantity": "tokens/s per GPU", "against": "published runs",
+                                  "source": "bench/published.py",
                                   "date": datetime.date.today().isoformat()}
     head = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False))
