@@ -28,6 +28,7 @@ test: install
 # CPU benchmarks; bench/bench_real.py and bench/fidelity.py need a GPU host (see README).
 bench: install
 	$(BIN)/python bench/bench_simulator.py
+	$(BIN)/python bench/published.py
 	$(BIN)/python bench/bench_tuner.py
 
 # GPU host with 2 GPUs and this package's dependencies in $(PY): profile into a fresh store, the
