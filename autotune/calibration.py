@@ -427,9 +427,10 @@ class OpCosts(abc.ABC):
             t = min(t, 2.0 * nbytes / (bw * 1e6) + max(0.0, tree_lat_us - measured_lat_us) / 1e3)
         return t
 
-    def quantize_ms(self, nbytes: float, precision: str) -> float:
-        """FP8 cast kernels (amax + scale + cast) moving ``nbytes`` (reads + writes), ms; default: a
-        generic memory-bound kernel."""
+    def quantize_ms(self, nbytes: float, precision: str, *, fused: bool = True) -> float:
+        """FP8 cast kernels (amax + scale + cast) moving ``nbytes`` (reads + writes), ms: ``fused`` =
+        compiled or an engine's fused cast kernels, else eager PyTorch kernels; default: a generic
+        memory-bound kernel."""
         return self.memory_bound_ms(nbytes)
 
     def memory_bound_compiled_ms(self, nbytes: float, op: str) -> float | None:
@@ -604,8 +605,11 @@ class CalibratedCosts(OpCosts):
             fp8 *= interp_log(self._gemm_x, self._gemm_y, x) / interp_log(self._gemm_x, self._gemm_y, xs[0])
         return fp8 * self.fp8_scale
 
-    def quantize_ms(self, nbytes: float, precision: str) -> float:
-        key = "rowwise_gbs" if precision in ("fp8_rowwise", "mxfp8") else "tensorwise_gbs"
+    def quantize_ms(self, nbytes: float, precision: str, *, fused: bool = True) -> float:
+        # measured on H200 (autotune profile --sections quantize, 2026-12-01): eager amax + scale + cast
+        # reach ~470 GB/s, compiled ~3500-4100 GB/s
+        key = ("rowwise" if precision in ("fp8_rowwise", "mxfp8") else "tensorwise") + \
+            ("_gbs" if fused else "_eager_gbs")
         gbs = self.profile.quantize.get(key, self.profile.memory_bound_bandwidth_gbs)
         return nbytes / (gbs * self.memory_scale * 1e6)
 

@@ -30,7 +30,7 @@ REAL_BACKEND_ENGINE = "native"
 GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
 SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
 CP_COMM_MODES = ("all_gather", "p2p")
-FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "cross_entropy")
+FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "cross_entropy", "fp8_cast")
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,11 @@ class CostBuilder:
         quant_fwd = quant_bwd = 0.0
         if p.fp8:
             qf, qb = self.fp8_cast_bytes(gemms)
-            quant_fwd, quant_bwd = costs.quantize_ms(qf, p.precision), costs.quantize_ms(qb, p.precision)
+            # the casts run fused under torch.compile or with an engine's fused cast kernels (Transformer
+            # Engine's cast-transpose), else as eager PyTorch kernels (torchao without compile)
+            fused = p.compile or self.engine.fuses("fp8_cast")
+            quant_fwd = costs.quantize_ms(qf, p.precision, fused=fused)
+            quant_bwd = costs.quantize_ms(qb, p.precision, fused=fused)
             self.quantize_ms = (quant_fwd, quant_bwd)
         flops = sum(2.0 * a * b * c for a, b, c in gemms)
         heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)

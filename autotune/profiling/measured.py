@@ -317,6 +317,10 @@ class MeasuredCosts(OpCosts):
         src = "looked_up" if float(nbytes) in xs else "interpolated"
         return self._note(key, src, nbytes / (interp_log(xs, ys, float(nbytes)) * 1e6))
 
+    def quantize_ms(self, nbytes: float, precision: str, *, fused: bool = True) -> float:
+        """FP8 casts: the store has no quantization timings; the fallback calibration's measured ones."""
+        return self.fallback.quantize_ms(nbytes, precision, fused=fused)
+
     def memory_bound_compiled_ms(self, nbytes: float, op: str) -> float | None:
         """A torch.compile'd / fused memory-bound kernel: the store has no compiled timings (``autotune
         profile --sections compiled`` writes them into the calibration profile), so the fallback
