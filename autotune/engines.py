@@ -56,7 +56,8 @@ class EngineProfile:
         fused_kernels: memory-bound kernels it fuses (subset of :data:`FUSABLE_KERNELS`).
         selective_recompute: what ``recompute: selective`` recomputes (:data:`SELECTIVE_RECOMPUTE_MODES`).
         tp_comm_overlap: whether TP communication overlap exists; tp_comm_overlap_reason: why not;
-        tp_comm_overlap_needs_sp: it needs sequence parallelism.
+        tp_comm_overlap_needs_sp: it needs sequence parallelism; tp_comm_overlap_needs_compile: it
+        needs ``compile`` (async TP is an inductor pass).
         cp_comm: how context parallelism exchanges K/V (``all_gather`` or ``p2p`` ring).
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
         error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
@@ -87,6 +88,7 @@ class EngineProfile:
     compile: bool
     error_source: str
     tp_comm_overlap_needs_sp: bool = False
+    tp_comm_overlap_needs_compile: bool = False
     tp_comm_overlap_reason: str = ""
     zero_stage_reasons: Mapping[int, str] = field(default_factory=dict)
 
@@ -217,9 +219,12 @@ def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
         raise PlanError(f"pipeline_schedule={plan.pipeline_schedule} cannot run on engine {e.name}; it has "
                         f"{', '.join(e.schedules)}")
     if plan.tp_comm_overlap and plan.tp_degree > 1 and plan.async_collectives:
-        if not e.tp_comm_overlap and not (getattr(plan, "compile", False) and e.name == "torchtitan"):
+        if not e.tp_comm_overlap:
             raise PlanError(f"tp_comm_overlap=true cannot run on engine {e.name}: "
                             f"{e.tp_comm_overlap_reason or 'it has no TP communication overlap'}")
+        if e.tp_comm_overlap_needs_compile and not getattr(plan, "compile", False):
+            raise PlanError(f"tp_comm_overlap=true on engine {e.name} needs compile=true (async TP is "
+                            "torch.compile's micro-pipeline TP pass)")
         if e.tp_comm_overlap_needs_sp and not plan.sp_active:
             raise PlanError(f"tp_comm_overlap=true on engine {e.name} needs sequence_parallel=true "
                             "(Megatron-LM --tp-comm-overlap requires --sequence-parallel)")

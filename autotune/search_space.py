@@ -306,6 +306,10 @@ class BoundSearchSpace:
                     return f"engine {e.name} has no {v} schedule"
                 if knob == "tp_comm_overlap" and v is True and not e.tp_comm_overlap:
                     return e.tp_comm_overlap_reason or f"engine {e.name} has no TP communication overlap"
+                if (knob == "tp_comm_overlap" and v is True and e.tp_comm_overlap_needs_compile
+                        and True not in self.space.choices.get("compile", (False,))):
+                    return (f"engine {e.name} overlaps TP communication only with compile=true (async TP), "
+                            "which this space does not search")
                 if knob == "precision" and v not in e.precisions:
                     return f"engine {e.name} has no {v} recipe (it runs {', '.join(e.precisions)})"
                 if knob == "compile" and v is True and not e.compile:

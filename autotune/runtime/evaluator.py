@@ -11,7 +11,9 @@ Outcomes of ``evaluate``:
 * CUDA out of memory: ``feasible=False`` with the memory the job reached (so it becomes an
   infeasible trial, never the best);
 * the runtime refuses a setting it cannot honor (``PlanError``): raised, so the tuner prunes the trial
-  with the reason; checked in this process before anything is launched;
+  with the reason; checked in this process before anything is launched
+  (:func:`autotune.runtime.parallelize.check_runtime_support`: e.g. ``fp8_delayed`` / ``mxfp8``, FP8
+  without torchao, ``tp_comm_overlap`` without compile); FP8 (torchao float8) and compile plans run;
 * a hang or crash: :class:`TrialFailed` with "timed out after N s in <phase>" or the rank's error; the
   launcher has already killed every process of the job, and the study goes on.
 
@@ -116,10 +118,6 @@ class RealEvaluator(Evaluator):
         model = self.model if self.layers is None else _truncated(self.model, self.layers)
         warnings = validate_plan(plan, model, self.cluster.num_gpus, self.workload,
                                  gpus_per_node=self.cluster.gpus_per_node)
-        # the native runtime runs BF16 eager modules only (FP8 / torch.compile support is a later task)
-        if plan.precision != "bf16" or plan.compile:
-            raise PlanError(f"the real runtime cannot run precision={plan.precision} / compile="
-                            f"{str(plan.compile).lower()} yet; it runs precision=bf16 with compile=false")
         device_type = "cpu" if self.device == "cpu" else "cuda"
         # PlanError -> pruned. The allocator setting is applied by the launcher in the worker's
         # environment, so it is not checked against this process's environment here.

@@ -39,8 +39,33 @@ How the communication flags act:
   FSDP2 pre-forward hook issues its all-gather, so all-gathers never run under compute.
 * ``async_collectives`` False also forces both of the above to their blocking form. TP collectives of
   eager DTensor are waited on by their first consumer (the next op) in either setting.
-* ``tp_comm_overlap`` True (TP > 1) is refused: chunked TP overlap exists only as torch.compile's async
-  TP pass (``torch._inductor`` micro-pipeline TP), which eager mode does not run.
+* ``tp_comm_overlap`` True (TP > 1): async TP, torch.compile's micro-pipeline TP pass
+  (``torch._inductor.config._micro_pipeline_tp = True`` and symmetric memory enabled for the TP group
+  with ``enable_symm_mem_for_group``, as torchtitan ``torchtitan/distributed/compile.py``
+  ``_maybe_enable_async_tp`` does). It needs ``compile=true`` (eager mode runs no inductor pass),
+  ``sequence_parallel=true`` (the pass decomposes all-gather -> matmul and matmul -> reduce-scatter,
+  ``torch/_inductor/fx_passes/micro_pipeline_tp.py``; TP without SP all-reduces, which it leaves
+  alone), ``async_collectives=true`` and CUDA (symmetric memory); otherwise refused.
+
+Precision and compile (torchtitan ``torchtitan/components/quantization/float8.py`` and
+``torchtitan/distributed/compile.py``):
+
+* ``precision`` ``fp8_tensorwise`` / ``fp8_rowwise``: torchao float8 training,
+  ``torchao.float8.convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name("tensorwise"
+  | "rowwise")`` on every transformer-layer linear, applied when the model is built (before TP, as
+  torchtitan converts the model config); the LM head ``output`` stays BF16 (torchtitan's
+  ``filter_fqns=["output"]``, ``float8.md``) and linears with a dimension not divisible by 16 are
+  skipped (torchtitan ``module_filter_fn``). For ``rowwise``, ``torch._inductor.config.
+  emulate_precision_casts = True`` as torchtitan sets. On CPU (tests only) torchao's emulation
+  (``Float8LinearConfig(emulate=True)``) runs the same casts with high-precision matmuls. CUDA needs
+  compute capability >= 8.9 (torchtitan's ``has_cuda_capability(8, 9)`` check). torchao is an optional
+  dependency (``autotune[gpu]``); without it an FP8 plan is refused saying so.
+  ``fp8_delayed`` is refused (torchao's ``ScalingType`` has only ``DYNAMIC`` and ``DISABLED``: delayed
+  scaling was removed; Transformer Engine runs it) and ``mxfp8`` too (torchao's MX formats are a
+  Blackwell prototype, ``torchao.prototype.mx_formats``, not wired into this runtime).
+* ``compile``: ``TransformerBlock.compile(fullgraph=True)`` per block, after activation
+  checkpointing and before FSDP2 (torchtitan ``apply_compile``, called from
+  ``torchtitan/models/llama3/parallelize.py`` "after AC wrapping and before FSDP").
 * ``pipeline``: ``torch.distributed.pipelining`` issues P2P with ``batch_isend_irecv`` (async);
   ``async_collectives=False`` with ``pp_degree`` > 1 is refused (no blocking P2P mode exists).
 * ``memory_reclaim``: ``empty_cache_per_step`` calls ``torch.cuda.empty_cache()`` after the optimizer
@@ -92,6 +117,132 @@ def _empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+#: torchao ``Float8LinearConfig.from_recipe_name`` recipe per plan precision
+#: (torchao 0.17.0 ``torchao/float8/config.py`` ``Float8LinearRecipeName``).
+FLOAT8_RECIPES = {"fp8_tensorwise": "tensorwise", "fp8_rowwise": "rowwise"}
+
+#: Precisions this runtime refuses, with the reason.
+REFUSED_PRECISIONS = {
+    "fp8_delayed": ("torchao float8 training has dynamic scaling only (torchao 0.17.0 ScalingType: DYNAMIC, "
+                    "DISABLED; delayed scaling was removed), and delayed scaling is Transformer Engine's "
+                    "recipe (engine megatron); use precision=fp8_tensorwise or fp8_rowwise"),
+    "mxfp8": ("MXFP8 (torchao.prototype.mx_formats, Blackwell tensor cores) is not wired into this runtime; "
+              "use precision=fp8_tensorwise or fp8_rowwise, or simulate it with --engine torchtitan"),
+}
+
+#: Linear modules kept in BF16 under FP8 (torchtitan ``float8.md``: ``filter_fqns=["output"]``).
+FLOAT8_SKIP_FQNS = ("output",)
+
+#: torchao versions this runtime was run with (``../shared/device/fetch-wheels.sh``; design.md, 2026-12-01).
+TORCHAO_TESTED = "0.17.0"
+
+
+def torchao_available() -> bool:
+    """True when ``torchao`` can be imported (looked up without importing it)."""
+    import importlib.util
+    return importlib.util.find_spec("torchao") is not None
+
+
+def check_precision_support(precision: str, *, device_type: str) -> None:
+    """Refuse a ``precision`` this runtime cannot honor on ``device_type`` (``cpu`` / ``cuda``).
+
+    ``bf16`` always runs; ``fp8_tensorwise`` / ``fp8_rowwise`` need torchao (the ``gpu`` extra) and, on
+    CUDA, compute capability >= 8.9 (checked in :func:`parallelize`, where the device is known);
+    ``fp8_delayed`` and ``mxfp8`` are refused (:data:`REFUSED_PRECISIONS`).
+
+    Raises:
+        PlanError: naming the precision, why, and what is valid.
+    """
+    if precision == "bf16":
+        return
+    if precision in REFUSED_PRECISIONS:
+        raise PlanError(f"precision={precision} cannot be honored by the native runtime: "
+                        f"{REFUSED_PRECISIONS[precision]}")
+    if precision not in FLOAT8_RECIPES:
+        raise PlanError(f"precision={precision!r} is unknown; the native runtime runs bf16, "
+                        f"{', '.join(FLOAT8_RECIPES)}")
+    if not torchao_available():
+        raise PlanError(f"precision={precision} needs torchao (float8 training), which is not installed: "
+                        f"pip install 'autotune[gpu]' (torchao=={TORCHAO_TESTED}); or use precision=bf16")
+
+
+def float8_config(precision: str, *, emulate: bool = False):
+    """The torchao ``Float8LinearConfig`` of a plan precision.
+
+    Args:
+        precision: ``fp8_tensorwise`` (one scale per tensor, dynamic) or ``fp8_rowwise`` (one scale per
+            row, power-of-2 scales) -> ``Float8LinearConfig.from_recipe_name`` of :data:`FLOAT8_RECIPES`.
+        emulate: torchao's emulation (high-precision matmuls on FP8-rounded operands; CPU tests).
+
+    Raises:
+        PlanError: any other precision (see :func:`check_precision_support`), or torchao missing.
+    """
+    check_precision_support(precision, device_type="cpu" if emulate else "cuda")
+    from torchao.float8 import Float8LinearConfig
+    cfg = Float8LinearConfig.from_recipe_name(FLOAT8_RECIPES[precision])
+    return dataclasses.replace(cfg, emulate=True) if emulate else cfg
+
+
+def float8_module_filter(module: nn.Module, fqn: str) -> bool:
+    """Whether a module becomes a torchao ``Float8Linear``: an ``nn.Linear`` whose in and out features
+    are multiples of 16 (``torch._scaled_mm``; torchtitan ``quantization/utils.py`` ``module_filter_fn``)
+    and whose name is not in :data:`FLOAT8_SKIP_FQNS` (the LM head stays BF16)."""
+    if not isinstance(module, nn.Linear):
+        return False
+    if any(fqn == s or fqn.endswith("." + s) for s in FLOAT8_SKIP_FQNS):
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def apply_float8(model: nn.Module, precision: str, *, emulate: bool = False) -> list[str]:
+    """Swap the model's eligible linears for torchao ``Float8Linear`` (in place).
+
+    Args:
+        model: a :class:`Llama` (or chunk), before TP / FSDP (torchtitan converts at build time).
+        precision: ``fp8_tensorwise`` or ``fp8_rowwise``; emulate: see :func:`float8_config`.
+
+    Returns:
+        Names of the converted modules (``layers.0.attention.wq`` ...).
+
+    Raises:
+        PlanError: precision not runnable here (:func:`check_precision_support`).
+    """
+    cfg = float8_config(precision, emulate=emulate)
+    from torchao.float8 import convert_to_float8_training
+    if FLOAT8_RECIPES[precision] == "rowwise":
+        # torchtitan float8.py: "short-term solution for pytorch/pytorch#150859"
+        import torch._inductor.config as inductor_config
+        inductor_config.emulate_precision_casts = True
+    convert_to_float8_training(model, config=cfg, module_filter_fn=float8_module_filter)
+    from torchao.float8.float8_linear import Float8Linear
+    return [n for n, m in model.named_modules() if isinstance(m, Float8Linear)]
+
+
+def apply_compile(model: Llama) -> int:
+    """``torch.compile`` each transformer block in place (``nn.Module.compile(fullgraph=True)``, default
+    inductor backend: torchtitan ``apply_compile``). Returns the number of blocks compiled."""
+    n = 0
+    for blk in model.layers.values():
+        blk.compile(fullgraph=True)
+        n += 1
+    return n
+
+
+def enable_async_tp(tp_mesh) -> str:
+    """Turn on inductor's async-TP pass for ``tp_mesh``'s group (torchtitan ``_maybe_enable_async_tp``):
+    ``enable_symm_mem_for_group(group_name)`` and ``torch._inductor.config._micro_pipeline_tp = True``.
+    Returns the group name."""
+    import warnings
+    import torch._inductor.config as inductor_config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+    name = tp_mesh.get_group().group_name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        enable_symm_mem_for_group(name)
+    inductor_config._micro_pipeline_tp = True
+    return name
+
+
 def check_runtime_support(plan: Plan, *, device_type: str) -> None:
     """Refuse plan settings this runtime cannot honor on ``device_type`` (``cpu`` / ``cuda``).
 
@@ -99,10 +250,23 @@ def check_runtime_support(plan: Plan, *, device_type: str) -> None:
         PlanError: naming the setting and why (see the module docstring for each rule).
     """
     p = plan
+    check_precision_support(p.precision, device_type=device_type)
     if p.tp_comm_overlap and p.tp_degree > 1:
-        raise PlanError("tp_comm_overlap=true cannot be honored: overlapping TP collectives with GEMMs is "
-                        "only available as torch.compile's async-TP pass (torch._inductor micro-pipeline TP), "
-                        "not in this eager runtime; use tp_comm_overlap=false")
+        if not p.compile:
+            raise PlanError("tp_comm_overlap=true cannot be honored without compile=true: overlapping TP "
+                            "collectives with GEMMs is torch.compile's async-TP pass (torch._inductor "
+                            "micro-pipeline TP), which eager mode does not run; use compile=true or "
+                            "tp_comm_overlap=false")
+        if not p.sp_active:
+            raise PlanError("tp_comm_overlap=true needs sequence_parallel=true: the async-TP pass overlaps "
+                            "all-gather+matmul and matmul+reduce-scatter (SP's collectives), not TP's "
+                            "all-reduces; use sequence_parallel=true or tp_comm_overlap=false")
+        if not p.async_collectives:
+            raise PlanError("tp_comm_overlap=true contradicts async_collectives=false (async TP issues its "
+                            "collectives asynchronously); use one of them")
+        if device_type != "cuda":
+            raise PlanError(f"tp_comm_overlap=true cannot be honored on {device_type}: async TP needs CUDA "
+                            "symmetric memory; use tp_comm_overlap=false")
     if p.pp_degree > 1 and not p.async_collectives:
         raise PlanError(f"async_collectives=false with pp_degree={p.pp_degree} cannot be honored: "
                         "torch.distributed.pipelining always issues its sends/receives asynchronously "
@@ -527,12 +691,24 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
     stage_ids = [pp_rank + i * p.pp_degree for i in range(n_stages // p.pp_degree)]
     full_init = (tspec.num_params * 4 <= FULL_INIT_MAX_BYTES) if meta_init is None else not meta_init
     chunks: list[Llama] = []
+    if p.fp8 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        cc = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        raise PlanError(f"precision={p.precision} needs FP8 tensor cores (compute capability >= 8.9), but "
+                        f"{torch.cuda.get_device_name(device)} has {cc}; use precision=bf16")
+    converted: list[str] = []
     for sid in stage_ids:
         m = build_llama(tspec, seq_len=seq_len, seed=seed, device=None if full_init else "meta")
         prune_to_stage(m, ranges[sid], is_first=sid == 0, is_last=sid == n_stages - 1)
+        if p.fp8:
+            converted += apply_float8(m, p.precision, emulate=device.type != "cuda")
         if full_init:
             m.to(device)
         chunks.append(m)
+    if p.fp8:
+        honored["precision"] = (f"torchao float8 {FLOAT8_RECIPES[p.precision]} on {len(converted)} linears"
+                                f"{' (emulated on CPU)' if device.type != 'cuda' else ''}; LM head (output) not converted")
+    else:
+        honored["precision"] = "bf16"
     honored["pipeline"] = (f"stages {stage_ids} of {n_stages}, layers {[counts[s] for s in stage_ids]}"
                            if p.pp_degree > 1 else "none")
 
@@ -546,6 +722,16 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
     for m in chunks:
         m.set_recompute(p.recompute)
     honored["recompute"] = p.recompute
+
+    # ---- compile (after AC, before FSDP: torchtitan llama3/parallelize.py) ----
+    if p.tp_comm_overlap and p.tp_degree > 1:
+        enable_async_tp(mesh["tp"])
+        honored["tp_comm_overlap"] = "async TP (inductor micro-pipeline TP, symmetric memory)"
+    if p.compile:
+        nb = sum(apply_compile(m) for m in chunks)
+        honored["compile"] = f"torch.compile per block ({nb} blocks, fullgraph)"
+    else:
+        honored["compile"] = "eager"
 
     # ---- DP ----
     if dp_size > 1:
