@@ -72,6 +72,12 @@ class AutotuneGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
+        except BrokenPipeError:
+            # the reader went away (`autotune export | head -1`): stop quietly, as a process killed by
+            # SIGPIPE would (exit 141 = 128 + SIGPIPE); stdout goes to /dev/null so the interpreter's
+            # final flush cannot raise again (Python docs, "Note on SIGPIPE", signal module)
+            _silence_stdout()
+            ctx.exit(141)
         except AutotuneError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(2)
@@ -82,6 +88,21 @@ class AutotuneGroup(click.Group):
             click.echo(f"error: unexpected {type(e).__name__}: {msg}\n"
                        "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point file descriptors 1 and 2 at /dev/null (after a closed pipe); ignores a failure to do so."""
+    import os
+    import sys
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass        # not a real file (CliRunner's buffer): nothing to flush later
+    except OSError:
+        pass
 
 
 def parse_tokens(text: str) -> int:
