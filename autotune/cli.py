@@ -189,6 +189,31 @@ ENGINE_OPTION = click.option(
          "native with --backend real.")
 
 
+JSON_OPTION = click.option(
+    "--json", "as_json", is_flag=True,
+    help="Print the result as JSON (schema autotune.result v1, docs/json-schema.md) on stdout; progress goes "
+         "to stderr.")
+
+
+def _say(as_json: bool):
+    """click.echo to stdout, or to stderr when stdout carries the JSON document."""
+    return (lambda m="": click.echo(m, err=True)) if as_json else click.echo
+
+
+def _entry(*, plan, result, info=None, model=None, cluster=None, workload=None, engine, label=None, study=None,
+           trial=None, memory=None, extra=None):
+    from autotune.report import result_entry
+
+    if info is not None:
+        model, workload = info.model, info.workload
+        gpu, num_gpus, fabric = info.gpu, info.num_gpus, info.fabric_name
+    else:
+        gpu, num_gpus, fabric = cluster.gpu.name, cluster.num_gpus, cluster.fabric.name
+    return result_entry(plan=plan, result=result, model=model, gpu=gpu, num_gpus=num_gpus, fabric=fabric,
+                        workload=workload, engine=engine, label=label, study=study, trial=trial, memory=memory,
+                        extra=extra)
+
+
 def tune_options(f):
     opts = [
         click.option("--trials", type=int, default=200, show_default=True, help="Trials to run (added to the study)."),
@@ -242,8 +267,9 @@ def _evaluator_options(backend, layers, real_steps, trial_timeout):
 @study_options
 @tune_options
 @real_options
+@JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
-        timeout, seed, layers, real_steps, trial_timeout):
+        timeout, seed, layers, real_steps, trial_timeout, as_json):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     Example: autotune run --size 405b --trials 200
@@ -258,18 +284,27 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout),
                   engine=engine)
-    click.echo(f"tuning {_target_line(model, cluster, workload)}")
-    click.echo(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
+    say = _say(as_json)
+    say(f"tuning {_target_line(model, cluster, workload)}")
+    say(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
                f"engine {tuner.engine.name}; {trials} trials" + (f", timeout {timeout:g} s" if timeout else ""))
     try:
         summary = tuner.optimize(trials, timeout=timeout)
     finally:
         tuner.close()
     st = summary.states
-    click.echo(f"{summary.n_new_trials} trials run, {summary.n_trials} in the study: {st.get('feasible', 0)} "
+    say(f"{summary.n_new_trials} trials run, {summary.n_trials} in the study: {st.get('feasible', 0)} "
                f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
                f"{st.get('failed', 0)} failed")
     best = summary.best
+    if as_json:
+        from autotune.report import json_document
+        click.echo(json_document("run", [_entry(plan=best.plan, result=best.result, model=model, cluster=cluster,
+                                                workload=workload, engine=tuner.engine.name, label="best",
+                                                study=best.study, trial=best.trial_number)],
+                                 trials={"new": summary.n_new_trials, "total": summary.n_trials,
+                                         "states": dict(st)}))
+        return
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
@@ -316,8 +351,9 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
 @study_options
 @click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the plan YAML.")
+@JSON_OPTION
 def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine,
-           output):
+           output, as_json):
     """Write the best plan of a study as YAML and print launch flags for Megatron-LM / torchtitan.
 
     Example: autotune export --size 405b -o plan.yaml
@@ -335,6 +371,12 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
         raise ConfigError(f"cannot write {output}: {e}") from None
     from autotune.report import error_band_line
 
+    if as_json:
+        from autotune.report import json_document
+        click.echo(json_document("export", [_entry(plan=best.plan, result=best.result, info=info, engine=info.engine,
+                                                   label="best", study=best.study, trial=best.trial_number)],
+                                 plan_file=output))
+        return
     click.echo(f"wrote {output}: trial {best.trial_number} of {best.study}, MFU {100 * best.result.mfu:.1f}%, "
                f"step {best.result.step_time_ms:,.1f} ms (engine {info.engine})")
     click.echo(error_band_line(info.engine))
@@ -344,7 +386,8 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
 @main.command()
 @click.option("--storage", default=None, help="Optuna storage URL (default sqlite:///studies/autotune.db).")
 @click.option("--engine", default=None, help="Only studies of this engine (megatron, torchtitan, native).")
-def show(storage, engine):
+@JSON_OPTION
+def show(storage, engine, as_json):
     """List the best plan per model size and interconnect found in the storage (one row per study)."""
     from autotune.report import format_studies, short_plan
     from autotune.tuner import best_plan, failure_summary, list_studies, load_study
@@ -354,12 +397,18 @@ def show(storage, engine):
         from autotune.engines import get_engine
         get_engine(engine)
     rows = []
+    entries = []
     for info in list_studies(storage):
         if engine is not None and info.engine != engine:
             continue
         st, info = load_study(info.name, storage)
         bp = best_plan(st, info)
         trials = st.get_trials(deepcopy=False)
+        if as_json:
+            entries.append(_entry(plan=bp.plan if bp else None, result=bp.result if bp else None, info=info,
+                                  engine=info.engine, label="best", study=info.name,
+                                  trial=bp.trial_number if bp else None, extra={"n_trials": len(trials)}))
+            continue
         row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
                "engine": info.engine, "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
         if bp is None:
@@ -369,6 +418,11 @@ def show(storage, engine):
             row.update(mfu=f"{100 * bp.result.mfu:.1f}%", step=f"{bp.result.step_time_ms:,.0f}",
                        plan=short_plan(bp.plan))
         rows.append(row)
+    if as_json:
+        from autotune.report import json_document
+        entries.sort(key=lambda e: (e["target"]["model"], e["target"]["num_gpus"], e["study"]))
+        click.echo(json_document("show", entries, storage=storage))
+        return
     rows.sort(key=lambda r: (r["model"], r["gpus"], r["workload"], r["fabric"]))
     click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
 
@@ -379,7 +433,8 @@ def show(storage, engine):
 @click.option("--interconnect", default=None, help="Evaluate on another fabric than the file's.")
 @click.option("--engine", default=None, help="Evaluate for another engine than the file's (megatron, torchtitan, "
                                              "native).")
-def simulate(plan_file, backend, interconnect, engine):
+@JSON_OPTION
+def simulate(plan_file, backend, interconnect, engine, as_json):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table.
 
     Example: autotune simulate plan.yaml
@@ -405,15 +460,24 @@ def simulate(plan_file, backend, interconnect, engine):
             frag = costs.fragmentation()
     finally:
         ev.close()
-    click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
-                                target=_target_line(doc.model, cluster, doc.workload), engine=eng.name))
-    click.echo("")
-    click.echo(estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag,
-                               engine=eng).describe())
+    mem = estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag, engine=eng)
     pred = doc.prediction or {}
+    same = None
     if "mfu" in pred and "step_time_ms" in pred and not interconnect and eng.name == doc.engine:
         same = abs(float(pred["mfu"]) - result.mfu) <= 1e-9 * max(1.0, result.mfu) and \
             abs(float(pred["step_time_ms"]) - result.step_time_ms) <= 1e-6 * max(1.0, result.step_time_ms)
+    if as_json:
+        from autotune.report import json_document
+        click.echo(json_document("simulate", [_entry(plan=doc.plan, result=result, model=doc.model, cluster=cluster,
+                                                     workload=doc.workload, engine=eng.name, label=str(plan_file),
+                                                     study=doc.study, trial=doc.trial_id, memory=mem,
+                                                     extra={"stored_prediction_holds": same})]))
+        return
+    click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
+                                target=_target_line(doc.model, cluster, doc.workload), engine=eng.name))
+    click.echo("")
+    click.echo(mem.describe())
+    if same is not None:
         click.echo(f"\nprediction stored in the file ({pred.get('backend', '?')}): step {float(pred['step_time_ms']):,.1f} "
                    f"ms, MFU {100 * float(pred['mfu']):.1f}% -> " + ("same" if same else "DIFFERENT now"))
 
@@ -424,8 +488,9 @@ def simulate(plan_file, backend, interconnect, engine):
 @tune_options
 @real_options
 @click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
+@JSON_OPTION
 def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
-           timeout, seed, layers, real_steps, trial_timeout, top_k):
+           timeout, seed, layers, real_steps, trial_timeout, top_k, as_json):
     """Re-tune for a slower fabric, warm-started with the fastest fabric's best plans; compare both.
 
     Example: autotune retune --size 405b --interconnect pcie5+eth100
@@ -436,11 +501,25 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    click.echo(f"re-tuning {_target_line(model, cluster, workload)}")
+    say = _say(as_json)
+    say(f"re-tuning {_target_line(model, cluster, workload)}")
     r = do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
-                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=click.echo,
+                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=say,
                   evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout), engine=engine)
     fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
+    if as_json:
+        from autotune.report import json_document
+        fi, si = r.fast.info, r.slow.info
+        click.echo(json_document("retune", [
+            _entry(plan=r.fast.plan, result=r.fast.result, info=fi, engine=fi.engine, label="fast_best",
+                   study=r.fast.study, trial=r.fast.trial_number),
+            _entry(plan=r.fast.plan, result=r.fast_on_slow, info=si, engine=si.engine, label="fast_plan_on_slow",
+                   study=r.fast.study, trial=r.fast.trial_number),
+            _entry(plan=r.slow.plan, result=r.slow.result, info=si, engine=si.engine, label="slow_best",
+                   study=r.slow.study, trial=r.slow.trial_number)],
+            mfu_lost=r.fast.result.mfu - r.slow.result.mfu, mfu_recovered=r.slow.result.mfu - r.fast_on_slow.mfu,
+            changes=list(explain_changes(r.fast, r.slow, r.fast_on_slow)), n_enqueued=r.n_enqueued))
+        return
     click.echo("")
     click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),
                                     (f"same plan on {slow_name}", r.fast.plan, r.fast_on_slow),
