@@ -350,10 +350,14 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
 @target_options
 @study_options
 @click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(dir_okay=False),
-              help="Where to write the plan YAML.")
+              help="Where to write the plan YAML (with --launcher: the directory for the launch files).")
+@click.option("--launcher", type=click.Choice(["torchrun", "slurm"]), default=None,
+              help="Write launch files for the plan's engine into the -o directory: torchrun script, and with slurm "
+                   "also an sbatch script.")
+@click.option("--dry-run", "dry_run", is_flag=True, help="With --launcher: print the full command the script runs.")
 @JSON_OPTION
 def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine,
-           output, as_json):
+           output, launcher, dry_run, as_json):
     """Write the best plan of a study as YAML and print launch flags for Megatron-LM / torchtitan.
 
     Example: autotune export --size 405b -o plan.yaml
@@ -365,10 +369,22 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
                               space, backend, engine)
     best = require_best_plan(st, info, storage)
     doc = best.document()
-    try:
-        doc.save(output)
-    except OSError as e:
-        raise ConfigError(f"cannot write {output}: {e}") from None
+    if dry_run and not launcher:
+        raise click.UsageError("--dry-run needs --launcher torchrun|slurm")
+    if launcher:
+        from autotune.export import write_launch_files
+        out_dir = output if output != "plan.yaml" else "launch"
+        paths = write_launch_files(doc, out_dir, launcher)
+        output = str(paths[0])
+        say = _say(as_json)
+        say(f"wrote {', '.join(str(p) for p in paths)} (engine {doc.engine}, {launcher})")
+        if dry_run:
+            _dry_run(paths[-1], say)
+    else:
+        try:
+            doc.save(output)
+        except OSError as e:
+            raise ConfigError(f"cannot write {output}: {e}") from None
     from autotune.report import error_band_line
 
     if as_json:
@@ -381,6 +397,18 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
                f"step {best.result.step_time_ms:,.1f} ms (engine {info.engine})")
     click.echo(error_band_line(info.engine))
     click.echo(launch_hints(best.plan, info.model, info.workload))
+
+
+def _dry_run(script, say) -> None:
+    """Print what ``bash SCRIPT --dry-run`` prints (the environment and the full command)."""
+    import subprocess
+    try:
+        r = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ConfigError(f"cannot run bash {script} --dry-run: {e}") from None
+    if r.returncode != 0:
+        raise ConfigError(f"bash {script} --dry-run failed: {r.stderr.strip()[:300]}")
+    say(r.stdout.rstrip())
 
 
 @main.command()

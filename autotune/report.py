@@ -302,7 +302,7 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     elif p.memory_reclaim != "none":
         env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
     out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes] + \
-        ["torchtitan (TOML):"] + ["  " + x for x in tt]
+        ["torchtitan (TOML, torchtitan < 0.3; for >= 0.3 use `autotune export --launcher torchrun -o DIR`):"] + ["  " + x for x in tt]
     if p.zero_stage == 1:
         out.append("  # torchtitan has no ZeRO-1; FSDP (data_parallel_shard_degree) is the nearest")
     if env:
