@@ -461,8 +461,13 @@ def show(storage, engine, as_json):
 @click.option("--interconnect", default=None, help="Evaluate on another fabric than the file's.")
 @click.option("--engine", default=None, help="Evaluate for another engine than the file's (megatron, torchtitan, "
                                              "native).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the simulated step as a Chrome/Perfetto trace (JSON): a process per pipeline stage, a track "
+                   "per stream.")
+@click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Gantt chart of the simulated step (PNG; needs matplotlib: autotune[plot]).")
 @JSON_OPTION
-def simulate(plan_file, backend, interconnect, engine, as_json):
+def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, as_json):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table.
 
     Example: autotune simulate plan.yaml
@@ -482,6 +487,21 @@ def simulate(plan_file, backend, interconnect, engine, as_json):
     ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
     try:
         result = ev.evaluate(doc.plan)
+        if (trace_path or gantt_path) and result.feasible:
+            if not hasattr(ev, "step_timeline"):
+                raise ConfigError(f"--trace/--gantt draw the simulator's timeline; backend {backend!r} has none "
+                                  "(use --backend simulated or measured)")
+            from autotune.trace import write_chrome_trace, write_gantt
+            g, tl = ev.step_timeline(doc.plan)
+            title = f"{doc.model.name} {cluster.num_gpus}x{cluster.gpu.name} {eng.name}: step {tl.step_time_ms:,.1f} ms"
+            if trace_path:
+                write_chrome_trace(trace_path, g, tl, title=title)
+                _say(as_json)(f"wrote {trace_path} (Chrome trace: open in ui.perfetto.dev or chrome://tracing)")
+            if gantt_path:
+                write_gantt(gantt_path, g, tl, title=title)
+                _say(as_json)(f"wrote {gantt_path}")
+        elif trace_path or gantt_path:
+            _say(as_json)("no trace: the plan does not fit in memory")
         frag = None
         costs = getattr(ev, "costs", None)
         if costs is not None and hasattr(costs, "fragmentation"):
