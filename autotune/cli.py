@@ -583,6 +583,32 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     click.echo(f"studies: {r.fast.study} (fast) and {r.slow.study} (slow), {r.n_enqueued} warm-start plan(s)")
 
 
+@main.command()
+@click.argument("study", required=False)
+@click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="Optuna storage URL.")
+@click.option("-o", "--output", "out_dir", default="plots", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for the plots.")
+def plot(study, storage, out_dir):
+    """Plot a study: MFU history with best-so-far, parameter importances, MFU vs peak memory, per-knob effects.
+
+    HTML (plotly) and PNG (matplotlib), whichever is installed (pip install 'autotune[plot]'). STUDY is a
+    study name (see `autotune show`); without it, the storage must hold exactly one study.
+
+    Example: autotune plot -o plots/
+    """
+    from autotune.plots import write_study_plots
+    from autotune.tuner import list_studies, load_study
+
+    if study is None:
+        names = [i.name for i in list_studies(storage)]
+        if len(names) != 1:
+            raise ConfigError(f"{len(names)} studies in {storage}; name one: " + (", ".join(names) or "none yet"))
+        study = names[0]
+    st, _ = load_study(study, storage)
+    paths = write_study_plots(st, out_dir)
+    click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
+
+
 #: name -> (module, attribute, one-line help); imported on first use (see AutotuneGroup).
 LAZY_COMMANDS = {
     "profile": ("autotune.profiling.cli", "profile",
