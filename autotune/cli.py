@@ -72,6 +72,12 @@ class AutotuneGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
+        except BrokenPipeError:
+            # the reader went away (`autotune export | head -1`): stop quietly, as a process killed by
+            # SIGPIPE would (exit 141 = 128 + SIGPIPE); stdout goes to /dev/null so the interpreter's
+            # final flush cannot raise again (Python docs, "Note on SIGPIPE", signal module)
+            _silence_stdout()
+            ctx.exit(141)
         except AutotuneError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(2)
@@ -82,6 +88,21 @@ class AutotuneGroup(click.Group):
             click.echo(f"error: unexpected {type(e).__name__}: {msg}\n"
                        "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point file descriptors 1 and 2 at /dev/null (after a closed pipe); ignores a failure to do so."""
+    import os
+    import sys
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass        # not a real file (CliRunner's buffer): nothing to flush later
+    except OSError:
+        pass
 
 
 def parse_tokens(text: str) -> int:
@@ -168,6 +189,31 @@ ENGINE_OPTION = click.option(
          "native with --backend real.")
 
 
+JSON_OPTION = click.option(
+    "--json", "as_json", is_flag=True,
+    help="Print the result as JSON (schema autotune.result v1, docs/json-schema.md) on stdout; progress goes "
+         "to stderr.")
+
+
+def _say(as_json: bool):
+    """click.echo to stdout, or to stderr when stdout carries the JSON document."""
+    return (lambda m="": click.echo(m, err=True)) if as_json else click.echo
+
+
+def _entry(*, plan, result, info=None, model=None, cluster=None, workload=None, engine, label=None, study=None,
+           trial=None, memory=None, extra=None):
+    from autotune.report import result_entry
+
+    if info is not None:
+        model, workload = info.model, info.workload
+        gpu, num_gpus, fabric = info.gpu, info.num_gpus, info.fabric_name
+    else:
+        gpu, num_gpus, fabric = cluster.gpu.name, cluster.num_gpus, cluster.fabric.name
+    return result_entry(plan=plan, result=result, model=model, gpu=gpu, num_gpus=num_gpus, fabric=fabric,
+                        workload=workload, engine=engine, label=label, study=study, trial=trial, memory=memory,
+                        extra=extra)
+
+
 def tune_options(f):
     opts = [
         click.option("--trials", type=int, default=200, show_default=True, help="Trials to run (added to the study)."),
@@ -221,8 +267,9 @@ def _evaluator_options(backend, layers, real_steps, trial_timeout):
 @study_options
 @tune_options
 @real_options
+@JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
-        timeout, seed, layers, real_steps, trial_timeout):
+        timeout, seed, layers, real_steps, trial_timeout, as_json):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     Example: autotune run --size 405b --trials 200
@@ -237,18 +284,27 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout),
                   engine=engine)
-    click.echo(f"tuning {_target_line(model, cluster, workload)}")
-    click.echo(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
+    say = _say(as_json)
+    say(f"tuning {_target_line(model, cluster, workload)}")
+    say(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
                f"engine {tuner.engine.name}; {trials} trials" + (f", timeout {timeout:g} s" if timeout else ""))
     try:
         summary = tuner.optimize(trials, timeout=timeout)
     finally:
         tuner.close()
     st = summary.states
-    click.echo(f"{summary.n_new_trials} trials run, {summary.n_trials} in the study: {st.get('feasible', 0)} "
+    say(f"{summary.n_new_trials} trials run, {summary.n_trials} in the study: {st.get('feasible', 0)} "
                f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
                f"{st.get('failed', 0)} failed")
     best = summary.best
+    if as_json:
+        from autotune.report import json_document
+        click.echo(json_document("run", [_entry(plan=best.plan, result=best.result, model=model, cluster=cluster,
+                                                workload=workload, engine=tuner.engine.name, label="best",
+                                                study=best.study, trial=best.trial_number)],
+                                 trials={"new": summary.n_new_trials, "total": summary.n_trials,
+                                         "states": dict(st)}))
+        return
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
@@ -294,9 +350,14 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
 @target_options
 @study_options
 @click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(dir_okay=False),
-              help="Where to write the plan YAML.")
+              help="Where to write the plan YAML (with --launcher: the directory for the launch files).")
+@click.option("--launcher", type=click.Choice(["torchrun", "slurm"]), default=None,
+              help="Write launch files for the plan's engine into the -o directory: torchrun script, and with slurm "
+                   "also an sbatch script.")
+@click.option("--dry-run", "dry_run", is_flag=True, help="With --launcher: print the full command the script runs.")
+@JSON_OPTION
 def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine,
-           output):
+           output, launcher, dry_run, as_json):
     """Write the best plan of a study as YAML and print launch flags for Megatron-LM / torchtitan.
 
     Example: autotune export --size 405b -o plan.yaml
@@ -308,22 +369,53 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
                               space, backend, engine)
     best = require_best_plan(st, info, storage)
     doc = best.document()
-    try:
-        doc.save(output)
-    except OSError as e:
-        raise ConfigError(f"cannot write {output}: {e}") from None
+    if dry_run and not launcher:
+        raise click.UsageError("--dry-run needs --launcher torchrun|slurm")
+    if launcher:
+        from autotune.export import write_launch_files
+        out_dir = output if output != "plan.yaml" else "launch"
+        paths = write_launch_files(doc, out_dir, launcher)
+        output = str(paths[0])
+        say = _say(as_json)
+        say(f"wrote {', '.join(str(p) for p in paths)} (engine {doc.engine}, {launcher})")
+        if dry_run:
+            _dry_run(paths[-1], say)
+    else:
+        try:
+            doc.save(output)
+        except OSError as e:
+            raise ConfigError(f"cannot write {output}: {e}") from None
     from autotune.report import error_band_line
 
+    if as_json:
+        from autotune.report import json_document
+        click.echo(json_document("export", [_entry(plan=best.plan, result=best.result, info=info, engine=info.engine,
+                                                   label="best", study=best.study, trial=best.trial_number)],
+                                 plan_file=output))
+        return
     click.echo(f"wrote {output}: trial {best.trial_number} of {best.study}, MFU {100 * best.result.mfu:.1f}%, "
                f"step {best.result.step_time_ms:,.1f} ms (engine {info.engine})")
     click.echo(error_band_line(info.engine))
     click.echo(launch_hints(best.plan, info.model, info.workload))
 
 
+def _dry_run(script, say) -> None:
+    """Print what ``bash SCRIPT --dry-run`` prints (the environment and the full command)."""
+    import subprocess
+    try:
+        r = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ConfigError(f"cannot run bash {script} --dry-run: {e}") from None
+    if r.returncode != 0:
+        raise ConfigError(f"bash {script} --dry-run failed: {r.stderr.strip()[:300]}")
+    say(r.stdout.rstrip())
+
+
 @main.command()
 @click.option("--storage", default=None, help="Optuna storage URL (default sqlite:///studies/autotune.db).")
 @click.option("--engine", default=None, help="Only studies of this engine (megatron, torchtitan, native).")
-def show(storage, engine):
+@JSON_OPTION
+def show(storage, engine, as_json):
     """List the best plan per model size and interconnect found in the storage (one row per study)."""
     from autotune.report import format_studies, short_plan
     from autotune.tuner import best_plan, failure_summary, list_studies, load_study
@@ -333,12 +425,18 @@ def show(storage, engine):
         from autotune.engines import get_engine
         get_engine(engine)
     rows = []
+    entries = []
     for info in list_studies(storage):
         if engine is not None and info.engine != engine:
             continue
         st, info = load_study(info.name, storage)
         bp = best_plan(st, info)
         trials = st.get_trials(deepcopy=False)
+        if as_json:
+            entries.append(_entry(plan=bp.plan if bp else None, result=bp.result if bp else None, info=info,
+                                  engine=info.engine, label="best", study=info.name,
+                                  trial=bp.trial_number if bp else None, extra={"n_trials": len(trials)}))
+            continue
         row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
                "engine": info.engine, "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
         if bp is None:
@@ -348,6 +446,11 @@ def show(storage, engine):
             row.update(mfu=f"{100 * bp.result.mfu:.1f}%", step=f"{bp.result.step_time_ms:,.0f}",
                        plan=short_plan(bp.plan))
         rows.append(row)
+    if as_json:
+        from autotune.report import json_document
+        entries.sort(key=lambda e: (e["target"]["model"], e["target"]["num_gpus"], e["study"]))
+        click.echo(json_document("show", entries, storage=storage))
+        return
     rows.sort(key=lambda r: (r["model"], r["gpus"], r["workload"], r["fabric"]))
     click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
 
@@ -358,7 +461,13 @@ def show(storage, engine):
 @click.option("--interconnect", default=None, help="Evaluate on another fabric than the file's.")
 @click.option("--engine", default=None, help="Evaluate for another engine than the file's (megatron, torchtitan, "
                                              "native).")
-def simulate(plan_file, backend, interconnect, engine):
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the simulated step as a Chrome/Perfetto trace (JSON): a process per pipeline stage, a track "
+                   "per stream.")
+@click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Gantt chart of the simulated step (PNG; needs matplotlib: autotune[plot]).")
+@JSON_OPTION
+def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, as_json):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table.
 
     Example: autotune simulate plan.yaml
@@ -378,21 +487,45 @@ def simulate(plan_file, backend, interconnect, engine):
     ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
     try:
         result = ev.evaluate(doc.plan)
+        if (trace_path or gantt_path) and result.feasible:
+            if not hasattr(ev, "step_timeline"):
+                raise ConfigError(f"--trace/--gantt draw the simulator's timeline; backend {backend!r} has none "
+                                  "(use --backend simulated or measured)")
+            from autotune.trace import write_chrome_trace, write_gantt
+            g, tl = ev.step_timeline(doc.plan)
+            title = f"{doc.model.name} {cluster.num_gpus}x{cluster.gpu.name} {eng.name}: step {tl.step_time_ms:,.1f} ms"
+            if trace_path:
+                write_chrome_trace(trace_path, g, tl, title=title)
+                _say(as_json)(f"wrote {trace_path} (Chrome trace: open in ui.perfetto.dev or chrome://tracing)")
+            if gantt_path:
+                write_gantt(gantt_path, g, tl, title=title)
+                _say(as_json)(f"wrote {gantt_path}")
+        elif trace_path or gantt_path:
+            _say(as_json)("no trace: the plan does not fit in memory")
         frag = None
         costs = getattr(ev, "costs", None)
         if costs is not None and hasattr(costs, "fragmentation"):
             frag = costs.fragmentation()
     finally:
         ev.close()
-    click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
-                                target=_target_line(doc.model, cluster, doc.workload), engine=eng.name))
-    click.echo("")
-    click.echo(estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag,
-                               engine=eng).describe())
+    mem = estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag, engine=eng)
     pred = doc.prediction or {}
+    same = None
     if "mfu" in pred and "step_time_ms" in pred and not interconnect and eng.name == doc.engine:
         same = abs(float(pred["mfu"]) - result.mfu) <= 1e-9 * max(1.0, result.mfu) and \
             abs(float(pred["step_time_ms"]) - result.step_time_ms) <= 1e-6 * max(1.0, result.step_time_ms)
+    if as_json:
+        from autotune.report import json_document
+        click.echo(json_document("simulate", [_entry(plan=doc.plan, result=result, model=doc.model, cluster=cluster,
+                                                     workload=doc.workload, engine=eng.name, label=str(plan_file),
+                                                     study=doc.study, trial=doc.trial_id, memory=mem,
+                                                     extra={"stored_prediction_holds": same})]))
+        return
+    click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
+                                target=_target_line(doc.model, cluster, doc.workload), engine=eng.name))
+    click.echo("")
+    click.echo(mem.describe())
+    if same is not None:
         click.echo(f"\nprediction stored in the file ({pred.get('backend', '?')}): step {float(pred['step_time_ms']):,.1f} "
                    f"ms, MFU {100 * float(pred['mfu']):.1f}% -> " + ("same" if same else "DIFFERENT now"))
 
@@ -403,8 +536,9 @@ def simulate(plan_file, backend, interconnect, engine):
 @tune_options
 @real_options
 @click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
+@JSON_OPTION
 def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
-           timeout, seed, layers, real_steps, trial_timeout, top_k):
+           timeout, seed, layers, real_steps, trial_timeout, top_k, as_json):
     """Re-tune for a slower fabric, warm-started with the fastest fabric's best plans; compare both.
 
     Example: autotune retune --size 405b --interconnect pcie5+eth100
@@ -415,11 +549,25 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    click.echo(f"re-tuning {_target_line(model, cluster, workload)}")
+    say = _say(as_json)
+    say(f"re-tuning {_target_line(model, cluster, workload)}")
     r = do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
-                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=click.echo,
+                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=say,
                   evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout), engine=engine)
     fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
+    if as_json:
+        from autotune.report import json_document
+        fi, si = r.fast.info, r.slow.info
+        click.echo(json_document("retune", [
+            _entry(plan=r.fast.plan, result=r.fast.result, info=fi, engine=fi.engine, label="fast_best",
+                   study=r.fast.study, trial=r.fast.trial_number),
+            _entry(plan=r.fast.plan, result=r.fast_on_slow, info=si, engine=si.engine, label="fast_plan_on_slow",
+                   study=r.fast.study, trial=r.fast.trial_number),
+            _entry(plan=r.slow.plan, result=r.slow.result, info=si, engine=si.engine, label="slow_best",
+                   study=r.slow.study, trial=r.slow.trial_number)],
+            mfu_lost=r.fast.result.mfu - r.slow.result.mfu, mfu_recovered=r.slow.result.mfu - r.fast_on_slow.mfu,
+            changes=list(explain_changes(r.fast, r.slow, r.fast_on_slow)), n_enqueued=r.n_enqueued))
+        return
     click.echo("")
     click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),
                                     (f"same plan on {slow_name}", r.fast.plan, r.fast_on_slow),
@@ -433,6 +581,32 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     for line in explain_changes(r.fast, r.slow, r.fast_on_slow):
         click.echo(line)
     click.echo(f"studies: {r.fast.study} (fast) and {r.slow.study} (slow), {r.n_enqueued} warm-start plan(s)")
+
+
+@main.command()
+@click.argument("study", required=False)
+@click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="Optuna storage URL.")
+@click.option("-o", "--output", "out_dir", default="plots", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for the plots.")
+def plot(study, storage, out_dir):
+    """Plot a study: MFU history with best-so-far, parameter importances, MFU vs peak memory, per-knob effects.
+
+    HTML (plotly) and PNG (matplotlib), whichever is installed (pip install 'autotune[plot]'). STUDY is a
+    study name (see `autotune show`); without it, the storage must hold exactly one study.
+
+    Example: autotune plot -o plots/
+    """
+    from autotune.plots import write_study_plots
+    from autotune.tuner import list_studies, load_study
+
+    if study is None:
+        names = [i.name for i in list_studies(storage)]
+        if len(names) != 1:
+            raise ConfigError(f"{len(names)} studies in {storage}; name one: " + (", ".join(names) or "none yet"))
+        study = names[0]
+    st, _ = load_study(study, storage)
+    paths = write_study_plots(st, out_dir)
+    click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
 
 
 #: name -> (module, attribute, one-line help); imported on first use (see AutotuneGroup).

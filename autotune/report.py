@@ -304,7 +304,7 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     elif p.memory_reclaim != "none":
         env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
     out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes] + \
-        ["torchtitan (TOML):"] + ["  " + x for x in tt]
+        ["torchtitan (TOML, torchtitan < 0.3; for >= 0.3 use `autotune export --launcher torchrun -o DIR`):"] + ["  " + x for x in tt]
     if p.zero_stage == 1:
         out.append("  # torchtitan has no ZeRO-1; FSDP (data_parallel_shard_degree) is the nearest")
     if env:
@@ -312,5 +312,110 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     return "\n".join(out)
 
 
-__all__ = ["fp8_peak_utilization", "format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
+# ------------------------------------------------------------------ JSON (docs/json-schema.md)
+
+#: Version of the JSON that ``--json`` prints (``"schema": "autotune.result"``); bumped when a field
+#: is renamed or removed or its meaning changes (adding fields keeps the version). See docs/json-schema.md.
+JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_NAME = "autotune.result"
+_PREDICTION_KEYS = ("backend", "feasible", "infeasible_reason", "step_time_ms", "mfu", "mfu_palm", "hfu",
+                    "tokens_per_s_per_gpu", "tflops_per_gpu", "peak_memory_bytes")
+_STAGE_KEYS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "transient_bytes",
+               "allocator_overhead_bytes")
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values: mappings -> dicts with str keys, tuples/sets -> lists, other objects -> str;
+    non-finite floats -> None (JSON has no NaN/Infinity)."""
+    import math
+
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    try:                                            # numpy scalars
+        return _jsonable(x.item())
+    except AttributeError:
+        return str(x)
+
+
+def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSpec, gpu: str, num_gpus: int,
+                 fabric: str, workload: Workload, engine: str, label: str | None = None,
+                 study: str | None = None, trial: int | None = None, memory: Any = None,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One entry of ``results`` in the ``--json`` document (schema: docs/json-schema.md).
+
+    Args:
+        plan / result: the plan and its evaluation (both None for a study without a feasible plan).
+        model, gpu (catalog name), num_gpus, fabric (name), workload: the target.
+        engine: engine name; its error band (:func:`autotune.engines.error_band`) is attached.
+        memory: an :class:`autotune.memory.MemoryEstimate` for the per-stage components; when None
+            (and a plan is given) it is estimated here with the default calibration's fragmentation.
+        extra: more keys merged into the entry (e.g. ``n_trials`` for ``show``).
+    Returns: a dict of plain JSON values (str keys; bytes as int, times in ms, MFU as a fraction).
+    """
+    from autotune.engines import error_band
+
+    e: dict[str, Any] = {
+        "label": label, "study": study, "trial": trial,
+        "target": {"model": model.name, "gpu": gpu, "num_gpus": num_gpus, "fabric": fabric,
+                   "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+                   "global_batch_tokens": workload.global_batch_tokens},
+        "engine": engine,
+        "plan": plan.to_dict() if plan is not None else None,
+        "prediction": None, "breakdown_ms": None, "memory_per_stage": None,
+        "error_band": _jsonable(error_band(engine)),
+        "provenance": None,
+    }
+    if result is not None:
+        rd = result.to_dict()
+        e["prediction"] = {k: rd[k] for k in _PREDICTION_KEYS}
+        e["breakdown_ms"] = dict(result.breakdown_ms)
+        if plan is not None and memory is None:
+            memory = _estimate_memory_for(model, plan, gpu, workload, engine)
+        stages = []
+        for i, total in enumerate(result.memory_per_stage_bytes):
+            st: dict[str, Any] = {"stage": i, "total_bytes": int(total)}
+            if memory is not None and i < len(memory.stages):
+                st.update({k: int(getattr(memory.stages[i], k)) for k in _STAGE_KEYS})
+            stages.append(st)
+        e["memory_per_stage"] = stages
+        e["provenance"] = {"label": provenance_label(result), "details": _jsonable(result.details)}
+    if extra:
+        e.update(_jsonable(extra))
+    return _jsonable(e)
+
+
+def _estimate_memory_for(model: ModelSpec, plan: Plan, gpu: str, workload: Workload, engine: str) -> Any:
+    """Per-stage memory components of ``plan`` (autotune.memory.estimate_memory with the shipped
+    calibration's fragmentation, as the simulated evaluator uses); None if the GPU or engine is unknown."""
+    from autotune.calibration import CalibratedCosts, default_calibration
+    from autotune.errors import AutotuneError
+    from autotune.hardware import get_gpu
+    from autotune.memory import estimate_memory
+
+    try:
+        g = get_gpu(gpu)
+        frag = CalibratedCosts(profile=default_calibration(), gpu=g).fragmentation()
+        return estimate_memory(model, plan, g, workload, fragmentation=frag, engine=engine)
+    except AutotuneError:
+        return None
+
+
+def json_document(command: str, results: Sequence[Mapping[str, Any]], **extra: Any) -> str:
+    """The ``--json`` output of ``command``: ``{"schema": "autotune.result", "schema_version": 1,
+    "command": ..., "results": [...], ...extra}`` as indented JSON text (docs/json-schema.md)."""
+    import json
+
+    doc = {"schema": JSON_SCHEMA_NAME, "schema_version": JSON_SCHEMA_VERSION, "command": command,
+           "results": list(results)}
+    doc.update(_jsonable(extra))
+    return json.dumps(_jsonable(doc), indent=2, allow_nan=False)
+
+
+__all__ = ["JSON_SCHEMA_VERSION", "fp8_peak_utilization", "json_document", "result_entry", "format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
            "provenance_label", "short_plan"]

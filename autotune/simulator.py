@@ -181,6 +181,26 @@ class SimulatedEvaluator(Evaluator):
         self.num_graphs += 1
         return g
 
+    def step_timeline(self, plan: Plan) -> tuple[nx.DiGraph, Timeline]:
+        """The full step graph of ``plan`` (every micro-batch, no extrapolation) and its simulated
+        :class:`Timeline` (start/finish of every node, ms): what ``autotune simulate --trace`` draws.
+
+        Raises:
+            PlanError: an invalid plan. ConfigError: the plan does not fit in memory (nothing to draw).
+        """
+        from autotune.errors import ConfigError
+
+        validate_plan(plan, self.model, self.cluster.num_gpus, self.workload,
+                      gpus_per_node=self.cluster.gpus_per_node, gpu=self.cluster.gpu)
+        check_plan_for_engine(plan, self.engine)
+        mem = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
+                              fragmentation=self.costs.fragmentation(), engine=self.engine)
+        if not mem.fits:
+            raise ConfigError(f"the plan does not fit in memory (stage {mem.peak_stage} needs "
+                              f"{mem.peak_bytes / 2**30:.1f} GiB per GPU): no step to draw")
+        g = self.build_graph(plan, plan.num_micro_batches, [float(s.total_bytes) for s in mem.stages])
+        return g, simulate_graph(g)
+
     def _simulate(self, plan: Plan, reserved: list[float]) -> tuple[float, dict[str, float], dict[str, Any]]:
         p, m = plan.pp_degree, plan.num_micro_batches
         cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 DEFAULT_BACKEND = "simulated"
 MEMORY_CONSTRAINT = "memory_over_capacity_gib"
+#: The objective's name in optuna-dashboard (``study.set_metric_names``).
+METRIC_NAMES = ["MFU (causal)"]
+DASHBOARD_CONSTRAINTS_KEY = "constraints"
 GIB = 2**30
 
 #: backend name -> (module, class) imported lazily, or a factory ``f(*, model, cluster, workload, **opts)``.
@@ -520,6 +523,8 @@ class Tuner:
                         f"study {self.name!r} in {self.storage} was tuned on a different version of search space "
                         f"{self.space.name!r} (fingerprint {fp} vs {self.space.fingerprint}); give the space "
                         "another name, or use another --storage")
+                if study.metric_names is None:
+                    study.set_metric_names(METRIC_NAMES)
                 if "autotune_schema" not in study.user_attrs:
                     for k, v in self._study_attrs().items():
                         study.set_user_attr(k, v)
@@ -660,13 +665,20 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
     feasible even if the estimate was under the capacity). Value: MFU, or 0 when infeasible.
     """
     over = (result.peak_memory_bytes - capacity_bytes) / GIB
-    trial.set_constraint(MEMORY_CONSTRAINT, min(over, 0.0) if result.feasible else max(over, 1e-3))
+    cval = min(over, 0.0) if result.feasible else max(over, 1e-3)
+    trial.set_constraint(MEMORY_CONSTRAINT, cval)
+    # optuna-dashboard (0.21) reads constraints from the pre-Optuna-5 list form, system attr
+    # "constraints" (optuna_dashboard/_serializer.py CONSTRAINTS_KEY); Optuna 5 reads that list too
+    # (optuna/study/_constrained_optimization.py) as constraint "0", with the same value here
+    trial.storage.set_trial_system_attr(trial._trial_id, DASHBOARD_CONSTRAINTS_KEY, [cval])
     attrs = {"feasible": bool(result.feasible), "step_time_ms": result.step_time_ms, "mfu": result.mfu,
              "mfu_palm": result.mfu_palm, "hfu": result.hfu, "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
              "tflops_per_gpu": result.tflops_per_gpu, "peak_memory_bytes": int(result.peak_memory_bytes),
              "memory_per_stage_bytes": [int(x) for x in result.memory_per_stage_bytes],
              "breakdown_ms": dict(result.breakdown_ms), "backend": result.backend,
              "details": _json_safe(result.details)}
+    # readable in the dashboard's trial table: out-of-memory trials are not slow plans scoring 0.0
+    attrs["outcome"] = "feasible" if result.feasible else "out_of_memory"
     if not result.feasible:
         attrs["infeasible_reason"] = result.infeasible_reason or "does not fit in GPU memory"
     for k, v in attrs.items():

@@ -217,3 +217,27 @@ def test_export_hint_names_the_study(tmp_path):
     args[args.index("-o") + 1] = str(tmp_path / "p.yaml")
     r2 = CliRunner().invoke(main, args)
     assert r2.exit_code == 0 and (tmp_path / "p.yaml").exists(), r2.output
+
+
+def _run_into_closed_pipe(args, tmp_path):
+    """Run ``python -m autotune ARGS`` with stdout a pipe whose read end is already closed: the first
+    write fails with EPIPE (Python ignores SIGPIPE, so it is a BrokenPipeError), as after
+    ``autotune export | head -1`` once head has exited."""
+    import os
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        import pathlib
+        env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+        p = subprocess.run([sys.executable, "-m", "autotune", *args], stdout=w, stderr=subprocess.PIPE,
+                           cwd=tmp_path, timeout=120, env=env)
+    finally:
+        os.close(w)
+    return p
+
+
+def test_closed_pipe_ends_quietly(tmp_path):
+    p = _run_into_closed_pipe(["show", "--storage", f"sqlite:///{tmp_path}/none.db"], tmp_path)
+    # 141 = 128 + SIGPIPE, what a shell reports for a writer killed by SIGPIPE; nothing on stderr
+    assert p.returncode in (0, 141), p.stderr
+    assert b"bug" not in p.stderr and b"Error" not in p.stderr, p.stderr

@@ -1,0 +1,203 @@
+"""Launch files for a tuned plan: ``autotune export --launcher torchrun|slurm -o DIR``.
+
+What is written, for the plan's engine (:attr:`autotune.plan.PlanDocument.engine`):
+
+* ``megatron``: ``launch_torchrun.sh`` running Megatron-LM's ``pretrain_gpt.py`` (architecture, plan
+  and run arguments, :mod:`autotune.export.megatron`) under torchrun with the environment variables the
+  settings need; Megatron-LM's checkout is ``$MEGATRON_LM``;
+* ``torchtitan``: ``autotune_torchtitan.py`` (a torchtitan >= 0.3.0 config module,
+  :mod:`autotune.export.torchtitan`) and ``launch_torchrun.sh`` running ``-m torchtitan.train`` with it;
+* ``native``: ``launch_torchrun.sh`` running ``autotune validate plan.yaml`` (autotune's runtime on the
+  local GPUs);
+* always ``plan.yaml`` (the :class:`~autotune.plan.PlanDocument`); with ``slurm`` also
+  ``launch_slurm.sbatch``, which starts ``launch_torchrun.sh`` on every node with ``srun`` (one task
+  per node; torchrun spawns one process per GPU, c10d rendezvous on the first node).
+
+Every script takes ``--dry-run`` (print the environment and the full command, run nothing); further
+arguments are appended to the command. Node count = GPUs / GPUs per node of the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import ConfigError
+from autotune.plan import PlanDocument
+
+LAUNCHERS = ("torchrun", "slurm")
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """What a launch script runs on one node.
+
+    Attributes:
+        program: argv before the per-engine arguments (``$MEGATRON_LM/pretrain_gpt.py`` or
+            ``-m torchtitan.train``), shell words (``$VAR`` expanded by the script).
+        args: argv tokens after it (literal).
+        env: environment variables to export (literal values).
+        notes: comment lines for the script header.
+        use_torchrun: False for ``native`` (``autotune validate`` starts its own workers).
+    """
+
+    program: tuple[str, ...]
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+    use_torchrun: bool = True
+
+
+def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> LaunchCommand:
+    """The per-engine command of ``doc``.
+
+    Raises:
+        ConfigError: unknown engine, or a plan the engine's launch format cannot express (see
+            :mod:`autotune.export.megatron` and :mod:`autotune.export.torchtitan`).
+    """
+    from autotune.hardware import get_gpu
+
+    if doc.engine == "megatron":
+        from autotune.export.megatron import megatron_args, megatron_env
+        env = megatron_env(doc.plan, get_gpu(doc.gpu).arch)
+        return LaunchCommand(program=('"$MEGATRON_LM/pretrain_gpt.py"',),
+                             args=tuple(megatron_args(doc.plan, doc.model, doc.workload)),
+                             env=tuple(env.items()),
+                             notes=("Megatron-LM checkout: $MEGATRON_LM (option names checked against commit "
+                                    "d98e8a64ddf3 of NVIDIA/Megatron-LM)",
+                                    "synthetic data (--mock-data): use --data-path and your tokenizer for real runs"))
+    if doc.engine == "torchtitan":
+        from autotune.export.torchtitan import CONFIG_FUNCTION, MODULE_NAME
+        env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} \
+            if doc.plan.memory_reclaim == "expandable_segments" else {}
+        return LaunchCommand(program=("-m", "torchtitan.train"),
+                             args=("--module", MODULE_NAME, "--config", CONFIG_FUNCTION), env=tuple(env.items()),
+                             notes=("torchtitan >= 0.3.0 (pip install torchtitan); config: autotune_torchtitan.py",))
+    if doc.engine == "native":
+        return LaunchCommand(program=("autotune",), args=("validate", plan_file), use_torchrun=False,
+                             notes=("autotune's runtime on the local GPUs (autotune validate)",))
+    raise ConfigError(f"engine {doc.engine!r}: valid engines are megatron, torchtitan, native")
+
+
+def _q(x: str) -> str:
+    return shlex.quote(x)
+
+
+def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -> str:
+    """Bash source of ``launch_torchrun.sh`` (``--dry-run`` prints, else ``exec``s the command)."""
+    nnodes = max(1, doc.num_gpus // gpus_per_node)
+    lines = ["#!/usr/bin/env bash",
+             f"# {doc.model.name} on {doc.num_gpus} x {doc.gpu}, engine {doc.engine}; written by autotune export",
+             f"# study {doc.study}, trial {doc.trial_id}"]
+    lines += [f"# {n}" for n in cmd.notes]
+    lines += ["# usage: bash launch_torchrun.sh [--dry-run] [extra arguments]",
+              "# multi-node: run on every node with NODE_RANK=<0..NNODES-1> and MASTER_ADDR=<first node>",
+              "set -euo pipefail",
+              'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+              "DRY_RUN=0",
+              'if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi',
+              f"NNODES=${{NNODES:-{nnodes}}}",
+              f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{min(gpus_per_node, doc.num_gpus)}}}",
+              "NODE_RANK=${NODE_RANK:-0}",
+              "MASTER_ADDR=${MASTER_ADDR:-localhost}",
+              "MASTER_PORT=${MASTER_PORT:-29500}"]
+    if doc.engine == "megatron":
+        lines.append('MEGATRON_LM=${MEGATRON_LM:-"$HOME/Megatron-LM"}')
+    if doc.engine == "torchtitan":
+        lines.append('export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"')
+    for k, v in cmd.env:
+        lines.append(f"export {k}={_q(v)}")
+    if cmd.use_torchrun:
+        head = ['torchrun', '--nnodes "$NNODES"', '--nproc-per-node "$GPUS_PER_NODE"', '--node-rank "$NODE_RANK"',
+                '--master-addr "$MASTER_ADDR"', '--master-port "$MASTER_PORT"'] + list(cmd.program)
+    else:
+        head = list(cmd.program)
+    args = [(_q(a) if a != "plan.yaml" else '"$HERE/plan.yaml"') for a in cmd.args]
+    lines.append("CMD=(" + " \\\n  ".join(head + [" ".join(args[i:i + 2]) for i in range(0, len(args), 2)])
+                 + ' \\\n  "$@")')
+    lines += ["if (( DRY_RUN )); then"]
+    lines += [f'  echo "{k}=${{{k}}}"' for k, _ in cmd.env]
+    if doc.engine == "torchtitan":
+        lines.append('  echo "PYTHONPATH=$PYTHONPATH"')
+    lines += ['  printf "%q " "${CMD[@]}"; echo', "  exit 0", "fi", 'exec "${CMD[@]}"', ""]
+    return "\n".join(lines)
+
+
+def slurm_script(doc: PlanDocument, gpus_per_node: int) -> str:
+    """Bash source of ``launch_slurm.sbatch``: one srun task per node running ``launch_torchrun.sh``."""
+    nnodes = max(1, doc.num_gpus // gpus_per_node)
+    g = min(gpus_per_node, doc.num_gpus)
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        f"#SBATCH --job-name=autotune-{doc.model.name}",
+        f"#SBATCH --nodes={nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={g}",
+        "#SBATCH --exclusive",
+        f"# {doc.model.name} on {doc.num_gpus} x {doc.gpu}, engine {doc.engine}; written by autotune export",
+        "# usage: sbatch launch_slurm.sbatch   |   bash launch_slurm.sbatch --dry-run",
+        "set -euo pipefail",
+        'HERE="${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"',
+        'DRY="" ; if [[ "${1:-}" == "--dry-run" ]]; then DRY="--dry-run"; shift; fi',
+        'MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" 2>/dev/null | head -n1 || true)',
+        'export MASTER_ADDR=${MASTER_ADDR:-localhost} MASTER_PORT=${MASTER_PORT:-29500}',
+        f"export NNODES=${{SLURM_NNODES:-{nnodes}}} GPUS_PER_NODE={g}",
+        "SRUN=(srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
+        "'NODE_RANK=$SLURM_NODEID exec bash \"$0\" \"$@\"' \"$HERE/launch_torchrun.sh\")",
+        'if [[ -n "$DRY" ]]; then',
+        '  printf "%q " "${SRUN[@]}"; echo',
+        '  NODE_RANK=0 bash "$HERE/launch_torchrun.sh" --dry-run "$@"',
+        "  exit 0",
+        "fi",
+        'exec "${SRUN[@]}" "$@"',
+        ""])
+
+
+def host_gpus_per_node(gpu: str, nvlink_domain: int) -> int:
+    """GPUs per host (torchrun's ``--nproc-per-node``): 4 on GB200 NVL72 (a compute tray holds 2 Grace
+    CPUs and 4 Blackwell GPUs, NVIDIA GB200 NVL72 datasheet; the NVLink domain spans 72), else the
+    NVLink domain of the intra-node tier (8 on HGX)."""
+    return 4 if gpu.startswith("gb200") else nvlink_domain
+
+
+def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: str) -> list[Path]:
+    """Write the launch files of ``doc`` (see the module docstring) into ``out_dir`` (created).
+
+    Returns: the paths written. Raises:
+        ConfigError: unknown launcher (valid: torchrun, slurm), an unwritable directory, or a plan the
+            engine's format cannot express.
+    """
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {launcher!r}: valid launchers are {', '.join(LAUNCHERS)}")
+    from autotune.hardware import ClusterSpec, fabric_from_dict, get_gpu
+
+    cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
+                          fabric=fabric_from_dict(doc.fabric, where="plan: cluster.fabric"))
+    gpn = host_gpus_per_node(doc.gpu, cluster.gpus_per_node)
+    cmd = launch_command(doc)
+    files: dict[str, tuple[str, bool]] = {"plan.yaml": (doc.to_yaml(), False)}
+    if doc.engine == "torchtitan":
+        from autotune.export.torchtitan import MODULE_NAME, torchtitan_config_module
+        hdr = f"{doc.model.name} on {doc.num_gpus} x {doc.gpu}; study {doc.study}, trial {doc.trial_id}."
+        files[f"{MODULE_NAME}.py"] = (torchtitan_config_module(doc.plan, doc.model, doc.workload, header=hdr), False)
+    files["launch_torchrun.sh"] = (torchrun_script(doc, cmd, gpn), True)
+    if launcher == "slurm":
+        files["launch_slurm.sbatch"] = (slurm_script(doc, gpn), True)
+    out = Path(out_dir)
+    written = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, (text, exe) in files.items():
+            p = out / name
+            p.write_text(text)
+            if exe:
+                p.chmod(0o755)
+            written.append(p)
+    except OSError as e:
+        raise ConfigError(f"cannot write launch files to {out}: {e}") from None
+    return written
+
+
+__all__ = ["LAUNCHERS", "LaunchCommand", "host_gpus_per_node", "launch_command", "slurm_script", "torchrun_script", "write_launch_files"]

@@ -1,0 +1,141 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments and environment for a plan.
+
+Every option name is an argument of Megatron-LM's parser (``megatron/training/arguments.py``,
+``add_megatron_arguments``; NVIDIA/Megatron-LM commit d98e8a64ddf34856e74b24714e3bedb2f5a39553, names
+in tests/data/megatron_args.txt, checked by tests/test_export.py). Facts used, each from that file:
+
+* ZeRO-1 = ``--use-distributed-optimizer`` (optimizer state sharded over DP); ZeRO-2 / ZeRO-3 =
+  Megatron-FSDP: ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
+  ``optim_grads_params`` (choices no_shard, optim, optim_grads, optim_grads_params), which asserts
+  ``--ckpt-format fsdp_dtensor`` and CUDA_DEVICE_MAX_CONNECTIONS unset or > 1;
+* TP or CP > 1 without FSDP on GPUs before Blackwell wants CUDA_DEVICE_MAX_CONNECTIONS=1 (the
+  warning in ``validate_args``: "sequence parallelism requires setting the environment variable
+  CUDA_DEVICE_MAX_CONNECTIONS to 1"; no longer needed from Blackwell, arch >= 10);
+* ``--empty-unused-memory-level 1``: ``torch.cuda.empty_cache()`` once per iteration
+  (megatron/training/training.py; no per-micro-batch level exists);
+* ``--ddp-bucket-size`` counts parameters; BF16 -> bucket bytes / 2;
+* uneven pipeline splits: ``--pipeline-model-parallel-layout`` (E = embedding, t = transformer layer,
+  L = loss, ``|`` between virtual stages in model order); even interleaved splits:
+  ``--num-layers-per-virtual-pipeline-stage``;
+* recompute: ``--recompute-granularity selective`` or ``full --recompute-method uniform
+  --recompute-num-layers 1``;
+* FP8 (``_add_transformer_engine_args``): ``--fp8-format {e4m3,hybrid}``, ``--fp8-recipe
+  {tensorwise,delayed,mxfp8,blockwise}``; delayed scaling with ``--fp8-amax-history-len 1024
+  --fp8-amax-compute-algo max`` (NeMo's FP8 recipes).
+Architecture of Llama 3.1 (Meta's config.json: RMSNorm, SwiGLU, RoPE theta 500000 with Llama 3.1
+scaling, GQA, no biases, untied embeddings).
+"""
+
+from __future__ import annotations
+
+from autotune.errors import ConfigError
+from autotune.models import ModelSpec
+from autotune.plan import Plan, Workload
+
+#: Blackwell and later (compute capability >= 10) no longer need CUDA_DEVICE_MAX_CONNECTIONS=1.
+BLACKWELL_ARCHS = ("blackwell",)
+
+
+def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
+    """Model flags of ``pretrain_gpt.py`` for ``model`` (a dense Llama-style decoder).
+
+    Raises:
+        ConfigError: a model Megatron-LM's GPT cannot express here (non-gated MLP with a head_dim
+            other than hidden / heads is still expressed through ``--kv-channels``).
+    """
+    args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+            "--ffn-hidden-size", str(model.ffn_hidden_size), "--num-attention-heads", str(model.num_heads),
+            "--kv-channels", str(model.head_dim)]
+    if model.num_kv_heads != model.num_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+    args += ["--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, model.max_seq_len)),
+             "--position-embedding-type", "rope", "--rotary-base", f"{model.rope_theta:g}",
+             "--normalization", "RMSNorm", "--norm-epsilon", f"{model.norm_eps:g}", "--disable-bias-linear",
+             "--attention-dropout", "0", "--hidden-dropout", "0"]
+    if model.name.startswith("llama3.1"):
+        args.append("--use-rope-scaling")
+    if model.gated_mlp:
+        args.append("--swiglu")
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += ["--vocab-size", str(model.vocab_size), "--tokenizer-type", "NullTokenizer",
+             "--make-vocab-size-divisible-by", "128"]
+    return args
+
+
+def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
+    """Parallel, schedule, recompute, precision, optimizer-overlap and bucket flags of ``plan``.
+
+    Raises:
+        ConfigError: a precision Megatron-LM has no recipe for (fp8_rowwise).
+    """
+    p = plan
+    a = ["--tensor-model-parallel-size", str(p.tp_degree), "--pipeline-model-parallel-size", str(p.pp_degree),
+         "--context-parallel-size", str(p.cp_degree), "--micro-batch-size", str(p.micro_batch_size),
+         "--global-batch-size", str(workload.global_batch_size)]
+    layers = p.layers_per_virtual_stage(model.num_layers)
+    if p.pp_degree > 1 and len(set(layers)) > 1:
+        stages = ["t" * n for n in layers]
+        stages[0] = "E" + stages[0]
+        stages[-1] = stages[-1] + "L"
+        a += ["--pipeline-model-parallel-layout", "|".join(stages)]
+    elif p.pp_degree > 1 and p.pipeline_schedule == "interleaved_1f1b" and p.vpp_degree > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage", str(layers[0])]
+    if p.sp_active:
+        a.append("--sequence-parallel")
+    if p.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif p.recompute == "full":
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if p.zero_stage == 1:
+        a.append("--use-distributed-optimizer")
+    elif p.zero_stage in (2, 3):
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+              "optim_grads" if p.zero_stage == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
+    if p.dp_grad_reduce_overlap:
+        a.append("--overlap-grad-reduce")
+    if p.param_gather_overlap and p.zero_stage >= 1:
+        a.append("--overlap-param-gather")
+    if p.tp_comm_overlap and p.tp_degree > 1:
+        a.append("--tp-comm-overlap")
+    a += ["--ddp-bucket-size", str(p.bucket_size_mib * 2**20 // 2)]
+    if p.memory_reclaim in ("empty_cache_per_step", "empty_cache_per_microbatch"):
+        # torch.cuda.empty_cache() once per iteration after forward-backward (training.py, level >= 1);
+        # Megatron-LM has no per-micro-batch setting, so per-micro-batch plans get the per-step one
+        a += ["--empty-unused-memory-level", "1"]
+    a.append("--bf16")
+    if p.precision == "fp8_tensorwise":
+        a += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+    elif p.precision == "fp8_delayed":
+        a += ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024",
+              "--fp8-amax-compute-algo", "max"]
+    elif p.precision == "mxfp8":
+        a += ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]
+    elif p.precision == "fp8_rowwise":
+        raise ConfigError("precision fp8_rowwise: Megatron-LM has no rowwise FP8 recipe (--fp8-recipe: tensorwise, "
+                          "delayed, mxfp8, blockwise); export the plan for torchtitan or re-tune")
+    return a
+
+
+def training_args(workload: Workload) -> list[str]:
+    """Run flags that are not part of the plan: synthetic data, a short run, the optimizer and logging
+    (replace ``--mock-data`` with ``--data-path`` and the tokenizer with yours)."""
+    return ["--mock-data", "--train-iters", "100", "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style",
+            "cosine", "--lr-warmup-iters", "10", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2",
+            "0.95", "--clip-grad", "1.0", "--init-method-std", "0.02", "--log-interval", "1", "--eval-iters", "0",
+            "--transformer-impl", "transformer_engine"]
+
+
+def megatron_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
+    """All ``pretrain_gpt.py`` arguments (architecture + plan + run), as argv tokens."""
+    return architecture_args(model, workload.seq_len) + plan_args(plan, model, workload) + training_args(workload)
+
+
+def megatron_env(plan: Plan, gpu_arch: str) -> dict[str, str]:
+    """Environment variables the plan's settings need under Megatron-LM (see the module docstring)."""
+    env: dict[str, str] = {}
+    if (plan.tp_degree > 1 or plan.cp_degree > 1) and plan.zero_stage < 2 and gpu_arch not in BLACKWELL_ARCHS:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    if plan.memory_reclaim == "expandable_segments":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
