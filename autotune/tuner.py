@@ -954,7 +954,8 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
            storage: str = DEFAULT_STORAGE, backend: str = DEFAULT_BACKEND, seed: int | None = 0,
            n_trials: int = 200, timeout: float | None = None, top_k: int = 5,
            show_progress_bar: bool | None = None, evaluator_options: Mapping[str, Any] | None = None,
-           log_fn: Callable[[str], None] | None = None, engine: str | None = None) -> RetuneResult:
+           log_fn: Callable[[str], None] | None = None, engine: str | None = None, workers: int = 1,
+           worker_id: int = 0, heartbeat_interval_s: int | None = None) -> RetuneResult:
     """Re-tune for the (slower) fabric of ``cluster``, warm-started from the fastest fabric's study.
 
     Steps: find the same target's study on the fastest other fabric in ``storage`` (if none, tune the
@@ -963,10 +964,16 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
     Because the fast best plan is among the enqueued trials, the slow study's best MFU is at least the
     fast plan's MFU on the slow fabric.
 
+    ``workers`` > 1: the slow study is tuned by that many local worker processes
+    (:func:`autotune.workers.run_workers`, ``n_trials`` each, ids from ``worker_id``), the warm starts
+    enqueued in the storage before they start; the fast study (if it must be tuned first) by this process.
+
     Raises:
-        ConfigError: no faster study and the requested fabric is the default one.
+        ConfigError: no faster study and the requested fabric is the default one; ``workers`` < 1.
         NoFeasiblePlanError: a study ends with no feasible plan.
     """
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
     say = log_fn or (lambda s: None)
     space_obj = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     slow = Tuner(model=model, cluster=cluster, workload=workload, space=space_obj, storage=storage,
@@ -982,7 +989,8 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
         say(f"no study on another fabric in {storage}; tuning {fast_cluster.fabric.name} first")
         fast_tuner = Tuner(model=model, cluster=fast_cluster, workload=workload, space=space_obj, storage=storage,
                            backend=backend, seed=seed, evaluator_options=evaluator_options, engine=engine)
-        fast_tuner.optimize(n_trials, timeout=timeout, show_progress_bar=show_progress_bar)
+        fast_tuner.optimize(n_trials, timeout=timeout, show_progress_bar=show_progress_bar, worker_id=worker_id,
+                            heartbeat_interval_s=heartbeat_interval_s)
         fast_tuner.close()
         tuned_fast_first = True
         found = find_fastest_study(storage, slow.info)
@@ -996,7 +1004,27 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
     say(f"warm start: {n_enq} best plan(s) of {fast_study.study_name} enqueued")
     try:
         fast_on_slow = slow.evaluate(fast_best.plan)
-        summary = slow.optimize(max(n_trials, n_enq), timeout=timeout, show_progress_bar=show_progress_bar)
+        if workers == 1:
+            summary = slow.optimize(max(n_trials, n_enq), timeout=timeout, show_progress_bar=show_progress_bar,
+                                    worker_id=worker_id, heartbeat_interval_s=heartbeat_interval_s)
+        else:
+            from autotune.workers import run_workers
+
+            with _quiet():
+                for params, attrs in slow._pending:
+                    slow.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+            slow._pending.clear()
+            outcomes = run_workers(dict(model=model, cluster=cluster, workload=workload, space=space_obj,
+                                        storage=storage, backend=backend, seed=seed,
+                                        evaluator_options=evaluator_options, engine=engine),
+                                   workers, n_trials=max(n_trials, n_enq), timeout=timeout,
+                                   first_worker_id=worker_id, heartbeat_interval_s=heartbeat_interval_s)
+            for o in outcomes:
+                say(f"worker {o.worker_id}: {o.n_new_trials} trials" + (f"; stopped: {o.error}" if o.error else ""))
+            trials = slow.study.get_trials(deepcopy=False)
+            summary = TuneSummary(study=slow.name, storage=storage, n_new_trials=sum(o.n_new_trials for o in outcomes),
+                                  n_trials=len(trials), states=_outcome_counts(trials),
+                                  best=require_best_plan(slow.study, slow.info, storage))
     finally:
         slow.close()
     return RetuneResult(fast=fast_best, slow=summary.best, fast_on_slow=fast_on_slow, n_enqueued=n_enq,
