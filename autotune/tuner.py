@@ -750,11 +750,34 @@ class Tuner:
                                   n_trials=n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials,
                                   timeout=timeout, catch=(Exception,), show_progress_bar=show_progress_bar,
                                   callbacks=[count])
-        trials = study.get_trials(deepcopy=False)
+        trials = self._wait_for_others(study)
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=_outcome_counts(trials), best=best,
                            own_states=_outcome_counts(mine), worker_id=worker_id or 0)
+
+    def _wait_for_others(self, study: optuna.Study, poll_s: float = 0.5) -> list[FrozenTrial]:
+        """The study's trials, once it has a feasible one or no other worker's trial is still running.
+
+        A worker whose own trials found nothing feasible does not declare the study hopeless while other
+        workers' trials are still running (issue 11: 1 of 32 concurrent runs exited with "no feasible
+        plan" while 23 trials were running); it waits for them (their evaluators enforce their own
+        timeouts; a killed worker's trial is failed by the heartbeat, or stays RUNNING without one:
+        that is why the wait also ends when the running set stops changing for 10 minutes).
+        """
+        import time
+
+        last, since = None, time.monotonic()
+        while True:
+            trials = study.get_trials(deepcopy=False)
+            running = frozenset(t.number for t in trials if t.state == TrialState.RUNNING)
+            if not running or any(is_feasible(t) for t in trials):
+                return trials
+            if running != last:
+                last, since = running, time.monotonic()
+            elif time.monotonic() - since > 600:
+                return trials
+            time.sleep(poll_s)
 
     def _seeded_sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
         """:meth:`_sampler` built with ``seed`` instead of ``self.seed``."""
