@@ -221,7 +221,8 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
     if launcher is not None and launcher.get("kind", "local") == "slurm":
         from autotune.launchers.slurm import run_slurm_job
 
-        job = run_slurm_job(cmd[3:], nproc_per_node=n, wd=wd, env=worker_env(doc, env), timeout_s=timeout_s,
+        worker_argv = cmd[cmd.index("autotune.runtime.worker") - 1:]
+        job = run_slurm_job(worker_argv, nproc_per_node=n, wd=wd, env=worker_env(doc, env), timeout_s=timeout_s,
                             options=launcher, gpus=device != "cpu")
         rc, timed_out, phases_at_kill = job.returncode, job.timed_out, job.phases_at_kill
         extra = {"launcher": "slurm", "slurm_job_id": job.job_id, "slurm_state": job.state}
@@ -265,6 +266,10 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         res.update(status="oom", memory_reached_bytes=reached,
                    reason=f"out of memory on rank(s) {sorted(e['rank'] for e in ooms)} in "
                           f"{ooms[0]['phase']} after reaching {reached / 2**30:.2f} GiB: {ooms[0]['message']}")
+    elif extra.get("slurm_state") == "OUT_OF_MEMORY":
+        res.update(status="oom", memory_reached_bytes=0,
+                   reason=f"out of memory: Slurm ended job {extra['slurm_job_id']} with state OUT_OF_MEMORY "
+                          "(the node's memory limit)")
     elif rc == 0 and out_path.exists():
         metrics = json.loads(out_path.read_text())
         res.update(metrics)
