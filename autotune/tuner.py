@@ -824,8 +824,14 @@ def trial_seed(seed: int | None, trial_number: int) -> int | None:
     return None if seed is None else _mix("trial", seed, trial_number)
 
 
+#: random redraws of a proposal that repeats an existing trial (:class:`TrialSeededSampler`)
+REDRAWS = 8
+
+
 class TrialSeededSampler(optuna.samplers.BaseSampler):
-    """Delegates to ``make(trial_seed(seed, trial.number))``, a sampler built anew before every trial.
+    """Delegates to ``make(trial_seed(seed, trial.number))``, a sampler built anew before every trial;
+    a proposal that would repeat an existing trial's parameters (finished or running, any worker's) is
+    redrawn at random (seeded from the trial number) up to :data:`REDRAWS` times.
 
     Why: workers sharing one study must not draw the same random numbers (issue 11: 32 workers with one
     seed evaluated 4 distinct plans), and ``--seed`` must stay reproducible. Trial numbers are unique within
@@ -852,12 +858,41 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
         return self._inner.infer_relative_search_space(self._study(study), trial)
 
+    def _repeats(self, params: Mapping[str, Any], number: int) -> bool:
+        """``params`` contain every parameter of another trial with the same values, so this trial would
+        follow that trial's path through the conditional space to the same plan (or the same pruning)."""
+        items = params.items()
+        for t in (self._view._trials if self._view is not None else ()):
+            if t.number != number and t.params and t.state != TrialState.FAIL and t.params.items() <= items:
+                return True
+        return False
+
+    def _random(self, trial: FrozenTrial, attempt: int) -> optuna.samplers.RandomSampler:
+        return optuna.samplers.RandomSampler(seed=_mix("redraw", self._seed, trial.number, attempt))
+
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
-        return self._inner.sample_relative(self._study(study), trial, search_space)
+        s = self._study(study)
+        out = self._inner.sample_relative(s, trial, search_space)
+        # a model-based proposal that repeats a trial of this or another worker (TPE's argmax is the same for
+        # every worker that sees the same history) is redrawn at random, up to REDRAWS times
+        for attempt in range(REDRAWS):
+            if not out or not self._repeats({**trial.params, **out}, trial.number):
+                break
+            rs = self._random(trial, attempt)
+            out = {k: rs.sample_independent(s, trial, k, d) for k, d in search_space.items()}
+        return out
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: Any) -> Any:
-        return self._inner.sample_independent(self._study(study), trial, param_name, param_distribution)
+        s = self._study(study)
+        v = self._inner.sample_independent(s, trial, param_name, param_distribution)
+        # a value that completes another trial's parameters (e.g. the same invalid tp x pp x cp again) is
+        # redrawn at random, up to REDRAWS times; if every draw repeats, the repeat stands
+        for attempt in range(REDRAWS):
+            if not self._repeats({**trial.params, param_name: v}, trial.number):
+                break
+            v = self._random(trial, attempt).sample_independent(s, trial, param_name, param_distribution)
+        return v
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
