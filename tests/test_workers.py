@@ -169,3 +169,20 @@ def test_kill9_worker_trial_fails_by_heartbeat_and_is_retried(tmp_path):
     assert t1.params == t0.params and t1.system_attrs.get("failed_trial") == 0
     assert t1.user_attrs["feasible"] is True and t1.user_attrs["backend"] == "real"
     assert "OWN 1 {'feasible': 1}" in (tmp_path / "b.log").read_text()
+
+
+@pytest.mark.slow
+def test_retune_with_workers(tmp_path):
+    # the fast fabric is tuned first by this process (6 trials), then 2 workers x 6 trials tune the slow
+    # fabric after the 5 warm starts were enqueued in the storage (so they run among the workers' trials)
+    url = f"sqlite:///{tmp_path}/r.db"
+    r = subprocess.run([sys.executable, "-m", "autotune", "retune", "--size", "8b", "--space", "small",
+                        "--interconnect", "nvlink5+eth100", "--trials", "6", "--workers", "2", "--storage", url],
+                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert re.search(r"^worker 0: 6 trials$", r.stdout, re.M) and re.search(r"^worker 1: 6 trials$", r.stdout, re.M)
+    st = T.open_storage(url)
+    slow = next(n for n in optuna.get_all_study_names(st) if "eth100" in n)
+    trials = optuna.load_study(study_name=slow, storage=st).get_trials()
+    assert len(trials) == 12
+    assert sum("warm_start_from" in t.user_attrs for t in trials) >= 1
