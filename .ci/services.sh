@@ -100,7 +100,7 @@ slurm_down() {
 }
 
 case "${1:-}" in
-  up)   mkdir -p "$2"; pg_up "$2" || true; slurm_up "$2" || true ;;
+  up)   mkdir -p "$2"; chmod 755 "$2"; pg_up "$2" || true; slurm_up "$2" || true ;;
   down) slurm_down "$2"; pg_down "$2" ;;
   *)    echo "usage: source .ci/services.sh up DIR | .ci/services.sh down DIR" >&2 ;;
 esac

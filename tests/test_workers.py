@@ -184,5 +184,8 @@ def test_retune_with_workers(tmp_path):
     st = T.open_storage(url)
     slow = next(n for n in optuna.get_all_study_names(st) if "eth100" in n)
     trials = optuna.load_study(study_name=slow, storage=st).get_trials()
-    assert len(trials) == 12
-    assert sum("warm_start_from" in t.user_attrs for t in trials) >= 1
+    # 5 warm starts + the rest sampled: 12 trials; once in 3 runs 11 were seen, with both workers counting
+    # 6: on SQLite two workers can both take one enqueued (WAITING) trial (Optuna's pop of a waiting trial
+    # relies on SELECT ... FOR UPDATE, which SQLite ignores), so one warm start runs twice in one trial row
+    assert len(trials) in (11, 12)
+    assert sum("warm_start_from" in t.user_attrs for t in trials) >= 4
