@@ -848,7 +848,7 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if self._seed is not None:
             self._inner = self._make(trial_seed(self._seed, trial.number))
-        self._view = _SnapshotStudy(study) if not os.environ.get("AUTOTUNE_NO_SNAPSHOT") else None
+        self._view = _SnapshotStudy(study)
         self._inner.before_trial(self._view, trial)
 
     def _study(self, study: optuna.Study) -> Any:
