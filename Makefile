@@ -7,16 +7,18 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.autotune-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test bench fidelity clean
+.PHONY: install run test ci bench fidelity clean
 
 install: $(STAMP)
 
 # torch first, pinned: on these machines it resolves to the local CPU wheel (a bare `torch` requirement
-# would pull a multi-GB CUDA build); then the package in editable mode with its test extras.
+# would pull a multi-GB CUDA build); then the package in editable mode with its test and postgres extras
+# (psycopg 3 for the PostgreSQL tests). .ci/run starts PostgreSQL and a single-node Slurm around `make
+# test` (.ci/services.sh); without them those tests skip, saying why.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,postgres]'
 	touch $(STAMP)
 
 run: install
@@ -24,6 +26,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# what CI runs: PostgreSQL on 127.0.0.1 and a single-node Slurm started (as root, Debian packages), then
+# `make test` with them, then both stopped (.ci/run, .ci/services.sh)
+ci:
+	bash .ci/run
 
 # CPU benchmarks; bench/bench_real.py and bench/fidelity.py need a GPU host (see README).
 bench: install

@@ -219,6 +219,11 @@ def tune_options(f):
         click.option("--trials", type=int, default=200, show_default=True, help="Trials to run (added to the study)."),
         click.option("--timeout", type=float, default=None, help="Stop after this many seconds."),
         click.option("--seed", type=int, default=0, show_default=True, help="TPE sampler seed."),
+        click.option("--workers", type=int, default=1, show_default=True,
+                     help="Worker processes on this machine, all on one study (--trials is per worker)."),
+        click.option("--worker-id", type=int, default=None,
+                     help="This worker's index (seeds differ per worker; default $SLURM_ARRAY_TASK_ID, else 0; "
+                          "with --workers N the workers get ID..ID+N-1)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -248,18 +253,66 @@ def real_options(f):
                      help="real backend: timed steps per trial (after 2 warm-up steps)."),
         click.option("--trial-timeout", type=float, default=900.0, show_default=True,
                      help="real backend: wall-clock limit per trial, s (a hung trial is killed and marked failed)."),
+        click.option("--heartbeat-interval", type=int, default=None,
+                     help="real backend: Optuna heartbeat of running trials, s (default 30; a killed worker's "
+                          "trial fails after 2x this and is run once more by another worker)."),
+        click.option("--launcher", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+                     help="real backend: run each trial on this host's GPUs, or as a Slurm job (sbatch)."),
+        click.option("--nodes", type=int, default=None, help="slurm launcher: nodes per trial job (default: "
+                                                              "GPUs / --gpus-per-node)."),
+        click.option("--gpus-per-node", type=int, default=None, help="slurm launcher: GPUs per node (default: "
+                                                                      "the cluster's)."),
+        click.option("--partition", default=None, help="slurm launcher: partition (sbatch --partition)."),
+        click.option("--account", default=None, help="slurm launcher: account (sbatch --account)."),
+        click.option("--time", "time_limit", default=None, help="slurm launcher: job time limit (sbatch --time, "
+                                                                "e.g. 00:20:00; default: the trial timeout)."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-def _evaluator_options(backend, layers, real_steps, trial_timeout):
+def _evaluator_options(backend, layers, real_steps, trial_timeout, launcher="local", nodes=None, gpus_per_node=None,
+                       partition=None, account=None, time_limit=None):
+    slurm_opts = {"nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition, "account": account,
+                  "time": time_limit}
     if backend != "real":
         if layers is not None:
             raise click.UsageError("--layers applies to --backend real only")
+        if launcher != "local" or any(v is not None for v in slurm_opts.values()):
+            raise click.UsageError("--launcher/--nodes/--gpus-per-node/--partition/--account/--time apply to "
+                                   "--backend real only")
         return None
-    return {"layers": layers, "steps": real_steps, "timeout_s": trial_timeout}
+    opts = {"layers": layers, "steps": real_steps, "timeout_s": trial_timeout}
+    if launcher == "slurm":
+        opts["launcher"] = {"kind": "slurm", **{k: v for k, v in slurm_opts.items() if v is not None}}
+    elif any(v is not None for v in slurm_opts.values()):
+        raise click.UsageError("--nodes/--gpus-per-node/--partition/--account/--time need --launcher slurm")
+    return opts
+
+
+def _worker_id(worker_id):
+    """--worker-id, else $SLURM_ARRAY_TASK_ID (a Slurm array task), else 0."""
+    import os
+
+    if worker_id is not None:
+        return worker_id
+    v = os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    return int(v) if v.isdigit() else 0
+
+
+def _print_outcomes(outcomes):
+    """One line per worker: its own trials and outcomes; returns how many workers stopped on an error."""
+    bad = 0
+    for o in outcomes:
+        st = o.own_states
+        line = (f"worker {o.worker_id}: {o.n_new_trials} trials run: {st.get('feasible', 0)} feasible, "
+                f"{st.get('infeasible', 0)} do not fit, {st.get('pruned', 0)} pruned, {st.get('failed', 0)} failed")
+        if o.error:
+            bad += 1
+            line += f"; stopped: {o.error}"
+        click.echo(line)
+    return bad
 
 
 @main.command()
@@ -269,7 +322,8 @@ def _evaluator_options(backend, layers, real_steps, trial_timeout):
 @real_options
 @JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
-        timeout, seed, layers, real_steps, trial_timeout, as_json):
+        timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
+        gpus_per_node, partition, account, time_limit, as_json):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     Example: autotune run --size 405b --trials 200
@@ -281,29 +335,55 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
-    tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
-                  seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout),
-                  engine=engine)
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    wid = _worker_id(worker_id)
+    tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
+                        seed=seed, engine=engine,
+                        evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout, launcher,
+                                                             nodes, gpus_per_node, partition, account, time_limit))
+    tuner = Tuner(**tuner_kwargs)
     say = _say(as_json)
     say(f"tuning {_target_line(model, cluster, workload)}")
     say(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
-               f"engine {tuner.engine.name}; {trials} trials" + (f", timeout {timeout:g} s" if timeout else ""))
-    try:
-        summary = tuner.optimize(trials, timeout=timeout)
-    finally:
-        tuner.close()
-    st = summary.states
-    say(f"{summary.n_new_trials} trials run, {summary.n_trials} in the study: {st.get('feasible', 0)} "
-               f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
-               f"{st.get('failed', 0)} failed")
-    best = summary.best
+        f"engine {tuner.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
+        + (f", timeout {timeout:g} s" if timeout else ""))
+    if workers > 1:
+        from autotune.tuner import load_study, require_best_plan
+        from autotune.workers import run_workers
+
+        tuner.study  # noqa: B018 - create the study once here, before the workers race for it
+        outcomes = run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout, first_worker_id=wid,
+                               heartbeat_interval_s=heartbeat_interval)
+        bad = _print_outcomes(outcomes)
+        study, info = load_study(tuner.name, storage)
+        trials_all = study.get_trials(deepcopy=False)
+        n_new = sum(o.n_new_trials for o in outcomes)
+        say(f"{n_new} trials run by {workers} workers, {len(trials_all)} in the study")
+        best = require_best_plan(study, info, storage)
+        if bad == workers:
+            raise ConfigError(f"all {workers} workers stopped on an error (see above)")
+        n_total, st = len(trials_all), {}
+    else:
+        try:
+            summary = tuner.optimize(trials, timeout=timeout, worker_id=wid, heartbeat_interval_s=heartbeat_interval)
+        finally:
+            tuner.close()
+        st, own = summary.states, summary.own_states
+        say(f"{summary.n_new_trials} trials run by this worker (worker {summary.worker_id}: "
+            f"{own.get('feasible', 0)} feasible, {own.get('infeasible', 0)} do not fit in memory, "
+            f"{own.get('pruned', 0)} pruned (invalid), {own.get('failed', 0)} failed); "
+            f"{summary.n_trials} in the study: {st.get('feasible', 0)} "
+            f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
+            f"{st.get('failed', 0)} failed")
+        best = summary.best
+        n_new, n_total = summary.n_new_trials, summary.n_trials
     if as_json:
         from autotune.report import json_document
         click.echo(json_document("run", [_entry(plan=best.plan, result=best.result, model=model, cluster=cluster,
                                                 workload=workload, engine=tuner.engine.name, label="best",
                                                 study=best.study, trial=best.trial_number)],
-                                 trials={"new": summary.n_new_trials, "total": summary.n_trials,
-                                         "states": dict(st)}))
+                                 trials={"new": n_new, "total": n_total, "states": dict(st)}))
         return
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
@@ -538,7 +618,8 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
 @click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
 @JSON_OPTION
 def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
-           timeout, seed, layers, real_steps, trial_timeout, top_k, as_json):
+           timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
+           gpus_per_node, partition, account, time_limit, top_k, as_json):
     """Re-tune for a slower fabric, warm-started with the fastest fabric's best plans; compare both.
 
     Example: autotune retune --size 405b --interconnect pcie5+eth100
@@ -553,7 +634,10 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     say(f"re-tuning {_target_line(model, cluster, workload)}")
     r = do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=say,
-                  evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout), engine=engine)
+                  evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout, launcher, nodes,
+                                                       gpus_per_node, partition, account, time_limit),
+                  engine=engine, workers=workers, worker_id=_worker_id(worker_id),
+                  heartbeat_interval_s=heartbeat_interval)
     fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
     if as_json:
         from autotune.report import json_document

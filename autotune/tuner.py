@@ -37,7 +37,7 @@ import re
 import sys
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -102,22 +102,82 @@ def make_evaluator(backend: str, *, model: ModelSpec, cluster: ClusterSpec, work
 
 
 # ------------------------------------------------------------------ storage
-_STORAGES: dict[str, optuna.storages.BaseStorage] = {}
+_STORAGES: dict[tuple[str, int | None], optuna.storages.BaseStorage] = {}
+
+#: Errors of concurrent first use of one database (two processes creating Optuna's tables or the same
+#: study at once): SQLite "table ... already exists" / "UNIQUE constraint failed: alembic_version",
+#: PostgreSQL UniqueViolation / "duplicate key"; seen with 32 processes on a fresh file (issue 11).
+_RACE_MARKERS = ("already exists", "unique constraint", "uniqueviolation", "duplicate key", "database is locked",
+                 "integrityerror")
+_RACE_RETRIES = 20
+
+#: ``pip install`` hint per SQLAlchemy dialect whose driver is missing.
+_DRIVER_EXTRAS = {"postgresql": "autotune[postgres]  (psycopg 3; or use postgresql+psycopg2:// with psycopg2)"}
 
 
-def open_storage(url: str = DEFAULT_STORAGE) -> optuna.storages.BaseStorage:
-    """Open (and cache per process) the Optuna storage at SQLAlchemy ``url``.
+def _is_race(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return any(m in text for m in _RACE_MARKERS)
 
-    For the default URL the ``studies/`` directory is created if missing; for any other SQLite URL the
-    directory must exist and be writable.
+
+def _retry_races(fn: Callable[[], Any], what: str) -> Any:
+    """Call ``fn`` again (up to :data:`_RACE_RETRIES` times, 0.05-1 s apart, jittered) while it fails with
+    a concurrent-creation error (:data:`_RACE_MARKERS`); other errors and the last one propagate."""
+    import random
+    import time
+
+    for attempt in range(_RACE_RETRIES):
+        try:
+            return fn()
+        except optuna.exceptions.DuplicatedStudyError:
+            raise
+        except Exception as e:  # sqlalchemy IntegrityError / OperationalError / ProgrammingError
+            if not _is_race(e) or attempt == _RACE_RETRIES - 1:
+                raise
+            log.debug("%s: concurrent creation (%s), retrying", what, e)
+            time.sleep(min(1.0, 0.05 * 2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def storage_kind(url: str) -> str:
+    """``sqlite``, ``postgresql``, ``journal`` or the URL's SQLAlchemy dialect (``mysql`` ...)."""
+    if url.startswith("journal:"):
+        return "journal"
+    return url.split(":", 1)[0].split("+", 1)[0]
+
+
+def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None = None
+                 ) -> optuna.storages.BaseStorage:
+    """Open (and cache per process) the Optuna storage at ``url``.
+
+    ``url``: an SQLAlchemy URL (``sqlite:///PATH``, ``postgresql://user@host:port/db``: psycopg 3 from the
+    ``autotune[postgres]`` extra, ``postgresql+psycopg2://`` for psycopg2, ...) or ``journal:PATH``:
+    Optuna's :class:`~optuna.storages.JournalStorage` on a :class:`~optuna.storages.journal.JournalFileBackend`
+    file (append-only log with file locks; for clusters with a shared file system and no database server).
+    For the default URL the ``studies/`` directory is created if missing; for any other SQLite or journal
+    path the directory must exist and be writable. Creating the tables is retried when another process
+    creates them at the same time.
+
+    ``heartbeat_interval_s``: RDB storages only (Optuna's heartbeat is implemented by RDBStorage, not by
+    JournalStorage): each running trial records a heartbeat every that many seconds; a trial whose last
+    heartbeat is older than 2 x the interval is failed by the next worker that asks for a trial and
+    re-enqueued once with the same parameters (``RetryHeartbeatStaleTrialCallback(max_retry=1)``;
+    optuna/storages/_rdb/storage.py ``heartbeat_interval``, optuna/storages/_callbacks.py).
 
     Raises:
-        StorageError: the URL and the cause (missing or read-only directory, bad URL, driver error).
+        StorageError: the URL and the cause (missing or read-only directory, bad URL, missing database driver:
+            names the extra to install, server unreachable).
     """
-    if url in _STORAGES:
-        return _STORAGES[url]
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
+    key = (url, heartbeat_interval_s)
+    if key in _STORAGES:
+        return _STORAGES[key]
+    kind = storage_kind(url)
+    if kind == "sqlite" or kind == "journal":
+        path = url[len("sqlite:///"):] if kind == "sqlite" else url[len("journal:"):]
+        if kind == "sqlite" and not url.startswith("sqlite:///"):
+            raise StorageError(f"cannot open study storage {url}: expected sqlite:///PATH")
+        if kind == "journal" and not path:
+            raise StorageError(f"cannot open study storage {url}: expected journal:PATH (a log file)")
         if path and path != ":memory:":
             d = Path(path).parent if Path(path).parent != Path("") else Path(".")
             if url == DEFAULT_STORAGE:
@@ -128,20 +188,49 @@ def open_storage(url: str = DEFAULT_STORAGE) -> optuna.storages.BaseStorage:
             if not os.access(d, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
                 raise StorageError(f"cannot open study storage {url}: {Path(path) if Path(path).exists() else d} "
                                    "is not writable")
+    if kind == "journal":
+        if heartbeat_interval_s is not None:
+            raise StorageError(f"{url}: Optuna's journal storage has no heartbeat, so a killed worker's real trial "
+                               "would never be retried; use sqlite:///PATH or postgresql:// for --backend real")
+        from optuna.storages.journal import JournalFileBackend
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            storage: optuna.storages.BaseStorage = optuna.storages.JournalStorage(
+                JournalFileBackend(url[len("journal:"):]))
+        _STORAGES[key] = storage
+        return storage
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             engine_kwargs = None
-            if url.startswith("sqlite"):
-                engine_kwargs = {"connect_args": {"timeout": 30}}
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-            if url.startswith("sqlite") and ":memory:" not in url:
+            if kind == "sqlite":
+                engine_kwargs = {"connect_args": {"timeout": 60}}
+            hb: dict[str, Any] = {}
+            if heartbeat_interval_s is not None:
+                hb = {"heartbeat_interval": int(heartbeat_interval_s),
+                      "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+            storage = _retry_races(lambda: optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **hb),
+                                   f"open {url}")
+            if kind == "sqlite" and ":memory:" not in url:
                 _fast_sqlite(storage)
+    except ModuleNotFoundError as e:
+        raise StorageError(_missing_driver(url, kind, e)) from None
     except Exception as e:  # sqlalchemy ArgumentError/OperationalError, missing driver ...
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "import" in cause.lower() and ("dbapi" in cause.lower() or "db access module" in cause.lower()
+                                          or "no module" in cause.lower()):
+            raise StorageError(_missing_driver(url, kind, e)) from None
         raise StorageError(f"cannot open study storage {url}: {cause}") from None
-    _STORAGES[url] = storage
+    _STORAGES[key] = storage
     return storage
+
+
+def _missing_driver(url: str, kind: str, e: BaseException) -> str:
+    extra = _DRIVER_EXTRAS.get(kind)
+    hint = f"pip install '{extra.split('  ')[0]}'" + (f" {extra.split('  ', 1)[1]}" if "  " in extra else "") \
+        if extra else "install the SQLAlchemy driver for this dialect"
+    return f"cannot open study storage {url}: the database driver is not installed ({e}); {hint}"
 
 
 def _fast_sqlite(storage: optuna.storages.RDBStorage) -> None:
@@ -437,6 +526,7 @@ class TuneSummary:
         n_new_trials: trials run by this call; n_trials: trials in the study now.
         states: count per outcome over the whole study: feasible, infeasible, pruned, failed.
         best: the best plan of the whole study.
+        own_states: the same counts over this call's trials only; worker_id: this worker's index.
     """
 
     study: str
@@ -445,6 +535,8 @@ class TuneSummary:
     n_trials: int
     states: Mapping[str, int]
     best: BestPlan
+    own_states: Mapping[str, int] = field(default_factory=dict)
+    worker_id: int = 0
 
 
 class Tuner:
@@ -512,9 +604,14 @@ class Tuner:
             st = open_storage(self.storage)
             with _quiet():
                 sampler = self._sampler()
+                def create() -> optuna.Study:
+                    try:
+                        return optuna.create_study(study_name=self.name, storage=st, direction="maximize",
+                                                   sampler=sampler, load_if_exists=True)
+                    except optuna.exceptions.DuplicatedStudyError:  # created by another worker meanwhile
+                        return optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
                 try:
-                    study = optuna.create_study(study_name=self.name, storage=st, direction="maximize",
-                                                sampler=sampler, load_if_exists=True)
+                    study = _retry_races(create, f"create study {self.name}")
                 except Exception as e:
                     raise StorageError(f"cannot open study {self.name!r} in {self.storage}: {e}") from None
                 fp = study.user_attrs.get("space_fingerprint")
@@ -526,8 +623,9 @@ class Tuner:
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)
                 if "autotune_schema" not in study.user_attrs:
+                    # several workers may do this at once: the same values, retried on a key race
                     for k, v in self._study_attrs().items():
-                        study.set_user_attr(k, v)
+                        _retry_races(lambda k=k, v=v: study.set_user_attr(k, v), f"study {self.name} attrs")
             self._study = study
         return self._study
 
@@ -591,8 +689,26 @@ class Tuner:
         return len(trials)
 
     def optimize(self, n_trials: int | None = 200, *, timeout: float | None = None,
-                 show_progress_bar: bool | None = None) -> TuneSummary:
-        """Run ``n_trials`` more trials (or until ``timeout`` seconds) and return the study's best plan.
+                 show_progress_bar: bool | None = None, worker_id: int | None = None,
+                 heartbeat_interval_s: int | None = None) -> TuneSummary:
+        """Run ``n_trials`` more trials in this process (or until ``timeout`` seconds) and return the study's
+        best plan.
+
+        Any number of workers (processes, here or on other hosts) may run this on the same storage at once:
+        each samples straight against the shared storage (Optuna's ``_CachedStorage`` over the RDB, re-read
+        before every suggestion), so it sees every other worker's finished and running trials. Each trial's
+        sampler RNG is seeded from (``seed``, ``worker_id``, trial number) (:func:`trial_seed`): trial numbers
+        are unique in a study, so concurrent workers never draw the same random stream, and one worker with
+        the same seed on the same history proposes the same trials.
+
+        Args:
+            worker_id: this worker's index (``--worker-id``; ``--workers N`` gives 0..N-1); None = 0.
+            heartbeat_interval_s: real backend: Optuna heartbeat interval (s) for this process's trials
+                (RDB storages); None = :data:`REAL_HEARTBEAT_INTERVAL_S` for ``real``, off otherwise.
+
+        Returns:
+            :class:`TuneSummary`: ``n_new_trials`` and ``own_states`` count this call's trials only;
+            ``n_trials`` and ``states`` the whole study.
 
         Raises:
             NoFeasiblePlanError: the study has no feasible plan ("N/N trials failed: <reason>").
@@ -602,22 +718,22 @@ class Tuner:
             raise ConfigError(f"--trials must be >= 1, got {n_trials}")
         if n_trials is None and timeout is None:
             raise ConfigError("give a number of trials or a timeout")
+        if worker_id is not None and worker_id < 0:
+            raise ConfigError(f"--worker-id must be >= 0, got {worker_id}")
         study = self.study
         self.evaluator  # noqa: B018 - fail fast on an unavailable backend, before any trial
-        before = len(study.get_trials(deepcopy=False))
+        if heartbeat_interval_s is None and self.backend == "real" and storage_kind(self.storage) != "journal":
+            heartbeat_interval_s = REAL_HEARTBEAT_INTERVAL_S
+        if heartbeat_interval_s is not None and heartbeat_interval_s < 1:
+            raise ConfigError(f"--heartbeat-interval must be >= 1 s, got {heartbeat_interval_s}")
         if show_progress_bar is None:
             show_progress_bar = sys.stdout.isatty()
+        sampler = TrialSeededSampler(self._seeded_sampler, worker_seed(self.seed, worker_id))
         with _quiet():
-            # Sample against an in-memory copy of the study (TPE reads every trial several times per
-            # suggestion; through SQLite that costs ~0.3 s per trial) and write each finished trial to
-            # the storage in one transaction as soon as it ends (callbacks run for COMPLETE, PRUNED and
-            # caught FAIL trials), so an interrupted run loses nothing that finished.
-            mem = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=self.name,
-                                      direction="maximize", sampler=self._sampler())
-            mem.add_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                                    TrialState.FAIL)))
+            st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
+            worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
             for params, attrs in self._pending:
-                mem.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+                worker_study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
             self._pending.clear()
 
             # With the real backend a trial costs minutes of GPU time while an invalid combination is
@@ -626,35 +742,208 @@ class Tuner:
             # and does not count either.
             count_run = self.backend == "real" and n_trials is not None
             ran = [0]
+            mine: list[FrozenTrial] = []
 
-            def persist(st: optuna.Study, ft: FrozenTrial) -> None:
-                study.add_trial(ft)
+            def count(st_: optuna.Study, ft: FrozenTrial) -> None:
+                mine.append(ft)
                 if count_run and ft.state != TrialState.PRUNED and not ft.user_attrs.get("reused_result"):
                     ran[0] += 1
                     if ran[0] >= n_trials:
-                        st.stop()
+                        st_.stop()
 
-            mem.optimize(self.objective, n_trials=n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials,
-                         timeout=timeout, catch=(Exception,), show_progress_bar=show_progress_bar,
-                         callbacks=[persist])
-        trials = study.get_trials(deepcopy=False)
-        states = Counter()
-        for t in trials:
-            if is_feasible(t):
-                states["feasible"] += 1
-            elif t.state == TrialState.COMPLETE:
-                states["infeasible"] += 1
-            elif t.state == TrialState.PRUNED:
-                states["pruned"] += 1
-            elif t.state == TrialState.FAIL:
-                states["failed"] += 1
+            worker_study.optimize(self.objective,
+                                  n_trials=n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials,
+                                  timeout=timeout, catch=(Exception,), show_progress_bar=show_progress_bar,
+                                  callbacks=[count])
+        trials = self._wait_for_others(study)
         best = require_best_plan(study, self.info, self.storage)
-        return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(trials) - before,
-                           n_trials=len(trials), states=dict(states), best=best)
+        return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
+                           n_trials=len(trials), states=_outcome_counts(trials), best=best,
+                           own_states=_outcome_counts(mine), worker_id=worker_id or 0)
+
+    def _wait_for_others(self, study: optuna.Study, poll_s: float = 0.5) -> list[FrozenTrial]:
+        """The study's trials, once it has a feasible one or no other worker's trial is still running.
+
+        A worker whose own trials found nothing feasible does not declare the study hopeless while other
+        workers' trials are still running (issue 11: 1 of 32 concurrent runs exited with "no feasible
+        plan" while 23 trials were running); it waits for them (their evaluators enforce their own
+        timeouts; a killed worker's trial is failed by the heartbeat, or stays RUNNING without one:
+        that is why the wait also ends when the running set stops changing for 10 minutes).
+        """
+        import time
+
+        last, since = None, time.monotonic()
+        while True:
+            trials = study.get_trials(deepcopy=False)
+            running = frozenset(t.number for t in trials if t.state == TrialState.RUNNING)
+            if not running or any(is_feasible(t) for t in trials):
+                return trials
+            if running != last:
+                last, since = running, time.monotonic()
+            elif time.monotonic() - since > 600:
+                return trials
+            time.sleep(poll_s)
+
+    def _seeded_sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
+        """:meth:`_sampler` built with ``seed`` instead of ``self.seed``."""
+        saved = self.seed
+        self.seed = seed
+        try:
+            return self._sampler()
+        finally:
+            self.seed = saved
+
+
+def _outcome_counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
+    """feasible / infeasible / pruned / failed counts of ``trials`` (running and waiting ones are not counted)."""
+    states: Counter = Counter()
+    for t in trials:
+        if is_feasible(t):
+            states["feasible"] += 1
+        elif t.state == TrialState.COMPLETE:
+            states["infeasible"] += 1
+        elif t.state == TrialState.PRUNED:
+            states["pruned"] += 1
+        elif t.state == TrialState.FAIL:
+            states["failed"] += 1
+    return dict(states)
+
+
+def _mix(*keys: Any) -> int:
+    """A 32-bit seed from ``keys`` (SHA-256 of their repr; stable across processes, unlike ``hash``)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:4], "little")
+
+
+def worker_seed(seed: int | None, worker_id: int | None) -> int | None:
+    """The seed of worker ``worker_id``: ``seed`` itself for worker 0 (or None), else a 32-bit mix of both;
+    None when ``seed`` is None (unseeded)."""
+    if seed is None:
+        return None
+    return seed if not worker_id else _mix("worker", seed, worker_id)
+
+
+def trial_seed(seed: int | None, trial_number: int) -> int | None:
+    """The sampler seed for trial ``trial_number`` of a worker whose seed is ``seed`` (None: unseeded)."""
+    return None if seed is None else _mix("trial", seed, trial_number)
+
+
+#: random redraws of a proposal that repeats an existing trial (:class:`TrialSeededSampler`)
+REDRAWS = 8
+
+
+class TrialSeededSampler(optuna.samplers.BaseSampler):
+    """Delegates to ``make(trial_seed(seed, trial.number))``, a sampler built anew before every trial;
+    a proposal that would repeat an existing trial's parameters (finished or running, any worker's) is
+    redrawn at random (seeded from the trial number) up to :data:`REDRAWS` times.
+
+    Why: workers sharing one study must not draw the same random numbers (issue 11: 32 workers with one
+    seed evaluated 4 distinct plans), and ``--seed`` must stay reproducible. Trial numbers are unique within
+    a study (Optuna assigns them in the storage), so seeding each trial's draw from its number gives every
+    concurrent trial its own stream; the history the sampler models comes from the storage every time.
+    ``make`` must return a sampler whose only state across trials is its RNG (TPE, random, QMC ...).
+    """
+
+    def __init__(self, make: Callable[[int | None], optuna.samplers.BaseSampler], seed: int | None) -> None:
+        self._make, self._seed = make, seed
+        self._inner = make(seed)
+        self._view: _SnapshotStudy | None = None
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self._seed is not None:
+            self._inner = self._make(trial_seed(self._seed, trial.number))
+        self._view = _SnapshotStudy(study)
+        self._inner.before_trial(self._view, trial)
+
+    def _study(self, study: optuna.Study) -> Any:
+        v = self._view
+        return v if v is not None and v._study is study else study
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        return self._inner.infer_relative_search_space(self._study(study), trial)
+
+    def _repeats(self, params: Mapping[str, Any], number: int) -> bool:
+        """``params`` contain every parameter of another trial with the same values, so this trial would
+        follow that trial's path through the conditional space to the same plan (or the same pruning)."""
+        items = params.items()
+        for t in (self._view._trials if self._view is not None else ()):
+            if t.number != number and t.params and t.state != TrialState.FAIL and t.params.items() <= items:
+                return True
+        return False
+
+    def _random(self, trial: FrozenTrial, attempt: int) -> optuna.samplers.RandomSampler:
+        return optuna.samplers.RandomSampler(seed=_mix("redraw", self._seed, trial.number, attempt))
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
+        s = self._study(study)
+        out = self._inner.sample_relative(s, trial, search_space)
+        # a model-based proposal that repeats a trial of this or another worker (TPE's argmax is the same for
+        # every worker that sees the same history) is redrawn at random, up to REDRAWS times
+        for attempt in range(REDRAWS):
+            if not out or not self._repeats({**trial.params, **out}, trial.number):
+                break
+            rs = self._random(trial, attempt)
+            out = {k: rs.sample_independent(s, trial, k, d) for k, d in search_space.items()}
+        return out
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: Any) -> Any:
+        s = self._study(study)
+        v = self._inner.sample_independent(s, trial, param_name, param_distribution)
+        # a value that completes another trial's parameters (e.g. the same invalid tp x pp x cp again) is
+        # redrawn at random, up to REDRAWS times; if every draw repeats, the repeat stands
+        for attempt in range(REDRAWS):
+            if not self._repeats({**trial.params, param_name: v}, trial.number):
+                break
+            v = self._random(trial, attempt).sample_independent(s, trial, param_name, param_distribution)
+        return v
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._inner.reseed_rng()
+
+
+class _SnapshotStudy:
+    """A study seen through one read of its trials (every state, RUNNING ones of other workers included),
+    taken when a trial starts: the sampler's many reads while it suggests that trial's parameters use it.
+
+    Why: Optuna 5's TPE (``constant_liar=True`` by default, optuna/samplers/_tpe/sampler.py ``_sample``)
+    re-reads the running trials from the storage for every parameter group, ~10 reads of ~14 ms each
+    per trial on SQLite (measured: 100 trials of ``autotune run --size 8b`` took 22.5 s that way, 10.0 s
+    with the former private in-memory copy). Everything else is the real study.
+    """
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+        self._trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[FrozenTrial]:
+        import copy
+
+        out = [t for t in self._trials if states is None or t.state in states]
+        return copy.deepcopy(out) if deepcopy else out
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy=deepcopy, states=states)
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self._get_trials()
 
 
 #: --trials with the real backend counts plans run; invalid ones are pruned for free, up to this many x.
 REAL_MAX_ATTEMPTS_FACTOR = 20
+
+#: Heartbeat of real trials (s): a worker killed during a trial is noticed 2 x this later (Optuna's default
+#: grace period) by another worker, which fails the trial and runs its parameters once more.
+REAL_HEARTBEAT_INTERVAL_S = 30
 
 
 def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: int) -> float:
@@ -735,7 +1024,8 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
            storage: str = DEFAULT_STORAGE, backend: str = DEFAULT_BACKEND, seed: int | None = 0,
            n_trials: int = 200, timeout: float | None = None, top_k: int = 5,
            show_progress_bar: bool | None = None, evaluator_options: Mapping[str, Any] | None = None,
-           log_fn: Callable[[str], None] | None = None, engine: str | None = None) -> RetuneResult:
+           log_fn: Callable[[str], None] | None = None, engine: str | None = None, workers: int = 1,
+           worker_id: int = 0, heartbeat_interval_s: int | None = None) -> RetuneResult:
     """Re-tune for the (slower) fabric of ``cluster``, warm-started from the fastest fabric's study.
 
     Steps: find the same target's study on the fastest other fabric in ``storage`` (if none, tune the
@@ -744,10 +1034,16 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
     Because the fast best plan is among the enqueued trials, the slow study's best MFU is at least the
     fast plan's MFU on the slow fabric.
 
+    ``workers`` > 1: the slow study is tuned by that many local worker processes
+    (:func:`autotune.workers.run_workers`, ``n_trials`` each, ids from ``worker_id``), the warm starts
+    enqueued in the storage before they start; the fast study (if it must be tuned first) by this process.
+
     Raises:
-        ConfigError: no faster study and the requested fabric is the default one.
+        ConfigError: no faster study and the requested fabric is the default one; ``workers`` < 1.
         NoFeasiblePlanError: a study ends with no feasible plan.
     """
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
     say = log_fn or (lambda s: None)
     space_obj = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     slow = Tuner(model=model, cluster=cluster, workload=workload, space=space_obj, storage=storage,
@@ -763,7 +1059,8 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
         say(f"no study on another fabric in {storage}; tuning {fast_cluster.fabric.name} first")
         fast_tuner = Tuner(model=model, cluster=fast_cluster, workload=workload, space=space_obj, storage=storage,
                            backend=backend, seed=seed, evaluator_options=evaluator_options, engine=engine)
-        fast_tuner.optimize(n_trials, timeout=timeout, show_progress_bar=show_progress_bar)
+        fast_tuner.optimize(n_trials, timeout=timeout, show_progress_bar=show_progress_bar, worker_id=worker_id,
+                            heartbeat_interval_s=heartbeat_interval_s)
         fast_tuner.close()
         tuned_fast_first = True
         found = find_fastest_study(storage, slow.info)
@@ -777,7 +1074,27 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
     say(f"warm start: {n_enq} best plan(s) of {fast_study.study_name} enqueued")
     try:
         fast_on_slow = slow.evaluate(fast_best.plan)
-        summary = slow.optimize(max(n_trials, n_enq), timeout=timeout, show_progress_bar=show_progress_bar)
+        if workers == 1:
+            summary = slow.optimize(max(n_trials, n_enq), timeout=timeout, show_progress_bar=show_progress_bar,
+                                    worker_id=worker_id, heartbeat_interval_s=heartbeat_interval_s)
+        else:
+            from autotune.workers import run_workers
+
+            with _quiet():
+                for params, attrs in slow._pending:
+                    slow.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+            slow._pending.clear()
+            outcomes = run_workers(dict(model=model, cluster=cluster, workload=workload, space=space_obj,
+                                        storage=storage, backend=backend, seed=seed,
+                                        evaluator_options=evaluator_options, engine=engine),
+                                   workers, n_trials=max(n_trials, n_enq), timeout=timeout,
+                                   first_worker_id=worker_id, heartbeat_interval_s=heartbeat_interval_s)
+            for o in outcomes:
+                say(f"worker {o.worker_id}: {o.n_new_trials} trials" + (f"; stopped: {o.error}" if o.error else ""))
+            trials = slow.study.get_trials(deepcopy=False)
+            summary = TuneSummary(study=slow.name, storage=storage, n_new_trials=sum(o.n_new_trials for o in outcomes),
+                                  n_trials=len(trials), states=_outcome_counts(trials),
+                                  best=require_best_plan(slow.study, slow.info, storage))
     finally:
         slow.close()
     return RetuneResult(fast=fast_best, slow=summary.best, fast_on_slow=fast_on_slow, n_enqueued=n_enq,
@@ -806,7 +1123,8 @@ def explain_changes(fast: BestPlan, slow: BestPlan, fast_on_slow: StepResult, *,
     return lines
 
 
-__all__ = ["DEFAULT_STORAGE", "DEFAULT_BACKEND", "BACKENDS", "make_evaluator", "open_storage", "study_name",
+__all__ = ["storage_kind", "worker_seed", "trial_seed", "TrialSeededSampler", "REAL_HEARTBEAT_INTERVAL_S",
+           "DEFAULT_STORAGE", "DEFAULT_BACKEND", "BACKENDS", "make_evaluator", "open_storage", "study_name",
            "StudyInfo", "list_studies", "load_study", "best_trial", "feasible_trials", "top_feasible_trials",
            "failure_summary", "trial_result", "trial_plan", "BestPlan", "best_plan", "require_best_plan",
            "TuneSummary", "Tuner", "record_result", "RetuneResult", "find_fastest_study", "retune",

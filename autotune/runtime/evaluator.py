@@ -62,6 +62,8 @@ class RealEvaluator(Evaluator):
         timeout_s: wall-clock limit per trial, s.
         device: ``auto`` (CUDA when present), ``cuda`` or ``cpu`` (gloo; for tests).
         predict: also simulate each plan and store the prediction and its error.
+        launcher: where each trial runs (:func:`autotune.runtime.launch.run_plan` ``launcher``): None = the
+            local GPUs; ``{"kind": "slurm", ...}`` = a Slurm job (then the local GPU count is not checked).
 
     Raises:
         AutotuneError: (at construction) the plan needs more GPUs than the host has.
@@ -71,7 +73,8 @@ class RealEvaluator(Evaluator):
 
     def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload, layers: int | None = None,
                  steps: int = 3, warmup: int = 2, timeout_s: float = 900.0, device: str = "auto",
-                 predict: bool = True, env: Mapping[str, str] | None = None, engine: str | None = None) -> None:
+                 predict: bool = True, env: Mapping[str, str] | None = None, engine: str | None = None,
+                 launcher: Mapping[str, Any] | None = None) -> None:
         from autotune.engines import REAL_BACKEND_ENGINE
 
         if engine not in (None, REAL_BACKEND_ENGINE):
@@ -83,7 +86,8 @@ class RealEvaluator(Evaluator):
         self.env = dict(tier_env(cluster))
         self.env.update(env or {})
         self.predict = predict
-        if device != "cpu":
+        self.launcher = dict(launcher) if launcher else None  # see autotune.runtime.launch.run_plan
+        if device != "cpu" and (self.launcher or {}).get("kind", "local") == "local":
             n = local_gpu_count()
             if device == "cuda" or n:
                 if cluster.num_gpus > n:
@@ -126,7 +130,7 @@ class RealEvaluator(Evaluator):
         doc = PlanDocument(plan=plan, model=self.model, gpu=self.cluster.gpu.name, num_gpus=self.cluster.num_gpus,
                            fabric=self.cluster.fabric.to_dict(), workload=self.workload)
         res = run_plan(doc, layers=self.layers, steps=self.steps, warmup=self.warmup, timeout_s=self.timeout_s,
-                       env=self.env, nproc=self.cluster.num_gpus, device=self.device)
+                       env=self.env, nproc=self.cluster.num_gpus, device=self.device, launcher=self.launcher)
         status = res.get("status")
         sim = self._simulated(plan)
         details: dict[str, Any] = {"warnings": list(warnings), "nccl_env": dict(self.env),
@@ -149,7 +153,7 @@ class RealEvaluator(Evaluator):
             raise TrialFailed(res.get("reason") or f"real run ended with status {status!r}")
         for k in ("step_times_ms", "step_time_spread_ms", "peak_allocated_bytes", "peak_reserved_bytes",
                   "losses", "device_name", "date", "torch_version", "cuda_version", "nccl_version",
-                  "honored", "dp_mode", "step_time_iqr_ms"):
+                  "honored", "dp_mode", "step_time_iqr_ms", "launcher", "slurm_job_id"):
             if k in res:
                 details[k] = res[k]
         peaks = [int(x) for x in (res.get("peak_reserved_bytes") or res.get("peak_rss_bytes") or []) if x]

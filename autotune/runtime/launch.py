@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from autotune.errors import ConfigError
 from autotune.plan import PlanDocument
 
 #: Always in the worker environment: NVLink SHARP multicast off (NCCL) and symmetric-memory multicast
@@ -97,6 +98,35 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             pass
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
+    """``prctl(PR_SET_PDEATHSIG, SIGTERM)``: torchrun gets SIGTERM when the launching thread dies (e.g. the
+    worker is ``kill -9``-ed), and torchrun's elastic agent then stops its workers (Linux prctl(2))."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class _sigterm_as_interrupt:
+    """While active (main thread only), SIGTERM raises KeyboardInterrupt, so the launch cleanup runs."""
+
+    def __enter__(self) -> "_sigterm_as_interrupt":
+        import threading
+
+        self._prev = None
+        if threading.current_thread() is threading.main_thread():
+            def _raise(signum: int, frame: Any) -> None:
+                raise KeyboardInterrupt(f"signal {signum}")
+            self._prev = signal.signal(signal.SIGTERM, _raise)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._prev is not None:
+            signal.signal(signal.SIGTERM, self._prev)
+
+
 def _phases(phase_dir: Path) -> dict[int, str]:
     out = {}
     for f in phase_dir.glob("phase.rank*"):
@@ -129,7 +159,8 @@ def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
 def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5, warmup: int = 2,
              timeout_s: float = 900.0, env: Optional[Mapping[str, str]] = None, nproc: Optional[int] = None,
              device: str = "auto", memory_limit_mib: Optional[float] = None, seed: int = 0,
-             workdir: Optional[str | Path] = None, profile: bool = False) -> dict[str, Any]:
+             workdir: Optional[str | Path] = None, profile: bool = False,
+             launcher: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """Run ``doc``'s plan for real: ``python -m torch.distributed.run --standalone --nproc-per-node N
     -m autotune.runtime.worker ...`` in a new session, wait up to ``timeout_s`` seconds.
 
@@ -146,6 +177,12 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         workdir: where the plan, result, phase files and logs go (default: a new temp dir, kept).
         profile: run one more step under ``torch.profiler`` after the timed ones; each rank's summary
             (:func:`autotune.runtime.trace.summarize`) is returned as ``profile`` (a list by rank).
+        launcher: None or ``{"kind": "local"}``: torchrun here, in a new session (killed with its whole
+            process group and descendants on timeout, Ctrl-C or SIGTERM of this process, and sent SIGTERM
+            by the kernel if this process dies: ``PR_SET_PDEATHSIG``); ``{"kind": "slurm", "nodes": ..,
+            "gpus_per_node": .., "partition": .., "account": .., "time": ..}``: a Slurm job
+            (:func:`autotune.launchers.slurm.run_slurm_job`; ``workdir`` must be on a file system the
+            nodes share); ``nproc`` is then the processes per node.
 
     Returns:
         dict with ``status`` (``ok``/``oom``/``timeout``/``failed``), ``reason`` (None when ok),
@@ -155,7 +192,6 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
     Raises:
         ConfigError: ``steps``/``warmup``/``nproc``/``timeout_s`` out of range.
     """
-    from autotune.errors import ConfigError
     if steps < 1 or warmup < 0 or timeout_s <= 0:
         raise ConfigError(f"run_plan needs steps >= 1, warmup >= 0 and timeout_s > 0; got steps={steps}, "
                           f"warmup={warmup}, timeout_s={timeout_s}")
@@ -180,22 +216,42 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         cmd += ["--profile-dir", str(wd)]
     stdout_path, stderr_path = wd / "stdout.log", wd / "stderr.log"
     t0 = time.monotonic()
-    with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-        proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=worker_env(doc, env), cwd=str(wd),
-                                start_new_session=True)
-        timed_out = False
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            phases_at_kill = _phases(wd)
-            _kill_tree(proc)
-            rc = proc.returncode
+    phases_at_kill: dict[int, str] = {}
+    extra: dict[str, Any] = {}
+    if launcher is not None and launcher.get("kind", "local") == "slurm":
+        from autotune.launchers.slurm import run_slurm_job
+
+        worker_argv = cmd[cmd.index("autotune.runtime.worker") - 1:]
+        job = run_slurm_job(worker_argv, nproc_per_node=n, wd=wd, env=worker_env(doc, env), timeout_s=timeout_s,
+                            options=launcher, gpus=device != "cpu")
+        rc, timed_out, phases_at_kill = job.returncode, job.timed_out, job.phases_at_kill
+        extra = {"launcher": "slurm", "slurm_job_id": job.job_id, "slurm_state": job.state}
+        cmd = job.command
+    elif launcher is not None and launcher.get("kind", "local") != "local":
+        raise ConfigError(f"unknown launcher {launcher.get('kind')!r}; known: local, slurm")
+    else:
+        with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
+            proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=worker_env(doc, env), cwd=str(wd),
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+            timed_out = False
+            try:
+                with _sigterm_as_interrupt():
+                    rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                phases_at_kill = _phases(wd)
+                _kill_tree(proc)
+                rc = proc.returncode
+            except BaseException:
+                # Ctrl-C / SIGTERM of this process: torchrun runs in its own session, so the terminal's
+                # signal never reached it; end its whole process group and every descendant, then go on
+                _kill_tree(proc, grace_s=2.0)
+                raise
     wall = time.monotonic() - t0
     phases = phases_at_kill if timed_out else _phases(wd)
     res: dict[str, Any] = {"status": "failed", "reason": None, "returncode": rc, "wall_s": wall,
                            "phase": phases, "workdir": str(wd), "command": cmd,
-                           "stderr_tail": _tail(stderr_path)}
+                           "stderr_tail": _tail(stderr_path), **extra}
     errors = []
     for f in sorted(wd.glob("error.rank*.json")):
         try:
@@ -210,6 +266,10 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         res.update(status="oom", memory_reached_bytes=reached,
                    reason=f"out of memory on rank(s) {sorted(e['rank'] for e in ooms)} in "
                           f"{ooms[0]['phase']} after reaching {reached / 2**30:.2f} GiB: {ooms[0]['message']}")
+    elif extra.get("slurm_state") == "OUT_OF_MEMORY":
+        res.update(status="oom", memory_reached_bytes=0,
+                   reason=f"out of memory: Slurm ended job {extra['slurm_job_id']} with state OUT_OF_MEMORY "
+                          "(the node's memory limit)")
     elif rc == 0 and out_path.exists():
         metrics = json.loads(out_path.read_text())
         res.update(metrics)

@@ -1,0 +1,195 @@
+"""A real trial as a Slurm batch job: ``sbatch`` a script whose ``srun`` starts one ``torchrun`` per node,
+joined by a c10d rendezvous on the job's first node, and wait for it.
+
+Flow of :func:`run_slurm_job` (what :func:`autotune.runtime.launch.run_plan` calls for
+``launcher={"kind": "slurm", ...}``):
+
+1. write ``job.sbatch`` into the trial's work directory (which must be on a file system the nodes share:
+   the worker writes its phase, error and result files there, and Slurm the job's stdout/stderr logs);
+2. ``sbatch --parsable job.sbatch`` with the worker environment (sbatch exports the submitting
+   environment by default, ``--export=ALL``: the NCCL tier variables and ``PYTHONPATH`` reach the nodes);
+3. poll ``scontrol show job -o ID`` every second: the trial timeout counts from when the job is RUNNING
+   (time spent PENDING in the queue is limited separately, by the same number of seconds);
+4. on timeout, Ctrl-C or SIGTERM: ``scancel ID`` (Slurm signals every step's processes on every node),
+   wait for the job to leave the RUNNING state, report; the caller classifies the work directory's files
+   exactly as for a local run (OOM / crash / hang), and Slurm's ``OUT_OF_MEMORY`` state counts as OOM.
+
+Sources: sbatch(1) ``--parsable``, ``--nodes``, ``--ntasks-per-node``, ``--gpus-per-node``, ``--time``,
+``--chdir``, ``--output``/``--error``; srun(1) ``--kill-on-bad-exit``; scontrol(1) ``show job -o`` fields
+``JobState`` and ``ExitCode=<code>:<signal>``; torchrun ``--rdzv-backend=c10d --rdzv-endpoint`` (PyTorch
+docs, torch.distributed.elastic "torchrun").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from autotune.errors import AutotuneError, ConfigError
+
+#: Job states after which a job does not run any more (scontrol(1) / squeue(1) "JOB STATE CODES").
+TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+POLL_S = 1.0
+#: rendezvous port on the first node: RDZV_PORT_BASE + job id mod RDZV_PORT_SPAN (distinct for
+#: concurrent trial jobs that land on one node).
+RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 20000
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The end of one trial job: ``job_id``; ``state`` (last JobState seen, e.g. COMPLETED); ``returncode``
+    (the batch script's exit code, or -signal); ``timed_out`` (cancelled by the trial timeout);
+    ``phases_at_kill`` (per-rank phases read just before scancel); ``command`` (the sbatch command)."""
+
+    job_id: str
+    state: str
+    returncode: int | None
+    timed_out: bool
+    phases_at_kill: Mapping[int, str]
+    command: list[str]
+
+
+def job_geometry(nproc: int, options: Mapping[str, Any]) -> tuple[int, int]:
+    """(nodes, processes per node) for ``nproc`` ranks: ``--nodes`` and/or ``--gpus-per-node`` from
+    ``options``; with neither, one node with every rank.
+
+    Raises:
+        ConfigError: a count < 1, or nodes x per-node != the plan's ranks (names all three numbers).
+    """
+    nodes, gpn = options.get("nodes"), options.get("gpus_per_node")
+    for name, v in (("--nodes", nodes), ("--gpus-per-node", gpn)):
+        if v is not None and int(v) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {v}")
+    if nodes is None and gpn is None:
+        nodes, gpn = 1, nproc
+    elif nodes is None:
+        nodes = math.ceil(nproc / int(gpn))
+    elif gpn is None:
+        gpn = nproc // int(nodes)
+    nodes, gpn = int(nodes), int(gpn)
+    if nodes * gpn != nproc:
+        raise ConfigError(f"--nodes {nodes} x --gpus-per-node {gpn} = {nodes * gpn} ranks, but the plan runs on "
+                          f"{nproc} GPUs; pick nodes x GPUs per node = {nproc}")
+    return nodes, gpn
+
+
+def time_limit(timeout_s: float, given: str | None) -> str:
+    """sbatch ``--time``: ``given`` as is, else the trial timeout rounded up to whole minutes plus one."""
+    return given if given else str(int(math.ceil(timeout_s / 60.0)) + 1)
+
+
+def batch_script(worker_argv: Sequence[str], *, nodes: int, nproc_per_node: int, wd: Path, timeout_s: float,
+                 options: Mapping[str, Any], gpus: bool, python: str = sys.executable) -> str:
+    """The ``job.sbatch`` text (see the module docstring); ``worker_argv`` = ``-m autotune.runtime.worker ...``."""
+    lines = ["#!/bin/bash", "#SBATCH --job-name=autotune-trial", f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --chdir={wd}", f"#SBATCH --output={wd}/stdout.log",
+             f"#SBATCH --error={wd}/stderr.log", f"#SBATCH --time={time_limit(timeout_s, options.get('time'))}"]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={nproc_per_node}")
+    for key in ("partition", "account"):
+        if options.get(key):
+            lines.append(f"#SBATCH --{key}={options[key]}")
+    lines += ["set -u",
+              'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              f"port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))",
+              "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 "
+              + " ".join(shlex.quote(x) for x in [python, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+                                                  f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d"])
+              + ' --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" '
+              + " ".join(shlex.quote(x) for x in worker_argv)]
+    return "\n".join(lines) + "\n"
+
+
+def _scontrol_job(job_id: str, env: Mapping[str, str]) -> dict[str, str] | None:
+    """``scontrol show job -o ID`` as key -> value, or None when Slurm no longer knows the job."""
+    p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=dict(env))
+    if p.returncode != 0:
+        return None
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", p.stdout))
+
+
+def _returncode(info: Mapping[str, str] | None) -> int | None:
+    if not info or ":" not in info.get("ExitCode", ""):
+        return None
+    code, sig = info["ExitCode"].split(":", 1)
+    return -int(sig) if sig.isdigit() and int(sig) else (int(code) if code.isdigit() else None)
+
+
+def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, env: Mapping[str, str],
+                  timeout_s: float, options: Mapping[str, Any], gpus: bool) -> SlurmJob:
+    """Submit the trial as a batch job, wait for it (module docstring), return how it ended.
+
+    ``nproc_per_node``: here the plan's total ranks; split into nodes x per node by :func:`job_geometry`.
+
+    Raises:
+        ConfigError: bad geometry; AutotuneError: ``sbatch`` missing or refusing the job (its message).
+        KeyboardInterrupt: re-raised after ``scancel`` when this process is interrupted (or gets SIGTERM).
+    """
+    from autotune.runtime.launch import _phases, _sigterm_as_interrupt
+
+    nodes, gpn = job_geometry(nproc_per_node, options)
+    script = wd / "job.sbatch"
+    script.write_text(batch_script(worker_argv, nodes=nodes, nproc_per_node=gpn, wd=wd, timeout_s=timeout_s,
+                                   options=options, gpus=gpus))
+    cmd = ["sbatch", "--parsable", str(script)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=dict(env), timeout=120)
+    except FileNotFoundError:
+        raise AutotuneError("--launcher slurm: sbatch is not on PATH (run on a Slurm login node, or use "
+                            "--launcher local)") from None
+    if p.returncode != 0:
+        raise AutotuneError(f"--launcher slurm: sbatch refused the trial job: "
+                            f"{(p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else p.returncode}")
+    job_id = p.stdout.strip().split(";")[0]
+    state, info, started, t_submit = "PENDING", None, None, time.monotonic()
+    timed_out, phases_at_kill = False, {}
+    try:
+        with _sigterm_as_interrupt():
+            while True:
+                info = _scontrol_job(job_id, env)
+                state = (info or {}).get("JobState", "UNKNOWN" if info is None else state)
+                if info is None or state in TERMINAL_STATES:
+                    break
+                now = time.monotonic()
+                if state == "RUNNING" and started is None:
+                    started = now
+                if (started is not None and now - started > timeout_s) or (started is None and
+                                                                            now - t_submit > timeout_s):
+                    timed_out = True
+                    phases_at_kill = _phases(wd)
+                    _cancel(job_id, env)
+                    info, state = _wait_gone(job_id, env)
+                    break
+                time.sleep(POLL_S)
+    except BaseException:
+        _cancel(job_id, env)
+        raise
+    return SlurmJob(job_id=job_id, state=state, returncode=_returncode(info), timed_out=timed_out,
+                    phases_at_kill=phases_at_kill, command=cmd)
+
+
+def _cancel(job_id: str, env: Mapping[str, str]) -> None:
+    subprocess.run(["scancel", job_id], capture_output=True, env=dict(env))
+
+
+def _wait_gone(job_id: str, env: Mapping[str, str], limit_s: float = 60.0) -> tuple[dict[str, str] | None, str]:
+    t0 = time.monotonic()
+    info = None
+    while time.monotonic() - t0 < limit_s:
+        info = _scontrol_job(job_id, env)
+        state = (info or {}).get("JobState", "UNKNOWN")
+        if info is None or state in TERMINAL_STATES:
+            return info, state
+        time.sleep(POLL_S)
+    return info, (info or {}).get("JobState", "UNKNOWN")
+
+
+__all__ = ["SlurmJob", "run_slurm_job", "batch_script", "job_geometry", "time_limit", "TERMINAL_STATES"]

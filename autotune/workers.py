@@ -1,0 +1,107 @@
+"""Several tuning workers on one study: ``autotune run --workers N`` (N local processes).
+
+Every worker is a separate process (``multiprocessing`` spawn context: no SQLAlchemy connection or CUDA
+state is inherited) that builds its own :class:`~autotune.tuner.Tuner` on the same storage and calls
+:meth:`~autotune.tuner.Tuner.optimize` with ``worker_id = first_worker_id + i``; the workers cooperate
+through the storage only (see ``Tuner.optimize``), exactly like ``autotune run`` processes started on
+other hosts, so a cluster runs the same thing as a Slurm array (one ``autotune run --worker-id
+$SLURM_ARRAY_TASK_ID`` per task) or as several jobs. ``--trials`` is per worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from autotune.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    """What one worker process did: its id, trials it ran, its own outcome counts
+    (feasible/infeasible/pruned/failed), and an error line if it stopped on one (else None)."""
+
+    worker_id: int
+    n_new_trials: int = 0
+    own_states: Mapping[str, int] = field(default_factory=dict)
+    error: str | None = None
+    exitcode: int | None = None
+
+
+def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], worker_id: int,
+                 out: "mp.Queue[WorkerOutcome]") -> None:  # pragma: no cover - runs in the child
+    from autotune.errors import AutotuneError, NoFeasiblePlanError
+    from autotune.tuner import Tuner
+
+    tuner = None
+    try:
+        tuner = Tuner(**tuner_kwargs)
+        s = tuner.optimize(worker_id=worker_id, show_progress_bar=False, **optimize_kwargs)
+        out.put(WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states)))
+    except NoFeasiblePlanError:
+        out.put(WorkerOutcome(worker_id, error=None))
+    except KeyboardInterrupt:
+        out.put(WorkerOutcome(worker_id, error="interrupted"))
+    except AutotuneError as e:
+        out.put(WorkerOutcome(worker_id, error=str(e)))
+    except Exception as e:  # noqa: BLE001 - reported by the parent
+        out.put(WorkerOutcome(worker_id, error=f"{type(e).__name__}: {e}"))
+    finally:
+        if tuner is not None:
+            tuner.close()
+
+
+def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: int | None,
+                timeout: float | None = None, first_worker_id: int = 0,
+                heartbeat_interval_s: int | None = None) -> list[WorkerOutcome]:
+    """Start ``num_workers`` worker processes on one study, wait for all, return their outcomes by id.
+
+    Args:
+        tuner_kwargs: keyword arguments of :class:`~autotune.tuner.Tuner` (picklable: specs, names, URLs;
+            no ``evaluator`` object).
+        num_workers: processes (>= 1); n_trials: trials per worker; timeout: s per worker.
+        first_worker_id: ids are ``first_worker_id .. first_worker_id + num_workers - 1`` (seeds differ).
+
+    On KeyboardInterrupt (Ctrl-C reaches the children too, being in the terminal's process group) the
+    children are given 30 s to end their trial cleanup, then terminated; the interrupt is re-raised.
+
+    Raises:
+        ConfigError: ``num_workers`` < 1.
+    """
+    if num_workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {num_workers}")
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    opt = {"n_trials": n_trials, "timeout": timeout, "heartbeat_interval_s": heartbeat_interval_s}
+    procs = {first_worker_id + i: ctx.Process(target=_worker_main, args=(dict(tuner_kwargs), opt,
+                                                                          first_worker_id + i, out))
+             for i in range(num_workers)}
+    for p in procs.values():
+        p.start()
+    results: dict[int, WorkerOutcome] = {}
+    try:
+        while len(results) < len(procs):
+            try:
+                r = out.get(timeout=1.0)
+                results[r.worker_id] = r
+            except queue_mod.Empty:
+                for wid, p in procs.items():
+                    if wid not in results and not p.is_alive() and p.exitcode not in (None, 0):
+                        results[wid] = WorkerOutcome(wid, error=f"worker process died (exit code {p.exitcode})",
+                                                     exitcode=p.exitcode)
+        for p in procs.values():
+            p.join()
+    except KeyboardInterrupt:
+        for p in procs.values():
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        raise
+    return [WorkerOutcome(r.worker_id, r.n_new_trials, r.own_states, r.error, procs[r.worker_id].exitcode)
+            for r in sorted(results.values(), key=lambda r: r.worker_id)]
+
+
+__all__ = ["WorkerOutcome", "run_workers"]
