@@ -127,37 +127,46 @@ def reference(targets: list[str], trials: int) -> None:
               f"({r['wall_s']:.0f} s)", flush=True)
 
 
-def table(targets: list[str], seeds: list[int], trials: int, sampler: str, out: Path | None) -> None:
-    ref = json.loads(REFERENCE_FILE.read_text()) if REFERENCE_FILE.exists() else {}
+def table(targets: list[str], seeds: list[int], trials: int, sampler: str, out: Path | None) -> list[dict]:
     rows = []
-    print(f"sampler {sampler}; code {code_version()}; best MFU (simulated, causal) at 50 / 100 / {trials} trials")
+    for t in targets:
+        for s in seeds:
+            rows.append(run_one(t, s, trials, sampler))
+            print(f"{t} seed {s}: {100 * rows[-1]['best_at'][trials]:.2f}% ({rows[-1]['wall_s']:.1f} s)",
+                  file=sys.stderr, flush=True)
+            if out:
+                out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "code_version": code_version(),
+                                           "sampler": sampler, "trials": trials, "rows": rows}, indent=1,
+                                          default=str) + "\n")
+    print_table(rows, trials, sampler)
+    return rows
+
+
+def print_table(rows: list[dict], trials: int, sampler: str) -> None:
+    """The table: best MFU per budget, the reference, the gap (%), wall and CPU seconds per run."""
+    ref = json.loads(REFERENCE_FILE.read_text()) if REFERENCE_FILE.exists() else {}
+    for r in rows:                                  # JSON turns the budget keys into strings
+        r["best_at"] = {int(k): v for k, v in r["best_at"].items()}
+    print(f"sampler {sampler}; code {code_version()}; best MFU (simulated, causal, %) at 50 / 100 / {trials} trials")
     print(f"{'target':16} {'seed':>4} {'@50':>7} {'@100':>7} {'@' + str(trials):>7} {'ref':>7} {'gap %':>6} "
           f"{'wall s':>6} {'cpu s':>6} {'plans':>5}")
-    for t in targets:
+    for t in dict.fromkeys(r["target"] for r in rows):
         r_best = ref.get(t, {}).get("best_mfu")
-        for s in seeds:
-            r = run_one(t, s, trials, sampler)
-            b = r["best_at"]
-            gap = 100 * (r_best - b[trials]) / r_best if r_best else float("nan")
-            r["gap_pct"] = gap
-            rows.append(r)
-            cells = [f"{100 * b.get(k, float('nan')):7.2f}" for k in (50, 100, trials)]
-            print(f"{t:16} {s:>4} {' '.join(cells)} {100 * r_best if r_best else float('nan'):7.2f} {gap:6.2f} "
-                  f"{r['wall_s']:6.1f} {r['cpu_s']:6.1f} {r['distinct_plans']:>5}", flush=True)
         mine = [r for r in rows if r["target"] == t]
-        print(f"{t:16} mean {100 * statistics.mean(r['best_at'][trials] for r in mine):.2f}%, worst gap "
-              f"{max(r['gap_pct'] for r in mine):.2f}%, max wall {max(r['wall_s'] for r in mine):.1f} s "
-              f"(cpu {max(r['cpu_s'] for r in mine):.1f} s)", flush=True)
+        for r in mine:
+            b = r["best_at"]
+            r["gap_pct"] = 100 * (r_best - b[trials]) / r_best if r_best else float("nan")
+            cells = [f"{100 * b.get(k, float('nan')):7.2f}" for k in (50, 100, trials)]
+            print(f"{t:16} {r['seed']:>4} {' '.join(cells)} {100 * r_best if r_best else float('nan'):7.2f} "
+                  f"{r['gap_pct']:6.2f} {r['wall_s']:6.1f} {r['cpu_s']:6.1f} {r['distinct_plans']:>5}")
+        print(f"{t:16} mean {100 * statistics.mean(r['best_at'][trials] for r in mine):.2f}%, "
+              f"worst gap {max(r['gap_pct'] for r in mine):.2f}%, max wall {max(r['wall_s'] for r in mine):.1f} s "
+              f"(cpu {max(r['cpu_s'] for r in mine):.1f} s)")
         if t == "405b-h100x8192":
             paper = paper_plan_mfu()
             ratios = [r["best_at"][trials] / paper for r in mine]
             print(f"{t:16} Llama 3 paper's plan (TP8 PP16 v8 DP64, BF16, megatron) simulated MFU "
-                  f"{100 * paper:.2f}%; best / paper: {min(ratios):.2f}x .. {max(ratios):.2f}x", flush=True)
-            for r in mine:
-                r["vs_paper"] = r["best_at"][trials] / paper
-    if out:
-        out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "code_version": code_version(),
-                                   "sampler": sampler, "rows": rows}, indent=1, default=str) + "\n")
+                  f"{100 * paper:.2f}%; best / paper: {min(ratios):.2f}x .. {max(ratios):.2f}x")
 
 
 def main() -> None:
@@ -168,9 +177,14 @@ def main() -> None:
     ap.add_argument("--sampler", default="layout", choices=("layout", "tpe"))
     ap.add_argument("--reference", action="store_true", help="recompute the reference searches")
     ap.add_argument("--reference-trials", type=int, default=3000)
-    ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON (after each run)")
+    ap.add_argument("--summarize", type=Path, help="print the table of a --json file (with the current reference)")
     a = ap.parse_args()
-    if a.reference:
+    if a.summarize:
+        d = json.loads(a.summarize.read_text())
+        print(f"(runs of {d['date']}, code {d['code_version']})")
+        print_table(d["rows"], d["trials"], d["sampler"])
+    elif a.reference:
         reference(a.targets, a.reference_trials)
     else:
         table(a.targets, a.seeds, a.trials, a.sampler, a.json)
