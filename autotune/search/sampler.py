@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import random
 from typing import Any, Callable, Mapping, Sequence
 
@@ -40,6 +41,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.plan import Plan
 from autotune.search.estimate import PlanScreen
 from autotune.search_space import KNOBS, BoundSearchSpace, Pruned, plan_params
+
+log = logging.getLogger(__name__)
 
 #: the parallel layout: what :func:`enumerate_layouts` spans
 LAYOUT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size")
@@ -106,7 +109,11 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         return {}
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        plan = self.next_plan(study, trial.number)
+        try:
+            plan = self.next_plan(study, trial.number)
+        except Exception as e:      # a screen that cannot cost some plan must not stop the study
+            log.warning("layout sampler: %s: %s; sampling trial %d at random", type(e).__name__, e, trial.number)
+            plan = None
         if plan is not None:
             self._chosen[trial.number] = plan_params(plan)
 
