@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.calibration import CalibratedCosts, OpCosts, default_calibration
-from autotune.engines import EngineProfile, get_engine
+from autotune.engines import EngineProfile, check_plan_for_engine, get_engine
 from autotune.errors import PlanError
 from autotune.graph import CostBuilder
 from autotune.hardware import ClusterSpec
@@ -56,11 +56,13 @@ class PlanScreen:
         self._est: dict[Plan, float] = {}
 
     def fits(self, plan: Plan) -> bool:
-        """True when :func:`autotune.memory.estimate_memory` puts every pipeline stage within the GPU's
-        usable memory (False also for a plan the memory model rejects as invalid)."""
+        """True when the engine can run ``plan`` (:func:`autotune.engines.check_plan_for_engine`) and
+        :func:`autotune.memory.estimate_memory` puts every pipeline stage within the GPU's usable memory
+        (False also for a plan the memory model rejects as invalid)."""
         r = self._fits.get(plan)
         if r is None:
             try:
+                check_plan_for_engine(plan, self.engine)
                 r = estimate_memory(self.model, plan, self.cluster.gpu, self.workload, fragmentation=self._frag,
                                     engine=self.engine).fits
             except PlanError:
