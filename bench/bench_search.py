@@ -116,12 +116,13 @@ def paper_plan_mfu() -> float:
 
 
 def reference(targets: list[str], trials: int) -> None:
+    version = code_version()
     for t in targets:
         r = run_one(t, 1000, trials)
         data = json.loads(REFERENCE_FILE.read_text()) if REFERENCE_FILE.exists() else {}
         data[t] = {"best_mfu": r["best_at"][trials], "trials": trials, "seed": 1000, "sampler": "layout",
                    "wall_s": round(r["wall_s"], 1), "best_plan": r["best_plan"],
-                   "date": datetime.date.today().isoformat(), "code_version": code_version()}
+                   "date": datetime.date.today().isoformat(), "code_version": version}
         REFERENCE_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"{t}: reference best MFU {100 * r['best_at'][trials]:.2f}% in {trials} trials "
               f"({r['wall_s']:.0f} s)", flush=True)
@@ -129,13 +130,14 @@ def reference(targets: list[str], trials: int) -> None:
 
 def table(targets: list[str], seeds: list[int], trials: int, sampler: str, out: Path | None) -> list[dict]:
     rows = []
+    version = code_version()            # the code the runs use (read once: the tree may change meanwhile)
     for t in targets:
         for s in seeds:
             rows.append(run_one(t, s, trials, sampler))
             print(f"{t} seed {s}: {100 * rows[-1]['best_at'][trials]:.2f}% ({rows[-1]['wall_s']:.1f} s)",
                   file=sys.stderr, flush=True)
             if out:
-                out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "code_version": code_version(),
+                out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "code_version": version,
                                            "sampler": sampler, "trials": trials, "rows": rows}, indent=1,
                                           default=str) + "\n")
     print_table(rows, trials, sampler)
