@@ -222,7 +222,11 @@ def derive_stage_layers(num_layers: int, num_virtual_stages: int, layer_split: s
 
     ``ends``: with ``per = ceil(L / n)`` and deficit ``d = n per - L``, d = 1 takes one layer from the
     last virtual stage (it also runs the LM head and loss), d = 2 one from the first and one from the
-    last (Llama 3 paper Sec. 3.3.2: 405B's 126 layers on 16 stages hold 7 on the first and last).
+    last (Llama 3 paper Sec. 3.3.2: 405B's 126 layers on 16 stages hold 7 on the first and last). With
+    one layer per virtual stage the end stages hold none: the first only the embedding, the last only
+    the LM head and loss, as Megatron-LM builds them with ``--account-for-embedding-in-pipeline-split``
+    and ``--account-for-loss-in-pipeline-split`` (megatron/core/transformer/transformer_block.py,
+    ``get_num_layers_to_build``): 126 layers on pp 16 x vpp 8 = 128 virtual stages.
 
     Raises:
         PlanError: the layers cannot be split that way (names L, n and what would be valid).
@@ -235,7 +239,7 @@ def derive_stage_layers(num_layers: int, num_virtual_stages: int, layer_split: s
                         f"({num_layers / n:g} per stage)")
     per = -(-num_layers // n)
     deficit = n * per - num_layers
-    if deficit > 2 or per < 2:
+    if deficit > 2:
         raise PlanError(f"{num_layers} layers over pp x vpp = {n} stages: an even split needs {n * per}, "
                         f"{deficit} more; layer_split=ends removes at most one layer from the first and one "
                         f"from the last stage")

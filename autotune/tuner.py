@@ -60,6 +60,8 @@ MEMORY_CONSTRAINT = "memory_over_capacity_gib"
 #: The objective's name in optuna-dashboard (``study.set_metric_names``).
 METRIC_NAMES = ["MFU (causal)"]
 DASHBOARD_CONSTRAINTS_KEY = "constraints"
+#: samplers a Tuner can use (Tuner._sampler)
+SAMPLERS = ("layout", "tpe")
 GIB = 2**30
 
 #: backend name -> (module, class) imported lazily, or a factory ``f(*, model, cluster, workload, **opts)``.
@@ -547,11 +549,12 @@ class Tuner:
         space: a :class:`SearchSpace`, a space name or YAML path; default ``default``.
         storage: SQLAlchemy URL of the study storage.
         backend: ``simulated`` (default), ``measured`` or ``real``.
-        seed: TPE sampler seed (same seed and same study history -> the same trials).
+        seed: sampler seed (same seed and same study history -> the same trials).
         evaluator: an evaluator to use instead of building one for ``backend``.
         evaluator_options: extra keyword arguments for the backend's evaluator.
         engine: the engine that runs the plans (:mod:`autotune.engines`); None = ``native`` for the
             real backend, else :data:`autotune.engines.DEFAULT_ENGINE`.
+        sampler: ``layout`` (default, :class:`autotune.search.LayoutSampler`) or ``tpe``.
 
     Raises:
         ConfigError: bad space or engine (the real backend runs only ``native``); StorageError: storage unreachable; AutotuneError: backend unavailable
@@ -561,7 +564,11 @@ class Tuner:
     def __init__(self, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                  space: SearchSpace | str | None = None, storage: str = DEFAULT_STORAGE,
                  backend: str = DEFAULT_BACKEND, seed: int | None = 0, evaluator: Evaluator | None = None,
-                 evaluator_options: Mapping[str, Any] | None = None, engine: str | None = None) -> None:
+                 evaluator_options: Mapping[str, Any] | None = None, engine: str | None = None,
+                 sampler: str = "layout") -> None:
+        if sampler not in SAMPLERS:
+            raise ConfigError(f"unknown sampler {sampler!r}; known samplers: {', '.join(SAMPLERS)}")
+        self.sampler_name = sampler
         self.model, self.cluster, self.workload = model, cluster, workload
         # an evaluator given without an engine name brings its own
         given = getattr(evaluator, "engine", None) if engine is None else None
@@ -630,9 +637,20 @@ class Tuner:
         return self._study
 
     def _sampler(self) -> optuna.samplers.BaseSampler:
-        """Seeded multivariate TPE with group decomposition (conditional knobs form groups)."""
+        """The study's sampler (``self.sampler_name``):
+
+        * ``layout`` (default): :class:`autotune.search.LayoutSampler`, seeded; it screens plans with the
+          evaluator's op costs when it has them (``costs``), else the shipped calibration;
+        * ``tpe``: seeded multivariate TPE with group decomposition (conditional knobs form groups).
+        """
         with _quiet():
-            return optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True)
+            if self.sampler_name == "tpe":
+                return optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True)
+            from autotune.search import make_sampler
+
+            costs = getattr(self._evaluator, "costs", None) if self._evaluator is not None else None
+            return make_sampler(self.bound, model=self.model, cluster=self.cluster, workload=self.workload,
+                                engine=self.engine, costs=costs, seed=self.seed)
 
     @property
     def evaluator(self) -> Evaluator:
@@ -728,7 +746,9 @@ class Tuner:
             raise ConfigError(f"--heartbeat-interval must be >= 1 s, got {heartbeat_interval_s}")
         if show_progress_bar is None:
             show_progress_bar = sys.stdout.isatty()
-        sampler = TrialSeededSampler(self._seeded_sampler, worker_seed(self.seed, worker_id))
+        self._worker_seed = worker_seed(self.seed, worker_id)
+        self._layout_sampler = None
+        sampler = TrialSeededSampler(self._seeded_sampler, self._worker_seed)
         with _quiet():
             st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
             worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
@@ -785,7 +805,22 @@ class Tuner:
             time.sleep(poll_s)
 
     def _seeded_sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
-        """:meth:`_sampler` built with ``seed`` instead of ``self.seed``."""
+        """:meth:`_sampler` built with ``seed`` instead of ``self.seed``.
+
+        The layout sampler keeps what it computed once per study (the ranked layouts, screened plans,
+        neighbours), so it is built once per :meth:`optimize` call, seeded per worker; only its random
+        fallback takes the per-trial seed.
+        """
+        if self.sampler_name == "layout":
+            inst = getattr(self, "_layout_sampler", None)
+            if inst is None:
+                saved, self.seed = self.seed, getattr(self, "_worker_seed", self.seed)
+                try:
+                    inst = self._layout_sampler = self._sampler()
+                finally:
+                    self.seed = saved
+            inst._random = optuna.samplers.RandomSampler(seed=seed)
+            return inst
         saved = self.seed
         self.seed = seed
         try:

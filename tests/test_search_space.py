@@ -131,3 +131,14 @@ def test_malformed_space_names_file_and_field(tmp_path, text, match):
 def test_unknown_space_name_lists_known():
     with pytest.raises(ConfigError, match="known: .*default.*small"):
         SearchSpace.load("nope")
+
+
+def test_ends_split_with_one_layer_per_virtual_stage():
+    # 405B on pp 16 x vpp 8 (the Llama 3 paper's v): 128 virtual stages of ceil(126/128) = 1 layer, two
+    # short -> the first holds only the embedding, the last only the LM head and loss (Megatron-LM's
+    # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split)
+    sl = derive_stage_layers(126, 128, "ends")
+    assert sl == (0,) + (1,) * 126 + (0,) and sum(sl) == 126
+    # three short is more than the ends can give: 125 layers on 128 stages
+    with pytest.raises(PlanError, match="3 more"):
+        derive_stage_layers(125, 128, "ends")

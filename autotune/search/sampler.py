@@ -1,0 +1,320 @@
+"""LayoutSampler: an Optuna sampler that uses the structure of the plan space.
+
+TPE treats the knobs as independent categoricals; on the small space it re-proposed evaluated plans
+(about 20 distinct plans in 40 trials, seed 0). This sampler instead proposes whole plans, never one
+already in the study, in an order set by cheap screens (:class:`autotune.search.estimate.PlanScreen`):
+
+1. **Layouts** (once per study). Every (tp, pp, cp, schedule, vpp, micro-batch size) the bound space
+   allows, with dp, the micro-batch count and the layer split derived exactly as
+   :meth:`BoundSearchSpace.suggest` does, is enumerated. Each layout gets settings: the preferred
+   value of every other knob (:data:`PREFERENCES`, then one pass of coordinate descent on the
+   closed-form estimate at the best layout), and the first (recompute, ZeRO stage) in preference
+   order whose memory fits. Layouts where nothing fits are dropped (the simulator would record them
+   infeasible); the rest are ranked by estimated step time.
+2. **Trials.** The first :attr:`num_initial` trials are the best-ranked layouts. Then every
+   :attr:`explore_every`-th trial is the next layout in rank order (so every layout that fits is
+   reached eventually), the others a local-search step: among the evaluated plans, best MFU first,
+   the first one with a neighbour not yet in the study; the proposal is the unseen neighbour with the
+   lowest estimated step time. Neighbours differ in one knob, or in two of the layout knobs (tp, pp,
+   cp, micro-batch size, vpp); those that do not fit in memory are skipped.
+3. When both lists are exhausted, a plan is drawn at random (Optuna's RandomSampler).
+
+``seed``: the estimate is an estimate, so its order inside a +-:attr:`jitter` band is drawn from
+``random.Random(seed)`` (per study, per trial number): the same seed and history give the same trials,
+other seeds explore other near-ties. Parameters are set through ``sample_independent`` (the names are
+the Plan field names the search space uses), so the study, storage, enqueued trials and
+``plan_from_params`` work as with any Optuna sampler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+from typing import Any, Callable, Mapping, Sequence
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.plan import Plan
+from autotune.search.estimate import PlanScreen
+from autotune.search_space import KNOBS, BoundSearchSpace, Pruned, plan_params
+
+log = logging.getLogger(__name__)
+
+#: the parallel layout: what :func:`enumerate_layouts` spans
+LAYOUT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size")
+#: knobs two of which may change in one neighbour move (dp, m and the split follow)
+PAIR_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "micro_batch_size", "vpp_degree")
+#: preferred value order per settings knob (the first one the space has is the layout's default):
+#: overlap everything (Megatron-LM defaults --overlap-grad-reduce/--overlap-param-gather with the
+#: distributed optimizer), SP with TP (Korthikanti et al. 2022, Sec. 4.2.2: no extra communication),
+#: ZeRO-1 (the distributed optimizer: same traffic as DP all-reduce, Rajbhandari et al. 2020 Sec. 5),
+#: no recomputation before selective before full (extra FLOPs 0 < attention core < one forward).
+PREFERENCES: Mapping[str, tuple[Any, ...]] = {
+    "sequence_parallel": (True, False),
+    "recompute": ("none", "selective", "full"),
+    "zero_stage": (1, 0, 2, 3),
+    "async_collectives": (True, False),
+    "tp_comm_overlap": (True, False),
+    "dp_grad_reduce_overlap": (True, False),
+    "param_gather_overlap": (True, False),
+    "memory_reclaim": ("expandable_segments", "none", "empty_cache_per_step", "empty_cache_per_microbatch"),
+    "compile": (True, False),
+}
+
+
+def _plan_key(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), sort_keys=True, default=str)
+
+
+class LayoutSampler(optuna.samplers.BaseSampler):
+    """Structured sampler over a :class:`BoundSearchSpace` (module docstring).
+
+    Args:
+        bound: the bound search space the objective samples from.
+        screen: memory / step-time screens for the same target (:class:`PlanScreen`).
+        seed: orders near-ties (module docstring); None = nondeterministic.
+        num_initial: trials that go to the best-ranked layouts first.
+        explore_every: after those, every n-th trial is the next-ranked layout (>= 2).
+        jitter: relative width of the band inside which the estimate's order is drawn at random.
+
+    Raises:
+        ValueError: ``explore_every`` < 2 or ``num_initial`` < 1.
+    """
+
+    def __init__(self, bound: BoundSearchSpace, screen: PlanScreen, *, seed: int | None = None,
+                 num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03) -> None:
+        if explore_every < 2 or num_initial < 1:
+            raise ValueError(f"explore_every must be >= 2 and num_initial >= 1, got {explore_every}, {num_initial}")
+        self.bound, self.screen = bound, screen
+        self.seed = seed if seed is not None else random.randrange(2**31)
+        self.num_initial, self.explore_every, self.jitter = num_initial, explore_every, jitter
+        self._random = optuna.samplers.RandomSampler(seed=self.seed)
+        self._layouts: list[Plan] | None = None
+        self._prefs: dict[str, Any] = {}
+        self._neighbours: dict[Plan, list[Plan]] = {}
+        self._chosen: dict[int, dict[str, Any]] = {}
+        self._history: dict[int, tuple[Plan | None, float | None]] = {}
+        self._plan_cache: dict[str, Plan] = {}
+
+    # ------------------------------------------------------------ Optuna sampler API
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        try:
+            plan = self.next_plan(study, trial.number)
+        except Exception as e:      # a screen that cannot cost some plan must not stop the study
+            log.warning("layout sampler: %s: %s; sampling trial %d at random", type(e).__name__, e, trial.number)
+            plan = None
+        if plan is not None:
+            self._chosen[trial.number] = plan_params(plan)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        v = self._chosen.get(trial.number, {}).get(param_name, _MISSING)
+        if v is not _MISSING and isinstance(param_distribution, CategoricalDistribution) \
+                and v in param_distribution.choices:
+            return v
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._chosen.pop(trial.number, None)
+
+    def reseed_rng(self) -> None:
+        self._random.reseed_rng()
+
+    # ------------------------------------------------------------ layouts
+    def _rng(self, *salt: Any) -> random.Random:
+        return random.Random(f"{self.seed}/" + "/".join(map(str, salt)))
+
+    def _plan(self, assignment: Mapping[str, Any]) -> Plan | None:
+        key = json.dumps(assignment, sort_keys=True, default=str)
+        if key in self._plan_cache:
+            return self._plan_cache[key]
+        try:
+            plan = self.bound.suggest(optuna.trial.FixedTrial(dict(assignment)))
+        except (Pruned, ValueError):
+            plan = None
+        self._plan_cache[key] = plan
+        return plan
+
+    def assignment(self, plan: Plan) -> dict[str, Any]:
+        """Every knob's value: the plan's where the knob is active, the preferred value elsewhere."""
+        a = dict(self._prefs)
+        a.update({k: v for k, v in plan_params(plan).items() if v in self.bound.choices[k]})
+        return a
+
+    def _default_prefs(self) -> dict[str, Any]:
+        c = self.bound.choices
+        prefs: dict[str, Any] = {}
+        for k in KNOBS:
+            order = PREFERENCES.get(k, ())
+            prefs[k] = next((v for v in order if v in c[k]), c[k][0])
+        # the middle bucket size of the space (Megatron-LM's default bucket is 40M elements, ~ the middle)
+        prefs["bucket_size_mib"] = sorted(c["bucket_size_mib"])[len(c["bucket_size_mib"]) // 2]
+        return prefs
+
+    def _fit_settings(self, assignment: dict[str, Any]) -> Plan | None:
+        """The plan of ``assignment`` with the first (recompute, ZeRO stage) in preference order that fits."""
+        c = self.bound.choices
+        rec = [v for v in PREFERENCES["recompute"] if v in c["recompute"]]
+        zero = [v for v in PREFERENCES["zero_stage"] if v in c["zero_stage"]]
+        first = (assignment["recompute"], assignment["zero_stage"])
+        for r, z in [first] + [x for x in itertools.product(rec, zero) if x != first]:
+            plan = self._plan({**assignment, "recompute": r, "zero_stage": z})
+            if plan is not None and self.screen.fits(plan):
+                return plan
+        return None
+
+    def layouts(self) -> list[Plan]:
+        """One fitting plan per layout, best estimated step time first (computed once)."""
+        if self._layouts is None:
+            self._prefs = self._default_prefs()
+            ranked = self._rank_layouts()
+            if ranked:      # one pass of coordinate descent on the estimate at the best layout
+                best = ranked[0]
+                a = self.assignment(best)
+                for k in KNOBS:
+                    if k in LAYOUT_KNOBS or len(self.bound.choices[k]) < 2:
+                        continue
+                    cands = [self._plan({**a, k: v}) for v in self.bound.choices[k]]
+                    cands = [p for p in cands if p is not None and self.screen.fits(p)]
+                    if cands:
+                        pick = min(cands, key=lambda p: (self.screen.estimate_ms(p), p != best))
+                        a[k] = getattr(pick, k)
+                        best = pick
+                if any(self._prefs[k] != a[k] for k in KNOBS if k not in LAYOUT_KNOBS):
+                    self._prefs.update({k: a[k] for k in KNOBS if k not in LAYOUT_KNOBS})
+                    self._plan_cache.clear()
+                    ranked = self._rank_layouts()
+            self._layouts = ranked
+        return self._layouts
+
+    def _rank_layouts(self) -> list[Plan]:
+        c = self.bound.choices
+        out: list[Plan] = []
+        seen: set[Plan] = set()
+        for tp, pp, cp in itertools.product(c["tp_degree"], c["pp_degree"], c["cp_degree"]):
+            scheds = c["pipeline_schedule"] if pp > 1 else ("1f1b",)
+            for sched in scheds:
+                vpps = c["vpp_degree"] if sched == "interleaved_1f1b" else (self._prefs["vpp_degree"],)
+                for vpp, mbs in itertools.product(vpps, c["micro_batch_size"]):
+                    a = {**self._prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
+                         "pipeline_schedule": sched, "vpp_degree": vpp, "micro_batch_size": mbs}
+                    if self._plan(a) is None:
+                        continue
+                    plan = self._fit_settings(a)
+                    if plan is not None and plan not in seen:
+                        seen.add(plan)
+                        out.append(plan)
+        rng = self._rng("layouts")
+        keys = {p: self.screen.estimate_ms(p) * (1 + self.jitter * rng.uniform(-1, 1)) for p in out}
+        return sorted(out, key=lambda p: keys[p])
+
+    # ------------------------------------------------------------ neighbours
+    def neighbours(self, plan: Plan) -> list[Plan]:
+        """Plans one knob (or two layout knobs) away from ``plan`` that fit in memory (cached)."""
+        got = self._neighbours.get(plan)
+        if got is not None:
+            return got
+        c = self.bound.choices
+        a = self.assignment(plan)
+        moves: list[dict[str, Any]] = []
+        for k in KNOBS:
+            for v in c[k]:
+                if v != a[k]:
+                    moves.append({k: v})
+                    if k == "pipeline_schedule" and v == "interleaved_1f1b":
+                        moves.extend({k: v, "vpp_degree": x} for x in c["vpp_degree"])
+        for k1, k2 in itertools.combinations(PAIR_KNOBS, 2):
+            for v1, v2 in itertools.product(c[k1], c[k2]):
+                if v1 != a[k1] and v2 != a[k2]:
+                    moves.append({k1: v1, k2: v2})
+        out: list[Plan] = []
+        seen = {plan}
+        for mv in moves:
+            q = self._plan({**a, **mv})
+            if q is not None and q not in seen:
+                seen.add(q)
+                if not self.screen.fits(q):
+                    # more memory than there is: try the (recompute, ZeRO) that fits, as layouts do
+                    q = self._fit_settings({**a, **mv}) if set(mv) & set(PAIR_KNOBS) else None
+                    if q is None or q in seen:
+                        continue
+                    seen.add(q)
+                out.append(q)
+        self._neighbours[plan] = out
+        return out
+
+    # ------------------------------------------------------------ the proposal
+    def _update_history(self, study: optuna.Study) -> None:
+        for t in study.get_trials(deepcopy=False):
+            if t.number in self._history and t.state.is_finished():
+                continue
+            d = t.user_attrs.get("plan")
+            plan = None
+            if d is not None:
+                key = json.dumps(d, sort_keys=True, default=str)
+                plan = self._plan_cache.get("plan:" + key)
+                if plan is None:
+                    try:
+                        plan = Plan.from_dict(d)
+                    except Exception:       # a plan stored by another version: only blocks nothing
+                        plan = None
+                    self._plan_cache["plan:" + key] = plan
+            elif t.params:
+                plan = self._plan({**self._prefs, **t.params})
+            value = None
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible", True) is True and t.value is not None \
+                    and all(v <= 0.0 for v in t.constraints.values()):
+                value = float(t.value)
+            if t.state.is_finished() or plan is not None:
+                self._history[t.number] = (plan, value)
+
+    def next_plan(self, study: optuna.Study, number: int) -> Plan | None:
+        """The plan trial ``number`` should evaluate (module docstring), or None to sample at random."""
+        layouts = self.layouts()
+        self._update_history(study)
+        seen = {p for p, _ in self._history.values() if p is not None}
+        seen.update(p for n, prm in self._chosen.items() if n != number
+                    for p in [self._plan({**self._prefs, **prm})] if p is not None)
+        done = len(seen)
+        rng = self._rng("trial", number)
+
+        def next_layout() -> Plan | None:
+            return next((p for p in layouts if p not in seen), None)
+
+        if done < self.num_initial or (done - self.num_initial) % self.explore_every == self.explore_every - 1:
+            p = next_layout()
+            if p is not None:
+                return p
+        bases = sorted(((v, n, p) for n, (p, v) in self._history.items() if p is not None and v is not None),
+                       key=lambda x: (-x[0], x[1]))
+        for _, _, base in bases:
+            cands = [q for q in self.neighbours(base) if q not in seen]
+            if cands:
+                return min(cands, key=lambda q: self.screen.estimate_ms(q) * (1 + self.jitter * rng.uniform(-1, 1)))
+        return next_layout()
+
+
+_MISSING = object()
+
+
+def make_sampler(bound: BoundSearchSpace, *, model: Any, cluster: Any, workload: Any, engine: Any = None,
+                 costs: Any = None, seed: int | None = 0, **kw: Any) -> LayoutSampler:
+    """A :class:`LayoutSampler` with a :class:`PlanScreen` for the target (``costs``: the evaluator's
+    op costs when it has them, else the shipped calibration)."""
+    screen = PlanScreen(model=model, cluster=cluster, workload=workload, engine=engine, costs=costs)
+    return LayoutSampler(bound, screen, seed=seed, **kw)
+
+
+__all__ = ["LayoutSampler", "make_sampler", "LAYOUT_KNOBS", "PREFERENCES"]
