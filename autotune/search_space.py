@@ -215,7 +215,7 @@ MAX_KNOB_VALUES = 1024
 def _check_value(k: str, x: Any, where: str) -> None:
     if k in _INT_KNOBS:
         if not isinstance(x, int) or isinstance(x, bool) or not 1 <= x <= 2**20:
-            raise ConfigError(f"{where}: value {x!r} is not an integer between 1 and 1,048,576")
+            raise ConfigError(f"{where}: value {x!r} is not an integer >= 1 and <= 1,048,576")
     elif k in _BOOL_KNOBS:
         if not isinstance(x, bool):
             raise ConfigError(f"{where}: value {x!r} is not true or false")

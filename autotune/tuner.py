@@ -116,7 +116,9 @@ def open_storage(url: str = DEFAULT_STORAGE) -> optuna.storages.BaseStorage:
     """
     if url in _STORAGES:
         return _STORAGES[url]
-    if url.startswith("sqlite:///"):
+    from autotune.storage_check import is_readonly_url
+    readonly = is_readonly_url(url)   # mode=ro: opened as is (never created, never switched to WAL)
+    if url.startswith("sqlite:///") and not readonly:
         path = url[len("sqlite:///"):]
         if path and path != ":memory:":
             d = Path(path).parent if Path(path).parent != Path("") else Path(".")
@@ -135,7 +137,7 @@ def open_storage(url: str = DEFAULT_STORAGE) -> optuna.storages.BaseStorage:
             if url.startswith("sqlite"):
                 engine_kwargs = {"connect_args": {"timeout": 30}}
             storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-            if url.startswith("sqlite") and ":memory:" not in url:
+            if url.startswith("sqlite") and ":memory:" not in url and not readonly:
                 _fast_sqlite(storage)
     except Exception as e:  # sqlalchemy ArgumentError/OperationalError, missing driver ...
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__

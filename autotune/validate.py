@@ -48,8 +48,11 @@ def require_int(v: Any, field: str, *, lo: int | None = 1, hi: int | None = None
         (f"<= {hi:,}" if hi is not None else "")
     if not isinstance(v, int) or isinstance(v, bool):
         raise ConfigError(f"{field} must be an integer {rng}, got {show(v)} ({type(v).__name__})".replace("  ", " "))
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ConfigError(f"{field} must be an integer {rng}, got {v}")
+    if lo is not None and v < lo:
+        raise ConfigError(f"{field} must be >= {lo}, got {v}" + (f" (at most {hi:,})" if hi is not None else ""))
+    if hi is not None and v > hi:
+        raise ConfigError(f"{field} must be <= {hi:,}, got {v:,}" if v < 10**30 else
+                          f"{field} must be <= {hi:,}, got a {len(str(v))}-digit number")
     return v
 
 
