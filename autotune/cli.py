@@ -70,6 +70,10 @@ class AutotuneGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            # one line, like every other refusal (click would print the usage text and "Error: ...")
+            click.echo("error: " + " ".join(e.format_message().split()), err=True)
+            ctx.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except BrokenPipeError:
