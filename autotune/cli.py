@@ -174,7 +174,8 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     return model, cluster, workload
 
 
-def check_tune_options(*, trials: int | None = None, timeout: float | None = None, seed: int | None = None,
+def check_tune_options(*, space: str | None = None, backend: str | None = None, trials: int | None = None,
+                       timeout: float | None = None, seed: int | None = None,
                        storage: str | None = None, top_k: int | None = None, real_steps: int | None = None,
                        trial_timeout: float | None = None, layers: int | None = None) -> None:
     """Refuse out-of-range values of the tuning options (given ones only).
@@ -189,6 +190,10 @@ def check_tune_options(*, trials: int | None = None, timeout: float | None = Non
     from autotune.storage_check import is_readonly_url
     from autotune.validate import MAX_SEED, MAX_TIMEOUT_S, MAX_TRIALS, require_int, require_name, require_number
 
+    if space is not None:
+        require_name(space, "--space")
+    if backend is not None:
+        require_name(backend, "--backend")
     if trials is not None:
         require_int(trials, "--trials", hi=MAX_TRIALS)
     if timeout is not None:
@@ -390,7 +395,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    check_tune_options(trials=trials, timeout=timeout, seed=seed, storage=storage, real_steps=real_steps,
+    check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
+                       real_steps=real_steps,
                        trial_timeout=trial_timeout, layers=layers)
     tuner = Tuner(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout),
@@ -671,7 +677,8 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    check_tune_options(trials=trials, timeout=timeout, seed=seed, storage=storage, top_k=top_k,
+    check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
+                       top_k=top_k,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     from autotune.engines import resolve_engine
     from autotune.search_space import SearchSpace

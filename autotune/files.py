@@ -152,8 +152,23 @@ def read_yaml_file(path: str | Path, *, what: str) -> Any:
     return parse_yaml_text(read_text_file(path, what=what), source=f"{what} {path}")
 
 
+class _NonFinite(str):
+    """Placeholder for ``NaN`` / ``Infinity`` while parsing, so the refusal can name the field."""
+
+
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+    return _NonFinite(name)
+
+
+def _find_non_finite(x: Any, path: str) -> str | None:
+    if isinstance(x, _NonFinite):
+        return f"field {path or '(top level)'}: {str(x)} is not a JSON number"
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        found = _find_non_finite(v, f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -191,7 +206,11 @@ def parse_json_text(text: str, *, source: str) -> Any:
     if depth > MAX_NESTING_DEPTH:
         raise ConfigError(f"{source} nests deeper than {MAX_NESTING_DEPTH} levels")
     try:
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_pairs)
+        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_pairs)
+        bad = _find_non_finite(data, "")
+        if bad:
+            raise ConfigError(f"{source}: {bad} (RFC 8259 section 6: NaN and Infinity are not JSON)")
+        return data
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except (ValueError, RecursionError) as e:
