@@ -70,6 +70,10 @@ class AutotuneGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            # one line, like every other refusal (click would print the usage text and "Error: ...")
+            click.echo("error: " + " ".join(e.format_message().split()), err=True)
+            ctx.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except BrokenPipeError:
@@ -133,6 +137,18 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     from autotune.models import CATALOG, get_model, model_from_hf_config
     from autotune.plan import Workload
 
+    from autotune.validate import MAX_GLOBAL_BATCH_SEQUENCES, MAX_NUM_GPUS, MAX_SEQ_LEN, require_int, require_name
+
+    size = require_name(size, "--size") if size is not None else None
+    model_path = require_name(model_path, "--model") if model_path is not None else None
+    gpu = require_name(gpu, "--gpu") if gpu is not None else None
+    interconnect = require_name(interconnect, "--interconnect") if interconnect is not None else None
+    if global_batch is not None:
+        require_name(global_batch, "--global-batch")
+    if gpus is not None:
+        require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)
+    if seq_len is not None:
+        require_int(seq_len, "--seq-len", hi=MAX_SEQ_LEN)
     if size and model_path:
         raise ConfigError("give either --size or --model, not both")
     if not size and not model_path:
@@ -146,9 +162,103 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
         key = "8b" if n < 20e9 else "70b" if n < 150e9 else "405b"
     d_gpus, d_batch = SIZE_DEFAULTS[key]
     cluster = make_cluster(gpu or DEFAULT_GPU, gpus if gpus is not None else d_gpus, interconnect)
-    workload = Workload.from_tokens(seq_len=seq_len or DEFAULT_SEQ_LEN,
-                                    global_batch_tokens=parse_tokens(global_batch or d_batch))
+    seq = seq_len if seq_len is not None else DEFAULT_SEQ_LEN
+    tokens = parse_tokens(global_batch if global_batch is not None else d_batch)
+    if tokens // seq > MAX_GLOBAL_BATCH_SEQUENCES:
+        raise ConfigError(f"--global-batch {global_batch}: {tokens:,} tokens = {tokens // seq:,} sequences of {seq}; "
+                          f"at most {MAX_GLOBAL_BATCH_SEQUENCES:,} sequences (did you mean M instead of G?)")
+    workload = Workload.from_tokens(seq_len=seq, global_batch_tokens=tokens)
+    warning = model.check_sequence(workload.seq_len)
+    if warning:
+        click.echo(warning, err=True)
     return model, cluster, workload
+
+
+def check_tune_options(*, space: str | None = None, backend: str | None = None, trials: int | None = None,
+                       timeout: float | None = None, seed: int | None = None,
+                       storage: str | None = None, top_k: int | None = None, real_steps: int | None = None,
+                       trial_timeout: float | None = None, layers: int | None = None) -> None:
+    """Refuse out-of-range values of the tuning options (given ones only).
+
+    Bounds: 1 <= --trials <= MAX_TRIALS; 0 < --timeout <= 30 days; 0 <= --seed < 2**32 (numpy
+    RandomState, which Optuna's samplers seed); --top-k >= 1; --real-steps >= 1; --trial-timeout > 0;
+    --layers >= 1; a writable --storage (``mode=ro`` is refused for commands that add trials).
+
+    Raises:
+        ConfigError: naming the option, the value and the valid range.
+    """
+    from autotune.storage_check import is_readonly_url
+    from autotune.validate import MAX_SEED, MAX_TIMEOUT_S, MAX_TRIALS, require_int, require_name, require_number
+
+    if space is not None:
+        require_name(space, "--space")
+    if backend is not None:
+        require_name(backend, "--backend")
+    if trials is not None:
+        require_int(trials, "--trials", hi=MAX_TRIALS)
+    if timeout is not None:
+        require_number(timeout, "--timeout (seconds)", lo=0, hi=MAX_TIMEOUT_S, lo_open=True)
+    if seed is not None:
+        require_int(seed, "--seed", lo=0, hi=MAX_SEED)
+    if top_k is not None:
+        require_int(top_k, "--top-k", hi=10_000)
+    if real_steps is not None:
+        require_int(real_steps, "--real-steps", hi=10_000)
+    if trial_timeout is not None:
+        require_number(trial_timeout, "--trial-timeout (seconds)", lo=0, hi=MAX_TIMEOUT_S, lo_open=True)
+    if layers is not None:
+        require_int(layers, "--layers", hi=2**20)
+    if storage is not None:
+        require_name(storage, "--storage")
+        if is_readonly_url(storage):
+            raise ConfigError(f"--storage {storage} is read-only (mode=ro); this command adds trials, give a "
+                              "writable storage")
+        from pathlib import Path
+
+        from autotune.storage_check import readonly_url, sqlite_path
+        sp = sqlite_path(storage)
+        if sp is not None and Path(sp[0]).exists():
+            readonly_url(storage)       # an existing file must already be an Optuna storage (never adopted)
+
+
+def _interruptible(fn, *, storage: str, study: str):
+    """Run ``fn()``; on SIGINT or SIGTERM print how many trials the study holds (each finished trial is
+    already stored: Tuner.optimize persists it as it ends) and the best plan so far, then exit 130
+    (SIGINT) or 143 (SIGTERM), the shell's 128 + signal number convention."""
+    import signal
+
+    got: dict[str, int] = {}
+
+    def on_term(signum, _frame):
+        got["sig"] = signum
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:          # not the main thread: leave SIGTERM alone
+        old = None
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        code = 143 if got.get("sig") == signal.SIGTERM else 130
+        click.echo(_interrupted_line(storage, study), err=True)
+        raise click.exceptions.Exit(code) from None
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _interrupted_line(storage: str, study: str) -> str:
+    try:
+        from autotune.tuner import best_plan, load_study
+        st, info = load_study(study, storage)
+        n = len(st.get_trials(deepcopy=False))
+        bp = best_plan(st, info)
+        best = (f"best so far: trial {bp.trial_number}, MFU {100 * bp.result.mfu:.1f}%, step "
+                f"{bp.result.step_time_ms:,.1f} ms" if bp else "no feasible plan yet")
+        return f"interrupted: {n} trials saved in {study} ({storage}); {best}"
+    except Exception:  # noqa: BLE001 - the study may not exist yet
+        return f"interrupted: no trials saved in {study} ({storage})"
 
 
 def target_options(f):
@@ -241,8 +351,14 @@ def main() -> None:
 
 
 def _target_line(model, cluster, workload) -> str:
-    return (f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name} ({cluster.fabric.name}), seq {workload.seq_len}, "
+    return (f"{model.name} ({_params(model)}) on {cluster.num_gpus} x {cluster.gpu.name} ({cluster.fabric.name}), seq {workload.seq_len}, "
             f"global batch {workload.global_batch_size} sequences = {workload.global_batch_tokens:,} tokens")
+
+
+def _params(model) -> str:
+    """``8.03B parameters`` (the exact count follows in export's output)."""
+    n = model.num_params
+    return f"{n / 1e9:.2f}B parameters" if n >= 1e9 else f"{n / 1e6:.1f}M parameters"
 
 
 def real_options(f):
@@ -333,8 +449,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    if trials < 1:
-        raise ConfigError(f"--trials must be >= 1, got {trials}")
+    check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
+                       real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     wid = _worker_id(worker_id)
@@ -353,8 +469,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         from autotune.workers import run_workers
 
         tuner.study  # noqa: B018 - create the study once here, before the workers race for it
-        outcomes = run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout, first_worker_id=wid,
-                               heartbeat_interval_s=heartbeat_interval)
+        outcomes = _interruptible(lambda: run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
+                                                      first_worker_id=wid, heartbeat_interval_s=heartbeat_interval),
+                                  storage=storage, study=tuner.name)
         bad = _print_outcomes(outcomes)
         study, info = load_study(tuner.name, storage)
         trials_all = study.get_trials(deepcopy=False)
@@ -366,7 +483,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         n_total, st = len(trials_all), {}
     else:
         try:
-            summary = tuner.optimize(trials, timeout=timeout, worker_id=wid, heartbeat_interval_s=heartbeat_interval)
+            summary = _interruptible(lambda: tuner.optimize(trials, timeout=timeout, worker_id=wid,
+                                                            heartbeat_interval_s=heartbeat_interval),
+                                     storage=storage, study=tuner.name)
         finally:
             tuner.close()
         st, own = summary.states, summary.own_states
@@ -416,6 +535,8 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
     from autotune.search_space import SearchSpace
     from autotune.tuner import load_study, study_name
 
+    from autotune.storage_check import readonly_url
+    storage = readonly_url(storage)
     if study:
         return load_study(study, storage)
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
@@ -473,6 +594,7 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
                                                    label="best", study=best.study, trial=best.trial_number)],
                                  plan_file=output))
         return
+    click.echo(f"model {info.model.name}: {info.model.num_params:,} parameters")
     click.echo(f"wrote {output}: trial {best.trial_number} of {best.study}, MFU {100 * best.result.mfu:.1f}%, "
                f"step {best.result.step_time_ms:,.1f} ms (engine {info.engine})")
     click.echo(error_band_line(info.engine))
@@ -500,16 +622,24 @@ def show(storage, engine, as_json):
     from autotune.report import format_studies, short_plan
     from autotune.tuner import best_plan, failure_summary, list_studies, load_study
 
-    storage = storage or DEFAULT_STORAGE
+    from pathlib import Path
+
+    from autotune.storage_check import readonly_url, sqlite_path
+    storage = storage if storage is not None else DEFAULT_STORAGE
+    if storage == DEFAULT_STORAGE and not Path(sqlite_path(storage)[0]).exists():
+        # the default storage before any `autotune run`: nothing to list, and nothing is created
+        click.echo(f"no autotune studies in {storage}; run `autotune run --size 8b`")
+        return
+    ro_storage = readonly_url(storage)
     if engine is not None:
         from autotune.engines import get_engine
         get_engine(engine)
     rows = []
     entries = []
-    for info in list_studies(storage):
+    for info in list_studies(ro_storage):
         if engine is not None and info.engine != engine:
             continue
-        st, info = load_study(info.name, storage)
+        st, info = load_study(info.name, ro_storage)
         bp = best_plan(st, info)
         trials = st.get_trials(deepcopy=False)
         if as_json:
@@ -630,14 +760,23 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
+                       top_k=top_k,
+                       real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    from autotune.engines import resolve_engine
+    from autotune.search_space import SearchSpace
+    from autotune.tuner import study_name
+    slow_study = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+                            engine=resolve_engine(engine, backend).name)
     say = _say(as_json)
     say(f"re-tuning {_target_line(model, cluster, workload)}")
-    r = do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
+    r = _interruptible(lambda: do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=say,
                   evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout, launcher, nodes,
                                                        gpus_per_node, partition, account, time_limit),
                   engine=engine, workers=workers, worker_id=_worker_id(worker_id),
-                  heartbeat_interval_s=heartbeat_interval)
+                  heartbeat_interval_s=heartbeat_interval),
+                       storage=storage, study=slow_study)
     fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
     if as_json:
         from autotune.report import json_document
@@ -681,8 +820,10 @@ def plot(study, storage, out_dir):
     Example: autotune plot -o plots/
     """
     from autotune.plots import write_study_plots
+    from autotune.storage_check import readonly_url
     from autotune.tuner import list_studies, load_study
 
+    storage = readonly_url(storage)
     if study is None:
         names = [i.name for i in list_studies(storage)]
         if len(names) != 1:

@@ -1,7 +1,25 @@
-"""Reading the user's files with errors that name the file and the problem (never a traceback)."""
+"""Reading the user's files with errors that name the file and the problem (never a traceback).
+
+Every user file (plan, fabric, search-space, calibration YAML; HF ``config.json``) goes through here:
+
+* size-limited: at most :data:`MAX_FILE_BYTES` are read, and only from a regular file (a FIFO or
+  ``/dev/zero`` would block or never end);
+* text only: a NUL byte means a binary file, bytes that are not UTF-8 are refused with their offset;
+* YAML is parsed with :class:`yaml.SafeLoader` (no Python objects), then the node graph is measured
+  *with aliases expanded* before anything is constructed: a document whose expansion exceeds
+  :data:`MAX_YAML_NODES` nodes (an alias bomb, "billion laughs": 1 KB -> GiB once printed or
+  copied), nests deeper than :data:`MAX_NESTING_DEPTH`, or refers to itself is refused. PyYAML
+  itself does not stop aliases (``safe_load`` builds shared references; the blow-up happens in
+  whoever walks the result: ``str()``, ``json.dumps``, ``dict(...)`` copies).
+* JSON refuses ``NaN`` / ``Infinity`` (not JSON, RFC 8259 section 6, but accepted by Python's
+  ``json`` module) and duplicate keys, and nests at most :data:`MAX_NESTING_DEPTH` deep.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -9,30 +27,208 @@ import yaml
 
 from autotune.errors import ConfigError
 
+#: Largest user file read, bytes (16 MiB; the biggest shipped file, a calibration profile, is < 100 KiB).
+MAX_FILE_BYTES = 16 * 2**20
+#: Most YAML nodes after alias expansion (a search space or plan has < 1,000).
+MAX_YAML_NODES = 200_000
+#: Deepest nesting of mappings/lists accepted (the shipped files nest <= 5 levels).
+MAX_NESTING_DEPTH = 64
 
-def read_text_file(path: str | Path, *, what: str) -> str:
-    """The text of ``path``; ``what`` names the file's role in messages (``"plan file"``).
+
+def read_bytes_file(path: str | Path, *, what: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``max_bytes``); ``what`` names its role.
 
     Raises:
-        ConfigError: the file does not exist or cannot be read.
+        ConfigError: missing, a directory or not a regular file, unreadable, or larger than max_bytes.
     """
     p = Path(path)
     try:
-        return p.read_text()
+        st = os.stat(p)
     except FileNotFoundError:
         raise ConfigError(f"{what} {p} does not exist") from None
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise ConfigError(f"{what} {p} cannot be read: {e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} {p} is a directory; give a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {p} is not a regular file (a device, FIFO or socket); give a file")
+    if st.st_size > max_bytes:
+        raise ConfigError(f"{what} {p} is {st.st_size:,} bytes; the limit is {max_bytes:,} bytes")
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as e:
+        raise ConfigError(f"{what} {p} cannot be read: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise ConfigError(f"{what} {p} is larger than the limit of {max_bytes:,} bytes")
+    return data
+
+
+def read_text_file(path: str | Path, *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of ``path``; ``what`` names the file's role in messages (``"plan file"``).
+
+    Raises:
+        ConfigError: the file does not exist, cannot be read, is too large, binary or not UTF-8.
+    """
+    data = read_bytes_file(path, what=what, max_bytes=max_bytes)
+    if b"\x00" in data:
+        raise ConfigError(f"{what} {path} is a binary file (NUL byte at offset {data.index(0)}); expected text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _measure(node: yaml.Node, source: str) -> None:
+    """Refuse a composed YAML graph that expands past MAX_YAML_NODES, nests past MAX_NESTING_DEPTH,
+    or contains itself. Sizes are memoised per node, so an alias bomb is measured in linear time."""
+    size: dict[int, int] = {}
+    active: set[int] = set()
+
+    def walk(n: yaml.Node, depth: int) -> int:
+        if depth > MAX_NESTING_DEPTH:
+            raise ConfigError(f"{source} nests deeper than {MAX_NESTING_DEPTH} levels")
+        key = id(n)
+        if key in size:
+            return size[key]
+        if key in active:
+            raise ConfigError(f"{source}: a YAML alias refers to a node that contains it (a cycle)")
+        if isinstance(n, yaml.SequenceNode):
+            children = n.value
+        elif isinstance(n, yaml.MappingNode):
+            children = [x for kv in n.value for x in kv]
+        else:
+            children = []
+        active.add(key)
+        total = 1
+        for c in children:
+            total += walk(c, depth + 1)
+            if total > MAX_YAML_NODES:
+                raise ConfigError(f"{source} expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases "
+                                  "counted where they are used); refused")
+        active.discard(key)
+        size[key] = total
+        return total
+
+    walk(node, 0)
+
+
+def parse_yaml_text(text: str, *, source: str) -> Any:
+    """``text`` parsed as YAML with the limits of this module; ``source`` names it in messages.
+
+    Raises:
+        ConfigError: not valid YAML, too deep, an alias bomb or cycle.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source} is not valid YAML: {' '.join(str(e).split())[:300]}") from None
+        except RecursionError:
+            raise ConfigError(f"{source} nests deeper than {MAX_NESTING_DEPTH} levels") from None
+        if node is None:
+            return None
+        _measure(node, source)
+        try:
+            return loader.construct_document(node)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source} is not valid YAML: {' '.join(str(e).split())[:300]}") from None
+        except (RecursionError, TypeError, ValueError, OverflowError) as e:
+            # unhashable keys (a list as a mapping key), out-of-range timestamps ...
+            raise ConfigError(f"{source} has a value YAML cannot construct: {str(e)[:200]}") from None
+    finally:
+        loader.dispose()
 
 
 def read_yaml_file(path: str | Path, *, what: str) -> Any:
-    """``path`` parsed as YAML (any YAML value; callers check the shape).
+    """``path`` parsed as YAML (any YAML value; callers check the shape), with this module's limits.
 
     Raises:
-        ConfigError: missing or unreadable file, or not valid YAML.
+        ConfigError: missing, unreadable, too large, binary or non-UTF-8 file; not valid YAML; an alias
+            bomb, a cycle or nesting deeper than MAX_NESTING_DEPTH.
     """
-    text = read_text_file(path, what=what)
+    return parse_yaml_text(read_text_file(path, what=what), source=f"{what} {path}")
+
+
+class _NonFinite(str):
+    """Placeholder for ``NaN`` / ``Infinity`` while parsing, so the refusal can name the field."""
+
+
+def _no_constant(name: str) -> Any:
+    return _NonFinite(name)
+
+
+def _find_non_finite(x: Any, path: str) -> str | None:
+    if isinstance(x, _NonFinite):
+        return f"field {path or '(top level)'}: {str(x)} is not a JSON number"
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        found = _find_non_finite(v, f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def parse_json_text(text: str, *, source: str) -> Any:
+    """``text`` parsed as strict JSON (no NaN/Infinity, no duplicate keys, bounded nesting).
+
+    Raises:
+        ConfigError: not valid JSON, naming the line and column or the offending constant/key.
+    """
+    depth = cur = 0
+    in_str = esc = False
+    for ch in text:          # nesting depth without recursing (json's C decoder recurses per level)
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            cur += 1
+            depth = max(depth, cur)
+        elif ch in "]}":
+            cur -= 1
+    if depth > MAX_NESTING_DEPTH:
+        raise ConfigError(f"{source} nests deeper than {MAX_NESTING_DEPTH} levels")
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what} {path} is not valid YAML: {' '.join(str(e).split())}") from None
+        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_pairs)
+        bad = _find_non_finite(data, "")
+        if bad:
+            raise ConfigError(f"{source}: {bad} (RFC 8259 section 6: NaN and Infinity are not JSON)")
+        return data
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{source} is not valid JSON: {e}") from None
+
+
+def read_json_file(path: str | Path, *, what: str) -> Any:
+    """``path`` parsed as strict JSON with this module's file limits.
+
+    Raises:
+        ConfigError: as :func:`read_text_file` and :func:`parse_json_text`.
+    """
+    return parse_json_text(read_text_file(path, what=what), source=f"{what} {path}")
+
+
+def display_text(s: Any, max_len: int = 120) -> str:
+    """``s`` made safe to print on a terminal: control and escape characters shown as ``\\xNN``
+    escapes (``repr`` style), cut to ``max_len`` characters."""
+    text = str(s)
+    out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return out if len(out) <= max_len else out[: max_len - 3] + "..."

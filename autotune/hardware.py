@@ -237,20 +237,18 @@ def known_fabrics() -> tuple[list[str], list[str]]:
 def _link_from_mapping(d: Mapping[str, Any], *, name: str, where: str, intra: bool) -> LinkSpec:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where}: expected a mapping with bandwidth_gbs and latency_us, got {d!r}")
-    try:
-        bw = float(d["bandwidth_gbs"])
-        lat = float(d.get("latency_us", 5.0))
-    except KeyError as e:
-        raise ConfigError(f"{where}: missing field {e.args[0]!r} (a number, GB/s per GPU per direction)") from None
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: bandwidth_gbs and latency_us must be numbers, got {dict(d)!r}") from None
-    if bw <= 0 or lat < 0:
-        raise ConfigError(f"{where}: bandwidth_gbs must be > 0 and latency_us >= 0, got {bw} and {lat}")
+    from autotune.validate import require_number
+
+    if "bandwidth_gbs" not in d:
+        raise ConfigError(f"{where}: missing field 'bandwidth_gbs' (a number, GB/s per GPU per direction)")
+    # finite numbers only: NaN/inf or a string would reach the cost model and fail every trial later
+    bw = require_number(d["bandwidth_gbs"], f"{where}: bandwidth_gbs (GB/s)", lo=0, hi=1e6, lo_open=True)
+    lat = require_number(d.get("latency_us", 5.0), f"{where}: latency_us", lo=0, hi=1e7)
     per, nics = 0, 0
     if intra:
         per = d.get("gpus_per_node")
-        if not isinstance(per, int) or isinstance(per, bool) or per < 1:
-            raise ConfigError(f"{where}: gpus_per_node must be a positive integer, got {per!r}")
+        if not isinstance(per, int) or isinstance(per, bool) or not 1 <= per <= 2**20:
+            raise ConfigError(f"{where}: gpus_per_node must be an integer between 1 and 1,048,576, got {per!r}")
     else:
         # host node the NICs belong to; 0 / missing: the 8-GPU HGX board with one NIC per GPU
         per = d.get("gpus_per_node") or DEFAULT_GPUS_PER_HOST
@@ -258,13 +256,15 @@ def _link_from_mapping(d: Mapping[str, Any], *, name: str, where: str, intra: bo
             raise ConfigError(f"{where}: gpus_per_node (GPUs sharing the node's NICs) must be a positive "
                               f"integer, got {per!r}")
         nics = d.get("nics_per_node", per)
-        if not isinstance(nics, int) or isinstance(nics, bool) or nics < 1:
+        if not isinstance(nics, int) or isinstance(nics, bool) or not 1 <= nics <= 2**20:
             raise ConfigError(f"{where}: nics_per_node must be a positive integer (e.g. 8, one NIC per GPU "
                               f"of an HGX node), got {nics!r}")
-    tier = str(d.get("calibration_tier", "nvlink" if intra else "network"))
+    tier = d.get("calibration_tier", "nvlink" if intra else "network")
     if tier not in ("nvlink", "host", "network", "sockets"):
         raise ConfigError(f"{where}: calibration_tier must be one of nvlink, host, network, sockets; got {tier!r}")
-    return LinkSpec(name=str(d.get("name", name)), bandwidth_gbs=bw, latency_us=lat, gpus_per_node=per,
+    from autotune.validate import require_name
+
+    return LinkSpec(name=require_name(d.get("name", name), f"{where}: name"), bandwidth_gbs=bw, latency_us=lat, gpus_per_node=per,
                     calibration_tier=tier, nics_per_node=nics)
 
 
@@ -325,7 +325,9 @@ def _fabric_from_file(p: Path) -> FabricSpec:
     if not isinstance(d, Mapping) or "intra_node" not in d:
         raise ConfigError(f"interconnect file {p}: expected a mapping with 'intra_node' "
                           "({bandwidth_gbs, latency_us, gpus_per_node}) and optional 'inter_node'")
-    name = str(d.get("name", p.stem))
+    from autotune.validate import require_name
+
+    name = require_name(d.get("name", p.stem), f"interconnect file {p}: name")
     intra = _link_from_mapping(d["intra_node"], name=f"{name}-intra", where=f"{p}: intra_node", intra=True)
     inter = None
     if d.get("inter_node") is not None:
@@ -337,13 +339,21 @@ def fabric_from_dict(d: Mapping[str, Any], *, where: str = "fabric") -> FabricSp
     """Inverse of :meth:`FabricSpec.to_dict` (used by plan YAML files)."""
     if not isinstance(d, Mapping) or "intra_node" not in d:
         raise ConfigError(f"{where}: expected a mapping with name, intra_node and inter_node")
+    if not isinstance(d["intra_node"], Mapping):
+        raise ConfigError(f"{where}.intra_node: expected a mapping with bandwidth_gbs and latency_us, got "
+                          f"{type(d['intra_node']).__name__}")
+    if d.get("inter_node") is not None and not isinstance(d["inter_node"], Mapping):
+        raise ConfigError(f"{where}.inter_node: expected a mapping with bandwidth_gbs and latency_us, got "
+                          f"{type(d['inter_node']).__name__}")
     intra = _link_from_mapping(d["intra_node"], name=d["intra_node"].get("name", "intra"),
                                where=f"{where}.intra_node", intra=True)
     inter = None
     if d.get("inter_node") is not None:
         inter = _link_from_mapping(d["inter_node"], name=d["inter_node"].get("name", "inter"),
                                    where=f"{where}.inter_node", intra=False)
-    return FabricSpec(name=str(d.get("name", intra.name)), intra_node=intra, inter_node=inter)
+    from autotune.validate import require_name
+
+    return FabricSpec(name=require_name(d.get("name", intra.name), f"{where}.name"), intra_node=intra, inter_node=inter)
 
 
 def make_cluster(gpu: str, num_gpus: int, interconnect: str | None = None) -> ClusterSpec:

@@ -65,6 +65,9 @@ class Workload:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"workload {f} must be a positive integer, got {v!r}")
+        from autotune.validate import MAX_GLOBAL_BATCH_SEQUENCES, MAX_SEQ_LEN, require_int
+        require_int(self.seq_len, "workload seq_len", hi=MAX_SEQ_LEN)
+        require_int(self.global_batch_size, "workload global_batch_size (sequences)", hi=MAX_GLOBAL_BATCH_SEQUENCES)
         if self.dtype != "bf16":
             raise ConfigError(f"workload dtype {self.dtype!r} is not supported; valid: bf16")
 
@@ -157,6 +160,12 @@ class Plan:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PlanError(f"{f} must be an integer >= 1, got {v!r}")
+        from autotune.validate import MAX_NUM_GPUS, MAX_NUM_MICRO_BATCHES
+        for f, hi in (("tp_degree", MAX_NUM_GPUS), ("pp_degree", MAX_NUM_GPUS), ("dp_degree", MAX_NUM_GPUS),
+                      ("cp_degree", MAX_NUM_GPUS), ("vpp_degree", 1024), ("micro_batch_size", 2**20),
+                      ("num_micro_batches", MAX_NUM_MICRO_BATCHES), ("bucket_size_mib", 2**20)):
+            if getattr(self, f) > hi:   # bounds the simulated step graph (O(pp x vpp x m) nodes, graph.py)
+                raise PlanError(f"{f} must be an integer between 1 and {hi:,}, got {getattr(self, f)}")
         for f in ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
                   "param_gather_overlap", "compile"):
             if not isinstance(getattr(self, f), bool):
@@ -262,7 +271,7 @@ class Plan:
         if not isinstance(d, Mapping):
             raise PlanError(f"{source}: expected a mapping of plan fields, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(map(str, set(d) - known))
         if unknown:
             raise PlanError(f"{source}: unknown plan field(s) {unknown}; valid fields: {sorted(known)}")
         kw = dict(d)
@@ -480,11 +489,24 @@ class PlanDocument:
             if key not in c:
                 raise ConfigError(f"{source}: field cluster.{key} is missing (gpu: name, num_gpus: int, "
                                   "fabric: mapping)")
+        from autotune.validate import MAX_NUM_GPUS, require_int, require_name
+
+        gpu = require_name(c["gpu"], f"{source}: field cluster.gpu")
+        num_gpus = require_int(c["num_gpus"], f"{source}: field cluster.num_gpus", hi=MAX_NUM_GPUS)
+        if not isinstance(c["fabric"], Mapping):
+            raise ConfigError(f"{source}: field cluster.fabric must be a mapping (name, intra_node, inter_node), "
+                              f"got {type(c['fabric']).__name__}")
         wl = d["workload"]
+        unknown = sorted(set(map(str, wl)) - {"seq_len", "global_batch_size", "dtype"})
+        if unknown:
+            raise ConfigError(f"{source}: field workload: unknown field(s) {unknown}; valid: seq_len, "
+                              "global_batch_size, dtype")
         try:
             workload = Workload(**wl)
         except TypeError as e:
             raise ConfigError(f"{source}: field workload: {e} (expected seq_len, global_batch_size)") from None
+        except ConfigError as e:
+            raise ConfigError(f"{source}: field {e}") from None
         engine = d.get("engine", "native")
         if not isinstance(engine, str):
             raise ConfigError(f"{source}: field engine must be an engine name, got {engine!r}")
@@ -494,22 +516,34 @@ class PlanDocument:
             get_engine(engine)
         except ConfigError as e:
             raise ConfigError(f"{source}: field engine: {e}") from None
+        study = d.get("study")
+        if study is not None and not isinstance(study, str):
+            raise ConfigError(f"{source}: field study must be a study name or null, got {type(study).__name__}")
+        trial_id = d.get("trial_id")
+        if trial_id is not None:
+            require_int(trial_id, f"{source}: field trial_id", lo=0)
+        pred = d.get("prediction") or {}
+        if not isinstance(pred, Mapping):
+            raise ConfigError(f"{source}: field prediction must be a mapping (step_time_ms, mfu, ...), got "
+                              f"{type(pred).__name__}")
+        from autotune.validate import require_number
+        for k in ("step_time_ms", "mfu"):
+            if k in pred:
+                require_number(pred[k], f"{source}: field prediction.{k}", lo=0)
         return cls(
             engine=engine,
             plan=Plan.from_dict(d["plan"], source=f"{source}: field plan"),
             model=ModelSpec.from_dict(d["model"], source=f"{source}: field model"),
-            gpu=str(c["gpu"]), num_gpus=int(c["num_gpus"]), fabric=dict(c["fabric"]),
-            workload=workload, study=d.get("study"), trial_id=d.get("trial_id"),
-            prediction=dict(d.get("prediction") or {}), schema_version=ver,
+            gpu=gpu, num_gpus=num_gpus, fabric=dict(c["fabric"]),
+            workload=workload, study=study, trial_id=trial_id,
+            prediction=dict(pred), schema_version=ver,
         )
 
     @classmethod
     def from_yaml(cls, text: str, *, source: str = "plan file") -> "PlanDocument":
-        try:
-            d = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{source}: not valid YAML: {' '.join(str(e).split())}") from None
-        return cls.from_dict(d, source=source)
+        from autotune.files import parse_yaml_text
+
+        return cls.from_dict(parse_yaml_text(text, source=source), source=source)
 
     @classmethod
     def load(cls, path: str | Path) -> "PlanDocument":

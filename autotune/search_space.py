@@ -141,12 +141,12 @@ class SearchSpace:
         ver = d.get("schema_version", SEARCH_SPACE_SCHEMA_VERSION)
         if ver != SEARCH_SPACE_SCHEMA_VERSION:
             raise ConfigError(f"{source}: field schema_version is {ver!r}; expected {SEARCH_SPACE_SCHEMA_VERSION}")
-        unknown_top = sorted(set(d) - {"schema_version", "name", "description", "layer_split", "knobs"})
+        unknown_top = sorted(map(str, set(d) - {"schema_version", "name", "description", "layer_split", "knobs"}))
         if unknown_top:
             raise ConfigError(f"{source}: unknown top-level field(s) {unknown_top}; valid: schema_version, "
                               "name, description, layer_split, knobs")
         split = d.get("layer_split", "even")
-        if split not in LAYER_SPLITS:
+        if not isinstance(split, str) or split not in LAYER_SPLITS:
             raise ConfigError(f"{source}: field layer_split is {split!r}; expected one of {', '.join(LAYER_SPLITS)}")
         knobs = d.get("knobs")
         if not isinstance(knobs, Mapping) or not knobs:
@@ -164,6 +164,8 @@ class SearchSpace:
             vals = list(v) if isinstance(v, (list, tuple)) else [v]
             if not vals:
                 raise ConfigError(f"{where}: empty list; give at least one value")
+            if len(vals) > MAX_KNOB_VALUES:
+                raise ConfigError(f"{where}: {len(vals)} values; at most {MAX_KNOB_VALUES} per knob")
             for x in vals:
                 _check_value(k, x, where)
             if len(set(vals)) != len(vals):
@@ -171,8 +173,14 @@ class SearchSpace:
             choices[k] = tuple(vals)
         for k in KNOBS:
             choices.setdefault(k, (_PLAN_DEFAULTS[k],))
-        return cls(name=str(d.get("name", default_name)), choices=choices, layer_split=split, source=source,
-                   description=str(d.get("description", "")))
+        from autotune.validate import require_name
+
+        name = require_name(d.get("name", default_name), f"{source}: field name")
+        desc = d.get("description", "")
+        if not isinstance(desc, str):
+            raise ConfigError(f"{source}: field description must be a string, got {type(desc).__name__}")
+        return cls(name=name, choices=choices, layer_split=split, source=source,
+                   description=desc)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": SEARCH_SPACE_SCHEMA_VERSION, "name": self.name, "description": self.description,
@@ -200,10 +208,14 @@ class SearchSpace:
                                 engine=engine)
 
 
+#: Most values one knob may list (the default space lists <= 8; bounds the combinations enumerated).
+MAX_KNOB_VALUES = 1024
+
+
 def _check_value(k: str, x: Any, where: str) -> None:
     if k in _INT_KNOBS:
-        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
-            raise ConfigError(f"{where}: value {x!r} is not an integer >= 1")
+        if not isinstance(x, int) or isinstance(x, bool) or not 1 <= x <= 2**20:
+            raise ConfigError(f"{where}: value {x!r} is not an integer >= 1 and <= 1,048,576")
     elif k in _BOOL_KNOBS:
         if not isinstance(x, bool):
             raise ConfigError(f"{where}: value {x!r} is not true or false")

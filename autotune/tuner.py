@@ -173,8 +173,10 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     key = (url, heartbeat_interval_s)
     if key in _STORAGES:
         return _STORAGES[key]
+    from autotune.storage_check import is_readonly_url
+    readonly = is_readonly_url(url)   # mode=ro: opened as is (never created, never switched to WAL)
     kind = storage_kind(url)
-    if kind == "sqlite" or kind == "journal":
+    if (kind == "sqlite" and not readonly) or kind == "journal":
         path = url[len("sqlite:///"):] if kind == "sqlite" else url[len("journal:"):]
         if kind == "sqlite" and not url.startswith("sqlite:///"):
             raise StorageError(f"cannot open study storage {url}: expected sqlite:///PATH")
@@ -214,7 +216,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
                       "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
             storage = _retry_races(lambda: optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **hb),
                                    f"open {url}")
-            if kind == "sqlite" and ":memory:" not in url:
+            if kind == "sqlite" and ":memory:" not in url and not readonly:
                 _fast_sqlite(storage)
     except ModuleNotFoundError as e:
         raise StorageError(_missing_driver(url, kind, e)) from None

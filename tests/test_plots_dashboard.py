@@ -108,4 +108,5 @@ def test_memory_points_mark_infeasible(study_url):
 
 def test_plot_without_a_study_name_needs_exactly_one(tmp_path):
     r = CliRunner().invoke(main, ["plot", "--storage", f"sqlite:///{tmp_path}/none.db", "-o", str(tmp_path)])
-    assert r.exit_code == 2 and "0 studies" in r.output
+    # a missing storage is refused by name and not created (read-only command)
+    assert r.exit_code == 2 and "does not exist" in r.output and not (tmp_path / "none.db").exists()

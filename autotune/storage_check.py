@@ -1,0 +1,84 @@
+"""Storage hygiene for the read-only commands (``show``, ``export``, ``plot``) and ``mode=ro`` URLs.
+
+A read-only command must never create or alter a database. Before Optuna sees a SQLite URL (whose
+``RDBStorage`` would create its tables in any file and autotune's WAL switch would rewrite the file
+header, SQLite docs "Write-Ahead Logging" section 2: the WAL mode is persistent), :func:`readonly_url`
+checks that the file exists, is an SQLite database (its 16-byte header ``SQLite format 3\\0``, SQLite
+"Database File Format" section 1.3) and holds Optuna's ``studies`` and ``version_info`` tables
+(optuna/storages/_rdb/models.py), reading it through ``sqlite3`` with URI ``mode=ro``; it then returns
+an SQLAlchemy URL that opens the same file read-only (``sqlite:///file:<path>?mode=ro&uri=true``,
+SQLAlchemy docs "URI Connections" for pysqlite). Non-SQLite URLs are returned unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import urllib.parse
+from pathlib import Path
+
+from autotune.errors import StorageError
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+OPTUNA_TABLES = {"studies", "version_info", "trials"}
+
+
+def sqlite_path(url: str) -> tuple[str, dict[str, str]] | None:
+    """(file path, query parameters) of a ``sqlite:///`` URL; None for other URLs or ``:memory:``."""
+    if not url.startswith("sqlite:///"):
+        return None
+    rest = url[len("sqlite:///"):]
+    path, _, query = rest.partition("?")
+    params = dict(urllib.parse.parse_qsl(query))
+    if path.startswith("file:"):
+        path = path[len("file:"):]
+    if not path or path == ":memory:":
+        return None
+    return path, params
+
+
+def is_readonly_url(url: str) -> bool:
+    """Whether ``url`` asks for a read-only SQLite connection (``mode=ro`` in its query)."""
+    sp = sqlite_path(url)
+    return sp is not None and sp[1].get("mode") == "ro"
+
+
+def readonly_url(url: str) -> str:
+    """A URL opening the existing autotune storage at ``url`` read-only; the file is left untouched.
+
+    Raises:
+        StorageError: the file does not exist, is not a regular file, is not an SQLite database, or
+            holds no Optuna tables (it is not a study storage: refused, not modified).
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise StorageError("--storage must be a non-empty SQLAlchemy URL, e.g. sqlite:///studies/autotune.db")
+    sp = sqlite_path(url)
+    if sp is None:
+        return url
+    path, _ = sp
+    p = Path(path)
+    if not p.exists():
+        raise StorageError(f"storage {url}: file {p} does not exist (nothing was created; check the path or run "
+                           "`autotune run` first)")
+    if not p.is_file():
+        raise StorageError(f"storage {url}: {p} is not a regular file")
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(16)
+    except OSError as e:
+        raise StorageError(f"storage {url}: {p} cannot be read: {e.strerror or e}") from None
+    if head != SQLITE_HEADER:
+        raise StorageError(f"storage {url}: {p} is not an SQLite database; refused (left untouched)")
+    abspath = os.path.abspath(p)
+    try:
+        con = sqlite3.connect(f"file:{urllib.parse.quote(abspath)}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise StorageError(f"storage {url}: {p} cannot be read as SQLite: {e}") from None
+    if not OPTUNA_TABLES <= tables:
+        raise StorageError(f"storage {url}: {p} holds no Optuna study tables (tables: "
+                           f"{', '.join(sorted(tables)[:8]) or 'none'}); not an autotune storage, left untouched")
+    return f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
