@@ -156,6 +156,11 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         plan = plan.replace(compile=bool(run.get("compile", False)))
     w = Workload(seq_len=run["seq"], global_batch_size=plan.global_batch_size)
     eng = get_engine(engine)
+    if engine == "torchtitan" and plan.precision == "fp8_tensorwise":
+        # the published torchtitan runs (2024-12, 2025-06) used its float8 "tensorwise" recipe, which the
+        # pinned torchtitan of the engine profile no longer has: predict them for that older release
+        eng = dataclasses.replace(eng, precisions=eng.precisions + ("fp8_tensorwise",),
+                                  source=eng.source + "; tensorwise recipe as in its 2024-25 releases")
     # the step time does not depend on capacity: time the plan on a GPU with room for it, and give the
     # memory model's verdict for the real capacity beside it (a published run that ran but is refused
     # as out of memory is a memory-model error, reported as such)

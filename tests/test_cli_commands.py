@@ -243,3 +243,29 @@ def test_closed_pipe_ends_quietly(tmp_path):
     # 141 = 128 + SIGPIPE, what a shell reports for a writer killed by SIGPIPE; nothing on stderr
     assert p.returncode in (0, 141), p.stderr
     assert b"bug" not in p.stderr and b"Error" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("sig,code", [(2, 130), (15, 143)])
+def test_interrupted_run_says_what_was_saved(tmp_path, sig, code):
+    # SIGINT / SIGTERM while `autotune run` tunes: one line saying how many trials are saved and the best
+    # so far, exit 128 + signal number (130 / 143), and the finished trials stay in the study.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "405b", "--trials", "100000", "--storage",
+                          url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "s.db").exists():
+        time.sleep(0.5)
+    time.sleep(8)                       # let some trials finish
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == code, (out, err)
+    line = [x for x in err.splitlines() if x.startswith("interrupted:")]
+    assert line and "trials saved in" in line[0], err
+    assert "Traceback" not in err

@@ -190,3 +190,44 @@ def test_cli_engine_option(tmp_path):
     assert r.exit_code == 2 and "unknown engine 'foo'" in r.output
     r = CliRunner().invoke(main, ["show", "--storage", url, "--engine", "torchtitan"])
     assert r.exit_code == 0 and "torchtitan" in r.output
+
+
+# Which precision each GPU architecture runs (datasheets: FP8 tensor cores from Hopper, MXFP8 only on
+# Blackwell) and which recipes each engine has (autotune/data/engines.yaml, sources there).
+GPU_PRECISIONS = {"a100-80gb": {"bf16"}, "h100": {"bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed"},
+                  "h200": {"bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed"},
+                  "b200": {"bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed", "mxfp8"},
+                  "gb200": {"bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed", "mxfp8"}}
+ENGINE_PRECISIONS = {"native": {"bf16", "fp8_tensorwise", "fp8_rowwise"},
+                     "megatron": {"bf16", "fp8_tensorwise", "fp8_delayed", "mxfp8"},
+                     "torchtitan": {"bf16", "fp8_rowwise", "mxfp8"}}
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_PRECISIONS))
+@pytest.mark.parametrize("gpu", sorted(GPU_PRECISIONS))
+@pytest.mark.parametrize("precision", ["bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed", "mxfp8"])
+def test_precision_gpu_engine_combinations_and_export(engine, gpu, precision, tmp_path):
+    from autotune.export import write_launch_files
+    from autotune.hardware import get_fabric
+    from autotune.plan import validate_plan
+
+    plan = Plan(dp_degree=8, zero_stage=3, precision=precision)
+    ok = precision in GPU_PRECISIONS[gpu] and precision in ENGINE_PRECISIONS[engine]
+    try:
+        validate_plan(plan, M8, 8, W, gpu=get_gpu(gpu))
+        check_plan_for_engine(plan, get_engine(engine))
+    except PlanError as e:
+        assert not ok, f"{precision} on {gpu} with {engine} refused: {e}"
+        assert precision in str(e)
+        return
+    assert ok, f"{precision} on {gpu} with {engine} accepted"
+    doc = PlanDocument(plan=plan, model=M8, gpu=gpu, num_gpus=8, fabric=get_fabric("nvlink4").to_dict(),
+                       workload=W, engine=engine)
+    files = write_launch_files(doc, tmp_path / "out", "torchrun")
+    text = "\n".join(p.read_text() for p in files if p.suffix in (".sh", ".py"))
+    if precision != "bf16" and engine == "megatron":
+        assert "--fp8-recipe" in text and "--fp8-format" in text
+    if precision != "bf16" and engine == "torchtitan":
+        assert "recipe_name" in text or "MXFP8" in text
+    if engine == "native":
+        assert "autotune validate" in text
