@@ -675,7 +675,7 @@ def show(storage, engine, as_json):
               help="Write the simulated step as a Chrome/Perfetto trace (JSON): a process per pipeline stage, a track "
                    "per stream.")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a Gantt chart of the simulated step (PNG; needs matplotlib: autotune[plot]).")
+              help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: autotune[plot]).")
 @JSON_OPTION
 def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, as_json):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table.
@@ -689,6 +689,17 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
     from autotune.report import format_best_plan
     from autotune.tuner import make_evaluator
 
+    import os
+
+    # output paths are checked before anything is written, so a bad one leaves no file behind
+    for opt, path, suffixes in (("--trace", trace_path, (".json",)), ("--gantt", gantt_path, (".png", ".svg", ".pdf"))):
+        if path is None:
+            continue
+        if not path.lower().endswith(suffixes):
+            raise ConfigError(f"{opt} {path!r}: the file name must end in {' or '.join(suffixes)}")
+        d = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):
+            raise ConfigError(f"{opt} {path!r}: directory {d} does not exist or is not writable")
     doc = PlanDocument.load(plan_file)
     fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)

@@ -99,14 +99,17 @@ def fp8_peak_utilization(result: StepResult, fp8_tflops: float | None = None) ->
 
 def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str, str]]:
     """(label, value) rows of a result; for an FP8 ``plan`` also the utilisation of the FP8 peak."""
-    rows = [
-        ("step time", f"{result.step_time_ms:,.1f} ms"),
-        ("tokens/s per GPU", f"{result.tokens_per_s_per_gpu:,.0f}"),
-        ("MFU", f"{100 * result.mfu:.1f}% (causal; PaLM convention {100 * result.mfu_palm:.1f}%), "
-                f"{result.tflops_per_gpu:.0f} TFLOP/s per GPU"),
-        ("HFU", f"{100 * result.hfu:.1f}%"),
-    ]
-    u8 = fp8_peak_utilization(result) if plan is not None and plan.fp8 else None
+    if not result.feasible:             # no step time: say why instead of printing zeros
+        rows = [("step time", "n/a: " + (result.infeasible_reason or "the plan does not fit in memory"))]
+    else:
+        rows = [
+            ("step time", f"{result.step_time_ms:,.1f} ms"),
+            ("tokens/s per GPU", f"{result.tokens_per_s_per_gpu:,.0f}"),
+            ("MFU", f"{100 * result.mfu:.1f}% (causal; PaLM convention {100 * result.mfu_palm:.1f}%), "
+                    f"{result.tflops_per_gpu:.0f} TFLOP/s per GPU"),
+            ("HFU", f"{100 * result.hfu:.1f}%"),
+        ]
+    u8 = fp8_peak_utilization(result) if plan is not None and plan.fp8 and result.feasible else None
     if u8 is not None:
         rows.append(("FP8 peak utilisation", f"{100 * u8:.1f}% (model TFLOP/s / dense FP8 peak; MFU above "
                                              "stays against the dense BF16 peak)"))
@@ -208,6 +211,10 @@ def short_plan(plan: Plan) -> str:
     if plan.pp_degree > 1:
         s += f" {plan.pipeline_schedule}" + (f"x{plan.vpp_degree}" if plan.pipeline_schedule == "interleaved_1f1b" else "")
     s += f" mbs{plan.micro_batch_size} zero{plan.zero_stage} rc={plan.recompute}"
+    if plan.precision != "bf16":
+        s += f" {plan.precision}"
+    if plan.compile:
+        s += " compile"
     return s
 
 
@@ -251,17 +258,21 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         meg.append("--recompute-granularity selective")
     elif p.recompute == "full":
         meg.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    meg_notes = []
     if p.zero_stage >= 1:
-        meg.append("--use-distributed-optimizer" + ("" if p.zero_stage == 1 else
-                   f"  # ZeRO-{p.zero_stage}: Megatron-FSDP / --use-torch-fsdp2 for sharded grads/params"))
+        meg.append("--use-distributed-optimizer")
+        if p.zero_stage >= 2:
+            meg_notes.append(f"# ZeRO-{p.zero_stage}: Megatron-FSDP (--use-megatron-fsdp) shards grads/params; "
+                             "`autotune export --launcher torchrun -o DIR` writes its flags")
     if p.dp_grad_reduce_overlap:
         meg.append("--overlap-grad-reduce")
     if p.param_gather_overlap:
         meg.append("--overlap-param-gather")
     if p.tp_comm_overlap:
         meg.append("--tp-comm-overlap")
-    meg.append(f"--ddp-bucket-size {p.bucket_size_mib * 2**20 // 2}  # parameters (bf16) = {p.bucket_size_mib} MiB")
-    meg_notes = []
+    meg.append(f"--ddp-bucket-size {p.bucket_size_mib * 2**20 // 2}")
+    meg_notes.append(f"# --ddp-bucket-size counts parameters: {p.bucket_size_mib * 2**20 // 2} BF16 parameters = "
+                     f"{p.bucket_size_mib} MiB")
     if p.fp8:
         meg.append("--bf16")
     if p.precision == "fp8_tensorwise":
@@ -295,7 +306,11 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         tt.append("# fp8_delayed: torchtitan's float8 has dynamic scaling only; delayed scaling is Megatron-LM / TE")
     if p.compile:
         tt += ["[compile]", "enable = true", 'components = ["model", "loss"]']
-    tt += ["[training]", f"seq_len = {workload.seq_len}", f"local_batch_size = {p.micro_batch_size * p.num_micro_batches}",
+    # local_batch_size: sequences per DP rank per forward-backward; torchtitan accumulates gradients over
+    # global_batch_size / (local_batch_size x DP) of them; with PP the local batch is split into
+    # pipeline_parallel_microbatch_size micro-batches instead
+    local = p.micro_batch_size * (p.num_micro_batches if p.pp_degree > 1 else 1)
+    tt += ["[training]", f"seq_len = {workload.seq_len}", f"local_batch_size = {local}",
            f"global_batch_size = {workload.global_batch_size}",
            "[activation_checkpoint]", f'mode = "{p.recompute}"']
     env = []

@@ -740,8 +740,10 @@ class Tuner:
             raise ConfigError("give a number of trials or a timeout")
         if worker_id is not None and worker_id < 0:
             raise ConfigError(f"--worker-id must be >= 0, got {worker_id}")
-        study = self.study
+        # the backend first: a run that cannot evaluate anything (no GPU for --backend real) must not leave
+        # an empty study behind
         self.evaluator  # noqa: B018 - fail fast on an unavailable backend, before any trial
+        study = self.study
         if heartbeat_interval_s is None and self.backend == "real" and storage_kind(self.storage) != "journal":
             heartbeat_interval_s = REAL_HEARTBEAT_INTERVAL_S
         if heartbeat_interval_s is not None and heartbeat_interval_s < 1:

@@ -125,8 +125,10 @@ def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -
     return "\n".join(lines)
 
 
-def slurm_script(doc: PlanDocument, gpus_per_node: int) -> str:
-    """Bash source of ``launch_slurm.sbatch``: one srun task per node running ``launch_torchrun.sh``."""
+def slurm_script(doc: PlanDocument, gpus_per_node: int, here: str | os.PathLike | None = None) -> str:
+    """Bash source of ``launch_slurm.sbatch``: one srun task per node running ``launch_torchrun.sh``
+    from ``here`` (the launch directory, absolute: sbatch runs a spooled copy of the script, so its own
+    location says nothing; None: the submit directory)."""
     nnodes = max(1, doc.num_gpus // gpus_per_node)
     g = min(gpus_per_node, doc.num_gpus)
     return "\n".join([
@@ -139,7 +141,8 @@ def slurm_script(doc: PlanDocument, gpus_per_node: int) -> str:
         f"# {doc.model.name} on {doc.num_gpus} x {doc.gpu}, engine {doc.engine}; written by autotune export",
         "# usage: sbatch launch_slurm.sbatch   |   bash launch_slurm.sbatch --dry-run",
         "set -euo pipefail",
-        'HERE="${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"',
+        (f'HERE={shlex.quote(str(Path(here).resolve()))}' if here is not None else
+         'HERE="${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"'),
         'DRY="" ; if [[ "${1:-}" == "--dry-run" ]]; then DRY="--dry-run"; shift; fi',
         'MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" 2>/dev/null | head -n1 || true)',
         'export MASTER_ADDR=${MASTER_ADDR:-localhost} MASTER_PORT=${MASTER_PORT:-29500}',
@@ -184,7 +187,7 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
         files[f"{MODULE_NAME}.py"] = (torchtitan_config_module(doc.plan, doc.model, doc.workload, header=hdr), False)
     files["launch_torchrun.sh"] = (torchrun_script(doc, cmd, gpn), True)
     if launcher == "slurm":
-        files["launch_slurm.sbatch"] = (slurm_script(doc, gpn), True)
+        files["launch_slurm.sbatch"] = (slurm_script(doc, gpn, here=out_dir), True)
     out = Path(out_dir)
     written = []
     try:
