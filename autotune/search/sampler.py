@@ -289,9 +289,14 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                     for p in [self._plan({**self._prefs, **prm})] if p is not None)
         done = len(seen)
         rng = self._rng("trial", number)
+        # earlier trials whose plans this worker cannot see yet are other workers' trials being sampled
+        # at this moment: skip as many candidates as there are of them, so that concurrent workers (one
+        # storage, trial numbers unique in it) take different plans; sequentially this is 0
+        skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen)
 
         def next_layout() -> Plan | None:
-            return next((p for p in layouts if p not in seen), None)
+            unseen = [p for p in layouts if p not in seen]
+            return unseen[skip] if skip < len(unseen) else None      # None: a random draw
 
         if done < self.num_initial or (done - self.num_initial) % self.explore_every == self.explore_every - 1:
             p = next_layout()
@@ -302,7 +307,10 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         for _, _, base in bases:
             cands = [q for q in self.neighbours(base) if q not in seen]
             if cands:
-                return min(cands, key=lambda q: self.screen.estimate_ms(q) * (1 + self.jitter * rng.uniform(-1, 1)))
+                ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * (1 + self.jitter * rng.uniform(-1, 1)))
+                if skip < len(ranked):
+                    return ranked[skip]
+                skip -= len(ranked)
         return next_layout()
 
 
