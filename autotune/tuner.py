@@ -813,16 +813,14 @@ class Tuner:
 
         The layout sampler keeps what it computed once per study (the ranked layouts, screened plans,
         neighbours), so it is built once per :meth:`optimize` call, seeded per worker; only its random
-        fallback takes the per-trial seed.
+        fallback takes the per-trial seed; its ranking uses the study's seed in every worker.
         """
         if self.sampler_name == "layout":
+            # the layout ranking (and its seeded tie-breaking) is the study's, the same in every worker, so
+            # that trial n means the same layout everywhere; only the random fallback is per trial
             inst = getattr(self, "_layout_sampler", None)
             if inst is None:
-                saved, self.seed = self.seed, getattr(self, "_worker_seed", self.seed)
-                try:
-                    inst = self._layout_sampler = self._sampler()
-                finally:
-                    self.seed = saved
+                inst = self._layout_sampler = self._sampler()
             inst._random = optuna.samplers.RandomSampler(seed=seed)
             return inst
         saved = self.seed

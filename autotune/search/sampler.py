@@ -271,7 +271,9 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                     except Exception:       # a plan stored by another version: only blocks nothing
                         plan = None
                     self._plan_cache["plan:" + key] = plan
-            elif t.params:
+            elif t.params and t.state.is_finished():
+                # a running trial without its plan attribute is still being sampled by another worker: its
+                # params are partial, so it stays invisible (next_plan counts it among the concurrent ones)
                 plan = self._plan({**self._prefs, **t.params})
             value = None
             if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible", True) is True and t.value is not None \
@@ -287,31 +289,37 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         seen = {p for p, _ in self._history.values() if p is not None}
         seen.update(p for n, prm in self._chosen.items() if n != number
                     for p in [self._plan({**self._prefs, **prm})] if p is not None)
-        done = len(seen)
         rng = self._rng("trial", number)
-        # earlier trials whose plans this worker cannot see yet are other workers' trials being sampled
-        # at this moment: skip as many candidates as there are of them, so that concurrent workers (one
-        # storage, trial numbers unique in it) take different plans; sequentially this is 0
-        skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen)
+        # Which trials take a layout, and which one, is a function of the trial number alone (trial numbers
+        # are unique in the storage), so concurrent workers take different layouts: trial n < num_initial
+        # takes layout n; after that every explore_every-th trial the next layout in rank order. The
+        # other trials search locally among plans that are not layouts (the layout trials reach those),
+        # and skip as many candidates as there are earlier local-search trials this worker cannot see
+        # yet (other workers sampling at this moment); sequentially that is 0.
+        n0, k = self.num_initial, self.explore_every
 
-        def next_layout() -> Plan | None:
-            unseen = [p for p in layouts if p not in seen]
-            return unseen[skip] if skip < len(unseen) else None      # None: a random draw
+        def layout_index(n: int) -> int | None:
+            return n if n < n0 else (n0 + (n - n0) // k if (n - n0) % k == k - 1 else None)
 
-        if done < self.num_initial or (done - self.num_initial) % self.explore_every == self.explore_every - 1:
-            p = next_layout()
+        idx = layout_index(number)
+        if idx is not None:
+            p = next((q for q in layouts[idx:] if q not in seen), None)
             if p is not None:
                 return p
-        bases = sorted(((v, n, p) for n, (p, v) in self._history.items() if p is not None and v is not None),
-                       key=lambda x: (-x[0], x[1]))
-        for _, _, base in bases:
-            cands = [q for q in self.neighbours(base) if q not in seen]
+        skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen
+                   and layout_index(n) is None)
+        layout_set = set(layouts)
+        bases = [p for _, _, p in sorted(((v, n, p) for n, (p, v) in self._history.items()
+                                          if p is not None and v is not None), key=lambda x: (-x[0], x[1]))]
+        # before any plan is scored (workers starting together), around the best-ranked layouts
+        for base in bases + [q for q in layouts if q not in bases]:
+            cands = [q for q in self.neighbours(base) if q not in seen and q not in layout_set]
             if cands:
                 ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * (1 + self.jitter * rng.uniform(-1, 1)))
                 if skip < len(ranked):
                     return ranked[skip]
                 skip -= len(ranked)
-        return next_layout()
+        return next((q for q in layouts if q not in seen), None)
 
 
 _MISSING = object()
