@@ -289,7 +289,6 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         seen = {p for p, _ in self._history.values() if p is not None}
         seen.update(p for n, prm in self._chosen.items() if n != number
                     for p in [self._plan({**self._prefs, **prm})] if p is not None)
-        rng = self._rng("trial", number)
         # Which trials take a layout, and which one, is a function of the trial number alone (trial numbers
         # are unique in the storage), so concurrent workers take different layouts: trial n < num_initial
         # takes layout n; after that every explore_every-th trial the next layout in rank order. The
@@ -315,7 +314,11 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         for base in bases + [q for q in layouts if q not in bases]:
             cands = [q for q in self.neighbours(base) if q not in seen and q not in layout_set]
             if cands:
-                ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * (1 + self.jitter * rng.uniform(-1, 1)))
+                # the tie-breaking jitter is drawn per base plan (string-seeded: the same in every worker and
+                # every trial), so concurrent trials rank the same candidates alike and take different ones
+                brng = self._rng("base", json.dumps(plan_params(base), sort_keys=True, default=str))
+                jit = {q: 1 + self.jitter * brng.uniform(-1, 1) for q in self.neighbours(base)}
+                ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * jit[q])
                 if skip < len(ranked):
                     return ranked[skip]
                 skip -= len(ranked)
