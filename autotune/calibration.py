@@ -77,7 +77,6 @@ TIERS = ("nvlink", "host", "network", "sockets")
 #: recipes a profile's ``gemm_fp8`` table may hold, and the keys of its ``quantize`` mapping (the
 #: compiled amax + scale + cast figures, and the same timed eagerly; autotune/profiling/measure.py)
 FP8_GEMM_RECIPES = ("tensorwise", "rowwise")
-FP8_SCALINGS = FP8_GEMM_RECIPES
 QUANTIZE_KEYS = ("tensorwise_gbs", "rowwise_gbs", "tensorwise_eager_gbs", "rowwise_eager_gbs")
 #: which measured FP8 GEMM table each FP8 plan precision uses: delayed scaling runs the same
 #: per-tensor-scaled kernel as current scaling (only the scale's origin differs: TE DelayedScaling

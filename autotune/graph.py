@@ -54,11 +54,8 @@ BF16 = 2  # bytes per element
 #: gradient (2 in BF16 or 4 in FP32); write master, m, v (12) and the BF16 parameter copy (2, or none
 #: when the FP32 master is the parameter) = 28 either way.
 ADAM_BYTES_PER_PARAM = 28
-#: Bytes per gradient element in DP reductions: FP32. PyTorch DDP reduces the FP32 gradients of FP32
-#: master parameters, FSDP2 runs with ``reduce_dtype=float32`` (torchtitan's default) and Megatron-LM
-#: accumulates and all-reduces in FP32 by default (``accumulate_allreduce_grads_in_fp32``); seen on
-#: H200 as ``ncclDevKernel_ReduceScatter_Sum_f32`` in the runtime's trace (2026-11-30).
-GRAD_REDUCE_BYTES = 4
+#: Bytes per gradient element in DP reductions: the engine's (EngineProfile.grad_reduce_bytes, FP32 in
+#: every engine; sources in autotune/data/engines.yaml).
 #: Mixed precision with FP32 master weights, per parameter and micro-batch (memory-bound, bytes
 #: read + written): casting FP32 weights to BF16 for the forward or the BF16 weight gradient back to
 #: FP32 moves 4 + 2 = 6 bytes; adding a micro-batch's FP32 gradient into the accumulated one moves
