@@ -43,6 +43,11 @@ A *calibration profile* is a versioned YAML file of kernel and collective timing
         measured: true|false
         all_reduce|all_gather|reduce_scatter|send_recv|all_to_all: [[bytes, busbw_gbs], ...]
     overlap: {compute_slowdown: 0.15}           # fractional GEMM slowdown while a collective runs
+    in_training: {gemm_eager: 1.0, gemm_compiled: 1.06, attention_eager: 1.13, attention_compiled: 1.17,
+                  memory_bound_eager: 1.65, memory_bound_compiled: 1.0}
+                                                # optional: kernel time inside profiled training steps
+                                                # over what the tables above predict for the same ops
+                                                # (bench/derive_in_training.py); absent keys: 1.0
     reclaim: {empty_cache_ms: 2.0, alloc_after_empty_cache_ms_per_gib: 0.5}
     fragmentation: {none: 0.10, ...}            # allocator overhead fraction per memory_reclaim policy
 
@@ -78,6 +83,10 @@ TIERS = ("nvlink", "host", "network", "sockets")
 #: compiled amax + scale + cast figures, and the same timed eagerly; autotune/profiling/measure.py)
 FP8_GEMM_RECIPES = ("tensorwise", "rowwise")
 QUANTIZE_KEYS = ("tensorwise_gbs", "rowwise_gbs", "tensorwise_eager_gbs", "rowwise_eager_gbs")
+#: keys of a profile's ``in_training`` mapping: kernel category x execution mode (eager PyTorch kernels,
+#: or torch.compile'd / an engine's fused kernels)
+IN_TRAINING_KEYS = tuple(f"{cat}_{mode}" for cat in ("gemm", "attention", "memory_bound")
+                         for mode in ("eager", "compiled"))
 #: which measured FP8 GEMM table each FP8 plan precision uses: delayed scaling runs the same
 #: per-tensor-scaled kernel as current scaling (only the scale's origin differs: TE DelayedScaling
 #: takes it from the amax history), so it uses the tensorwise table; mxfp8 has no table (Blackwell).
@@ -138,6 +147,7 @@ class CalibrationProfile:
     peak_fp8_tflops: float | None = None
     quantize: Mapping[str, float] = field(default_factory=dict)
     memory_bound_ops_compiled: Mapping[str, float] = field(default_factory=dict)
+    in_training: Mapping[str, float] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -221,6 +231,10 @@ class CalibrationProfile:
         if unknown:
             raise ConfigError(f"{source}: quantize.{unknown[0]} unknown; valid: {', '.join(QUANTIZE_KEYS)}")
         compiled = _positive_map(d.get("memory_bound_ops_compiled"), f"{source}: memory_bound_ops_compiled")
+        in_training = _positive_map(d.get("in_training"), f"{source}: in_training")
+        unknown = sorted(set(in_training) - set(IN_TRAINING_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: in_training.{unknown[0]} unknown; valid: {', '.join(IN_TRAINING_KEYS)}")
         peak8 = d.get("peak_fp8_tflops")
         return cls(
             label=str(need("label")), measured=bool(d.get("measured", False)), source=str(d.get("source", "")),
@@ -233,7 +247,7 @@ class CalibrationProfile:
             alloc_after_empty_cache_ms_per_gib=float(reclaim.get("alloc_after_empty_cache_ms_per_gib", 0.0)),
             fragmentation=frag, memory_bound_ops=mops, gemm_fp8=gemm_fp8,
             peak_fp8_tflops=float(peak8) if peak8 else None, quantize=quant,
-            memory_bound_ops_compiled=compiled, raw=dict(d),
+            memory_bound_ops_compiled=compiled, in_training=in_training, raw=dict(d),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -254,7 +268,7 @@ class CalibrationProfile:
         for key, val in (("memory_bound_ops", dict(self.memory_bound_ops)),
                          ("memory_bound_ops_compiled", dict(self.memory_bound_ops_compiled)),
                          ("gemm_fp8", {sc: [list(r) for r in t] for sc, t in self.gemm_fp8.items()}),
-                         ("quantize", dict(self.quantize))):
+                         ("quantize", dict(self.quantize)), ("in_training", dict(self.in_training))):
             if val:
                 d[key] = val
             else:
@@ -436,6 +450,11 @@ class OpCosts(abc.ABC):
         """A torch.compile'd memory-bound kernel ``op`` moving ``nbytes``, ms, or None when its compiled
         bandwidth was never measured (the caller then keeps the eager cost)."""
         return None
+
+    def in_training_factor(self, category: str, *, compiled: bool) -> float:
+        """Kernel time inside a training step over this object's stand-alone figure for ``category``
+        (``gemm``, ``attention``, ``memory_bound``) of eager or ``compiled`` kernels; 1.0 = none known."""
+        return 1.0
 
     def overlap_slowdown(self) -> float:
         """Fractional slowdown of compute while a collective runs beside it (0 = none)."""
@@ -668,6 +687,9 @@ class CalibratedCosts(OpCosts):
     def overlap_slowdown(self) -> float:
         return self.profile.overlap_compute_slowdown
 
+    def in_training_factor(self, category: str, *, compiled: bool) -> float:
+        return float(self.profile.in_training.get(f"{category}_{'compiled' if compiled else 'eager'}", 1.0))
+
     def empty_cache_ms(self, reserved_bytes: float) -> float:
         return (self.profile.empty_cache_ms
                 + self.profile.alloc_after_empty_cache_ms_per_gib * reserved_bytes / 2**30)
@@ -697,3 +719,83 @@ def _merge_by_volume(rows: Sequence[tuple[int, int, int, float]]) -> tuple[tuple
         acc.setdefault(float(m) * n * k, []).append(t)
     xs = tuple(sorted(acc))
     return xs, tuple(sum(acc[x]) / len(acc[x]) for x in xs)
+
+
+class InTrainingCosts(OpCosts):
+    """``costs`` as its kernels run inside a training step: GEMM, attention and memory-bound times scaled
+    by :meth:`OpCosts.in_training_factor` for the plan's execution mode; everything else unchanged.
+
+    The stand-alone microbenchmarks behind a profile time one op at a time. Inside a profiled training
+    step (Llama 3.1 8B at 16 layers, seq 8192, 1x H200, 2026-12-01; ``bench/profile_plans.sh`` ->
+    ``docs/results/profile-plans-h200x1-2026-12-01.json`` -> ``bench/derive_in_training.py``) the same
+    categories of kernels took longer: eager memory-bound work ~1.65x the modelled time (the eager layers
+    run more kernels than the modelled byte counts: dtype casts around autocast and FP32 RMSNorm, RoPE's
+    cat / neg copies, layout copies), attention ~1.13-1.17x, compiled GEMMs ~1.06x (the dense compiled
+    step leaves the clocks no idle gaps). The optimizer step (op ``adamw``, profiled within 2% of its
+    model) and FP8 casts (their bandwidths already derived in training, ``bench/derive_fp8_casts.py``) are
+    not scaled.
+
+    Args (keyword-only):
+        costs: the stand-alone op costs.
+        compiled: torch.compile'd kernels (``plan.compile``) for GEMM and attention; memory-bound kernels
+            answered from the compiled table (:meth:`memory_bound_compiled_ms`, also an engine's fused
+            kernels) take the compiled factor, eager ones the eager factor.
+    """
+
+    def __init__(self, *, costs: OpCosts, compiled: bool) -> None:
+        self.inner = costs
+        self.label = getattr(costs, "label", "")
+        k = costs.in_training_factor
+        self.k_gemm = k("gemm", compiled=compiled)
+        self.k_attention = k("attention", compiled=compiled)
+        self.k_memory_eager = k("memory_bound", compiled=False)
+        self.k_memory_compiled = k("memory_bound", compiled=True)
+
+    def __getattr__(self, name: str) -> Any:          # attributes of the wrapped costs (tables, scales)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False, precision: str = "bf16") -> float:
+        kw = {"precision": precision} if precision != "bf16" else {}
+        return self.k_gemm * self.inner.gemm_ms(m, n, k, backward=backward, **kw)
+
+    def attention_ms(self, *, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
+                     backward: bool = False) -> float:
+        return self.k_attention * self.inner.attention_ms(batch=batch, seq_len=seq_len, heads=heads,
+                                                          kv_heads=kv_heads, head_dim=head_dim, backward=backward)
+
+    def memory_bound_ms(self, nbytes: float, op: str | None = None) -> float:
+        v = self.inner.memory_bound_ms(nbytes, op)
+        return v if op == "adamw" else self.k_memory_eager * v
+
+    def memory_bound_compiled_ms(self, nbytes: float, op: str) -> float | None:
+        v = self.inner.memory_bound_compiled_ms(nbytes, op)
+        return None if v is None else self.k_memory_compiled * v
+
+    def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:
+        return self.inner.collective_ms(kind, nbytes, group_size, link)
+
+    def busbw_gbs(self, kind: str, nbytes: float, link: LinkSpec) -> float:
+        return self.inner.busbw_gbs(kind, nbytes, link)
+
+    def placed_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
+        return self.inner.placed_collective_ms(kind, nbytes, placement)
+
+    def quantize_ms(self, nbytes: float, precision: str, *, fused: bool = True) -> float:
+        return self.inner.quantize_ms(nbytes, precision, fused=fused)
+
+    def in_training_factor(self, category: str, *, compiled: bool) -> float:
+        return 1.0                                     # already applied
+
+    def overlap_slowdown(self) -> float:
+        return self.inner.overlap_slowdown()
+
+    def empty_cache_ms(self, reserved_bytes: float) -> float:
+        return self.inner.empty_cache_ms(reserved_bytes)
+
+    def fragmentation(self) -> Mapping[str, float]:
+        return self.inner.fragmentation()
+
+    def provenance(self) -> Mapping[str, Any]:
+        return self.inner.provenance()

@@ -41,7 +41,7 @@ from typing import Any
 
 import networkx as nx
 
-from autotune.calibration import OpCosts
+from autotune.calibration import InTrainingCosts, OpCosts
 from autotune.engines import EngineProfile, get_engine
 from autotune.hardware import ClusterSpec, LinkSpec
 from autotune.models import ModelSpec
@@ -126,7 +126,9 @@ class CostBuilder:
 
     def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
                  costs: OpCosts, engine: EngineProfile | str | None = "native") -> None:
-        self.m, self.p, self.c, self.w, self.costs = model, plan, cluster, workload, costs
+        self.m, self.p, self.c, self.w = model, plan, cluster, workload
+        # kernel times as measured inside training steps (calibration ``in_training``; eager or compiled)
+        self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=plan.compile)
         self.engine = get_engine(engine)
         self.grad_reduce_bytes = self.engine.grad_reduce_bytes
         t, cp = plan.tp_degree, plan.cp_degree

@@ -66,6 +66,8 @@ def main() -> int:
             mem_fwd = (costs.memory_bound_ms(T * 8 * h, "rmsnorm") + costs.memory_bound_ms(T * 12 * h)
                        + costs.memory_bound_ms(T * 4 * (q + kv), "rope") + costs.memory_bound_ms(T * 6 * f, "swiglu"))
             non_fp8 += m.num_layers * 3 * mem_fwd
+        # the non-FP8 part as it runs in training (calibration in_training, bench/derive_in_training.py)
+        non_fp8 *= costs.in_training_factor("memory_bound", compiled=comp)
         gbs = cast_bytes / ((measured - non_fp8) * 1e6)
         print(f"{tag:30s} {measured:15.1f} {non_fp8:15.1f} {cast_bytes / 1e9:8.1f} {gbs:17.0f}")
     return 0

@@ -98,9 +98,11 @@ def test_precision_bookkeeping_per_engine_by_hand():
     cc_n, cc_m = ChunkCost(params=P), ChunkCost(params=P)
     _builder("native", plan)._precision_costs(cc_n)
     _builder("megatron", plan)._precision_costs(cc_m)
-    assert cc_n.fwd_parts["compute"] == pytest.approx(COSTS.memory_bound_ms(6 * P, "cast"))
-    assert cc_n.bwd_parts["compute"] == pytest.approx(COSTS.memory_bound_ms(6 * P, "cast")
-                                                      + COSTS.memory_bound_ms(12 * P * 3 / 4, "accumulate"))
+    # (eager kernels, at the profile's in-training rate for eager memory-bound work)
+    k = COSTS.in_training_factor("memory_bound", compiled=False)
+    assert cc_n.fwd_parts["compute"] == pytest.approx(k * COSTS.memory_bound_ms(6 * P, "cast"))
+    assert cc_n.bwd_parts["compute"] == pytest.approx(k * (COSTS.memory_bound_ms(6 * P, "cast")
+                                                           + COSTS.memory_bound_ms(12 * P * 3 / 4, "accumulate")))
     assert cc_m.fwd_parts.get("compute", 0.0) == 0.0 and cc_m.bwd_parts.get("compute", 0.0) == 0.0
 
 
@@ -109,12 +111,15 @@ def test_fused_kernels_use_the_measured_fused_bandwidth():
     # eager RoPE bandwidth; Megatron (TE fused RoPE): the measured compiled-kernel bandwidth.
     T, q, kv = 8192, 4096, 1024
     nbytes = T * 4 * (q + kv)
+    # Both at the profile's in-training rate of their kind (eager / compiled memory-bound kernels).
     plan = Plan()
+    k_eager = COSTS.in_training_factor("memory_bound", compiled=False)
+    k_fused = COSTS.in_training_factor("memory_bound", compiled=True)
     assert _builder("native", plan)._memory_bound_ms(nbytes, "rope") == pytest.approx(
-        COSTS.memory_bound_ms(nbytes, "rope"))
+        k_eager * COSTS.memory_bound_ms(nbytes, "rope"))
     fused = COSTS.memory_bound_compiled_ms(nbytes, "rope")
     assert fused is not None and fused < COSTS.memory_bound_ms(nbytes, "rope")
-    assert _builder("megatron", plan)._memory_bound_ms(nbytes, "rope") == pytest.approx(fused)
+    assert _builder("megatron", plan)._memory_bound_ms(nbytes, "rope") == pytest.approx(k_fused * fused)
 
 
 def test_cp_exchange_per_engine_by_hand():
