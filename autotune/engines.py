@@ -30,7 +30,7 @@ REAL_BACKEND_ENGINE = "native"
 GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
 SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
 CP_COMM_MODES = ("all_gather", "p2p")
-FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "cross_entropy", "fp8_cast")
+FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "residual", "cross_entropy", "fp8_cast")
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class EngineProfile:
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not a byte count of 2, 4, 8 or 12")
 
     def fuses(self, kernel: str) -> bool:
-        """True if the engine runs ``kernel`` (``rope``, ``swiglu``, ``rmsnorm``, ``cross_entropy``) fused."""
+        """True if the engine runs ``kernel`` (``rope``, ``swiglu``, ``rmsnorm``, ``residual``, ``cross_entropy``) fused."""
         return kernel in self.fused_kernels
 
     @classmethod

@@ -127,9 +127,12 @@ class CostBuilder:
     def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
                  costs: OpCosts, engine: EngineProfile | str | None = "native") -> None:
         self.m, self.p, self.c, self.w = model, plan, cluster, workload
-        # kernel times as measured inside training steps (calibration ``in_training``; eager or compiled)
-        self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=plan.compile)
         self.engine = get_engine(engine)
+        # kernel times as measured inside training steps (calibration ``in_training``): GEMM and attention
+        # at the compiled-step rate under torch.compile or when the engine fuses the layers'
+        # memory-bound kernels (a dense kernel stream either way), else at the eager-step rate
+        dense = plan.compile or self.engine.fuses("rmsnorm")
+        self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=dense)
         self.grad_reduce_bytes = self.engine.grad_reduce_bytes
         t, cp = plan.tp_degree, plan.cp_degree
         self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
@@ -303,13 +306,14 @@ class CostBuilder:
         """
         eager = self.costs.memory_bound_ms(nbytes, op)
         key = compiled_op or op
-        fused = op is not None and self.engine.fuses(op)
+        fused = key is not None and self.engine.fuses(key)
         if (self.p.compile or fused) and key:
             v = self.costs.memory_bound_compiled_ms(nbytes, key)
             if v is not None:
                 return v if self.p.compile else min(v, eager)
-        if fused:
-            return min(eager, self.costs.memory_bound_ms(nbytes))
+        if fused:                   # no measured fused bandwidth: the generic one, at the fused in-training rate
+            generic = self.costs.inner.memory_bound_ms(nbytes) * self.costs.k_memory_compiled
+            return min(eager, generic)
         return eager
 
     def chunk_cost(self, vstage: int, num_layers: int) -> ChunkCost:

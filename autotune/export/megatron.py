@@ -104,6 +104,8 @@ def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
         # Megatron-LM has no per-micro-batch setting, so per-micro-batch plans get the per-step one
         a += ["--empty-unused-memory-level", "1"]
     a.append("--bf16")
+    # the cost model counts the fused cross-entropy of the megatron engine profile (engines.yaml)
+    a.append("--cross-entropy-loss-fusion")
     if p.precision == "fp8_tensorwise":
         a += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
     elif p.precision == "fp8_delayed":
