@@ -20,6 +20,8 @@ A *calibration profile* is a versioned YAML file of kernel and collective timing
     quantize: {tensorwise_gbs: ..., rowwise_gbs: ...}   # optional: FP8 cast kernels, GB/s (r + w)
     memory_bound_ops_compiled: {rmsnorm: ..., ...}       # optional: torch.compile'd kernels, GB/s
     attention:    [[seq_len, heads, kv_heads, head_dim, fwd_tflops, bwd_tflops], ...]  # causal, batch 1
+    attention_flash2: [[...same columns...], ...]   # optional: SDPA's flash backend (FlashAttention-2),
+                                                # for engines whose attention kernel is flash2
     memory_bound_bandwidth_gbs: 4250            # achieved HBM bandwidth (read + write bytes / time)
     memory_bound_ops: {rmsnorm: 2851, rope: 360, ...}  # optional, GB/s per kernel; else taken from
                                                 # measurements.memory_ops rows [op, bytes, ms, GB/s, n]
@@ -148,6 +150,7 @@ class CalibrationProfile:
     quantize: Mapping[str, float] = field(default_factory=dict)
     memory_bound_ops_compiled: Mapping[str, float] = field(default_factory=dict)
     in_training: Mapping[str, float] = field(default_factory=dict)
+    attention_flash2: tuple[tuple[int, int, int, int, float, float], ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -177,6 +180,14 @@ class CalibrationProfile:
                               f"[seq_len, heads, kv_heads, head_dim, fwd_tflops, bwd_tflops]: {e}") from None
         if not gemm or not attn:
             raise ConfigError(f"{source}: gemm and attention tables must not be empty")
+        try:
+            attn_fa2 = tuple(sorted((int(s_), int(h), int(kv), int(hd), float(f), float(b))
+                                    for s_, h, kv, hd, f, b in (d.get("attention_flash2") or ())))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{source}: attention_flash2 rows must be [seq_len, heads, kv_heads, head_dim, "
+                              f"fwd_tflops, bwd_tflops]: {e}") from None
+        if any(r[4] <= 0 or r[5] <= 0 for r in attn + attn_fa2):
+            raise ConfigError(f"{source}: attention TFLOP/s must be > 0")
         tiers: dict[str, TierCalibration] = {}
         for tier, td in (need("collectives") or {}).items():
             if tier not in TIERS:
@@ -247,7 +258,7 @@ class CalibrationProfile:
             alloc_after_empty_cache_ms_per_gib=float(reclaim.get("alloc_after_empty_cache_ms_per_gib", 0.0)),
             fragmentation=frag, memory_bound_ops=mops, gemm_fp8=gemm_fp8,
             peak_fp8_tflops=float(peak8) if peak8 else None, quantize=quant,
-            memory_bound_ops_compiled=compiled, in_training=in_training, raw=dict(d),
+            memory_bound_ops_compiled=compiled, in_training=in_training, attention_flash2=attn_fa2, raw=dict(d),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,7 +279,8 @@ class CalibrationProfile:
         for key, val in (("memory_bound_ops", dict(self.memory_bound_ops)),
                          ("memory_bound_ops_compiled", dict(self.memory_bound_ops_compiled)),
                          ("gemm_fp8", {sc: [list(r) for r in t] for sc, t in self.gemm_fp8.items()}),
-                         ("quantize", dict(self.quantize)), ("in_training", dict(self.in_training))):
+                         ("quantize", dict(self.quantize)), ("in_training", dict(self.in_training)),
+                         ("attention_flash2", [list(r) for r in self.attention_flash2])):
             if val:
                 d[key] = val
             else:
@@ -450,6 +462,14 @@ class OpCosts(abc.ABC):
         """A torch.compile'd memory-bound kernel ``op`` moving ``nbytes``, ms, or None when its compiled
         bandwidth was never measured (the caller then keeps the eager cost)."""
         return None
+
+    def attention_kernel_ms(self, kernel: str, *, batch: int, seq_len: int, heads: int, kv_heads: int,
+                            head_dim: int, backward: bool = False) -> float:
+        """Causal attention with a named kernel (:data:`autotune.engines.ATTENTION_KERNELS`: ``default``
+        = SDPA's default dispatch / the engine's fused attention, ``flash2`` = FlashAttention-2), ms.
+        Here: :meth:`attention_ms` for every kernel (no kernel-specific table)."""
+        return self.attention_ms(batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads,
+                                 head_dim=head_dim, backward=backward)
 
     def in_training_factor(self, category: str, *, compiled: bool) -> float:
         """Kernel time inside a training step over this object's stand-alone figure for ``category``
@@ -639,10 +659,18 @@ class CalibratedCosts(OpCosts):
 
     def attention_ms(self, *, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
                      backward: bool = False) -> float:
-        key = ("a", batch, seq_len, heads, kv_heads, head_dim, backward)
+        return self.attention_kernel_ms("default", batch=batch, seq_len=seq_len, heads=heads,
+                                        kv_heads=kv_heads, head_dim=head_dim, backward=backward)
+
+    def attention_kernel_ms(self, kernel: str, *, batch: int, seq_len: int, heads: int, kv_heads: int,
+                            head_dim: int, backward: bool = False) -> float:
+        """``default``: the profile's ``attention`` table; ``flash2``: its ``attention_flash2`` table
+        (SDPA's flash backend, measured), the default table when the profile has none."""
+        rows = self.profile.attention_flash2 if kernel == "flash2" and self.profile.attention_flash2 \
+            else self.profile.attention
+        key = ("a", rows is self.profile.attention, batch, seq_len, heads, kv_heads, head_dim, backward)
         v = self._cache.get(key)
         if v is None:
-            rows = self.profile.attention
             best_h = min({r[1] for r in rows}, key=lambda h: (abs(math.log2(h) - math.log2(heads)), -h))
             sel = sorted((r for r in rows if r[1] == best_h), key=lambda r: r[0])
             xs = tuple(float(r[0]) for r in sel)
@@ -764,6 +792,14 @@ class InTrainingCosts(OpCosts):
                      backward: bool = False) -> float:
         return self.k_attention * self.inner.attention_ms(batch=batch, seq_len=seq_len, heads=heads,
                                                           kv_heads=kv_heads, head_dim=head_dim, backward=backward)
+
+    def attention_kernel_ms(self, kernel: str, *, batch: int, seq_len: int, heads: int, kv_heads: int,
+                            head_dim: int, backward: bool = False) -> float:
+        # the in-training attention factor was measured on the default kernel (cuDNN); applied to
+        # flash2 as well (assumption: the same in-training slowdown)
+        return self.k_attention * self.inner.attention_kernel_ms(
+            kernel, batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+            backward=backward)
 
     def memory_bound_ms(self, nbytes: float, op: str | None = None) -> float:
         v = self.inner.memory_bound_ms(nbytes, op)

@@ -31,6 +31,10 @@ GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
 SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
 CP_COMM_MODES = ("all_gather", "p2p")
 FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "residual", "cross_entropy", "fp8_cast")
+#: attention kernels the calibration has tables for: ``default`` (PyTorch SDPA's default dispatch, cuDNN
+#: on Hopper with torch >= 2.10, or an engine's cuDNN fused attention) and ``flash2`` (SDPA's flash
+#: backend, FlashAttention-2)
+ATTENTION_KERNELS = ("default", "flash2")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class EngineProfile:
         tp_comm_overlap_needs_sp: it needs sequence parallelism; tp_comm_overlap_needs_compile: it
         needs ``compile`` (async TP is an inductor pass).
         cp_comm: how context parallelism exchanges K/V (``all_gather`` or ``p2p`` ring).
+        attention_kernel: the attention kernel it runs (:data:`ATTENTION_KERNELS`).
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
         error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
 
@@ -91,10 +96,11 @@ class EngineProfile:
     tp_comm_overlap_needs_compile: bool = False
     tp_comm_overlap_reason: str = ""
     zero_stage_reasons: Mapping[int, str] = field(default_factory=dict)
+    attention_kernel: str = "default"
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
-                  ("cp_comm", CP_COMM_MODES))
+                  ("cp_comm", CP_COMM_MODES), ("attention_kernel", ATTENTION_KERNELS))
         for f, valid in checks:
             if getattr(self, f) not in valid:
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not valid; "

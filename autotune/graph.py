@@ -207,8 +207,10 @@ class CostBuilder:
         heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)
         seq = self.w.seq_len
         attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=m.head_dim)
-        attn_fwd = costs.attention_ms(**attn_kw) / p.cp_degree
-        attn_bwd = costs.attention_ms(**attn_kw, backward=True) / p.cp_degree
+        # the engine's attention kernel (engines.yaml attention_kernel: default dispatch or FlashAttention-2)
+        kern = self.engine.attention_kernel
+        attn_fwd = costs.attention_kernel_ms(kern, **attn_kw) / p.cp_degree
+        attn_bwd = costs.attention_kernel_ms(kern, **attn_kw, backward=True) / p.cp_degree
         flops += 2.0 * p.micro_batch_size * seq * seq * m.head_dim * heads / p.cp_degree
         # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
         # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t

@@ -55,8 +55,8 @@ class OneCategory(CalibratedCosts):
     def gemm_ms(self, *a, **k) -> float:
         return super().gemm_ms(*a, **k) if self.keep == "gemm" else 0.0
 
-    def attention_ms(self, **k) -> float:
-        return super().attention_ms(**k) if self.keep == "attention" else 0.0
+    def attention_kernel_ms(self, kernel: str, **k) -> float:
+        return super().attention_kernel_ms(kernel, **k) if self.keep == "attention" else 0.0
 
     def memory_bound_ms(self, nbytes: float, op: str | None = None) -> float:
         want = "optimizer" if op == "adamw" else "memory_bound"

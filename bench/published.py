@@ -161,6 +161,15 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         # pinned torchtitan of the engine profile no longer has: predict them for that older release
         eng = dataclasses.replace(eng, precisions=eng.precisions + ("fp8_tensorwise",),
                                   source=eng.source + "; tensorwise recipe as in its 2024-25 releases")
+    if engine == "torchtitan":
+        # and their attention kernel: FlashAttention-2 (SDPA's flash backend), not the pinned release's
+        # cuDNN-first list. 2024-12 (torchtitan 9dec370, torch 1963fc8): torchtitan/models/llama/model.py
+        # calls F.scaled_dot_product_attention without a backend, and torch's default dispatch had
+        # made cuDNN opt-in (pytorch/pytorch#138522; #142132: the default 329 vs cuDNN 631 TFLOP/s on
+        # H100, nightly 2024-12-04). 2025-06 (torchtitan e7c0cae): torchtitan/models/attention.py
+        # ScaledDotProductAttention._init_backend puts FLASH_ATTENTION first, cuDNN only on B200.
+        eng = dataclasses.replace(eng, attention_kernel="flash2",
+                                  source=eng.source + "; FlashAttention-2 as in its 2024-25 releases")
     # the step time does not depend on capacity: time the plan on a GPU with room for it, and give the
     # memory model's verdict for the real capacity beside it (a published run that ran but is refused
     # as out of memory is a memory-model error, reported as such)

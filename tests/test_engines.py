@@ -236,3 +236,24 @@ def test_precision_gpu_engine_combinations_and_export(engine, gpu, precision, tm
         assert "recipe_name" in text or "MXFP8" in text
     if engine == "native":
         assert "autotune validate" in text
+
+
+def test_attention_kernel_flash2_uses_its_measured_table():
+    # SDPA's flash backend measured on H200 (h200.yaml attention_flash2, 2026-12-01): seq 8192, 32 query /
+    # 8 KV heads, head_dim 128: 318.4 TFLOP/s forward. Causal forward FLOPs 2 s^2 d h = 2 x 8192^2 x 128 x
+    # 32 = 5.4976e11 -> 1.7266 ms; the default (cuDNN) table's row is 622.68 TFLOP/s -> 0.8829 ms.
+    import dataclasses
+
+    kw = dict(batch=1, seq_len=8192, heads=32, kv_heads=8, head_dim=128)
+    assert COSTS.attention_kernel_ms("flash2", **kw) == pytest.approx(2 * 8192**2 * 128 * 32 / 318.4e9, rel=1e-4)
+    assert COSTS.attention_kernel_ms("default", **kw) == pytest.approx(2 * 8192**2 * 128 * 32 / 622.68e9, rel=1e-4)
+    # a torchtitan release running FlashAttention-2: the layer's attention costs the flash2 time, at the
+    # in-training attention factor of its mode (eager here)
+    plan = Plan(micro_batch_size=1, zero_stage=0)
+    tt = get_engine("torchtitan")
+    fa2 = dataclasses.replace(tt, attention_kernel="flash2")
+    k = COSTS.in_training_factor("attention", compiled=False)
+    d_fwd = _builder(fa2, plan)._layer[0]["compute"] - _builder(tt, plan)._layer[0]["compute"]
+    assert d_fwd == pytest.approx(k * (COSTS.attention_kernel_ms("flash2", **kw) - COSTS.attention_kernel_ms("default", **kw)))
+    with pytest.raises(ConfigError, match="attention_kernel='fa3' is not valid"):
+        dataclasses.replace(tt, attention_kernel="fa3")
