@@ -75,8 +75,9 @@ def gpu_spec(name: str) -> GPUSpec:
 def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v: int | None = None) -> Plan:
     """The plan a published run describes, for ``engine``.
 
-    * degrees tp, pp, cp as published; dp = GPUs / (tp pp cp); micro-batch ``mbs`` (1 if absent);
-      micro-batches = global batch / (mbs x dp);
+    * degrees tp, pp, cp as published; dp = GPUs / (tp pp cp); micro-batch ``mbs`` (1 if absent; for
+      torchtitan with PP and a published local batch: local batch / pp, its release's default of pp
+      micro-batches); micro-batches = global batch / (mbs x dp);
     * schedule: ``vp`` given -> interleaved 1F1B with that v; Llama 3 paper: interleaved with
       :data:`LLAMA3_VPP` (or ``v``) and one layer fewer on the first and last stage; else the
       ``schedule`` field, else 1F1B;
@@ -95,6 +96,11 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
     tp, pp, cp = run.get("tp", 1), run.get("pp", 1), run.get("cp", 1)
     dp = num_gpus // (tp * pp * cp)
     mbs = run.get("mbs") or 1
+    if engine == "torchtitan" and pp > 1 and not run.get("mbs") and run.get("local_batch"):
+        # torchtitan 9dec370 (the 2024-12 runs): --experimental.pipeline_parallel_microbatches defaults
+        # to the pipeline degree (torchtitan/parallelisms/pipelining_utils.py, pipeline_llama.py), so
+        # the local batch is split into pp micro-batches
+        mbs = run["local_batch"] // pp
     gbs = run.get("gbs") or mbs * dp           # torchtitan h200 rows: local batch 2, no accumulation
     stage_layers = None
     vp = run.get("vp")
