@@ -9,6 +9,16 @@ warm-up, each further round of ``p`` micro-batches adds the same time (the stead
 the step time for ``m`` micro-batches is ``T(m1) + (m - m1) / p x (T(m1 + p) - T(m1))`` with
 ``m1 = 2p``; both graphs are simulated in full, and tests check the result equals the full simulation. ``extrapolated`` in the
 result's details says when this was used.
+
+Fast path (what :class:`SimulatedEvaluator` uses; ``evaluator.fast = False`` builds the networkx graph
+instead): the graph's numbers (:func:`autotune.graph.step_weights`) are computed per plan, its structure
+(:func:`autotune.graph.step_structure`: nodes, edges, streams; a function of pp, vpp, schedule, m, the DP
+bucket groups and which tail nodes exist) is built once and cached, then compiled once into the visit
+order and predecessor lists :func:`simulate_graph` would use (:func:`compile_structure`), and
+:func:`simulate_structure` runs the same recurrence over plain lists. Same floats, same order of sums:
+tests/test_fast_sim.py compares both paths; 267 plans of three 405B / 70B studies gave bit-identical
+step times, MFU and breakdowns (2026-12-01). Measured on the project's 2-core dev machine: a 405B x 1,024
+B200 trial's evaluation went from ~0.3 s to ~25 ms CPU.
 """
 
 from __future__ import annotations
