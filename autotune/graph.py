@@ -601,19 +601,28 @@ class StepStructure:
 
 
 _STRUCTURES: dict[tuple, StepStructure] = {}
-#: structures kept (each ~ 2 x pp x vpp x m compute nodes); cleared when full (a bound on memory)
+#: bound on the cached structures, in nodes (each has ~2 x pp x vpp x m): the cache is emptied when a new
+#: one would pass it. With its compiled form (autotune.simulator.compile_structure) a cached node takes
+#: ~0.8 KB (tracemalloc: 4.0 MiB for a 5,152-node 405B graph, pp 16, vpp 8, m 16), so ~250 MB at most.
+MAX_CACHED_NODES = 300_000
+#: structures kept, at most (also a bound for the compiled-structure cache)
 MAX_CACHED_STRUCTURES = 256
+_cached_nodes = 0
 
 
 def step_structure(plan: Plan, weights: StepWeights) -> StepStructure:
     """The structure of the step graph of ``plan`` with ``weights`` (cached per
-    :meth:`StepWeights.structure_key`)."""
+    :meth:`StepWeights.structure_key`, bounded by :data:`MAX_CACHED_NODES`)."""
+    global _cached_nodes
     key = weights.structure_key(plan)
     s = _STRUCTURES.get(key)
     if s is None:
-        if len(_STRUCTURES) >= MAX_CACHED_STRUCTURES:
+        s = _make_structure(plan, weights)
+        if len(_STRUCTURES) >= MAX_CACHED_STRUCTURES or _cached_nodes + len(s.nodes) > MAX_CACHED_NODES:
             _STRUCTURES.clear()
-        s = _STRUCTURES[key] = _make_structure(plan, weights)
+            _cached_nodes = 0
+        _STRUCTURES[key] = s
+        _cached_nodes += len(s.nodes)
     return s
 
 

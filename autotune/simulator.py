@@ -33,7 +33,7 @@ from autotune.calibration import CalibrationProfile, CalibratedCosts, OpCosts, d
 from autotune.engines import EngineProfile, check_plan_for_engine
 from autotune.evaluator import BREAKDOWN_KEYS, Evaluator, StepResult
 from autotune.flops import model_flops_per_token, recompute_flops_per_token
-from autotune.graph import (MAX_CACHED_STRUCTURES, CostBuilder, StepStructure, StepWeights, build_step_graph,
+from autotune.graph import (MAX_CACHED_NODES, MAX_CACHED_STRUCTURES, CostBuilder, StepStructure, StepWeights, build_step_graph,
                             chunk_costs, delay_of, step_structure, step_weights, weight_of)
 from autotune.hardware import ClusterSpec
 from autotune.memory import estimate_memory
@@ -147,6 +147,7 @@ class CompiledStructure:
 
 
 _COMPILED: dict[int, tuple[StepStructure, CompiledStructure]] = {}
+_compiled_nodes = [0]
 
 
 def compile_structure(s: StepStructure) -> CompiledStructure:
@@ -154,8 +155,10 @@ def compile_structure(s: StepStructure) -> CompiledStructure:
     got = _COMPILED.get(id(s))
     if got is not None and got[0] is s:
         return got[1]
-    if len(_COMPILED) >= 2 * MAX_CACHED_STRUCTURES:
-        _COMPILED.clear()
+    if len(_COMPILED) >= MAX_CACHED_STRUCTURES or _compiled_nodes[0] + len(s.nodes) > MAX_CACHED_NODES:
+        _COMPILED.clear()           # the same bounds as autotune.graph's structure cache
+        _compiled_nodes[0] = 0
+    _compiled_nodes[0] += len(s.nodes)
     nodes = s.nodes
     n = len(nodes)
     # DiGraph semantics: a repeated (u, v) edge keeps its first position and takes the later attributes

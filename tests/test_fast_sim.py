@@ -80,3 +80,28 @@ def test_fast_path_matches_graph(case: int) -> None:
     for k, v in b.breakdown_ms.items():
         assert _same(a.breakdown_ms[k], v, b.step_time_ms), (k, a.breakdown_ms[k], v)
     assert math.isfinite(a.step_time_ms) and a.step_time_ms > 0
+
+
+def test_cached_structure_is_reused_with_other_weights() -> None:
+    """Two plans of one layout differing in settings that change only node weights (recompute, TP overlap)
+    share one cached structure, and each still gives the slow path's numbers."""
+    from autotune.graph import CostBuilder, chunk_costs, step_structure, step_weights
+
+    fast, slow = _pair(*H100_70B)
+    base = dict(tp_degree=8, pp_degree=4, dp_degree=2, micro_batch_size=1, num_micro_batches=256,
+                sequence_parallel=True)
+    plans = [Plan(**base, recompute="full"), Plan(**base, recompute="selective", tp_comm_overlap=True)]
+    structs = []
+    for plan in plans:
+        cb = CostBuilder(model=fast.model, plan=plan, cluster=fast.cluster, workload=fast.workload, costs=fast.costs,
+                         engine=fast.engine)
+        # m = 2p: the first of the two graphs the simulator extrapolates from (m = 256 > 3p)
+        w = step_weights(cb, plan, fast.model, 8, chunk_costs(cb, plan, fast.model, cached=True))
+        structs.append(step_structure(plan, w))
+        a, b = fast.evaluate(plan), slow.evaluate(plan)
+        assert a.feasible and b.feasible, b.infeasible_reason
+        assert _same(a.step_time_ms, b.step_time_ms, 0.0)
+        assert all(_same(a.breakdown_ms[k], v, b.step_time_ms) for k, v in b.breakdown_ms.items())
+    assert structs[0] is structs[1]
+    # recompute="full" adds the forward again to each backward: the two plans' step times must differ
+    assert fast.evaluate(plans[0]).step_time_ms != fast.evaluate(plans[1]).step_time_ms
