@@ -457,93 +457,101 @@ class CostBuilder:
         return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM, "adamw")
 
 
-def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
-                     costs: OpCosts, num_micro_batches: int | None = None,
-                     reserved_bytes_per_stage: list[float] | None = None,
-                     builder: CostBuilder | None = None,
-                     engine: EngineProfile | str | None = "native") -> nx.DiGraph:
-    """Build the step graph (module docstring). ``num_micro_batches`` overrides the plan's count
-    (the simulator uses it to extrapolate long pipelines); ``reserved_bytes_per_stage`` sizes the
-    cost of re-allocating after ``empty_cache``.
+@dataclass(frozen=True)
+class StepWeights:
+    """The numbers of one step graph, apart from its structure (:class:`StepStructure`), ms.
 
-    Returns:
-        A DiGraph with graph attributes ``plan``, ``num_micro_batches``, ``p2p_ms``; node attributes
-        ``kind``, ``stage``, ``chunk``, ``microbatch``, ``stream``, ``duration_ms``, ``parts``,
-        ``flops``; edge attributes ``kind`` and ``delay_ms``.
+    Written by :func:`step_weights` from a :class:`CostBuilder`; :func:`build_step_graph` puts them on
+    networkx nodes and edges, :func:`autotune.simulator.simulate_structure` reads them directly.
+
+    Attributes:
+        num_micro_batches: m of the graph (may differ from the plan's when the simulator extrapolates).
+        p2p_ms: one boundary send/recv (:meth:`CostBuilder.p2p_ms`), ms.
+        p2p_delay_ms: ``delay_ms`` of the p2p edges: 0 with blocking send/recv (the time is in the
+            sender's node, ``exposed_pp_comm``), else ``p2p_ms``.
+        overlap_dp: DP buckets on their own ``dp`` stream (async collectives + dp_grad_reduce_overlap).
+        compute: per (stage, ``"F"|"B"``, chunk): (parts, duration_ms, flops) of every micro-batch's node
+            (the parts dict is shared by those nodes: read-only).
+        dp_groups: per (stage, chunk): one (duration_ms, num_buckets, ready_delay_ms) per DP bucket group;
+            ready_delay_ms (<= 0) is the ``delay_ms`` of the edge from the chunk's last backward (used
+            when ``overlap_dp``).
+        opt_ms: per stage, the optimizer step (:meth:`CostBuilder.optimizer_ms`).
+        param_gather_ms: per stage, the exposed ZeRO-1/2 parameter all-gather; 0 = no node.
+        reclaim_ms: per stage, the per-step ``empty_cache`` node's time; None = no such node.
     """
+
+    num_micro_batches: int
+    p2p_ms: float
+    p2p_delay_ms: float
+    overlap_dp: bool
+    compute: dict[tuple[int, str, int], tuple[dict[str, float], float, float]]
+    dp_groups: dict[tuple[int, int], tuple[tuple[float, int, float], ...]]
+    opt_ms: tuple[float, ...]
+    param_gather_ms: tuple[float, ...]
+    reclaim_ms: tuple[float, ...] | None
+
+    def structure_key(self, plan: Plan) -> tuple:
+        """What the graph's structure (nodes, edges, streams) depends on: pp, effective vpp, schedule, m,
+        where the DP buckets run, the bucket-group count per chunk, which stages have a parameter-gather
+        node and whether there are reclaim nodes."""
+        return (plan.pp_degree, plan.effective_vpp, plan.pipeline_schedule, self.num_micro_batches,
+                self.overlap_dp, tuple(len(self.dp_groups.get((r, c), ())) for r in range(plan.pp_degree)
+                                       for c in range(plan.effective_vpp)),
+                tuple(bool(a) for a in self.param_gather_ms), self.reclaim_ms is not None)
+
+
+def chunk_costs(cb: CostBuilder, plan: Plan, model: ModelSpec, *, cached: bool = False) -> dict[int, ChunkCost]:
+    """Cost of every virtual stage (model order), ``{vstage: ChunkCost}``.
+
+    ``cached``: compute :meth:`CostBuilder.chunk_cost` once per (first stage, last stage, layer count)
+    and share the result between the virtual stages of that class (``chunk_cost`` depends on the
+    stage index only through "is it the first (embedding) / last (LM head) stage"; the fast path's
+    equivalence test, tests/test_fast_sim.py, checks this against the uncached costs).
+    """
+    layers = plan.layers_per_virtual_stage(model.num_layers)
+    n = len(layers)
+    if not cached:
+        return {vs: cb.chunk_cost(vs, layers[vs]) for vs in range(n)}
+    by_class: dict[tuple[bool, bool, int], ChunkCost] = {}
+    out = {}
+    for vs in range(n):
+        key = (vs == 0, vs == n - 1, layers[vs])
+        cc = by_class.get(key)
+        if cc is None:
+            cc = by_class[key] = cb.chunk_cost(vs, layers[vs])
+        out[vs] = cc
+    return out
+
+
+def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batches: int,
+                 chunks: dict[int, ChunkCost], reserved_bytes_per_stage: list[float] | None = None) -> StepWeights:
+    """Durations, parts and edge delays of the step graph of ``plan`` with ``num_micro_batches``
+    micro-batches (module docstring; the rules :func:`build_step_graph` documents), from per-chunk costs
+    ``chunks`` (:func:`chunk_costs`)."""
     p = plan
-    cb = builder or CostBuilder(model=model, plan=plan, cluster=cluster, workload=workload, costs=costs,
-                                engine=engine)
-    m = num_micro_batches or p.num_micro_batches
+    m = num_micro_batches
     P, v = p.pp_degree, p.effective_vpp
-    layers = p.layers_per_virtual_stage(model.num_layers)
     n_virtual = P * v
-    chunks = {vs: cb.chunk_cost(vs, layers[vs]) for vs in range(n_virtual)}
     p2p = cb.p2p_ms()
     blocking_p2p = not p.async_collectives
     reclaim_mb = p.memory_reclaim == "empty_cache_per_microbatch"
-    g = nx.DiGraph(plan=plan, num_micro_batches=m, p2p_ms=p2p)
-    node_list: list[tuple[Any, dict[str, Any]]] = []
-    edge_list: list[tuple[Any, Any, dict[str, Any]]] = []
-    durations: dict[Any, float] = {}
-
-    def add_node(n: Any, **attrs: Any) -> None:      # collected, then added in bulk (much faster)
-        node_list.append((n, attrs))
-        durations[n] = attrs["duration_ms"]
-
-    def add_edge(u: Any, v: Any, **attrs: Any) -> None:
-        edge_list.append((u, v, attrs))
-
+    overlap_dp = p.async_collectives and p.dp_grad_reduce_overlap
     reserved = reserved_bytes_per_stage or [0.0] * P
-
+    compute: dict[tuple[int, str, int], tuple[dict[str, float], float, float]] = {}
+    dp_groups: dict[tuple[int, int], tuple[tuple[float, int, float], ...]] = {}
+    opt_ms, ag_ms, reclaim_ms = [], [], []
     for r in range(P):
-        prev = None
-        last_b: dict[int, tuple] = {}
-        order = schedule_order(p, r, m)
-        # every (phase, chunk) of a stage has the same parts for all micro-batches: build them once
-        # and share the dict between nodes (read-only), which keeps large graphs cheap
-        proto: dict[tuple[str, int], tuple[dict[str, float], float, float]] = {}
-        for phase, c in {(ph, c) for ph, c, _ in order}:
+        for c in range(v):
             vs = c * P + r
             cc = chunks[vs]
-            parts = dict(cc.fwd_parts if phase == "F" else cc.bwd_parts)
-            sends = (phase == "F" and vs < n_virtual - 1) or (phase == "B" and vs > 0)
-            if sends and blocking_p2p and p2p:
-                _add(parts, "exposed_pp_comm", p2p)
-            if phase == "B" and reclaim_mb:
-                _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)))
-            proto[phase, c] = parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2)
-        for phase, c, i in order:
-            parts, dur, flops = proto[phase, c]
-            node = (phase, r, c, i)
-            node_list.append((node, {"kind": "fwd" if phase == "F" else "bwd", "stage": r, "chunk": c,
-                                     "microbatch": i, "stream": "compute", "duration_ms": dur,
-                                     "parts": parts, "flops": flops}))
-            durations[node] = dur
-            if prev is not None:
-                edge_list.append((prev, node, STREAM_EDGE))
-            prev = node
-            if phase == "B":
-                last_b[c] = node
-        # data dependencies across virtual stages (send/recv); attribute dicts are shared (networkx
-        # copies them into its own edge dicts)
-        p2p_attr = {"kind": "p2p", "delay_ms": 0.0 if blocking_p2p else p2p}
-        data_attr = {"kind": "data", "delay_ms": 0.0}
-        append = edge_list.append
-        for phase, c, i in order:
-            vs = c * P + r
-            node = (phase, r, c, i)
-            if phase == "F":
-                if vs > 0:
-                    append((("F", (vs - 1) % P, (vs - 1) // P, i), node, p2p_attr))
-            elif vs < n_virtual - 1:
-                append((("B", (vs + 1) % P, (vs + 1) // P, i), node, p2p_attr))
-            else:
-                append((("F", r, c, i), node, data_attr))
-        # end of step: DP gradient buckets, optimizer, parameter all-gather, reclaim
-        overlap_dp = p.async_collectives and p.dp_grad_reduce_overlap
-        tail = prev
-        dp_nodes = []
+            for phase in ("F", "B"):
+                parts = dict(cc.fwd_parts if phase == "F" else cc.bwd_parts)
+                sends = (phase == "F" and vs < n_virtual - 1) or (phase == "B" and vs > 0)
+                if sends and blocking_p2p and p2p:
+                    _add(parts, "exposed_pp_comm", p2p)
+                if phase == "B" and reclaim_mb:
+                    _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)))
+                compute[r, phase, c] = parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2)
         stage_params = 0
         for c in range(v):
             vs = c * P + r
@@ -554,58 +562,223 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
             ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
             per = math.ceil(len(buckets) / ngroups)
             groups = [buckets[k:k + per] for k in range(0, len(buckets), per)]
-            lb = last_b[c]
-            lb_dur = durations[lb]
+            lb_dur = compute[r, "B", c][1]
             # the input embedding's gradient is the last one backward produces (a gather's backward
             # after every layer), so its buckets are ready only when the chunk's backward ends;
             # the layers' and the LM head's come evenly before it
             emb_share = model.embedding_params // plan.tp_degree / chunks[vs].params if vs == 0 else 0.0
             done = 0
-            for k, grp in enumerate(groups):
+            out = []
+            for grp in groups:
                 done += len(grp)
+                # gradients of the first `done` buckets exist once that share of the backward ran
+                share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
+                out.append((sum(grp), len(grp), -(1 - share) * lb_dur))
+            dp_groups[r, c] = tuple(out)
+        opt_ms.append(cb.optimizer_ms(stage_params))
+        ag = cb.param_gather_ms(stage_params)
+        if ag and p.param_gather_overlap and p.async_collectives:
+            # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
+            first_f = compute[r, "F", 0][1] if m else 0.0
+            ag = max(0.0, ag - first_f)
+        ag_ms.append(ag)
+        if p.memory_reclaim == "empty_cache_per_step":
+            reclaim_ms.append(cb.costs.empty_cache_ms(reserved[r]))
+    return StepWeights(num_micro_batches=m, p2p_ms=p2p, p2p_delay_ms=0.0 if blocking_p2p else p2p,
+                       overlap_dp=overlap_dp, compute=compute, dp_groups=dp_groups, opt_ms=tuple(opt_ms),
+                       param_gather_ms=tuple(ag_ms),
+                       reclaim_ms=tuple(reclaim_ms) if p.memory_reclaim == "empty_cache_per_step" else None)
+
+
+@dataclass(frozen=True)
+class StepStructure:
+    """Nodes and edges of a step graph without its numbers (:class:`StepWeights` has those).
+
+    Attributes:
+        nodes: per node, (node id, kind, stage, chunk, microbatch, stream, weight key), in the order
+            :func:`build_step_graph` adds them. Weight keys: ``("c", stage, phase, chunk)`` a compute
+            node, ``("dp", stage, chunk, k)`` the k-th DP bucket group, ``("opt", stage)``,
+            ``("ag", stage)`` the parameter gather, ``("rc", stage)`` the per-step reclaim.
+        edges: per edge, (from index, to index, kind, delay key), in insertion order; delay keys: ``0``
+            (0 ms), ``"p2p"`` (:attr:`StepWeights.p2p_delay_ms`), ``("dp", stage, chunk, k)`` (that
+            group's ready delay).
+    """
+
+    nodes: tuple[tuple[Any, str, int, int, int, str, tuple], ...]
+    edges: tuple[tuple[int, int, str, Any], ...]
+
+
+_STRUCTURES: dict[tuple, StepStructure] = {}
+#: bound on the cached structures, in nodes (each has ~2 x pp x vpp x m): the cache is emptied when a new
+#: one would pass it. With its compiled form (autotune.simulator.compile_structure) a cached node takes
+#: ~0.8 KB (tracemalloc: 4.0 MiB for a 5,152-node 405B graph, pp 16, vpp 8, m 16), so ~250 MB at most.
+MAX_CACHED_NODES = 300_000
+#: structures kept, at most (also a bound for the compiled-structure cache)
+MAX_CACHED_STRUCTURES = 256
+_cached_nodes = 0
+
+
+def step_structure(plan: Plan, weights: StepWeights) -> StepStructure:
+    """The structure of the step graph of ``plan`` with ``weights`` (cached per
+    :meth:`StepWeights.structure_key`, bounded by :data:`MAX_CACHED_NODES`)."""
+    global _cached_nodes
+    key = weights.structure_key(plan)
+    s = _STRUCTURES.get(key)
+    if s is None:
+        s = _make_structure(plan, weights)
+        if len(_STRUCTURES) >= MAX_CACHED_STRUCTURES or _cached_nodes + len(s.nodes) > MAX_CACHED_NODES:
+            _STRUCTURES.clear()
+            _cached_nodes = 0
+        _STRUCTURES[key] = s
+        _cached_nodes += len(s.nodes)
+    return s
+
+
+def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
+    p = plan
+    m = w.num_micro_batches
+    P, v = p.pp_degree, p.effective_vpp
+    n_virtual = P * v
+    nodes: list[tuple[Any, str, int, int, int, str, tuple]] = []
+    index: dict[Any, int] = {}
+    edges: list[tuple[Any, Any, str, Any]] = []     # by node id, resolved to indices at the end
+    overlap_dp = w.overlap_dp
+
+    def add_node(n: Any, kind: str, r: int, c: int, i: int, stream: str, wkey: tuple) -> None:
+        index[n] = len(nodes)
+        nodes.append((n, kind, r, c, i, stream, wkey))
+
+    for r in range(P):
+        prev = None
+        last_b: dict[int, tuple] = {}
+        order = schedule_order(p, r, m)
+        for phase, c, i in order:
+            node = (phase, r, c, i)
+            add_node(node, "fwd" if phase == "F" else "bwd", r, c, i, "compute", ("c", r, phase, c))
+            if prev is not None:
+                edges.append((prev, node, "stream", 0))
+            prev = node
+            if phase == "B":
+                last_b[c] = node
+        # data dependencies across virtual stages (send/recv)
+        for phase, c, i in order:
+            vs = c * P + r
+            node = (phase, r, c, i)
+            if phase == "F":
+                if vs > 0:
+                    edges.append((("F", (vs - 1) % P, (vs - 1) // P, i), node, "p2p", "p2p"))
+            elif vs < n_virtual - 1:
+                edges.append((("B", (vs + 1) % P, (vs + 1) // P, i), node, "p2p", "p2p"))
+            else:
+                edges.append((("F", r, c, i), node, "data", 0))
+        # end of step: DP gradient buckets, optimizer, parameter all-gather, reclaim
+        tail = prev
+        dp_nodes = []
+        for c in range(v):
+            for k, _ in enumerate(w.dp_groups.get((r, c), ())):
                 node = ("dp", r, c, k)
-                add_node(node, kind="dp_reduce", stage=r, chunk=c, microbatch=m - 1,
-                         stream="dp" if overlap_dp else "compute", duration_ms=sum(grp),
-                         parts={"exposed_dp_comm": sum(grp)}, flops=0.0, num_buckets=len(grp))
+                add_node(node, "dp_reduce", r, c, m - 1, "dp" if overlap_dp else "compute", ("dp", r, c, k))
                 if overlap_dp:
-                    # gradients of the first `done` buckets exist once that share of the backward ran
-                    share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
-                    add_edge(lb, node, kind="data", delay_ms=-(1 - share) * lb_dur)
+                    edges.append((last_b[c], node, "data", ("dp", r, c, k)))
                 dp_nodes.append(node)
         chain = tail
         if overlap_dp:      # dp stream: buckets run in order, beside the compute stream
             for a, b in zip(dp_nodes, dp_nodes[1:]):
-                add_edge(a, b, kind="stream", delay_ms=0.0)
+                edges.append((a, b, "stream", 0))
         else:               # blocking: after the last backward, on the compute stream
             for node in dp_nodes:
-                add_edge(chain, node, kind="stream", delay_ms=0.0)
+                edges.append((chain, node, "stream", 0))
                 chain = node
         opt = ("opt", r)
-        add_node(opt, kind="optimizer", stage=r, chunk=-1, microbatch=-1, stream="compute",
-                 duration_ms=cb.optimizer_ms(stage_params), parts={"optimizer": cb.optimizer_ms(stage_params)},
-                 flops=0.0)
-        add_edge(chain, opt, kind="stream", delay_ms=0.0)
+        add_node(opt, "optimizer", r, -1, -1, "compute", ("opt", r))
+        edges.append((chain, opt, "stream", 0))
         if overlap_dp and dp_nodes:
-            add_edge(dp_nodes[-1], opt, kind="data", delay_ms=0.0)
+            edges.append((dp_nodes[-1], opt, "data", 0))
         last = opt
-        ag = cb.param_gather_ms(stage_params)
-        if ag:
-            if p.param_gather_overlap and p.async_collectives:
-                # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
-                first_f = durations[("F", r, 0, 0)] if m else 0.0
-                ag = max(0.0, ag - first_f)
-            if ag:
-                node = ("param_gather", r)
-                add_node(node, kind="param_gather", stage=r, chunk=-1, microbatch=-1, stream="compute",
-                         duration_ms=ag, parts={"exposed_dp_comm": ag}, flops=0.0)
-                add_edge(last, node, kind="stream", delay_ms=0.0)
-                last = node
-        if p.memory_reclaim == "empty_cache_per_step":
+        if w.param_gather_ms[r]:
+            node = ("param_gather", r)
+            add_node(node, "param_gather", r, -1, -1, "compute", ("ag", r))
+            edges.append((last, node, "stream", 0))
+            last = node
+        if w.reclaim_ms is not None:
             node = ("reclaim", r)
-            ms = cb.costs.empty_cache_ms(reserved[r])
-            add_node(node, kind="reclaim", stage=r, chunk=-1, microbatch=-1, stream="compute",
-                     duration_ms=ms, parts={"reclaim": ms}, flops=0.0)
-            add_edge(last, node, kind="stream", delay_ms=0.0)
+            add_node(node, "reclaim", r, -1, -1, "compute", ("rc", r))
+            edges.append((last, node, "stream", 0))
+    return StepStructure(nodes=tuple(nodes),
+                         edges=tuple((index[a], index[b], kind, d) for a, b, kind, d in edges))
+
+
+def weight_of(weights: StepWeights, wkey: tuple) -> tuple[float, dict[str, float], float]:
+    """(duration_ms, parts, flops) of the node with weight key ``wkey`` (:class:`StepStructure`)."""
+    tag = wkey[0]
+    if tag == "c":
+        parts, dur, flops = weights.compute[wkey[1], wkey[2], wkey[3]]
+        return dur, parts, flops
+    if tag == "dp":
+        dur = weights.dp_groups[wkey[1], wkey[2]][wkey[3]][0]
+        return dur, {"exposed_dp_comm": dur}, 0.0
+    if tag == "opt":
+        dur = weights.opt_ms[wkey[1]]
+        return dur, {"optimizer": dur}, 0.0
+    if tag == "ag":
+        dur = weights.param_gather_ms[wkey[1]]
+        return dur, {"exposed_dp_comm": dur}, 0.0
+    dur = weights.reclaim_ms[wkey[1]]            # "rc"
+    return dur, {"reclaim": dur}, 0.0
+
+
+def delay_of(weights: StepWeights, dkey: Any) -> float:
+    """``delay_ms`` of an edge with delay key ``dkey`` (:class:`StepStructure`)."""
+    if dkey == 0:
+        return 0.0
+    if dkey == "p2p":
+        return weights.p2p_delay_ms
+    return weights.dp_groups[dkey[1], dkey[2]][dkey[3]][2]
+
+
+def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
+                     costs: OpCosts, num_micro_batches: int | None = None,
+                     reserved_bytes_per_stage: list[float] | None = None,
+                     builder: CostBuilder | None = None,
+                     engine: EngineProfile | str | None = "native") -> nx.DiGraph:
+    """Build the step graph (module docstring). ``num_micro_batches`` overrides the plan's count
+    (the simulator uses it to extrapolate long pipelines); ``reserved_bytes_per_stage`` sizes the
+    cost of re-allocating after ``empty_cache``.
+
+    The numbers come from :func:`step_weights` (every virtual stage's :meth:`CostBuilder.chunk_cost`
+    computed on its own), the nodes and edges from :func:`step_structure`.
+
+    Returns:
+        A DiGraph with graph attributes ``plan``, ``num_micro_batches``, ``p2p_ms``; node attributes
+        ``kind``, ``stage``, ``chunk``, ``microbatch``, ``stream``, ``duration_ms``, ``parts``,
+        ``flops`` (DP groups also ``num_buckets``); edge attributes ``kind`` and ``delay_ms``.
+    """
+    cb = builder or CostBuilder(model=model, plan=plan, cluster=cluster, workload=workload, costs=costs,
+                                engine=engine)
+    m = num_micro_batches or plan.num_micro_batches
+    w = step_weights(cb, plan, model, m, chunk_costs(cb, plan, model), reserved_bytes_per_stage)
+    s = _make_structure(plan, w)
+    g = nx.DiGraph(plan=plan, num_micro_batches=m, p2p_ms=w.p2p_ms)
+    node_list = []
+    for n, kind, r, c, i, stream, wkey in s.nodes:
+        dur, parts, flops = weight_of(w, wkey)
+        attrs = {"kind": kind, "stage": r, "chunk": c, "microbatch": i, "stream": stream, "duration_ms": dur,
+                 "parts": parts, "flops": flops}
+        if wkey[0] == "dp":
+            attrs["num_buckets"] = w.dp_groups[wkey[1], wkey[2]][wkey[3]][1]
+        node_list.append((n, attrs))
     g.add_nodes_from(node_list)
+    ids = [n[0] for n in s.nodes]
+    zero = {"stream": STREAM_EDGE, "data": {"kind": "data", "delay_ms": 0.0}}
+    p2p_attr = {"kind": "p2p", "delay_ms": w.p2p_delay_ms}
+    edge_list = []
+    for a, b, kind, dkey in s.edges:
+        if dkey == 0:
+            attr = zero[kind]
+        elif dkey == "p2p":
+            attr = p2p_attr
+        else:
+            attr = {"kind": kind, "delay_ms": delay_of(w, dkey)}
+        edge_list.append((ids[a], ids[b], attr))
     g.add_edges_from(edge_list)
     return g

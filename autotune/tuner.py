@@ -886,6 +886,8 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
         self._make, self._seed = make, seed
         self._inner = make(seed)
         self._view: _SnapshotStudy | None = None
+        self._index: tuple[Any, Any] | None = None
+        self._finished_sets: dict[int, frozenset] = {}      # by trial id: a finished trial's params stay
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if self._seed is not None:
@@ -902,12 +904,52 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
 
     def _repeats(self, params: Mapping[str, Any], number: int) -> bool:
         """``params`` contain every parameter of another trial with the same values, so this trial would
-        follow that trial's path through the conditional space to the same plan (or the same pruning)."""
-        items = params.items()
-        for t in (self._view._trials if self._view is not None else ()):
-            if t.number != number and t.params and t.state != TrialState.FAIL and t.params.items() <= items:
-                return True
+        follow that trial's path through the conditional space to the same plan (or the same pruning).
+
+        The other trials' parameter sets are indexed once per snapshot by their first (name, value) item
+        (:meth:`_param_index`), so only trials sharing an item with ``params`` are compared (a 3,000-trial
+        study made the plain scan, 16 per trial over every trial, quadratic); unhashable values fall back to
+        the plain scan. Same answer either way."""
+        trials = self._view._trials if self._view is not None else ()
+        index = self._param_index(trials)
+        if index is not None:
+            try:
+                have = frozenset(params.items())
+            except TypeError:
+                index = None
+        if index is None:
+            items = params.items()
+            return any(t.number != number and t.params and t.state != TrialState.FAIL and t.params.items() <= items
+                       for t in trials)
+        for item in have:
+            for n, ps in index.get(item, ()):
+                if n != number and ps <= have:
+                    return True
         return False
+
+    def _param_index(self, trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any], list[tuple[int, frozenset]]] | None:
+        """{first (name, value) of a trial's params: [(trial number, frozenset of its params' items)]} over the
+        trials with parameters that did not fail; built once per snapshot list (finished trials' sets kept);
+        None if some value is unhashable."""
+        cached = self._index
+        if cached is not None and cached[0] is trials:
+            return cached[1]
+        index: dict[tuple[str, Any], list[tuple[int, frozenset]]] | None = {}
+        done = self._finished_sets
+        try:
+            for t in trials:
+                if not t.params or t.state == TrialState.FAIL:
+                    continue
+                ps = done.get(t._trial_id) if t.state.is_finished() else None
+                if ps is None:
+                    ps = frozenset(t.params.items())
+                    if t.state.is_finished():
+                        done[t._trial_id] = ps
+                index.setdefault(next(iter(t.params.items())), []).append((t.number, ps))
+        except TypeError:
+            index = None
+        self._index = (trials, index)
+        return index
 
     def _random(self, trial: FrozenTrial, attempt: int) -> optuna.samplers.RandomSampler:
         return optuna.samplers.RandomSampler(seed=_mix("redraw", self._seed, trial.number, attempt))
@@ -1007,12 +1049,40 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
     attrs["outcome"] = "feasible" if result.feasible else "out_of_memory"
     if not result.feasible:
         attrs["infeasible_reason"] = result.infeasible_reason or "does not fit in GPU memory"
-    for k, v in attrs.items():
-        trial.set_user_attr(k, _plain(v))
+    set_user_attrs(trial, {k: _plain(v) for k, v in attrs.items()})
     value = float(result.mfu) if result.feasible else 0.0
     if not math.isfinite(value):
         raise AutotuneError(f"evaluator returned a non-finite MFU {result.mfu!r}")
     return value
+
+
+def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """Set every item of ``attrs`` (JSON-serializable values) as a user attribute of ``trial``.
+
+    On Optuna's RDB storage (SQLite, PostgreSQL, MySQL) they are written in one transaction: the same
+    per-key upsert ``RDBStorage.set_trial_user_attr`` runs (``_set_trial_attr_without_commit``,
+    optuna/storages/_rdb/storage.py, Optuna 5.0), one commit instead of one per key (measured 12 vs 21 ms
+    CPU for the 14 attributes of a trial, SQLite WAL, this project's 2-core dev machine). Elsewhere, or
+    if those internals are missing, one ``trial.set_user_attr`` per key.
+    """
+    backend = getattr(trial.storage, "_backend", trial.storage)
+    cached = getattr(trial, "_cached_frozen_trial", None)
+    if isinstance(backend, optuna.storages.RDBStorage) and hasattr(backend, "_set_trial_attr_without_commit") \
+            and cached is not None:
+        try:
+            from optuna.storages._rdb import models
+            from optuna.storages._rdb.storage import _create_scoped_session
+        except ImportError:
+            pass
+        else:
+            with _create_scoped_session(backend.scoped_session, True) as session:
+                for k, v in attrs.items():
+                    backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel,
+                                                           trial._trial_id, k, v)
+            cached.user_attrs.update(attrs)      # what Trial.set_user_attr keeps beside the storage
+            return
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
 
 
 def _json_safe(x: Any) -> Any:

@@ -2,12 +2,15 @@
 
     python bench/bench_search.py                  # the table (4 targets x 5 seeds x 200 trials)
     python bench/bench_search.py --reference      # recompute the long reference searches -> bench/search_reference.json
+    python bench/bench_search.py --reference --jobs 2   # the same, two targets at a time (one per core)
     python bench/bench_search.py --targets 8b-h200x8 --seeds 0 1 --trials 200
 
 Each run is a fresh study (a temporary SQLite file) with the default space, engine and simulated
 backend, exactly what `autotune run` does. The 50- and 100-trial columns are the best of the run's first
 50 / 100 trials: the sampler does not read the budget, so these are the results of 50- and 100-trial runs.
-Wall time is for the whole 200-trial run (study setup included), on this machine.
+Wall and CPU seconds are for the whole 200-trial run (study setup included), on this machine, with the
+1-minute load average at the run's start: wall well above CPU means other processes shared the cores
+(the issue's budget, <= 30 s per run, is wall time on an otherwise idle 2-core machine).
 
 The reference (``--reference``) is one long search per target (``--reference-trials``, default 3,000,
 seed 1000, not among the table's seeds; at one layout per 4 trials it evaluates every layout that fits,
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -63,6 +67,7 @@ def run_one(target: str, seed: int, trials: int, sampler: str = "layout") -> dic
     model = get_model(size)
     cluster = make_cluster(gpu, n, fabric)
     w = Workload.from_tokens(seq_len=8192, global_batch_tokens=tokens)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     with tempfile.TemporaryDirectory() as d:
         t0, c0 = time.perf_counter(), time.process_time()
         tuner = Tuner(model=model, cluster=cluster, workload=w, storage=f"sqlite:///{d}/s.db", seed=seed,
@@ -81,6 +86,7 @@ def run_one(target: str, seed: int, trials: int, sampler: str = "layout") -> dic
     best = max(feas, key=lambda t: t.value) if feas else None
     distinct = len({json.dumps(t.user_attrs.get("plan"), sort_keys=True) for t in trials_})
     return {"target": target, "seed": seed, "trials": trials, "best_at": best_at, "wall_s": wall, "cpu_s": cpu,
+            "load_1min": load,
             "distinct_plans": distinct, "best_plan": best.user_attrs.get("plan") if best else None}
 
 
@@ -115,17 +121,32 @@ def paper_plan_mfu() -> float:
                        memory_per_stage_bytes=(), details={}).mfu
 
 
-def reference(targets: list[str], trials: int) -> None:
+def _reference_run(args: tuple[str, int]) -> dict:
+    return run_one(args[0], 1000, args[1])
+
+
+def reference(targets: list[str], trials: int, jobs: int = 1) -> None:
+    """One long search per target (seed 1000), written to :data:`REFERENCE_FILE` as each ends; ``jobs``
+    targets at a time in separate processes (each run is single-threaded; the result does not depend on
+    ``jobs``, its wall time does)."""
     version = code_version()
-    for t in targets:
-        r = run_one(t, 1000, trials)
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        results = pool.map(_reference_run, [(t, trials) for t in targets])
+    else:
+        pool = None
+        results = (run_one(t, 1000, trials) for t in targets)
+    for t, r in zip(targets, results):
         data = json.loads(REFERENCE_FILE.read_text()) if REFERENCE_FILE.exists() else {}
         data[t] = {"best_mfu": r["best_at"][trials], "trials": trials, "seed": 1000, "sampler": "layout",
                    "wall_s": round(r["wall_s"], 1), "best_plan": r["best_plan"],
                    "date": datetime.date.today().isoformat(), "code_version": version}
         REFERENCE_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"{t}: reference best MFU {100 * r['best_at'][trials]:.2f}% in {trials} trials "
-              f"({r['wall_s']:.0f} s)", flush=True)
+              f"({r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU)", flush=True)
+    if pool is not None:
+        pool.shutdown()
 
 
 def table(targets: list[str], seeds: list[int], trials: int, sampler: str, out: Path | None) -> list[dict]:
@@ -134,7 +155,8 @@ def table(targets: list[str], seeds: list[int], trials: int, sampler: str, out: 
     for t in targets:
         for s in seeds:
             rows.append(run_one(t, s, trials, sampler))
-            print(f"{t} seed {s}: {100 * rows[-1]['best_at'][trials]:.2f}% ({rows[-1]['wall_s']:.1f} s)",
+            print(f"{t} seed {s}: {100 * rows[-1]['best_at'][trials]:.2f}% ({rows[-1]['wall_s']:.1f} s wall, "
+                  f"{rows[-1]['cpu_s']:.1f} s CPU)",
                   file=sys.stderr, flush=True)
             if out:
                 out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "code_version": version,
@@ -149,9 +171,11 @@ def print_table(rows: list[dict], trials: int, sampler: str) -> None:
     ref = json.loads(REFERENCE_FILE.read_text()) if REFERENCE_FILE.exists() else {}
     for r in rows:                                  # JSON turns the budget keys into strings
         r["best_at"] = {int(k): v for k, v in r["best_at"].items()}
-    print(f"sampler {sampler}; code {code_version()}; best MFU (simulated, causal, %) at 50 / 100 / {trials} trials")
+    print(f"sampler {sampler}; code {code_version()}; best MFU (simulated, causal, %) at 50 / 100 / {trials} trials; "
+          f"wall and CPU seconds per {trials}-trial run (wall > CPU: the machine was busy; load at each run's start "
+          f"in 'load')")
     print(f"{'target':16} {'seed':>4} {'@50':>7} {'@100':>7} {'@' + str(trials):>7} {'ref':>7} {'gap %':>6} "
-          f"{'wall s':>6} {'cpu s':>6} {'plans':>5}")
+          f"{'wall s':>6} {'cpu s':>6} {'load':>5} {'plans':>5}")
     for t in dict.fromkeys(r["target"] for r in rows):
         r_best = ref.get(t, {}).get("best_mfu")
         mine = [r for r in rows if r["target"] == t]
@@ -160,7 +184,8 @@ def print_table(rows: list[dict], trials: int, sampler: str) -> None:
             r["gap_pct"] = 100 * (r_best - b[trials]) / r_best if r_best else float("nan")
             cells = [f"{100 * b.get(k, float('nan')):7.2f}" for k in (50, 100, trials)]
             print(f"{t:16} {r['seed']:>4} {' '.join(cells)} {100 * r_best if r_best else float('nan'):7.2f} "
-                  f"{r['gap_pct']:6.2f} {r['wall_s']:6.1f} {r['cpu_s']:6.1f} {r['distinct_plans']:>5}")
+                  f"{r['gap_pct']:6.2f} {r['wall_s']:6.1f} {r['cpu_s']:6.1f} {r.get('load_1min', float('nan')):5.2f} "
+                  f"{r['distinct_plans']:>5}")
         print(f"{t:16} mean {100 * statistics.mean(r['best_at'][trials] for r in mine):.2f}%, "
               f"worst gap {max(r['gap_pct'] for r in mine):.2f}%, max wall {max(r['wall_s'] for r in mine):.1f} s "
               f"(cpu {max(r['cpu_s'] for r in mine):.1f} s)")
@@ -179,6 +204,7 @@ def main() -> None:
     ap.add_argument("--sampler", default="layout", choices=("layout", "tpe"))
     ap.add_argument("--reference", action="store_true", help="recompute the reference searches")
     ap.add_argument("--reference-trials", type=int, default=3000)
+    ap.add_argument("--jobs", type=int, default=1, help="reference only: targets searched at once (processes)")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON (after each run)")
     ap.add_argument("--summarize", type=Path, help="print the table of a --json file (with the current reference)")
     a = ap.parse_args()
@@ -187,7 +213,7 @@ def main() -> None:
         print(f"(runs of {d['date']}, code {d['code_version']})")
         print_table(d["rows"], d["trials"], d["sampler"])
     elif a.reference:
-        reference(a.targets, a.reference_trials)
+        reference(a.targets, a.reference_trials, a.jobs)
     else:
         table(a.targets, a.seeds, a.trials, a.sampler, a.json)
 

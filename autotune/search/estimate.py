@@ -26,7 +26,7 @@ from typing import Any
 from autotune.calibration import CalibratedCosts, OpCosts, default_calibration
 from autotune.engines import EngineProfile, check_plan_for_engine, get_engine
 from autotune.errors import PlanError
-from autotune.graph import CostBuilder
+from autotune.graph import CostBuilder, chunk_costs
 from autotune.hardware import ClusterSpec
 from autotune.memory import estimate_memory
 from autotune.models import ModelSpec
@@ -86,12 +86,12 @@ class PlanScreen:
         cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
                          costs=self.costs, engine=self.engine)
         p, v, m = plan.pp_degree, plan.effective_vpp, plan.num_micro_batches
-        layers = plan.layers_per_virtual_stage(self.model.num_layers)
+        chunks = chunk_costs(cb, plan, self.model, cached=True)     # once per chunk class (graph.chunk_costs)
         busy = [0.0] * p
         params = [0] * p
         chunk_params: list[list[int]] = [[] for _ in range(p)]
-        for vs, nl in enumerate(layers):
-            cc = cb.chunk_cost(vs, nl)
+        for vs in range(len(chunks)):
+            cc = chunks[vs]
             r = vs % p
             busy[r] += cc.fwd_ms + cc.bwd_ms
             params[r] += cc.params

@@ -99,6 +99,9 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         self._chosen: dict[int, dict[str, Any]] = {}
         self._history: dict[int, tuple[Plan | None, float | None]] = {}
         self._plan_cache: dict[str, Plan] = {}
+        self._canon: dict[Plan, Plan] = {}
+        self._ranked: dict[Plan, list[Plan]] = {}
+        self._layout_set: set[Plan] | None = None
 
     # ------------------------------------------------------------ Optuna sampler API
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -307,22 +310,42 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 return p
         skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen
                    and layout_index(n) is None)
-        layout_set = set(layouts)
         bases = [p for _, _, p in sorted(((v, n, p) for n, (p, v) in self._history.items()
                                           if p is not None and v is not None), key=lambda x: (-x[0], x[1]))]
-        # before any plan is scored (workers starting together), around the best-ranked layouts
-        for base in bases + [q for q in layouts if q not in bases]:
-            cands = [q for q in self.neighbours(base) if q not in seen and q not in layout_set]
-            if cands:
-                # the tie-breaking jitter is drawn per base plan (string-seeded: the same in every worker and
-                # every trial), so concurrent trials rank the same candidates alike and take different ones
-                brng = self._rng("base", json.dumps(plan_params(base), sort_keys=True, default=str))
-                jit = {q: 1 + self.jitter * brng.uniform(-1, 1) for q in self.neighbours(base)}
-                ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * jit[q])
-                if skip < len(ranked):
-                    return ranked[skip]
-                skip -= len(ranked)
+        base_set = set(bases)
+        seen_ids = {id(self._canonical(p)) for p in seen}
+        # before any plan is scored (workers starting together), around the best-ranked layouts: among the
+        # unseen neighbours of the first base that has any, the skip-th in the base's ranking
+        for base in bases + [q for q in layouts if q not in base_set]:
+            for q in self._ranked_neighbours(base):
+                if id(q) not in seen_ids:
+                    if not skip:
+                        return q
+                    skip -= 1
         return next((q for q in layouts if q not in seen), None)
+
+    def _canonical(self, plan: Plan) -> Plan:
+        """One object per distinct plan (so sets of ids stand for sets of plans without re-hashing)."""
+        return self._canon.setdefault(plan, plan)
+
+    def _ranked_neighbours(self, base: Plan) -> list[Plan]:
+        """The neighbours of ``base`` that are not layouts, by estimated step time x the base's jitter
+        (cached; canonical objects). The tie-breaking jitter is drawn per base plan (string-seeded: the
+        same in every worker and every trial), so concurrent trials rank the same candidates alike and take
+        different ones. Filtering this list keeps the order a sort of the filtered list would give (the
+        sort is stable and the keys do not depend on the filter)."""
+        got = self._ranked.get(base)
+        if got is None:
+            layout_set = self._layout_set
+            if layout_set is None:
+                layout_set = self._layout_set = set(self.layouts())
+            nbrs = self.neighbours(base)
+            brng = self._rng("base", json.dumps(plan_params(base), sort_keys=True, default=str))
+            jit = {q: 1 + self.jitter * brng.uniform(-1, 1) for q in nbrs}
+            cands = [q for q in nbrs if q not in layout_set]
+            ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * jit[q])
+            got = self._ranked[base] = [self._canonical(q) for q in ranked]
+        return got
 
 
 _MISSING = object()
