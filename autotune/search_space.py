@@ -39,6 +39,8 @@ count, a non-integer micro-batch count, layers not splitting over pp x vpp) are 
 
 from __future__ import annotations
 
+import itertools
+
 import hashlib
 import json
 import math
@@ -359,6 +361,41 @@ class BoundSearchSpace:
             choices["vpp_degree"] = (1,)
         self.choices = choices
         self.excluded = excluded
+        self._check_some_layout_divides()
+
+    def _check_some_layout_divides(self) -> None:
+        """Raise :class:`ConfigError` when no (tp, pp, cp, micro_batch_size) of the choices divides the GPUs
+        and the global batch: dp = GPUs / (tp pp cp) and the global batch must be a multiple of
+        micro_batch_size x dp (:meth:`suggest`'s rules); the message names the DP degrees the dividing
+        layouts give and the nearest GPU counts that would work."""
+        c, n, gbs = self.choices, self.num_gpus, self.workload.global_batch_size
+
+        def ok(num_gpus: int) -> tuple[bool, set[int]]:
+            dps: set[int] = set()
+            for tp, pp, cp in itertools.product(c["tp_degree"], c["pp_degree"], c["cp_degree"]):
+                if num_gpus % (tp * pp * cp):
+                    continue
+                dp = num_gpus // (tp * pp * cp)
+                dps.add(dp)
+                if any(gbs % (mbs * dp) == 0 for mbs in c["micro_batch_size"]):
+                    return True, dps
+            return False, dps
+
+        good, dps = ok(n)
+        if good:
+            return
+        near: list[int] = []
+        for g in sorted(range(max(1, n // 2), 2 * n + 1), key=lambda g: (abs(g - n), g)):
+            if g != n and ok(g)[0]:
+                near.append(g)
+                if len(near) == 2:
+                    break
+        raise ConfigError(
+            f"{self.space.source}: no layout is valid for {self.model.name} on {n} GPUs with a global batch of "
+            f"{gbs} sequences: the tp x pp x cp degrees that divide {n} leave dp = "
+            f"{', '.join(map(str, sorted(dps))) or 'none'}, and {gbs} is not a multiple of micro_batch_size "
+            f"{list(c['micro_batch_size'])} x dp; use a GPU count such as {' or '.join(map(str, sorted(near))) or '-'}, "
+            f"or a global batch that dp divides")
 
     # ------------------------------------------------------------ sampling
     def suggest(self, trial: Any) -> Plan:

@@ -102,13 +102,25 @@ def test_layers_not_splitting_are_pruned_or_split_at_the_ends():
 
 def test_pruned_reason_for_non_integer_micro_batches(tmp_path):
     f = tmp_path / "s.yaml"
-    f.write_text("schema_version: 1\nname: t\nknobs:\n  tp_degree: [1]\n  pp_degree: [1]\n  micro_batch_size: [4]\n")
-    # 24 sequences on 8 GPUs: dp 8, mbs 4 -> 24 / 32 = 0.75 micro-batches
+    f.write_text("schema_version: 1\nname: t\nknobs:\n  tp_degree: [1, 8]\n  pp_degree: [1]\n  micro_batch_size: [4]\n")
+    # 24 sequences on 8 GPUs: tp 1 -> dp 8, mbs 4 -> 24 / 32 = 0.75 micro-batches (tp 8 -> dp 1 is valid)
     bound = SearchSpace.load(f).bind(model=get_model("8b"), num_gpus=8,
                                      workload=Workload(seq_len=8192, global_batch_size=24))
     with pytest.raises(Pruned, match=r"0.75 micro-batches"):
         bound.suggest(optuna.trial.FixedTrial({"tp_degree": 1, "pp_degree": 1, "cp_degree": 1,
                                                "micro_batch_size": 4}))
+
+
+def test_no_dividing_layout_is_refused_before_any_trial(tmp_path):
+    # 7 GPUs (prime): tp = pp = cp = 1 is the only dividing layout, dp = 7, and 128 sequences are not a
+    # multiple of 7 x micro_batch_size for any micro_batch_size; 6 GPUs give dp 3 or 6 (neither divides
+    # 128 either); 8 GPUs (dp 8) and 4 GPUs (dp 4) do, the two nearest counts that work
+    f = tmp_path / "s.yaml"
+    f.write_text("schema_version: 1\nname: t\nknobs:\n  tp_degree: [1, 2]\n  pp_degree: [1]\n  micro_batch_size: [1, 2]\n")
+    with pytest.raises(ConfigError, match=r"no layout is valid for llama3.1-8b on 7 GPUs with a global batch of "
+                                          r"128 sequences: .* leave dp = 7, .* use a GPU count such as 4 or 8"):
+        SearchSpace.load(f).bind(model=get_model("8b"), num_gpus=7,
+                                 workload=Workload(seq_len=8192, global_batch_size=128))
 
 
 @pytest.mark.parametrize("text,match", [
