@@ -227,25 +227,35 @@ def _interruptible(fn, *, storage: str, study: str):
     (SIGINT) or 143 (SIGTERM), the shell's 128 + signal number convention."""
     import signal
 
-    got: dict[str, int] = {}
+    from autotune import tuner as _t
 
-    def on_term(signum, _frame):
-        got["sig"] = signum
+    def on_signal(signum, _frame):
+        _t.note_interrupt(signum)
         raise KeyboardInterrupt
 
-    try:
-        old = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:          # not the main thread: leave SIGTERM alone
-        old = None
+    _t.clear_interrupt()
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, on_signal)
+        except ValueError:      # not the main thread: leave the signals alone
+            pass
     try:
         return fn()
     except KeyboardInterrupt:
-        code = 143 if got.get("sig") == signal.SIGTERM else 130
+        code = 143 if _t.interrupted() == signal.SIGTERM else 130
+        click.echo(_interrupted_line(storage, study), err=True)
+        raise click.exceptions.Exit(code) from None
+    except Exception:
+        if _t.interrupted() is None:
+            raise
+        # the signal landed inside a library call that turned it into its own error (SQLite: "interrupted")
+        code = 143 if _t.interrupted() == signal.SIGTERM else 130
         click.echo(_interrupted_line(storage, study), err=True)
         raise click.exceptions.Exit(code) from None
     finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def _interrupted_line(storage: str, study: str) -> str:
@@ -328,7 +338,7 @@ def tune_options(f):
     opts = [
         click.option("--trials", type=int, default=200, show_default=True, help="Trials to run (added to the study)."),
         click.option("--timeout", type=float, default=None, help="Stop after this many seconds."),
-        click.option("--seed", type=int, default=0, show_default=True, help="TPE sampler seed."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed (the layout sampler orders near-equal estimates with it; same seed and history, same trials)."),
         click.option("--workers", type=int, default=1, show_default=True,
                      help="Worker processes on this machine, all on one study (--trials is per worker)."),
         click.option("--worker-id", type=int, default=None,

@@ -122,6 +122,32 @@ def _is_race(e: BaseException) -> bool:
     return any(m in text for m in _RACE_MARKERS)
 
 
+#: the signal (SIGINT / SIGTERM) received while tuning, once one arrived: a signal that lands inside an
+#: SQLite call surfaces there as ``sqlite3.OperationalError: interrupted`` (wrapped by SQLAlchemy and
+#: Optuna), which a trial's ``catch=(Exception,)`` would record as a failed trial and tuning would go
+#: on; the flag makes the next trial boundary (and the study opening) raise KeyboardInterrupt instead.
+_INTERRUPT: dict[str, int] = {}
+
+
+def note_interrupt(signum: int) -> None:
+    """Record that ``signum`` arrived (the CLI's and :meth:`Tuner.optimize`'s signal handlers call it)."""
+    _INTERRUPT["sig"] = int(signum)
+
+
+def interrupted() -> int | None:
+    """The signal number recorded by :func:`note_interrupt` since :func:`clear_interrupt`, or None."""
+    return _INTERRUPT.get("sig")
+
+
+def clear_interrupt() -> None:
+    _INTERRUPT.clear()
+
+
+def _interrupt_handler(signum: int, _frame: Any) -> None:
+    note_interrupt(signum)
+    raise KeyboardInterrupt
+
+
 def _retry_races(fn: Callable[[], Any], what: str) -> Any:
     """Call ``fn`` again (up to :data:`_RACE_RETRIES` times, 0.05-1 s apart, jittered) while it fails with
     a concurrent-creation error (:data:`_RACE_MARKERS`); other errors and the last one propagate."""
@@ -622,6 +648,8 @@ class Tuner:
                 try:
                     study = _retry_races(create, f"create study {self.name}")
                 except Exception as e:
+                    if interrupted():       # the interrupt landed inside SQLite (see _INTERRUPT)
+                        raise KeyboardInterrupt from None
                     raise StorageError(f"cannot open study {self.name!r} in {self.storage}: {e}") from None
                 fp = study.user_attrs.get("space_fingerprint")
                 if fp is not None and fp != self.space.fingerprint:
@@ -770,15 +798,31 @@ class Tuner:
 
             def count(st_: optuna.Study, ft: FrozenTrial) -> None:
                 mine.append(ft)
+                if interrupted():           # a signal swallowed inside a trial's storage write
+                    raise KeyboardInterrupt
                 if count_run and ft.state != TrialState.PRUNED and not ft.user_attrs.get("reused_result"):
                     ran[0] += 1
                     if ran[0] >= n_trials:
                         st_.stop()
 
-            worker_study.optimize(self.objective,
-                                  n_trials=n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials,
-                                  timeout=timeout, catch=(Exception,), show_progress_bar=show_progress_bar,
-                                  callbacks=[count])
+            import signal
+            import threading
+
+            handlers = {}
+            if threading.current_thread() is threading.main_thread():
+                # SIGINT only (SIGTERM keeps its handler: worker processes are stopped with it)
+                if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                    handlers[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_handler)
+            try:
+                worker_study.optimize(self.objective,
+                                      n_trials=n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials,
+                                      timeout=timeout, catch=(Exception,), show_progress_bar=show_progress_bar,
+                                      callbacks=[count])
+            finally:
+                for sig, h in handlers.items():
+                    signal.signal(sig, h)
+            if interrupted():
+                raise KeyboardInterrupt
         trials = self._wait_for_others(study)
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),

@@ -269,3 +269,33 @@ def test_interrupted_run_says_what_was_saved(tmp_path, sig, code):
     line = [x for x in err.splitlines() if x.startswith("interrupted:")]
     assert line and "trials saved in" in line[0], err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 2.0])
+def test_early_interrupt_stops_the_run(tmp_path, delay_s):
+    # SIGINT soon after the storage appears lands inside SQLite calls (study creation, a trial's writes),
+    # where it surfaces as "sqlite3.OperationalError: interrupted" and was once recorded as a failed trial
+    # or a storage error while tuning went on: the run must still stop with exit 130 and the one line.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "405b", "--trials", "100000", "--storage",
+                          url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "s.db").exists():
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the run went on after SIGINT")
+    assert p.returncode == 130, (out, err)
+    assert any(x.startswith("interrupted:") for x in err.splitlines()), err
+    assert "Traceback" not in err
