@@ -134,7 +134,11 @@ def test_sigint_of_a_real_run_leaves_no_process(tmp_path):
         tree = descendants(w.pid)
         assert len(alive(tree)) >= 3, tree            # torchrun + 2 ranks
         w.send_signal(signal.SIGINT)
-        w.wait(timeout=60)
+        try:
+            w.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the worker did not end within 60 s of SIGINT; alive: {alive(tree)}; its log: "
+                                 + (tmp_path / "w.log").read_text()[-3000:]) from None
         wait_for(lambda: not alive(tree), 30, f"processes {alive(tree)} to end")
     finally:
         if w.poll() is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,8 +38,11 @@ def start_worker(url: str, *, trials: int = 1, heartbeat_s: int = 1, launcher: s
     e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
     e.update(env or {})
     out = open(log, "wb") if log else subprocess.DEVNULL
+    # SIGINT as in a terminal's foreground process: a shell that starts a job in the background without
+    # job control (a CI script's `... &`) leaves SIGINT ignored, and children inherit that
     return subprocess.Popen([sys.executable, "-c", WORKER, url, str(trials), str(heartbeat_s), launcher,
-                             str(timeout_s)], env=e, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                             str(timeout_s)], env=e, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def descendants(pid: int) -> list[int]:
