@@ -57,6 +57,18 @@ class Timeline:
     breakdown_ms: tuple[Mapping[str, float], ...]
 
 
+def _stage_breakdowns(busy, wait_pp, wait_dp, step: float, num_stages: int) -> list[dict[str, float]]:
+    """Per stage: its busy parts (ms) plus the waits on P2P and DP, and the rest of the step as bubble."""
+    breakdowns = []
+    for st in range(num_stages):
+        b = dict(busy[st])
+        b["exposed_pp_comm"] += wait_pp[st]
+        b["exposed_dp_comm"] += wait_dp[st]
+        b["bubble"] = max(0.0, step - sum(v for k, v in b.items() if k != "bubble"))
+        breakdowns.append(b)
+    return breakdowns
+
+
 def simulate_graph(g: nx.DiGraph) -> Timeline:
     """Earliest-start times of every node (see module docstring) and a per-stage breakdown.
 
@@ -112,13 +124,7 @@ def simulate_graph(g: nx.DiGraph) -> Timeline:
         b = busy[st]
         for k, v in part_refs[(st, _)].items():
             b[k] += v * cnt
-    breakdowns = []
-    for st in range(num_stages):
-        b = dict(busy[st])
-        b["exposed_pp_comm"] += wait_pp[st]
-        b["exposed_dp_comm"] += wait_dp[st]
-        b["bubble"] = max(0.0, step - sum(v for k, v in b.items() if k != "bubble"))
-        breakdowns.append(b)
+    breakdowns = _stage_breakdowns(busy, wait_pp, wait_dp, step, num_stages)
     return Timeline(step_time_ms=step, start_ms=start, finish_ms=finish, breakdown_ms=tuple(breakdowns))
 
 
@@ -249,13 +255,7 @@ def simulate_structure(s: StepStructure, w: StepWeights) -> tuple[float, tuple[d
         b = busy[st]
         for k, v in wvals[wi][1].items():
             b[k] += v * cnt
-    breakdowns = []
-    for st in range(num_stages):
-        b = dict(busy[st])
-        b["exposed_pp_comm"] += wait_pp[st]
-        b["exposed_dp_comm"] += wait_dp[st]
-        b["bubble"] = max(0.0, step - sum(v for k, v in b.items() if k != "bubble"))
-        breakdowns.append(b)
+    breakdowns = _stage_breakdowns(busy, wait_pp, wait_dp, step, num_stages)
     return step, tuple(breakdowns)
 
 
