@@ -245,12 +245,11 @@ def test_closed_pipe_ends_quietly(tmp_path):
     assert b"bug" not in p.stderr and b"Error" not in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("sig,code", [(2, 130), (15, 143)])
-def test_interrupted_run_says_what_was_saved(tmp_path, sig, code):
-    # SIGINT / SIGTERM while `autotune run` tunes: one line saying how many trials are saved and the best
-    # so far, exit 128 + signal number (130 / 143), and the finished trials stay in the study.
+def _signal_a_run(tmp_path, sig: int, delay_s: float, *, poll_s: float, wait_s: float) -> tuple[int, str, str]:
+    """Start ``autotune run --size 405b --trials 100000`` on a fresh SQLite file, send ``sig`` ``delay_s``
+    after the file appears, and return (exit code, stdout, stderr); fails if it has not ended ``wait_s``
+    later (the run went on)."""
     import os
-    import signal
     import subprocess
     import sys
     import time
@@ -261,11 +260,23 @@ def test_interrupted_run_says_what_was_saved(tmp_path, sig, code):
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     deadline = time.time() + 120
     while time.time() < deadline and not (tmp_path / "s.db").exists():
-        time.sleep(0.5)
-    time.sleep(8)                       # let some trials finish
+        time.sleep(poll_s)
+    time.sleep(delay_s)
     p.send_signal(sig)
-    out, err = p.communicate(timeout=120)
-    assert p.returncode == code, (out, err)
+    try:
+        out, err = p.communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError(f"the run went on {wait_s:g} s after signal {sig}")
+    return p.returncode, out, err
+
+
+@pytest.mark.parametrize("sig,code", [(2, 130), (15, 143)])
+def test_interrupted_run_says_what_was_saved(tmp_path, sig, code):
+    # SIGINT / SIGTERM while `autotune run` tunes: one line saying how many trials are saved and the best
+    # so far, exit 128 + signal number (130 / 143), and the finished trials stay in the study.
+    rc, out, err = _signal_a_run(tmp_path, sig, 8.0, poll_s=0.5, wait_s=120)   # 8 s: some trials finish
+    assert rc == code, (out, err)
     line = [x for x in err.splitlines() if x.startswith("interrupted:")]
     assert line and "trials saved in" in line[0], err
     assert "Traceback" not in err
@@ -276,26 +287,9 @@ def test_early_interrupt_stops_the_run(tmp_path, delay_s):
     # SIGINT soon after the storage appears lands inside SQLite calls (study creation, a trial's writes),
     # where it surfaces as "sqlite3.OperationalError: interrupted" and was once recorded as a failed trial
     # or a storage error while tuning went on: the run must still stop with exit 130 and the one line.
-    import os
     import signal
-    import subprocess
-    import sys
-    import time
 
-    url = f"sqlite:///{tmp_path}/s.db"
-    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "405b", "--trials", "100000", "--storage",
-                          url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
-    deadline = time.time() + 120
-    while time.time() < deadline and not (tmp_path / "s.db").exists():
-        time.sleep(0.05)
-    time.sleep(delay_s)
-    p.send_signal(signal.SIGINT)
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise AssertionError("the run went on after SIGINT")
-    assert p.returncode == 130, (out, err)
+    rc, out, err = _signal_a_run(tmp_path, signal.SIGINT, delay_s, poll_s=0.05, wait_s=60)
+    assert rc == 130, (out, err)
     assert any(x.startswith("interrupted:") for x in err.splitlines()), err
     assert "Traceback" not in err
