@@ -35,6 +35,9 @@ FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "residual", "cross_entropy", "fp
 #: on Hopper with torch >= 2.10, or an engine's cuDNN fused attention) and ``flash2`` (SDPA's flash
 #: backend, FlashAttention-2)
 ATTENTION_KERNELS = ("default", "flash2")
+#: libraries that run an engine's FP8 linears: ``transformer_engine`` (saves the linears' inputs in FP8
+#: and caches FP8 weights) and ``torchao`` (saves them in high precision, re-quantizes in backward)
+FP8_LIBRARIES = ("transformer_engine", "torchao")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class EngineProfile:
         needs ``compile`` (async TP is an inductor pass).
         cp_comm: how context parallelism exchanges K/V (``all_gather`` or ``p2p`` ring).
         attention_kernel: the attention kernel it runs (:data:`ATTENTION_KERNELS`).
+        fp8_library: what runs its FP8 linears (:data:`FP8_LIBRARIES`); decides what an FP8 linear saves
+            for backward and whether FP8 weight copies are cached (:mod:`autotune.memory`).
+        fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
+            are FP8 parameters (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside TE's FP8
+            copies, and the ZeRO-1/2 parameter all-gather moves 1 byte per linear weight.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
         error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
 
@@ -97,10 +105,13 @@ class EngineProfile:
     tp_comm_overlap_reason: str = ""
     zero_stage_reasons: Mapping[int, str] = field(default_factory=dict)
     attention_kernel: str = "default"
+    fp8_library: str = "torchao"
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
-                  ("cp_comm", CP_COMM_MODES), ("attention_kernel", ATTENTION_KERNELS))
+                  ("cp_comm", CP_COMM_MODES), ("attention_kernel", ATTENTION_KERNELS),
+                  ("fp8_library", FP8_LIBRARIES))
         for f, valid in checks:
             if getattr(self, f) not in valid:
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not valid; "
@@ -111,6 +122,15 @@ class EngineProfile:
         for f in ("param_bytes", "optimizer_bytes", "grad_reduce_bytes"):
             if getattr(self, f) not in (2, 4, 8, 12):
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not a byte count of 2, 4, 8 or 12")
+
+    @property
+    def grad_buffer_bytes(self) -> int:
+        """Bytes per element of the gradient the engine keeps between micro-batches: with a fused
+        main-grad the buffer has the reduction dtype (Megatron-Core
+        megatron/core/distributed/param_and_grad_buffer.py group_params_for_buffers: grad_dtype =
+        float32 if grad_reduce_in_fp32 else the parameter's dtype), else the FP32 ``.grad`` of the FP32
+        parameter (4)."""
+        return self.grad_reduce_bytes if self.grad_accumulation == "fused_main_grad" else 4
 
     def fuses(self, kernel: str) -> bool:
         """True if the engine runs ``kernel`` (``rope``, ``swiglu``, ``rmsnorm``, ``residual``, ``cross_entropy``) fused."""

@@ -45,11 +45,12 @@ from autotune.calibration import InTrainingCosts, OpCosts
 from autotune.engines import EngineProfile, get_engine
 from autotune.hardware import ClusterSpec, LinkSpec
 from autotune.models import ModelSpec
-from autotune.plan import Plan, Workload
+from autotune.plan import Plan, Workload, fp8_gemm_dims
 from autotune.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)
 from autotune.topology import place_group, place_pipeline_pair
 
 BF16 = 2  # bytes per element
+FP8_PARAM_BYTES = 1  # an FP8 parameter's element (Megatron-LM --fp8-param-gather)
 #: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
 #: gradient (2 in BF16 or 4 in FP32); write master, m, v (12) and the BF16 parameter copy (2, or none
 #: when the FP32 master is the parameter) = 28 either way.
@@ -91,6 +92,7 @@ class ChunkCost:
     bwd_parts: dict[str, float] = field(default_factory=dict)
     fwd_flops: float = 0.0
     params: int = 0             # parameters of the chunk on this rank (after TP)
+    fp8_params: int = 0         # of which FP8 parameters (EngineProfile.fp8_param_gather), 1 byte each
 
     @property
     def fwd_ms(self) -> float:
@@ -134,6 +136,8 @@ class CostBuilder:
         dense = plan.compile or self.engine.fuses("rmsnorm")
         self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=dense)
         self.grad_reduce_bytes = self.engine.grad_reduce_bytes
+        self.fp8_params = (self.engine.fp8_param_gather and self.engine.fp8_library == "transformer_engine"
+                           and getattr(plan, "precision", "bf16") != "bf16")
         t, cp = plan.tp_degree, plan.cp_degree
         self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
         # process groups in Megatron-LM rank order (TP, CP, DP, PP; autotune.topology): TP stride 1,
@@ -330,6 +334,9 @@ class CostBuilder:
             _add(cc.bwd_parts, k, v * num_layers)
         cc.fwd_flops = lflops * num_layers
         cc.params = num_layers * m.params_per_layer // t
+        if self.fp8_params:
+            # the layers' linear weights are FP8 parameters (Megatron-LM --fp8-param-gather)
+            cc.fp8_params = num_layers * sum(k * n for k, n in fp8_gemm_dims(m, t).values())
         last = vstage == p.num_virtual_stages - 1 if p.pipeline_schedule == "interleaved_1f1b" \
             else vstage == p.pp_degree - 1
         if vstage == 0:                               # embedding lookup (vocab-parallel: + all-reduce)
@@ -445,11 +452,14 @@ class CostBuilder:
             out.append(self.costs.placed_collective_ms(kind, rem, self.dp_place))
         return out
 
-    def param_gather_ms(self, stage_params: int) -> float:
-        """ZeRO-1/2 all-gather of updated bf16 parameters after the optimizer step, ms."""
+    def param_gather_ms(self, stage_params: int, fp8_params: int = 0) -> float:
+        """ZeRO-1/2 all-gather of the updated parameters after the optimizer step, ms: BF16, except
+        ``fp8_params`` of them in FP8, 1 byte each (Megatron-LM --fp8-param-gather: "perform the param
+        all-gather in fp8", megatron/training/arguments.py)."""
         if self.dp_group <= 1 or self.p.zero_stage not in (1, 2):
             return 0.0
-        return self.costs.placed_collective_ms("all_gather", stage_params * BF16, self.dp_place)
+        nbytes = (stage_params - fp8_params) * BF16 + fp8_params * FP8_PARAM_BYTES
+        return self.costs.placed_collective_ms("all_gather", nbytes, self.dp_place)
 
     def optimizer_ms(self, stage_params: int) -> float:
         """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1), memory-bound."""
@@ -552,10 +562,11 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                 if phase == "B" and reclaim_mb:
                     _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)))
                 compute[r, phase, c] = parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2)
-        stage_params = 0
+        stage_params = stage_fp8 = 0
         for c in range(v):
             vs = c * P + r
             stage_params += chunks[vs].params
+            stage_fp8 += chunks[vs].fp8_params
             buckets = cb.dp_bucket_ms(chunks[vs].params)
             if not buckets:
                 continue
@@ -576,7 +587,7 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                 out.append((sum(grp), len(grp), -(1 - share) * lb_dur))
             dp_groups[r, c] = tuple(out)
         opt_ms.append(cb.optimizer_ms(stage_params))
-        ag = cb.param_gather_ms(stage_params)
+        ag = cb.param_gather_ms(stage_params, stage_fp8)
         if ag and p.param_gather_overlap and p.async_collectives:
             # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
             first_f = compute[r, "F", 0][1] if m else 0.0

@@ -74,16 +74,16 @@ LOGITS_BYTES_PER_ELEMENT = 4 + 4 + 4
 #: copy). Seen on H200 (2026-11-30, 8B 4-layer proxy, PP=2, 4 micro-batches): peak allocated 58.2 GiB
 #: with GPipe vs 33.7 GiB with 1F1B; this term's share of the gap is 3 x 6 x 8192 x 128256 bytes = 17.6 GiB.
 PP_INFLIGHT_LOGITS_BYTES = 4 + 2
-#: FP8 precisions run by Transformer Engine (``fp8_delayed``: DelayedScaling, ``mxfp8``:
-#: MXFP8BlockScaling). TE's ``_Linear.forward`` (transformer_engine/pytorch/module/linear.py) saves the
-#: FP8 cast-transposed input ``inputmat_t`` (1 byte per element) instead of the BF16 input, and
-#: ``weight_t_fp8``; the module caches its FP8 weight and FP8 transpose (``weight_fp8``,
-#: ``weight_t_fp8``) from the first micro-batch of a step to the last: 1 + 1 bytes per linear weight.
-#: The torchao recipes (``fp8_tensorwise``, ``fp8_rowwise``) save the high-precision input and weight
-#: (``ctx.save_for_backward(input_hp, weight_hp_t)`` in ``matmul_with_hp_or_float8_args``,
-#: torchao/float8/float8_linear.py) and re-cast them in backward: no change to saved activations; their
-#: FP8 copies live for one GEMM only (not counted).
-TE_FP8_PRECISIONS = ("fp8_delayed", "mxfp8")
+#: What an FP8 linear saves depends on the library the engine runs it with
+#: (:attr:`autotune.engines.EngineProfile.fp8_library`). Transformer Engine (Megatron-LM, every FP8
+#: recipe: Float8CurrentScaling for ``fp8_tensorwise``, DelayedScaling, MXFP8BlockScaling):
+#: ``_Linear.forward`` (transformer_engine/pytorch/module/linear.py) saves the quantized input (1 byte
+#: per element) instead of the BF16 input, and the module caches its FP8 weight and FP8 transpose from
+#: the first micro-batch of a step to the last: 1 + 1 bytes per linear weight. torchao (native,
+#: torchtitan): ``ctx.save_for_backward(input_hp, weight_hp_t)`` in ``matmul_with_hp_or_float8_args``
+#: (torchao/float8/float8_linear.py) and ``save_for_backward(input_hp, weight_hp)`` in ``mx_mm``
+#: (torchao/prototype/mx_formats/mx_linear.py) keep the high-precision input and weight and re-cast them
+#: in backward: no change to saved activations; their FP8 copies live for one GEMM only (not counted).
 FP8_BYTES = 1
 TE_FP8_WEIGHT_COPY_BYTES = 2     # FP8 weight + its FP8 transpose
 #: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
@@ -244,7 +244,14 @@ def _check_tp(model: ModelSpec, plan: Plan) -> None:
                         + f" of {model.name}; valid tp_degree: {[d for d in range(1, g + 1) if g % d == 0]}")
 
 
-def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload) -> dict[str, int]:
+def te_fp8(plan: Plan, engine: EngineProfile | str | None) -> bool:
+    """True when ``plan`` runs FP8 linears through Transformer Engine on ``engine`` (its
+    ``fp8_library``): they save FP8 inputs and cache FP8 weights (see the note above ``FP8_BYTES``)."""
+    return getattr(plan, "precision", "bf16") != "bf16" and get_engine(engine).fp8_library == "transformer_engine"
+
+
+def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload,
+                            engine: EngineProfile | str | None) -> dict[str, int]:
     """Bytes of each tensor one layer saves for backward, one micro-batch, one GPU, no recompute.
 
     Keys name the tensors; see :func:`activation_bytes_per_layer` for the derivation.
@@ -268,8 +275,8 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload) ->
     else:
         terms["mlp_fc1"] = BF16_BYTES * s * b * f // t
         terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # GeLU output, input of fc2
-    if plan.precision in TE_FP8_PRECISIONS:
-        # TE saves the linears' inputs in FP8 (TE_FP8_PRECISIONS): the norm outputs and the MLP
+    if te_fp8(plan, engine):
+        # TE saves the linears' inputs in FP8: the norm outputs and the MLP
         # activation output are kept only for their linears -> 1 byte; the attention output is also
         # saved in BF16 by the attention kernel's backward -> 2 + 1 bytes
         for k in ("attn_norm_output", "mlp_norm_output", "mlp_act_output"):
@@ -278,13 +285,17 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload) ->
     return terms
 
 
-def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int) -> int:
+def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int,
+                             engine: EngineProfile | str | None = "native") -> int:
     """Bytes of Transformer Engine's cached FP8 weight + FP8 transpose copies on one GPU.
 
     2 bytes x the per-rank linear weights (:func:`autotune.plan.fp8_gemm_dims`, K x N each) of
-    ``num_layers`` layers, for the TE recipes (:data:`TE_FP8_PRECISIONS`); 0 otherwise.
+    ``num_layers`` layers when the plan's FP8 runs through TE on ``engine`` (:func:`te_fp8`); 0 otherwise,
+    and 0 with FP8 parameters (``fp8_param_gather``, Megatron-LM --fp8-param-gather: "keep the compute
+    param in fp8"): the FP8 weight and its transpose then are the parameter, 1 + 1 bytes in place of the
+    BF16 weight's 2, which the weights term already counts.
     """
-    if plan.precision not in TE_FP8_PRECISIONS:
+    if not te_fp8(plan, engine) or get_engine(engine).fp8_param_gather:
         return 0
     per_layer = sum(k * n for k, n in fp8_gemm_dims(model, plan.tp_degree).values())
     return TE_FP8_WEIGHT_COPY_BYTES * per_layer * num_layers
@@ -349,9 +360,9 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     * ``full``: only the layer's input, 2sbh (/t with SP); the backward working set of one layer is
       accounted as transient by :func:`estimate_memory`.
 
-    FP8 (``plan.precision``): the TE recipes save the linears' inputs in FP8 (see
-    :data:`TE_FP8_PRECISIONS`): norm outputs and the MLP activation output 1 byte per element, the
-    attention output 2 + 1; torchao's recipes save BF16 as above. torch.compile changes nothing here
+    FP8 (``plan.precision``) through Transformer Engine (the engine's ``fp8_library``, :func:`te_fp8`)
+    saves the linears' inputs in FP8: norm outputs and the MLP activation output 1 byte per element,
+    the attention output 2 + 1; torchao saves BF16 as above. torch.compile changes nothing here
     (no measurement of its activation savings).
 
     Worked value (Llama 3.1 8B, s = 8192, b = 1, t = 1, none): 1,141,899,264 bytes (see tests).
@@ -364,7 +375,7 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     if mode not in RECOMPUTE_MODES:
         raise PlanError(f"recompute={mode!r} is not valid; choose one of {', '.join(RECOMPUTE_MODES)}")
     _check_tp(model, plan)
-    terms = _layer_activation_terms(model, plan, workload)
+    terms = _layer_activation_terms(model, plan, workload, engine)
     if mode == "none":
         return sum(terms.values())
     if mode == "selective":
@@ -444,7 +455,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       micro-batches alive in the rank's last chunk (the last virtual stage) at that instant
       (:data:`PP_INFLIGHT_LOGITS_BYTES`);
       BF16 compute copies of the weights: 2 N_r bytes (ZeRO-3: 2 x the embedding / head parameters of
-      the rank only); TE FP8 recipes (``fp8_delayed``, ``mxfp8``) add their cached FP8 weight +
+      the rank only); FP8 through Transformer Engine (:func:`te_fp8`) adds its cached FP8 weight +
       transpose, 2 bytes per linear weight (:func:`te_fp8_weight_copy_bytes`); full recompute: one layer's
       no-recompute activations (the backward working set of one micro-batch); g > 1: two DP gradient
       buckets 2 x bucket_size_mib MiB; ZeRO-3 with g > 1: one layer's gathered bf16 parameters
@@ -463,7 +474,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             mapping is fine; the calibration profile supplies measured values).
         engine: the engine that runs the plan (:mod:`autotune.engines`): its parameter and optimizer
             bytes replace the 4 + 8 above (Megatron-LM: BF16 parameters 2 B + FP32 main param and
-            Adam moments 12 B in the (distributed) optimizer, no transient BF16 copy), ZeRO-2 shards
+            Adam moments 12 B in the (distributed) optimizer, no transient BF16 copy), its gradient
+            buffer's bytes the grads' 4 (:attr:`EngineProfile.grad_buffer_bytes`: Megatron's main-grad
+            buffer has the DP reduction's dtype), ZeRO-2 shards
             the parameters only where the engine does (FSDP2), and the reduce-scatter stream pool
             exists only for FSDP2 engines.
 
@@ -489,7 +502,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     per_virtual = plan.layers_per_virtual_stage(model.num_layers)
     layers_per_rank = [sum(per_virtual[r::p]) for r in range(p)]
 
-    terms = _layer_activation_terms(model, plan, workload)
+    terms = _layer_activation_terms(model, plan, workload, eng)
     full_layer_act = sum(terms.values())
     if plan.recompute == "none":
         layer_act = full_layer_act
@@ -526,7 +539,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             params += h
         shard_weights = z == 3 or (z == 2 and eng.shard_params_at_zero2)
         weights = eng.param_bytes * (_ceil_div(params, g) if shard_weights else params)
-        grads = GRAD_BYTES * (_ceil_div(params, g) if z >= 2 else params)
+        grads = eng.grad_buffer_bytes * (_ceil_div(params, g) if z >= 2 else params)
         optim = eng.optimizer_bytes * (_ceil_div(params, g) if z >= 1 else params)
 
         # In-flight micro-batches from the schedule's own order (autotune.schedule.count_inflight):
@@ -558,7 +571,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         else:
             copies = BF16_BYTES * params
         # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
-        copies += te_fp8_weight_copy_bytes(model, plan, min(n, 1) if z == 3 else n)
+        copies += te_fp8_weight_copy_bytes(model, plan, min(n, 1) if z == 3 else n, eng)
         if r == p - 1:
             # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
             # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each

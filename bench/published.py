@@ -167,6 +167,17 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         # pinned torchtitan of the engine profile no longer has: predict them for that older release
         eng = dataclasses.replace(eng, precisions=eng.precisions + ("fp8_tensorwise",),
                                   source=eng.source + "; tensorwise recipe as in its 2024-25 releases")
+    if run.get("_group") == "megatron_bridge_25_11":
+        # Megatron-Bridge's performance recipes reduce gradients in BF16, so Megatron-Core's main-grad
+        # buffer is BF16 too: v0.2.0 scripts/performance/configs/llama3/llama3_llm_pretrain.py
+        # set_llama3_common_configs and configs/llama31/llama31_llm_pretrain.py
+        # set_llama31_common_configs: cfg.ddp.grad_reduce_in_fp32 = False (Megatron-LM's
+        # --grad-reduce-in-bf16); and their FP8-CS recipe keeps FP8 parameters: get_precision_config
+        # ("fp8_cs") = bf16_with_fp8_current_scaling_mixed (src/megatron/bridge/training/
+        # mixed_precision.py: fp8_param_gather = True, Megatron-LM --fp8-param-gather)
+        eng = dataclasses.replace(eng, grad_reduce_bytes=2, fp8_param_gather=plan.precision == "fp8_tensorwise",
+                                  source=eng.source + "; Megatron-Bridge recipes: grad_reduce_in_fp32=False"
+                                  + (", fp8_param_gather" if plan.precision == "fp8_tensorwise" else ""))
     if engine == "torchtitan":
         # and their attention kernel: FlashAttention-2 (SDPA's flash backend), not the pinned release's
         # cuDNN-first list. 2024-12 (torchtitan 9dec370, torch 1963fc8): torchtitan/models/llama/model.py

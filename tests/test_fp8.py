@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from autotune.calibration import CalibratedCosts, default_calibration
+from autotune.engines import get_engine
 from autotune.errors import PlanError
 from autotune.graph import CostBuilder
 from autotune.hardware import get_gpu, make_cluster
@@ -190,19 +191,60 @@ def test_compile_without_measurement_keeps_eager_costs():
 
 
 def test_memory_fp8_terms():
-    # torchao saves the BF16 input and weight: unchanged (1,141,899,264 bytes per 8B layer, see test_memory)
+    # torchao (native, torchtitan) saves the BF16 input and weight: unchanged (1,141,899,264 bytes per 8B
+    # layer, see test_memory), for its float8 and its MX linears alike
     assert activation_bytes_per_layer(M8, Plan(precision="fp8_tensorwise"), W1) == 1_141_899_264
-    # TE saves FP8 linear inputs: norm outputs 2 x (2sbh -> sbh) = -2 x 8192 x 4096; SwiGLU output
-    # 2sbf -> sbf = -8192 x 14336; attention output +1 byte (FP8 copy beside the BF16 one) = +8192 x 4096
+    assert activation_bytes_per_layer(M8, Plan(precision="mxfp8"), W1, engine="torchtitan") == 1_141_899_264
+    # TE (Megatron, every FP8 recipe) saves FP8 linear inputs: norm outputs 2 x (2sbh -> sbh) =
+    # -2 x 8192 x 4096; SwiGLU output 2sbf -> sbf = -8192 x 14336; attention output +1 byte (FP8 copy
+    # beside the BF16 one) = +8192 x 4096
     te = 1_141_899_264 - 2 * 8192 * 4096 - 8192 * 14336 + 8192 * 4096
-    assert activation_bytes_per_layer(M8, Plan(precision="fp8_delayed"), W1) == te
+    for precision in ("fp8_tensorwise", "fp8_delayed", "mxfp8"):
+        assert activation_bytes_per_layer(M8, Plan(precision=precision), W1, engine="megatron") == te
     # TE caches an FP8 weight + transpose: 2 bytes x the layer's linear weights (W_ELEMS) x 32 layers
-    m_b = estimate_memory(M8, Plan(), get_gpu("h200"), W1)
-    m_d = estimate_memory(M8, Plan(precision="fp8_delayed"), get_gpu("h200"), W1)
+    m_b = estimate_memory(M8, Plan(), get_gpu("h200"), W1, engine="megatron")
+    m_d = estimate_memory(M8, Plan(precision="fp8_tensorwise"), get_gpu("h200"), W1, engine="megatron")
     dt = m_d.stages[0].transient_bytes - m_b.stages[0].transient_bytes
     assert dt == 2 * W_ELEMS * 32
     da = m_d.stages[0].activations_bytes - m_b.stages[0].activations_bytes
     assert da == 32 * (te - 1_141_899_264)
+    # with FP8 parameters (--fp8-param-gather) the FP8 weight and transpose are the parameter: no copies
+    fp8p = dataclasses.replace(get_engine("megatron"), fp8_param_gather=True)
+    m_p = estimate_memory(M8, Plan(precision="fp8_tensorwise"), get_gpu("h200"), W1, engine=fp8p)
+    assert m_p.stages[0].transient_bytes == m_b.stages[0].transient_bytes
+    assert m_p.stages[0].weights_bytes == m_b.stages[0].weights_bytes
+
+
+def test_grad_buffer_takes_the_reduction_dtype_on_megatron():
+    # Megatron's main-grad buffer has the DP reduction's dtype (param_and_grad_buffer.py grad_dtype):
+    # FP32 by default, BF16 with --grad-reduce-in-bf16; FSDP2 engines keep the FP32 param's FP32 grad.
+    # Llama 3.1 8B on one GPU: N = 8,030,261,248 parameters -> 4N or 2N bytes of gradients.
+    n = M8.num_params
+    meg = get_engine("megatron")
+    assert estimate_memory(M8, Plan(), get_gpu("h200"), W1, engine=meg).stages[0].grads_bytes == 4 * n
+    bf16 = dataclasses.replace(meg, grad_reduce_bytes=2)
+    assert estimate_memory(M8, Plan(), get_gpu("h200"), W1, engine=bf16).stages[0].grads_bytes == 2 * n
+    tt = dataclasses.replace(get_engine("torchtitan"), grad_reduce_bytes=2)
+    assert tt.grad_buffer_bytes == 4
+
+
+def test_fp8_param_gather_halves_the_linear_part_of_the_parameter_all_gather():
+    # ZeRO-1 over 8 GPUs, 8B, FP8-CS on Megatron: the all-gather moves the 32 layers' linear weights
+    # (32 x W_ELEMS) in FP8 and the rest (embedding, LM head, norms) in BF16
+    c = make_cluster("h200", 8, "nvlink4+ib-ndr400")
+    plan = Plan(dp_degree=8, zero_stage=1, precision="fp8_tensorwise")
+    costs = H200
+    fp8p = dataclasses.replace(get_engine("megatron"), fp8_param_gather=True)
+    kw = dict(model=M8, plan=plan, cluster=c, workload=W1, costs=costs)
+    plain, with_fp8 = CostBuilder(**kw, engine="megatron"), CostBuilder(**kw, engine=fp8p)
+    n, lin = M8.num_params, 32 * W_ELEMS
+    assert with_fp8.chunk_cost(0, 32).fp8_params == lin and plain.chunk_cost(0, 32).fp8_params == 0
+    ag = costs.placed_collective_ms("all_gather", 2 * (n - lin) + lin, with_fp8.dp_place)
+    assert with_fp8.param_gather_ms(n, lin) == pytest.approx(ag)
+    assert plain.param_gather_ms(n) == pytest.approx(costs.placed_collective_ms("all_gather", 2 * n, plain.dp_place))
+    # BF16 plans have no FP8 parameters whatever the engine says
+    bf = CostBuilder(**dict(kw, plan=plan.replace(precision="bf16")), engine=fp8p)
+    assert bf.chunk_cost(0, 32).fp8_params == 0
 
 
 def test_plan_yaml_round_trip_and_old_files():
