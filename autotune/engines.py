@@ -38,6 +38,10 @@ ATTENTION_KERNELS = ("default", "flash2")
 #: libraries that run an engine's FP8 linears: ``transformer_engine`` (saves the linears' inputs in FP8
 #: and caches FP8 weights) and ``torchao`` (saves them in high precision, re-quantizes in backward)
 FP8_LIBRARIES = ("transformer_engine", "torchao")
+#: what a layer saves for backward: ``minimal`` (the tensors the backward needs, each once: fused
+#: kernels, Korthikanti et al. 2022's count) or ``pytorch_eager`` (autograd's saved set of autotune's
+#: eager block, measured: :mod:`autotune.memory`)
+ACTIVATION_ACCOUNTINGS = ("minimal", "pytorch_eager")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,10 @@ class EngineProfile:
         attention_kernel: the attention kernel it runs (:data:`ATTENTION_KERNELS`).
         fp8_library: what runs its FP8 linears (:data:`FP8_LIBRARIES`); decides what an FP8 linear saves
             for backward and whether FP8 weight copies are cached (:mod:`autotune.memory`).
+        activation_accounting: what a layer saves (:data:`ACTIVATION_ACCOUNTINGS`).
+        frees_grads_between_steps: gradients are set to None after the optimizer step (except under
+            DDP, whose gradients are bucket views), so a step whose activations peak before any
+            backward holds no gradients at that peak.
         fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
             are FP8 parameters (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside TE's FP8
             copies, and the ZeRO-1/2 parameter all-gather moves 1 byte per linear weight.
@@ -107,11 +115,13 @@ class EngineProfile:
     attention_kernel: str = "default"
     fp8_library: str = "torchao"
     fp8_param_gather: bool = False
+    activation_accounting: str = "minimal"
+    frees_grads_between_steps: bool = False
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
                   ("cp_comm", CP_COMM_MODES), ("attention_kernel", ATTENTION_KERNELS),
-                  ("fp8_library", FP8_LIBRARIES))
+                  ("fp8_library", FP8_LIBRARIES), ("activation_accounting", ACTIVATION_ACCOUNTINGS))
         for f, valid in checks:
             if getattr(self, f) not in valid:
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not valid; "

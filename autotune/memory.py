@@ -85,6 +85,15 @@ PP_INFLIGHT_LOGITS_BYTES = 4 + 2
 #: (torchao/prototype/mx_formats/mx_linear.py) keep the high-precision input and weight and re-cast them
 #: in backward: no change to saved activations; their FP8 copies live for one GEMM only (not counted).
 FP8_BYTES = 1
+#: torch.compile's saved bytes over eager autograd's for autotune's runtime block (precision kind,
+#: recompute), measured on 1x H200 with torch 2.11.0+cu130 / torchao 0.17.0 (bench/saved_activations.py,
+#: docs/results/saved-activations-h200x1-2026-12-01.json; Llama 3.1 8B block, seq 8192): the
+#: partitioner (AOTAutograd min-cut rematerialization) recomputes the norms and SwiGLU in backward, and
+#: with torchao FP8 saves the FP8 casts of the linears' inputs. FP8 rowwise measured the same as
+#: tensorwise. Full recompute keeps only the block input either way (1). tests/test_memory.py
+#: re-derives these from the JSON.
+COMPILED_OVER_EAGER = {("bf16", "none"): 0.672, ("bf16", "selective"): 0.547,
+                       ("fp8", "none"): 0.462, ("fp8", "selective"): 0.453}
 TE_FP8_WEIGHT_COPY_BYTES = 2     # FP8 weight + its FP8 transpose
 #: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
 LSE_BYTES = 4
@@ -275,6 +284,21 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload,
     else:
         terms["mlp_fc1"] = BF16_BYTES * s * b * f // t
         terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # GeLU output, input of fc2
+    eng = get_engine(engine)
+    if eng.activation_accounting == "pytorch_eager":
+        # autograd's saved set of autotune's eager block (runtime/model.py), beyond the minimal one:
+        # each RMSNorm keeps its FP32 input copy (4 bytes where the input term counts 2) and its
+        # normalized BF16 output before the weight multiply (2); SDPA keeps K and V repeated to the
+        # query heads (_attention_core's repeat_interleave); SwiGLU keeps silu(gate) for the multiply
+        # besides its product. Derived 1,745,879,040 bytes for the 8B block at s = 8192; measured
+        # 1,754,333,184 on H200 (bench/saved_activations.py; saved-tensor listing on H200: the same
+        # tensors, 1,744,830,464 bytes of activation-sized ones, plus per-row statistics)
+        terms["attn_norm_fp32"] = sbh
+        terms["attn_norm_prescale"] = sbh
+        terms["mlp_norm_fp32"] = sbh
+        terms["mlp_norm_prescale"] = sbh
+        terms["kv_repeat"] = 2 * BF16_BYTES * s * b * (q - kv) // t
+        terms["mlp_silu"] = BF16_BYTES * s * b * f // t
     if te_fp8(plan, engine):
         # TE saves the linears' inputs in FP8: the norm outputs and the MLP
         # activation output are kept only for their linears -> 1 byte; the attention output is also
@@ -302,8 +326,14 @@ def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int,
 
 
 #: Tensors that selective recomputation (Megatron-LM ``--recompute-granularity selective`` extended to
-#: the MLP activation) does not keep: the attention core's output and the MLP activation's output.
+#: the MLP activation) does not keep: the attention core's output and the MLP activation's output;
+#: With eager autograd's saved set (native runtime) the checkpoints' outputs are still saved by the
+#: projections after them (the attention output by wo, the SwiGLU product by w2), so what goes is what
+#: lives inside them: the repeated K/V (the checkpointed core keeps its un-repeated Q, K, V), the
+#: logsumexp and silu(gate): derived 1,409,286,144 bytes for the 8B block, measured 1,417,740,288
+#: (bench/saved_activations.py; the H200 saved-tensor listing has the same activation-sized tensors).
 _SELECTIVE_DROPPED = ("attn_output", "mlp_act_output")
+_SELECTIVE_DROPPED_EAGER = ("attn_logsumexp", "kv_repeat", "mlp_silu")
 
 
 def _selective_bytes(terms: Mapping[str, int], mode: str, model: ModelSpec, plan: Plan,
@@ -328,7 +358,19 @@ def _selective_bytes(terms: Mapping[str, int], mode: str, model: ModelSpec, plan
         q, kv, f = model.q_dim, model.kv_dim, model.ffn_hidden_size
         return (terms["attn_norm_input"] + BF16_BYTES * s * b * (2 * q + kv + f) // t
                 + terms["attn_logsumexp"] + terms["mlp_norm_input"])
-    return sum(v for k, v in terms.items() if k not in _SELECTIVE_DROPPED)
+    dropped = _SELECTIVE_DROPPED_EAGER if "mlp_silu" in terms else _SELECTIVE_DROPPED
+    return sum(v for k, v in terms.items() if k not in dropped)
+
+
+def _compiled_layer_bytes(eager_bytes: int, plan: Plan, engine: EngineProfile | str | None) -> int:
+    """A layer's saved bytes under ``plan.compile`` for an engine with eager-autograd accounting: the
+    eager count x :data:`COMPILED_OVER_EAGER` (measured); unchanged otherwise or with full recompute."""
+    if not getattr(plan, "compile", False) or get_engine(engine).activation_accounting != "pytorch_eager":
+        return eager_bytes
+    if plan.recompute == "full":
+        return eager_bytes
+    kind = "bf16" if getattr(plan, "precision", "bf16") == "bf16" else "fp8"
+    return math.ceil(eager_bytes * COMPILED_OVER_EAGER[kind, plan.recompute])
 
 
 def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload, *,
@@ -377,9 +419,10 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     _check_tp(model, plan)
     terms = _layer_activation_terms(model, plan, workload, engine)
     if mode == "none":
-        return sum(terms.values())
+        return _compiled_layer_bytes(sum(terms.values()), plan, engine)
     if mode == "selective":
-        return _selective_bytes(terms, get_engine(engine).selective_recompute, model, plan, workload)
+        return _compiled_layer_bytes(
+            _selective_bytes(terms, get_engine(engine).selective_recompute, model, plan, workload), plan, engine)
     return terms["attn_norm_input"]
 
 
@@ -499,15 +542,20 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     b = plan.micro_batch_size
     sp = plan.sp_active
 
+    # DDP keeps its gradients as bucket views between steps (runtime/parallelize.py: DDP with
+    # gradient_as_bucket_view for tp = pp = 1 with an overlapped reduction; zero_grad(set_to_none=False))
+    ddp_bucket_views = (z in (0, 1) and g > 1 and t == 1 and p == 1 and plan.dp_grad_reduce_overlap
+                        and plan.async_collectives)
     per_virtual = plan.layers_per_virtual_stage(model.num_layers)
     layers_per_rank = [sum(per_virtual[r::p]) for r in range(p)]
 
     terms = _layer_activation_terms(model, plan, workload, eng)
     full_layer_act = sum(terms.values())
     if plan.recompute == "none":
-        layer_act = full_layer_act
+        layer_act = _compiled_layer_bytes(full_layer_act, plan, eng)
     elif plan.recompute == "selective":
-        layer_act = _selective_bytes(terms, eng.selective_recompute, model, plan, workload)
+        layer_act = _compiled_layer_bytes(_selective_bytes(terms, eng.selective_recompute, model, plan, workload),
+                                          plan, eng)
     else:
         layer_act = terms["attn_norm_input"]
     embed_out = BF16_BYTES * s * b * h // (t if sp else 1)
@@ -559,6 +607,13 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
 
         layers_alive, first_alive, last_alive = max(count.peak_points, key=_held_bytes)
         acts = layers_alive * layer_act + first_alive * first_chunk_bytes
+        if eng.frees_grads_between_steps and not ddp_bucket_views and held >= plan.num_micro_batches:
+            # every forward of the step runs before the rank's first backward (one micro-batch, GPipe,
+            # or no more micro-batches than the warm-up), and the last step's gradients were set to
+            # None: none exist at this peak. Seen on H200 (profile-plans-h200x1-2026-12-01.json, 8B at
+            # 16 layers, one micro-batch): peak allocated 144.35 GB = FP32 weights 18.17 + Adam 36.3 +
+            # activations and logits, no gradients
+            grads = 0
         # BF16 compute copies of FP32 master weights, alive from a micro-batch's forward to its backward:
         # autocast (no FSDP) and ZeRO-2 (FSDP2 without resharding after forward) hold all the rank's
         # parameters; ZeRO-3 holds the root module's (embedding, final norm and LM head: FSDP2 does not

@@ -17,12 +17,33 @@ from dataclasses import replace
 
 import pytest
 
+import json
+from pathlib import Path
+
+from autotune import memory as _memory
+from autotune.engines import get_engine
 from autotune.errors import ConfigError, PlanError
 from autotune.hardware import get_gpu
-from autotune.memory import (DEFAULT_FRAGMENTATION, MemoryEstimate, StageMemory,
-                             activation_bytes_per_layer, estimate_memory, inflight_microbatches)
+from autotune.memory import (COMPILED_OVER_EAGER, DEFAULT_FRAGMENTATION, MemoryEstimate, StageMemory,
+                             inflight_microbatches)
 from autotune.models import get_model
 from autotune.plan import Plan, Workload
+
+#: The hand derivations below are of the minimal saved set (Korthikanti et al. 2022's count, what an
+#: engine with fused kernels keeps) with gradients alive at the peak, on the native engine's other
+#: facts (FP32 masters, BF16 compute copies). The native runtime's own eager saved set and its freed
+#: gradients are tested at the end of this file, against the same numbers.
+MINIMAL = replace(get_engine("native"), activation_accounting="minimal", frees_grads_between_steps=False)
+
+
+def activation_bytes_per_layer(*args, **kw):
+    kw.setdefault("engine", MINIMAL)
+    return _memory.activation_bytes_per_layer(*args, **kw)
+
+
+def estimate_memory(*args, **kw):
+    kw.setdefault("engine", MINIMAL)
+    return _memory.estimate_memory(*args, **kw)
 
 M8 = get_model("8b")
 M405 = get_model("405b")
@@ -398,3 +419,71 @@ def test_stage_memory_total_sums_terms():
     s = StageMemory(stage=0, num_layers=1, num_inflight_microbatches=1.0, weights_bytes=1, grads_bytes=2,
                     optimizer_bytes=4, activations_bytes=8, transient_bytes=16, allocator_overhead_bytes=32)
     assert s.total_bytes == 63 and s.model_state_bytes == 7
+
+
+# ------------------------------------------------------------------ the native runtime's own saved set
+def test_native_eager_saved_set_by_hand_and_as_measured():
+    # autograd's saved set of runtime/model.py's block (listed tensor by tensor on H200, 2026-12-01),
+    # 8B, s = 8192, b = 1, in units of 2sbh = 67,108,864 bytes (one h-sized BF16 tensor):
+    #   each RMSNorm: FP32 input 2 + BF16 normalized 1 + BF16 output 1          = 4, x 2 norms = 8
+    #   Q 1, K and V repeated to 32 heads 1 + 1 (kv_repeat: 2 x 2sb(q - kv) = 1.5 beyond the 0.5 of
+    #   the un-repeated K, V), attention output 1 (the same storage feeds wo)    = 4
+    #   gate, up, silu(gate), product: 4 x 2sbf = 4 x 3.5                       = 14
+    #   -> 26 units = 1,744,830,464, + logsumexp 4 s heads = 1,048,576           = 1,745,879,040
+    native = get_engine("native")
+    assert _memory.activation_bytes_per_layer(M8, Plan(), W, engine=native) == 26 * SBH + 1_048_576
+    # selective: the checkpointed core keeps un-repeated Q, K, V (1.5) and no logsumexp, the
+    # checkpointed SwiGLU's product stays (w2 saves it), silu(gate) goes: 26 - 1.5 - 3.5 = 21 units
+    assert _memory.activation_bytes_per_layer(M8, Plan(recompute="selective"), W, engine=native) == 21 * SBH
+    # measured on H200 (bench/saved_activations.py): 1,754,333,184 and 1,417,740,288 bytes (the listing's
+    # activation-sized tensors: 1,744,830,464 and 1,409,286,144; the rest are per-row statistics)
+    rows = _saved_rows()
+    assert rows["bf16", "none", False] == pytest.approx(26 * SBH, rel=0.01)
+    assert rows["bf16", "selective", False] == pytest.approx(21 * SBH, rel=0.01)
+
+
+def _saved_rows():
+    d = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results"
+                    / "saved-activations-h200x1-2026-12-01.json").read_text())
+    return {(r["precision"], r["recompute"], r["compile"]): r["saved_bytes"] for r in d["rows"] if "saved_bytes" in r}
+
+
+def test_compiled_over_eager_ratios_come_from_the_measurement():
+    rows = _saved_rows()
+    for (kind, rc), ratio in COMPILED_OVER_EAGER.items():
+        precisions = ("bf16",) if kind == "bf16" else ("fp8_tensorwise", "fp8_rowwise")
+        for prec in precisions:
+            assert rows[prec, rc, True] / rows[prec, rc, False] == pytest.approx(ratio, abs=0.0005)
+    # applied to the native engine's eager count under compile; full recompute keeps only the input
+    native = get_engine("native")
+    eager = _memory.activation_bytes_per_layer(M8, Plan(precision="fp8_tensorwise"), W, engine=native)
+    comp = _memory.activation_bytes_per_layer(M8, Plan(precision="fp8_tensorwise", compile=True), W, engine=native)
+    assert comp == pytest.approx(eager * 0.462, abs=1)
+    assert _memory.activation_bytes_per_layer(M8, Plan(recompute="full", compile=True), W, engine=native) == SBH
+    # engines without eager accounting are not rescaled (torchtitan: not measured)
+    tt = get_engine("torchtitan")
+    assert (_memory.activation_bytes_per_layer(M8, Plan(compile=True), W, engine=tt)
+            == _memory.activation_bytes_per_layer(M8, Plan(), W, engine=tt))
+
+
+def test_native_gradients_absent_at_a_peak_before_any_backward():
+    native = get_engine("native")
+    one = _memory.estimate_memory(M8, Plan(), H200, W, engine=native).stages[0]
+    assert one.grads_bytes == 0                       # one micro-batch, set_to_none after the last step
+    two = _memory.estimate_memory(M8, Plan(num_micro_batches=2), H200, W, engine=native).stages[0]
+    assert two.grads_bytes == 4 * N8                  # the first micro-batch's backward made them
+    # DDP keeps them as bucket views (dp 2, overlapped reduction, tp = pp = 1)
+    ddp = _memory.estimate_memory(M8, Plan(dp_degree=2, zero_stage=0, dp_grad_reduce_overlap=True,
+                                           async_collectives=True), H200, W, engine=native).stages[0]
+    assert ddp.grads_bytes == 4 * N8
+    # GPipe runs every forward first: none on either rank; 1F1B with m = 4 > p: the first rank reaches its
+    # peak again in the steady state, with gradients
+    m16 = replace(M8, num_layers=16)
+    gp = _memory.estimate_memory(m16, Plan(pp_degree=2, num_micro_batches=4, pipeline_schedule="gpipe"), H200, W,
+                                 engine=native)
+    assert [s.grads_bytes for s in gp.stages] == [0, 0]
+    f1 = _memory.estimate_memory(m16, Plan(pp_degree=2, num_micro_batches=4, pipeline_schedule="1f1b"), H200, W,
+                                 engine=native)
+    assert all(s.grads_bytes > 0 for s in f1.stages)
+    # Megatron's main-grad buffer is persistent
+    assert _memory.estimate_memory(M8, Plan(), H200, W, engine="megatron").stages[0].grads_bytes == 4 * N8
