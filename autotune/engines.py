@@ -77,6 +77,11 @@ class EngineProfile:
         frees_grads_between_steps: gradients are set to None after the optimizer step (except under
             DDP, whose gradients are bucket views), so a step whose activations peak before any
             backward holds no gradients at that peak.
+        pp_defers_fsdp_grad_reduce: with a pipeline (pp > 1) and FSDP (ZeRO 2/3), gradients are
+            reduce-scattered once, after the step's last backward, and accumulate unsharded in the
+            reduction dtype until then (torch.distributed.pipelining).
+        compile_loss: with ``compile``, the loss is compiled too (inductor fuses the FP32 cast,
+            log-softmax and NLL: :data:`autotune.memory.COMPILED_LOSS_BYTES_PER_LOGIT`).
         fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
             are FP8 parameters (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside TE's FP8
             copies, and the ZeRO-1/2 parameter all-gather moves 1 byte per linear weight.
@@ -117,6 +122,8 @@ class EngineProfile:
     fp8_param_gather: bool = False
     activation_accounting: str = "minimal"
     frees_grads_between_steps: bool = False
+    pp_defers_fsdp_grad_reduce: bool = False
+    compile_loss: bool = False
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),

@@ -136,6 +136,9 @@ class CostBuilder:
         dense = plan.compile or self.engine.fuses("rmsnorm")
         self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=dense)
         self.grad_reduce_bytes = self.engine.grad_reduce_bytes
+        # torch.distributed.pipelining + FSDP: one reduce-scatter per step, after the last backward
+        self.deferred_rs = (self.engine.pp_defers_fsdp_grad_reduce and plan.pp_degree > 1
+                            and plan.zero_stage >= 2 and plan.num_micro_batches > 1)
         self.fp8_params = (self.engine.fp8_param_gather and self.engine.fp8_library == "transformer_engine"
                            and getattr(plan, "precision", "bf16") != "bf16")
         t, cp = plan.tp_degree, plan.cp_degree
@@ -374,9 +377,10 @@ class CostBuilder:
             layer_unit = m.params_per_layer // t
             edge = min(cc.params, (cc.params - num_layers * layer_unit) + layer_unit) if p.pp_degree == 1 else 0
             place = self.dp_place
-            rs = costs.placed_collective_ms("reduce_scatter", cc.params * self.grad_reduce_bytes, place)
-            rs_edge = costs.placed_collective_ms("reduce_scatter", edge * self.grad_reduce_bytes, place)
-            self._overlap(cc.bwd_parts, rs, p.async_collectives and p.dp_grad_reduce_overlap, exposed_ms=rs_edge)
+            if not self.deferred_rs:           # deferred: end-of-step buckets (dp_bucket_ms)
+                rs = costs.placed_collective_ms("reduce_scatter", cc.params * self.grad_reduce_bytes, place)
+                rs_edge = costs.placed_collective_ms("reduce_scatter", edge * self.grad_reduce_bytes, place)
+                self._overlap(cc.bwd_parts, rs, p.async_collectives and p.dp_grad_reduce_overlap, exposed_ms=rs_edge)
             if p.zero_stage == 3:
                 ag = costs.placed_collective_ms("all_gather", cc.params * BF16, place)
                 ag_edge = costs.placed_collective_ms("all_gather", edge * BF16, place)
@@ -438,9 +442,10 @@ class CostBuilder:
         return self.costs.placed_collective_ms("send_recv", nbytes, self.pp_place)
 
     def dp_bucket_ms(self, chunk_params: int) -> list[float]:
-        """End-of-step DP gradient reduction of one chunk, per bucket (ZeRO 0: all-reduce; 1: reduce-scatter)."""
+        """End-of-step DP gradient reduction of one chunk, per bucket (ZeRO 0: all-reduce; 1, and 2/3 when
+        a pipeline defers FSDP's reduction to the last backward: reduce-scatter)."""
         p = self.p
-        if self.dp_group <= 1 or p.zero_stage >= 2:
+        if self.dp_group <= 1 or (p.zero_stage >= 2 and not self.deferred_rs):
             return []
         kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
         total = chunk_params * self.grad_reduce_bytes

@@ -74,6 +74,15 @@ LOGITS_BYTES_PER_ELEMENT = 4 + 4 + 4
 #: copy). Seen on H200 (2026-11-30, 8B 4-layer proxy, PP=2, 4 micro-batches): peak allocated 58.2 GiB
 #: with GPipe vs 33.7 GiB with 1F1B; this term's share of the gap is 3 x 6 x 8192 x 128256 bytes = 17.6 GiB.
 PP_INFLIGHT_LOGITS_BYTES = 4 + 2
+#: Bytes per logit of a compiled loss (engines whose ``compile_loss`` is set, under ``plan.compile``):
+#: inductor fuses the FP32 cast, log-softmax and NLL, saves only the BF16 logits (and per-row
+#: statistics) and writes their BF16 gradient: 2 + 2. Measured on H200 (bench/loss_memory.py,
+#: docs/results/loss-memory-h200x1-2026-12-01.json; [1 or 2, 8192, 128256] BF16 logits, torch 2.11):
+#: kept after the forward 0.0 bytes per logit beyond the logits, peak 2.0 (eager: 4.0 and 12.0, which
+#: :data:`LOGITS_BYTES_PER_ELEMENT` counts). Other micro-batches in flight on the last stage keep their
+#: BF16 logits only: :data:`COMPILED_LOSS_INFLIGHT_BYTES`.
+COMPILED_LOSS_BYTES_PER_LOGIT = 2 + 2
+COMPILED_LOSS_INFLIGHT_BYTES = 2
 #: What an FP8 linear saves depends on the library the engine runs it with
 #: (:attr:`autotune.engines.EngineProfile.fp8_library`). Transformer Engine (Megatron-LM, every FP8
 #: recipe: Float8CurrentScaling for ``fp8_tensorwise``, DelayedScaling, MXFP8BlockScaling):
@@ -493,7 +502,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       :func:`activation_bytes_per_layer`, + on rank 0 a_0 x the embedding output 2sbh (/t with SP),
       a_c = forwards - backwards of chunk c done; the instant maximises the rank's activations plus
       its in-flight logits (below). Every chunk holds min(p - r, m) under 1F1B, m under GPipe, 1 when p = 1;
-    * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`),
+    * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`;
+      a compiled loss: 4 and no separate kept output, :data:`COMPILED_LOSS_BYTES_PER_LOGIT`),
       with PP (p > 1) + 2 bytes (the kept BF16 stage output) + (a_last - 1) x 6 bytes, a_last the
       micro-batches alive in the rank's last chunk (the last virtual stage) at that instant
       (:data:`PP_INFLIGHT_LOGITS_BYTES`);
@@ -572,7 +582,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         common_transient += BF16_BYTES * layer_params * (2 if plan.param_gather_overlap else 1)
     if sp:
         common_transient += BF16_BYTES * s * b * h
-    logits = s * b * vocab_shard * LOGITS_BYTES_PER_ELEMENT
+    compiled_loss = bool(getattr(plan, "compile", False)) and eng.compile_loss
+    logits = s * b * vocab_shard * (COMPILED_LOSS_BYTES_PER_LOGIT if compiled_loss else LOGITS_BYTES_PER_ELEMENT)
     head_params = (0 if model.tied_embeddings and p == 1 else vocab_shard * h) + h
 
     stages = []
@@ -588,6 +599,10 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         shard_weights = z == 3 or (z == 2 and eng.shard_params_at_zero2)
         weights = eng.param_bytes * (_ceil_div(params, g) if shard_weights else params)
         grads = eng.grad_buffer_bytes * (_ceil_div(params, g) if z >= 2 else params)
+        if eng.pp_defers_fsdp_grad_reduce and p > 1 and z >= 2 and g > 1 and plan.num_micro_batches > 1:
+            # torch.distributed.pipelining defers FSDP's reduce-scatter to the last backward: until then
+            # the rank's gradients accumulate unsharded in the reduction dtype (engines.yaml)
+            grads = eng.grad_reduce_bytes * params
         optim = eng.optimizer_bytes * (_ceil_div(params, g) if z >= 1 else params)
 
         # In-flight micro-batches from the schedule's own order (autotune.schedule.count_inflight):
@@ -598,7 +613,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         held = count.num_inflight_microbatches
         first_chunk_bytes = embed_out if r == 0 else 0
         per_logit = s * b * vocab_shard
-        other_logits_bytes = per_logit * PP_INFLIGHT_LOGITS_BYTES if r == p - 1 and p > 1 else 0
+        other_logits_bytes = (per_logit * (COMPILED_LOSS_INFLIGHT_BYTES if compiled_loss else PP_INFLIGHT_LOGITS_BYTES)
+                              if r == p - 1 and p > 1 else 0)
 
         def _held_bytes(pt: tuple[int, int, int]) -> int:
             layers_alive, first_alive, last_alive = pt
@@ -630,7 +646,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         if r == p - 1:
             # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
             # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each
-            transient_logits = logits + (per_logit * 2 + max(last_alive - 1, 0) * other_logits_bytes
+            kept_output = 0 if compiled_loss else per_logit * 2     # compiled: in COMPILED_LOSS_BYTES_PER_LOGIT
+            transient_logits = logits + (kept_output + max(last_alive - 1, 0) * other_logits_bytes
                                          if p > 1 else 0)
         else:
             transient_logits = 0

@@ -178,6 +178,11 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         eng = dataclasses.replace(eng, grad_reduce_bytes=2, fp8_param_gather=plan.precision == "fp8_tensorwise",
                                   source=eng.source + "; Megatron-Bridge recipes: grad_reduce_in_fp32=False"
                                   + (", fp8_param_gather" if plan.precision == "fp8_tensorwise" else ""))
+    if engine == "torchtitan" and run.get("_group") == "torchtitan_h100_2024_12":
+        # the 2024-12 release did not compile the loss: torchtitan 9dec370 train.py ("compiling loss
+        # function causes CUDA errors, turning off for now"); e7c0cae (2025-06) does
+        # (torchtitan/components/loss.py build_cross_entropy_loss: torch.compile(loss_fn) with compile)
+        eng = dataclasses.replace(eng, compile_loss=False)
     if engine == "torchtitan":
         # and their attention kernel: FlashAttention-2 (SDPA's flash backend), not the pinned release's
         # cuDNN-first list. 2024-12 (torchtitan 9dec370, torch 1963fc8): torchtitan/models/llama/model.py

@@ -302,3 +302,23 @@ def test_search_space_drops_precisions_per_gpu():
     b200 = space.bind(model=M8, num_gpus=8, workload=w, gpu=get_gpu("b200"))
     assert b200.choices["precision"] == PRECISIONS
     assert b200.choices["compile"] == (False, True)
+
+
+def test_pipeline_fsdp_reduce_scatter_runs_once_at_the_end_of_the_step():
+    # torch.distributed.pipelining + FSDP (torchtitan): no reduce-scatter beside each micro-batch's
+    # backward; one per chunk at the end of the step, in buckets, reduce-scattering the chunk's FP32
+    # gradients (the same bucket path as Megatron's distributed optimizer)
+    c = make_cluster("h200", 8, "nvlink4+ib-ndr400")
+    m16 = dataclasses.replace(M8, num_layers=16)
+    plan = Plan(pp_degree=2, dp_degree=4, zero_stage=2, num_micro_batches=4, pipeline_schedule="1f1b")
+    kw = dict(model=m16, cluster=c, workload=W1, costs=H200)
+    tt = CostBuilder(**kw, plan=plan, engine="torchtitan")
+    assert tt.deferred_rs
+    cc = tt.chunk_cost(0, 8)
+    assert "exposed_dp_comm" not in cc.bwd_parts
+    buckets = tt.dp_bucket_ms(cc.params)
+    nbytes = cc.params * 4
+    assert len(buckets) == math.ceil(nbytes / (64 * 2**20))
+    # one micro-batch: that backward is the last, so FSDP reduce-scatters beside it as without PP
+    one = CostBuilder(**kw, plan=plan.replace(num_micro_batches=1), engine="torchtitan")
+    assert not one.deferred_rs and one.dp_bucket_ms(cc.params) == []

@@ -487,3 +487,40 @@ def test_native_gradients_absent_at_a_peak_before_any_backward():
     assert all(s.grads_bytes > 0 for s in f1.stages)
     # Megatron's main-grad buffer is persistent
     assert _memory.estimate_memory(M8, Plan(), H200, W, engine="megatron").stages[0].grads_bytes == 4 * N8
+
+
+def test_pipeline_with_fsdp_accumulates_unsharded_gradients():
+    # torch.distributed.pipelining defers FSDP2's reduce-scatter to the step's last backward
+    # (engines.yaml pp_defers_fsdp_grad_reduce): with m > 1 the rank's gradients are unsharded FP32
+    # (reduce_dtype) until then. 8B at 16 layers, pp 2, dp 2, ZeRO-2, torchtitan: rank 0 holds 8 layers
+    # and the embedding: 8 x 218,112,000 + 525,336,576 = 2,270,232,576 parameters -> 4 B each, not / 2.
+    m16 = replace(M8, num_layers=16)
+    rank0 = 8 * PPL8 + VH8
+    plan = Plan(pp_degree=2, dp_degree=2, zero_stage=2, num_micro_batches=4, pipeline_schedule="1f1b")
+    e = _memory.estimate_memory(m16, plan, H200, W, engine="torchtitan")
+    assert e.stages[0].grads_bytes == 4 * rank0
+    # one micro-batch: its backward is the last, reduce-scattered at once: the FP32 shard
+    one = _memory.estimate_memory(m16, plan.replace(num_micro_batches=1), H200, W, engine="torchtitan")
+    assert one.stages[0].grads_bytes == 4 * (rank0 // 2)
+    # Megatron (no torch pipelining): sharded as before
+    meg = _memory.estimate_memory(m16, plan.replace(zero_stage=3), H200, W, engine="megatron")
+    assert meg.stages[0].grads_bytes == 4 * (rank0 // 2)
+
+
+def test_compiled_loss_keeps_the_bf16_logits_and_their_gradient_only():
+    # torchtitan compiles its loss with compile=true (engines.yaml compile_loss): 2 + 2 bytes per logit
+    # at the loss's backward instead of the eager FP32 loss's 12 (measured: bench/loss_memory.py, peak
+    # 2.0 bytes per logit beyond the BF16 logits, eager 12.0). 8B, one GPU, s = 8192, b = 1:
+    # 8192 x 128256 x (12 - 4) = 8,405,385,216 bytes less; the native runtime compiles no loss.
+    plan = Plan(compile=True)
+    eager = _memory.estimate_memory(M8, Plan(), H200, W, engine="torchtitan").stages[0].transient_bytes
+    comp = _memory.estimate_memory(M8, plan, H200, W, engine="torchtitan").stages[0].transient_bytes
+    assert eager - comp == 8192 * 128256 * 8
+    nat = get_engine("native")
+    assert (_memory.estimate_memory(M8, plan, H200, W, engine=nat).stages[0].transient_bytes
+            == _memory.estimate_memory(M8, Plan(), H200, W, engine=nat).stages[0].transient_bytes)
+    d = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results"
+                    / "loss-memory-h200x1-2026-12-01.json").read_text())
+    for r in d["rows"]:
+        # the measured peak beyond the logits: the FP32 loss's 12 when eager, the BF16 gradient's 2 compiled
+        assert r["peak_bytes_per_logit"] == (2.0 if r["compile"] else 12.0)
