@@ -280,6 +280,9 @@ def main() -> int:
         worst = max(rows, key=lambda x: abs(x["err"]) if x["err"] is not None else -1)
         print(f"rows predicted: {len(errs)}; mean absolute error {100 * statistics.mean(map(abs, errs)):.1f}%; "
               f"worst {100 * worst['err']:+.1f}% ({worst['group']} {worst['run']['model']} x{worst['run']['gpus']})")
+    mem_line = memory_summary(rows)
+    if mem_line:
+        print(mem_line)
     infeasible = [x for x in rows if not x["mem"].fits]
     if infeasible:
         print(f"published runs the memory model refuses although they ran: {len(infeasible)}")
@@ -290,6 +293,17 @@ def main() -> int:
     if args.markdown:
         write_markdown(Path(args.markdown), rows, skipped, errs)
     return 0
+
+
+def memory_summary(rows: list[dict[str, Any]]) -> str:
+    """One line: the peak-memory error (predicted / published - 1) over the rows that publish memory."""
+    merrs = [(x["mem"].peak_bytes / 2**30 / x["run"]["memory_gib"] - 1, x) for x in rows
+             if x["run"].get("memory_gib")]
+    if not merrs:
+        return ""
+    e, w = max(merrs, key=lambda t: abs(t[0]))
+    return (f"peak memory where published: mean absolute error {100 * statistics.mean(abs(v) for v, _ in merrs):.1f}% "
+            f"over {len(merrs)} rows; worst {100 * e:+.1f}% ({w['group']} {w['run']['model']} x{w['run']['gpus']})")
 
 
 MD_START, MD_END = "<!-- published-table:start -->", "<!-- published-table:end -->"
@@ -312,7 +326,8 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], skipped: list, errs: 
     lines.append("")
     lines.append(f"{len(errs)} rows; mean absolute error {100 * statistics.mean(map(abs, errs)):.1f}%, worst "
                  f"{100 * worst:+.1f}% (simulated, shipped calibration, {datetime.date.today().isoformat()}; "
-                 f"`python bench/published.py --markdown docs/fidelity.md`). Not predicted: "
+                 f"`python bench/published.py --markdown docs/fidelity.md`). "
+                 + (memory_summary(rows).capitalize() + ". " if memory_summary(rows) else "") + "Not predicted: "
                  + ("; ".join(f"{' '.join(lab.split()[:4])}: {why}" for lab, why in skipped) or "none") + "\n")
     table = "\n".join(lines)
     text = path.read_text() if path.exists() else ""
