@@ -468,12 +468,24 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                         seed=seed, engine=engine,
                         evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout, launcher,
                                                              nodes, gpus_per_node, partition, account, time_limit))
-    tuner = Tuner(**tuner_kwargs)
     say = _say(as_json)
-    say(f"tuning {_target_line(model, cluster, workload)}")
-    say(f"study {tuner.name!r} in {storage}; search space {tuner.space.name!r}; backend {backend}; "
-        f"engine {tuner.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
-        + (f", timeout {timeout:g} s" if timeout else ""))
+
+    def _open() -> Tuner:
+        t = Tuner(**tuner_kwargs)
+        say(f"tuning {_target_line(model, cluster, workload)}")
+        say(f"study {t.name!r} in {storage}; search space {t.space.name!r}; backend {backend}; "
+            f"engine {t.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
+            + (f", timeout {timeout:g} s" if timeout else ""))
+        return t
+
+    # a signal while the study is being opened (the storage file may already exist) ends the run the
+    # same way as one during tuning, not with a traceback
+    from autotune.engines import resolve_engine
+    from autotune.search_space import SearchSpace
+    from autotune.tuner import study_name
+    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+                      engine=resolve_engine(engine, backend).name)
+    tuner = _interruptible(_open, storage=storage, study=name)
     if workers > 1:
         from autotune.tuner import load_study, require_best_plan
         from autotune.workers import run_workers

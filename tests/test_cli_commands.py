@@ -255,9 +255,14 @@ def _signal_a_run(tmp_path, sig: int, delay_s: float, *, poll_s: float, wait_s: 
     import time
 
     url = f"sqlite:///{tmp_path}/s.db"
+    import signal as _signal
+
+    # start it with the signals at their defaults: a shell that started pytest in the background leaves
+    # SIGINT ignored for its children, and an ignored SIGINT before the CLI installs its handler is lost
     p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "405b", "--trials", "100000", "--storage",
                           url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+                         env={**os.environ, "PYTHONPATH": os.getcwd()},
+                         preexec_fn=lambda: _signal.signal(_signal.SIGINT, _signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not (tmp_path / "s.db").exists():
         time.sleep(poll_s)
