@@ -136,9 +136,10 @@ class CostBuilder:
         dense = plan.compile or self.engine.fuses("rmsnorm")
         self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=dense)
         self.grad_reduce_bytes = self.engine.grad_reduce_bytes
-        # torch.distributed.pipelining + FSDP: one reduce-scatter per step, after the last backward
+        # torch.distributed.pipelining + FSDP: one reduce-scatter per step, after all backwards, synced
+        # to the compute stream (stage.py perform_reduce_grad: _root_post_backward_final_callback)
         self.deferred_rs = (self.engine.pp_defers_fsdp_grad_reduce and plan.pp_degree > 1
-                            and plan.zero_stage >= 2 and plan.num_micro_batches > 1)
+                            and plan.zero_stage >= 2)
         self.fp8_params = (self.engine.fp8_param_gather and self.engine.fp8_library == "transformer_engine"
                            and getattr(plan, "precision", "bf16") != "bf16")
         t, cp = plan.tp_degree, plan.cp_degree
@@ -550,7 +551,9 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
     p2p = cb.p2p_ms()
     blocking_p2p = not p.async_collectives
     reclaim_mb = p.memory_reclaim == "empty_cache_per_microbatch"
-    overlap_dp = p.async_collectives and p.dp_grad_reduce_overlap
+    # a deferred FSDP reduce-scatter (CostBuilder.deferred_rs) runs after the schedule's last backward
+    # and blocks: nothing overlaps it
+    overlap_dp = p.async_collectives and p.dp_grad_reduce_overlap and not cb.deferred_rs
     reserved = reserved_bytes_per_stage or [0.0] * P
     compute: dict[tuple[int, str, int], tuple[dict[str, float], float, float]] = {}
     dp_groups: dict[tuple[int, int], tuple[tuple[float, int, float], ...]] = {}

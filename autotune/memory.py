@@ -575,7 +575,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     # transient terms common to every rank
     common_transient = 0
     if plan.recompute == "full":
-        common_transient += full_layer_act
+        # one layer's forward re-run in backward keeps what that forward saves (compiled: the
+        # compiled saved set, COMPILED_OVER_EAGER at recompute none)
+        common_transient += _compiled_layer_bytes(full_layer_act, plan.replace(recompute="none"), eng)
     if g > 1:
         common_transient += 2 * plan.bucket_size_mib * MIB
     if z == 3:
@@ -599,9 +601,11 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         shard_weights = z == 3 or (z == 2 and eng.shard_params_at_zero2)
         weights = eng.param_bytes * (_ceil_div(params, g) if shard_weights else params)
         grads = eng.grad_buffer_bytes * (_ceil_div(params, g) if z >= 2 else params)
-        if eng.pp_defers_fsdp_grad_reduce and p > 1 and z >= 2 and g > 1 and plan.num_micro_batches > 1:
-            # torch.distributed.pipelining defers FSDP's reduce-scatter to the last backward: until then
-            # the rank's gradients accumulate unsharded in the reduction dtype (engines.yaml)
+        deferred = eng.pp_defers_fsdp_grad_reduce and p > 1 and z >= 2 and g > 1
+        if deferred:
+            # torch.distributed.pipelining turns FSDP's gradient sync off for every backward and
+            # reduce-scatters after the last (engines.yaml): the rank's gradients accumulate unsharded
+            # in the reduction dtype until then
             grads = eng.grad_reduce_bytes * params
         optim = eng.optimizer_bytes * (_ceil_div(params, g) if z >= 1 else params)
 
@@ -623,12 +627,14 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
 
         layers_alive, first_alive, last_alive = max(count.peak_points, key=_held_bytes)
         acts = layers_alive * layer_act + first_alive * first_chunk_bytes
+        grads_end = grads               # the gradients at the end of the last backward
         if eng.frees_grads_between_steps and not ddp_bucket_views and held >= plan.num_micro_batches:
             # every forward of the step runs before the rank's first backward (one micro-batch, GPipe,
             # or no more micro-batches than the warm-up), and the last step's gradients were set to
             # None: none exist at this peak. Seen on H200 (profile-plans-h200x1-2026-12-01.json, 8B at
             # 16 layers, one micro-batch): peak allocated 144.35 GB = FP32 weights 18.17 + Adam 36.3 +
-            # activations and logits, no gradients
+            # activations and logits, no gradients. The end of the last backward, with every gradient
+            # and no activation, is the other candidate peak (below).
             grads = 0
         # BF16 compute copies of FP32 master weights, alive from a micro-batch's forward to its backward:
         # autocast (no FSDP) and ZeRO-2 (FSDP2 without resharding after forward) hold all the rank's
@@ -637,9 +643,11 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         root = params - n * layer_params          # embedding / LM head / final norm held by this rank
         if not eng.bf16_compute_copy:
             copies = 0                            # BF16 parameters are what the kernels read
-        elif z == 3:
+        elif z == 3 and not deferred:
             copies = BF16_BYTES * root
         else:
+            # (ZeRO-3 under a deferring pipeline: set_reshard_after_backward(False) keeps each layer's
+            # gathered BF16 parameters from its first backward on, torch/distributed/pipelining/stage.py)
             copies = BF16_BYTES * params
         # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
         copies += te_fp8_weight_copy_bytes(model, plan, min(n, 1) if z == 3 else n, eng)
@@ -653,6 +661,13 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             transient_logits = 0
         transient = common_transient + copies + transient_logits
         subtotal = weights + grads + optim + acts + transient
+        if grads != grads_end:
+            # the end of the last backward: every gradient exists, the activations and logits are gone,
+            # the BF16 copies and buffers are still alive (autocast's cache lives to the end of the
+            # autocast region); measured after a step on H200: 72.72 GB = 16 N for the 8B at 16 layers
+            end_total = weights + grads_end + optim + common_transient + copies
+            if end_total > subtotal:
+                grads, acts, transient, subtotal = grads_end, 0, common_transient + copies, end_total
         # FSDP2 reduce-scatters on a stream of its own, and the caching allocator reuses a freed block
         # only on the stream it was allocated for: that stream's pool keeps its peak, the FP32
         # unsharded gradients of the largest FSDP unit plus their shard, while nothing of it is live at

@@ -306,19 +306,21 @@ def test_search_space_drops_precisions_per_gpu():
 
 def test_pipeline_fsdp_reduce_scatter_runs_once_at_the_end_of_the_step():
     # torch.distributed.pipelining + FSDP (torchtitan): no reduce-scatter beside each micro-batch's
-    # backward; one per chunk at the end of the step, in buckets, reduce-scattering the chunk's FP32
-    # gradients (the same bucket path as Megatron's distributed optimizer)
+    # backward; one per chunk after all backwards, in buckets of the chunk's FP32 gradients, blocking
     c = make_cluster("h200", 8, "nvlink4+ib-ndr400")
     m16 = dataclasses.replace(M8, num_layers=16)
     plan = Plan(pp_degree=2, dp_degree=4, zero_stage=2, num_micro_batches=4, pipeline_schedule="1f1b")
-    kw = dict(model=m16, cluster=c, workload=W1, costs=H200)
-    tt = CostBuilder(**kw, plan=plan, engine="torchtitan")
-    assert tt.deferred_rs
-    cc = tt.chunk_cost(0, 8)
-    assert "exposed_dp_comm" not in cc.bwd_parts
+    kw = dict(model=m16, cluster=c, workload=W1, costs=H200, plan=plan)
+    tt = CostBuilder(**kw, engine="torchtitan")
+    per_mb = CostBuilder(**kw, engine=dataclasses.replace(get_engine("torchtitan"), pp_defers_fsdp_grad_reduce=False))
+    assert tt.deferred_rs and not per_mb.deferred_rs
+    cc, cc_mb = tt.chunk_cost(0, 8), per_mb.chunk_cost(0, 8)
+    # the per-micro-batch reduce-scatter, overlapped, costs its compute slowdown; deferred it is gone
+    rs = H200.placed_collective_ms("reduce_scatter", cc.params * 4, tt.dp_place)
+    assert cc_mb.bwd_ms - cc.bwd_ms == pytest.approx(tt.slowdown * rs)
     buckets = tt.dp_bucket_ms(cc.params)
-    nbytes = cc.params * 4
-    assert len(buckets) == math.ceil(nbytes / (64 * 2**20))
-    # one micro-batch: that backward is the last, so FSDP reduce-scatters beside it as without PP
-    one = CostBuilder(**kw, plan=plan.replace(num_micro_batches=1), engine="torchtitan")
-    assert not one.deferred_rs and one.dp_bucket_ms(cc.params) == []
+    assert len(buckets) == math.ceil(cc.params * 4 / (64 * 2**20)) and per_mb.dp_bucket_ms(cc.params) == []
+    # in the step graph the buckets block (no DP stream) and run once per step
+    from autotune.graph import step_weights, chunk_costs
+    w = step_weights(tt, plan, m16, 4, chunk_costs(tt, plan, m16))
+    assert not w.overlap_dp and sum(n for g in w.dp_groups[0, 0] for n in [g[1]]) == len(buckets)

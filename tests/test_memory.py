@@ -499,9 +499,13 @@ def test_pipeline_with_fsdp_accumulates_unsharded_gradients():
     plan = Plan(pp_degree=2, dp_degree=2, zero_stage=2, num_micro_batches=4, pipeline_schedule="1f1b")
     e = _memory.estimate_memory(m16, plan, H200, W, engine="torchtitan")
     assert e.stages[0].grads_bytes == 4 * rank0
-    # one micro-batch: its backward is the last, reduce-scattered at once: the FP32 shard
+    # one micro-batch too: the schedule reduce-scatters only after all backwards (perform_reduce_grad)
     one = _memory.estimate_memory(m16, plan.replace(num_micro_batches=1), H200, W, engine="torchtitan")
-    assert one.stages[0].grads_bytes == 4 * (rank0 // 2)
+    assert one.stages[0].grads_bytes == 4 * rank0
+    # without a pipeline FSDP reduce-scatters each backward: the FP32 shard
+    nopp = _memory.estimate_memory(M8, Plan(dp_degree=2, zero_stage=2, num_micro_batches=4), H200, W,
+                                   engine="torchtitan")
+    assert nopp.stages[0].grads_bytes == 4 * (N8 // 2)
     # Megatron (no torch pipelining): sharded as before
     meg = _memory.estimate_memory(m16, plan.replace(zero_stage=3), H200, W, engine="megatron")
     assert meg.stages[0].grads_bytes == 4 * (rank0 // 2)
@@ -524,3 +528,47 @@ def test_compiled_loss_keeps_the_bf16_logits_and_their_gradient_only():
     for r in d["rows"]:
         # the measured peak beyond the logits: the FP32 loss's 12 when eager, the BF16 gradient's 2 compiled
         assert r["peak_bytes_per_logit"] == (2.0 if r["compile"] else 12.0)
+
+
+def test_native_end_of_backward_can_be_the_peak():
+    # Gradients are absent at the forward peak (one micro-batch, set_to_none), but the end of the last
+    # backward holds weights 4N + grads 4N + Adam 8N + BF16 copies 2N with no activations. 8B, one
+    # GPU, seq 2048, full recompute: the forward instant holds 4N + 8N + 2N + 32 layer inputs (32 x 2 x
+    # 2048 x 4096 = 536,870,912) + one layer's recompute set + logits (2048 x 128256 x 12 =
+    # 3,152,019,456) + ... = 14N + ~4.1 GB, less than 18N = 14N + 32.1 GB: the end-of-backward instant
+    # is the peak, grads 4N and no activations.
+    w2k = Workload(seq_len=2048, global_batch_size=1)
+    st = _memory.estimate_memory(M8, Plan(recompute="full"), H200, w2k, engine="native").stages[0]
+    assert st.grads_bytes == 4 * N8 and st.activations_bytes == 0
+    assert st.weights_bytes + st.grads_bytes + st.optimizer_bytes == 16 * N8
+    # at seq 8192 without recompute the forward instant is larger: no gradients there
+    big = _memory.estimate_memory(M8, Plan(), H200, W, engine="native").stages[0]
+    assert big.grads_bytes == 0 and big.activations_bytes > 0
+
+
+def test_native_pp_without_ddp_frees_gradients():
+    # pp 2 x dp 2, ZeRO-0: the runtime's own reducer (not DDP: DDP only when tp = pp = 1), whose
+    # gradients are set to None; GPipe runs every forward first, so none at the forward peak
+    m16 = replace(M8, num_layers=16)
+    plan = Plan(pp_degree=2, dp_degree=2, zero_stage=0, num_micro_batches=2, pipeline_schedule="gpipe",
+                dp_grad_reduce_overlap=True, async_collectives=True)
+    e = _memory.estimate_memory(m16, plan, H200, W, engine="native")
+    assert e.stages[0].grads_bytes == 0
+
+
+def test_compiled_loss_under_pp_counts_other_microbatches_bf16_logits():
+    # torchtitan, compile, pp 2, 1F1B with 4 micro-batches: the last stage's peak holds the current
+    # micro-batch's 2 + 2 bytes per logit; under 1F1B the last stage holds one micro-batch in flight,
+    # so no other micro-batch's logits (COMPILED_LOSS_INFLIGHT_BYTES x 0) and no separate kept output:
+    # its logits term is 8192 x 128256 x 4 bytes, 8192 x 128256 x (12 + 2) eager
+    m16 = replace(M8, num_layers=16)
+    plan = Plan(pp_degree=2, num_micro_batches=4, pipeline_schedule="1f1b")
+    per = 8192 * 128256
+    comp = _memory.estimate_memory(m16, plan.replace(compile=True), H200, W, engine="torchtitan").stages[1]
+    eager = _memory.estimate_memory(m16, plan, H200, W, engine="torchtitan").stages[1]
+    assert eager.transient_bytes - comp.transient_bytes == per * (12 + 2) - per * 4
+    # GPipe: all 4 micro-batches in flight on the last stage, 3 others at 2 bytes (compiled) or 6 (eager)
+    gp = plan.replace(pipeline_schedule="gpipe")
+    comp_g = _memory.estimate_memory(m16, gp.replace(compile=True), H200, W, engine="torchtitan").stages[1]
+    eager_g = _memory.estimate_memory(m16, gp, H200, W, engine="torchtitan").stages[1]
+    assert eager_g.transient_bytes - comp_g.transient_bytes == per * (12 + 2 + 3 * 6) - per * (4 + 3 * 2)
