@@ -813,11 +813,29 @@ class Tuner:
                 # SIGINT only (SIGTERM keeps its handler: worker processes are stopped with it)
                 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                     handlers[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_handler)
+            import time as _time
+
+            budget = n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials
+            started = _time.monotonic()
             try:
-                worker_study.optimize(self.objective,
-                                      n_trials=n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials,
-                                      timeout=timeout, catch=(Exception,), show_progress_bar=show_progress_bar,
-                                      callbacks=[count])
+                while True:
+                    left = None if budget is None else budget - len(mine)
+                    time_left = None if timeout is None else timeout - (_time.monotonic() - started)
+                    if (left is not None and left <= 0) or (time_left is not None and time_left <= 0) \
+                            or (count_run and ran[0] >= n_trials):
+                        break
+                    try:
+                        worker_study.optimize(self.objective, n_trials=left, timeout=time_left, catch=(Exception,),
+                                              show_progress_bar=show_progress_bar, callbacks=[count])
+                        break
+                    except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as e:
+                        if not _lost_enqueued_race(e):
+                            raise
+                        # another worker finished the same enqueued trial first: on SQLite two workers can
+                        # both pop one WAITING trial (Optuna's pop relies on SELECT ... FOR UPDATE, which
+                        # SQLite ignores), and telling it again fails. That trial is recorded once, by
+                        # the other worker; this one goes on with its remaining trials.
+                        continue
             finally:
                 for sig, h in handlers.items():
                     signal.signal(sig, h)
@@ -903,6 +921,15 @@ def worker_seed(seed: int | None, worker_id: int | None) -> int | None:
     if seed is None:
         return None
     return seed if not worker_id else _mix("worker", seed, worker_id)
+
+
+def _lost_enqueued_race(e: BaseException) -> bool:
+    """True if ``e`` is Optuna refusing to finish a trial that another worker already finished
+    (``optuna/study/_tell.py``: "Cannot tell a COMPLETE trial."; the storage's
+    ``UpdateFinishedTrialError``): the SQLite race on a shared enqueued trial, not a failure."""
+    if isinstance(e, optuna.exceptions.UpdateFinishedTrialError):
+        return True
+    return isinstance(e, ValueError) and str(e).startswith("Cannot tell a ")
 
 
 def trial_seed(seed: int | None, trial_number: int) -> int | None:

@@ -196,3 +196,37 @@ def test_retune_with_workers(tmp_path):
     # relies on SELECT ... FOR UPDATE, which SQLite ignores), so one warm start runs twice in one trial row
     assert len(trials) in (11, 12)
     assert sum("warm_start_from" in t.user_attrs for t in trials) >= 4
+
+
+def test_worker_goes_on_when_another_finished_the_same_enqueued_trial(tmp_path, monkeypatch):
+    # On SQLite two workers can both pop one enqueued (WAITING) trial; the second to finish it gets
+    # Optuna's "Cannot tell a COMPLETE trial." (optuna/study/_tell.py) and used to stop with 0 trials
+    # (seen: "worker 1: 0 trials; stopped: ValueError: Cannot tell a COMPLETE trial." in 1 of 6 retunes).
+    # Inject that error once, after this worker's first trial: it must go on to its 4 trials in all.
+    from test_tuner import CLUSTER, MODEL, W
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    tuner = T.Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0)
+    real = optuna.study.Study.optimize
+    calls = []
+
+    def racing(self, func, n_trials=None, **kw):
+        calls.append(n_trials)
+        if len(calls) == 1:
+            real(self, func, n_trials=1, **kw)
+            raise ValueError("Cannot tell a COMPLETE trial.")
+        return real(self, func, n_trials=n_trials, **kw)
+
+    monkeypatch.setattr(optuna.study.Study, "optimize", racing)
+    summary = tuner.optimize(4)
+    assert summary.n_new_trials == 4 and calls == [4, 3]
+    # any other ValueError still stops the worker
+    calls.clear()
+
+    def broken(self, func, n_trials=None, **kw):
+        calls.append(n_trials)
+        raise ValueError("something else")
+
+    monkeypatch.setattr(optuna.study.Study, "optimize", broken)
+    with pytest.raises(ValueError, match="something else"):
+        tuner.optimize(2)
