@@ -208,3 +208,15 @@ def test_megatron_export_flags():
     # every layer: unchanged (uniform, 1 layer per checkpointed group)
     assert flags(Plan(**kw, recompute="full")) == [
         "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+
+
+def test_hfu_counts_only_the_recomputed_layers():
+    # HFU's recompute FLOPs (autotune.flops.recompute_flops_per_token, full = every layer's forward):
+    # with N = 5 of 32 layers, 5/32 of them. HFU - MFU is proportional to the recompute FLOPs at a
+    # given step time, so (hfu - mfu) / mfu scales by 5/32 against full recompute.
+    c = make_cluster("h100", 8, "nvlink4+ib-ndr400")
+    ev = SimulatedEvaluator(model=M8, cluster=replace(c, gpu=replace(c.gpu, hbm_gib=1e6)),
+                            workload=Workload(seq_len=8192, global_batch_size=128), engine="megatron")
+    kw = dict(dp_degree=8, num_micro_batches=16, recompute="full")
+    full, part = ev.evaluate(Plan(**kw)), ev.evaluate(Plan(**kw, recompute_num_layers=5))
+    assert (part.hfu - part.mfu) / part.mfu == pytest.approx(5 / 32 * (full.hfu - full.mfu) / full.mfu, rel=1e-9)
