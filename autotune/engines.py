@@ -85,6 +85,9 @@ class EngineProfile:
         fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
             are FP8 parameters (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside TE's FP8
             copies, and the ZeRO-1/2 parameter all-gather moves 1 byte per linear weight.
+        partial_recompute: it can fully recompute only the first N layers of each model chunk
+            (``Plan.recompute_num_layers`` >= 1: Megatron-LM ``--recompute-method block``);
+            partial_recompute_reason: why not, where it cannot.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
         error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
 
@@ -124,6 +127,8 @@ class EngineProfile:
     frees_grads_between_steps: bool = False
     pp_defers_fsdp_grad_reduce: bool = False
     compile_loss: bool = False
+    partial_recompute: bool = False
+    partial_recompute_reason: str = ""
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
@@ -248,7 +253,8 @@ def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
     """Refuse a plan setting ``engine`` cannot run.
 
     Checks the ZeRO stage, the pipeline schedule (only when pp > 1), TP communication overlap (with
-    TP > 1 and async collectives) and, where the plan has them, ``precision`` and ``compile``.
+    TP > 1 and async collectives), partial full recomputation (``recompute_num_layers`` >= 1 needs
+    :attr:`EngineProfile.partial_recompute`) and, where the plan has them, ``precision`` and ``compile``.
 
     Raises:
         PlanError: naming the setting, the engine and what it supports.
@@ -271,6 +277,11 @@ def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
         if e.tp_comm_overlap_needs_sp and not plan.sp_active:
             raise PlanError(f"tp_comm_overlap=true on engine {e.name} needs sequence_parallel=true "
                             "(Megatron-LM --tp-comm-overlap requires --sequence-parallel)")
+    rn = getattr(plan, "recompute_num_layers", 0)
+    if rn and getattr(plan, "recompute", "none") == "full" and not e.partial_recompute:
+        raise PlanError(f"recompute_num_layers={rn} cannot run on engine {e.name}: "
+                        f"{e.partial_recompute_reason or 'it recomputes every layer or none'}; "
+                        f"use recompute_num_layers=0 (every layer)")
     precision = getattr(plan, "precision", "bf16")
     if precision not in e.precisions and precision != "bf16":
         raise PlanError(f"precision={precision} cannot run on engine {e.name}; it runs {', '.join(e.precisions)}")

@@ -159,6 +159,9 @@ class CostBuilder:
         self.slowdown = costs.overlap_slowdown()
         #: FP8 cast time per layer per micro-batch, (forward, backward) ms (in the ``compute`` parts)
         self.quantize_ms: tuple[float, float] = (0.0, 0.0)
+        #: one layer's full-recompute backward additions per micro-batch, ms by part (recompute, its
+        #: exposed TP / CP communication); empty unless ``recompute: full``
+        self.full_recompute_parts: dict[str, float] = {}
         self._layer = self._layer_cost()
 
     def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
@@ -283,9 +286,16 @@ class CostBuilder:
                     _add(parts, "exposed_cp_comm", cp_ms)
         # recomputation happens in the backward pass
         if p.recompute == "full":
-            _add(bwd, "recompute", gemm_fwd + attn_fwd + mem_fwd)
-            _add(bwd, "exposed_tp_comm", fwd.get("exposed_tp_comm", 0.0))
-            _add(bwd, "exposed_cp_comm", fwd.get("exposed_cp_comm", 0.0))
+            # one layer's forward re-run and its exposed TP / CP communication; with
+            # recompute_num_layers N >= 1 only min(N, L_c) layers of a chunk pay it (chunk_cost)
+            rc: dict[str, float] = {}
+            _add(rc, "recompute", gemm_fwd + attn_fwd + mem_fwd)
+            _add(rc, "exposed_tp_comm", fwd.get("exposed_tp_comm", 0.0))
+            _add(rc, "exposed_cp_comm", fwd.get("exposed_cp_comm", 0.0))
+            self.full_recompute_parts = rc
+            if not p.partial_recompute:
+                for k, v in rc.items():
+                    _add(bwd, k, v)
         elif p.recompute == "selective":
             mode = self.engine.selective_recompute
             if mode == "core_attention":
@@ -327,7 +337,13 @@ class CostBuilder:
         return eager
 
     def chunk_cost(self, vstage: int, num_layers: int) -> ChunkCost:
-        """Cost of virtual stage ``vstage`` holding ``num_layers`` layers, per micro-batch."""
+        """Cost of virtual stage ``vstage`` holding ``num_layers`` layers, per micro-batch.
+
+        With ``recompute: full`` and ``recompute_num_layers`` N >= 1 (Megatron-LM ``--recompute-method
+        block``: the first N layers of each chunk, megatron/core/recompute.py ``checkpointed_forward``)
+        only min(N, num_layers) layers add the forward re-run and its exposed communication to the
+        backward (:attr:`full_recompute_parts`); the others' backward is the no-recompute one.
+        """
         m, p, costs = self.m, self.p, self.costs
         t, T, h = p.tp_degree, self.tokens, m.hidden_size
         lf, lb, lflops = self._layer
@@ -336,6 +352,10 @@ class CostBuilder:
             _add(cc.fwd_parts, k, v * num_layers)
         for k, v in lb.items():
             _add(cc.bwd_parts, k, v * num_layers)
+        if p.partial_recompute:
+            n_rc = p.recomputed_layers(num_layers)
+            for k, v in self.full_recompute_parts.items():
+                _add(cc.bwd_parts, k, v * n_rc)
         cc.fwd_flops = lflops * num_layers
         cc.params = num_layers * m.params_per_layer // t
         if self.fp8_params:

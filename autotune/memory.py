@@ -510,7 +510,10 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       BF16 compute copies of the weights: 2 N_r bytes (ZeRO-3: 2 x the embedding / head parameters of
       the rank only); FP8 through Transformer Engine (:func:`te_fp8`) adds its cached FP8 weight +
       transpose, 2 bytes per linear weight (:func:`te_fp8_weight_copy_bytes`); full recompute: one layer's
-      no-recompute activations (the backward working set of one micro-batch); g > 1: two DP gradient
+      no-recompute activations (the backward working set of one micro-batch; also with
+      ``recompute_num_layers`` N >= 1, where each chunk of L_c layers holds min(N, L_c) layers at the
+      full-recompute bytes and L_c - min(N, L_c) at the no-recompute bytes, and the schedule walk
+      weighs each chunk by those bytes: exact for equal and uneven chunks); g > 1: two DP gradient
       buckets 2 x bucket_size_mib MiB; ZeRO-3 with g > 1: one layer's gathered bf16 parameters
       2 params_per_layer / t (x2 with param_gather_overlap for the prefetched next layer); SP: the
       all-gathered norm output of one layer, 2sbh. The terms are summed (conservative: not all peak
@@ -568,6 +571,15 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
                                           plan, eng)
     else:
         layer_act = terms["attn_norm_input"]
+    none_plan = plan.replace(recompute="none", recompute_num_layers=0)
+    # partial recompute (Plan.recompute_num_layers = N >= 1, Megatron-LM --recompute-method block): a
+    # chunk of L_c layers keeps min(N, L_c) layers at the layer input and the rest at the no-recompute
+    # bytes; the schedule count below weighs each chunk by these bytes (exact for uneven chunks too)
+    chunk_act: tuple[int, ...] | None = None
+    if plan.partial_recompute:
+        none_act = _compiled_layer_bytes(full_layer_act, none_plan, eng)
+        chunk_act = tuple(plan.recomputed_layers(lc) * layer_act + (lc - plan.recomputed_layers(lc)) * none_act
+                          for lc in per_virtual)
     embed_out = BF16_BYTES * s * b * h // (t if sp else 1)
     vocab_shard = _ceil_div(V, t)
     layer_params = _ceil_div(model.params_per_layer, t)
@@ -577,7 +589,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     if plan.recompute == "full":
         # one layer's forward re-run in backward keeps what that forward saves (compiled: the
         # compiled saved set, COMPILED_OVER_EAGER at recompute none)
-        common_transient += _compiled_layer_bytes(full_layer_act, plan.replace(recompute="none"), eng)
+        # (partial recompute too: every chunk with a layer recomputes at least one)
+        common_transient += _compiled_layer_bytes(full_layer_act, none_plan, eng)
     if g > 1:
         common_transient += 2 * plan.bucket_size_mib * MIB
     if z == 3:
@@ -620,13 +633,18 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         other_logits_bytes = (per_logit * (COMPILED_LOSS_INFLIGHT_BYTES if compiled_loss else PP_INFLIGHT_LOGITS_BYTES)
                               if r == p - 1 and p > 1 else 0)
 
+        # partial recompute: the same walk with each chunk weighed by its bytes per micro-batch
+        # (chunk_act), so the first element of a peak point is bytes, not layers
+        weighed = count_inflight(plan, r, chunk_layers=chunk_act) if chunk_act is not None else count
+        unit = 1 if chunk_act is not None else layer_act
+
         def _held_bytes(pt: tuple[int, int, int]) -> int:
             layers_alive, first_alive, last_alive = pt
-            return (layers_alive * layer_act + first_alive * first_chunk_bytes
+            return (layers_alive * unit + first_alive * first_chunk_bytes
                     + max(last_alive - 1, 0) * other_logits_bytes)
 
-        layers_alive, first_alive, last_alive = max(count.peak_points, key=_held_bytes)
-        acts = layers_alive * layer_act + first_alive * first_chunk_bytes
+        layers_alive, first_alive, last_alive = max(weighed.peak_points, key=_held_bytes)
+        acts = layers_alive * unit + first_alive * first_chunk_bytes
         grads_end = grads               # the gradients at the end of the last backward
         if eng.frees_grads_between_steps and not ddp_bucket_views and held >= plan.num_micro_batches:
             # every forward of the step runs before the rank's first backward (one micro-batch, GPipe,

@@ -44,6 +44,9 @@ FP8_PRECISIONS = PRECISIONS[1:]
 #: divisible by 16 (PyTorch aten/src/ATen/native/cuda/Blas.cpp, _scaled_mm_out_cuda checks; torchtitan's
 #: float8 converter skips nn.Linear layers with a dimension not divisible by 16 for this reason).
 FP8_GEMM_DIM_MULTIPLE = 16
+#: upper bound of ``Plan.recompute_num_layers`` (a bound on input only; a chunk's own layer count caps
+#: what recomputes, :meth:`Plan.recomputed_layers`)
+MAX_RECOMPUTE_NUM_LAYERS = 2**20
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,15 @@ class Plan:
         pipeline_schedule: ``gpipe``, ``1f1b`` or ``interleaved_1f1b``.
         sequence_parallel: Megatron sequence parallelism (norm/dropout regions split over TP).
         recompute: activation recomputation, ``none``, ``selective`` (attention core) or ``full``.
+        recompute_num_layers: with ``recompute: full``, how many layers of every model chunk (virtual
+            pipeline stage) recompute: 0 = every layer; N >= 1 = the first N layers of each chunk, the
+            rest keep their activations (all of them when a chunk has N or fewer layers). Megatron-LM
+            ``--recompute-granularity full --recompute-method block --recompute-num-layers N``
+            (megatron/core/recompute.py ``checkpointed_forward``, branch ``recompute_method == 'block'``:
+            layer_idx < recompute_num_layers over ``num_layers_per_pipeline_rank = len(self.layers)``
+            of the chunk's TransformerBlock, megatron/core/transformer/transformer_block.py). N >= 1
+            needs ``recompute: full`` and an engine with ``partial_recompute``
+            (:func:`autotune.engines.check_plan_for_engine`).
         zero_stage: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded over DP x CP.
         async_collectives: collectives are issued on a communication stream (async handles) so
             independent compute runs beside them; off = every collective blocks the compute stream.
@@ -143,6 +155,7 @@ class Plan:
     pipeline_schedule: str = "1f1b"
     sequence_parallel: bool = False
     recompute: str = "none"
+    recompute_num_layers: int = 0
     zero_stage: int = 1
     async_collectives: bool = True
     tp_comm_overlap: bool = False
@@ -174,6 +187,14 @@ class Plan:
                          ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS)):
             if getattr(self, f) not in valid:
                 raise PlanError(f"{f}={getattr(self, f)!r} is not valid; choose one of {', '.join(valid)}")
+        rn = self.recompute_num_layers
+        if not isinstance(rn, int) or isinstance(rn, bool) or not 0 <= rn <= MAX_RECOMPUTE_NUM_LAYERS:
+            raise PlanError(f"recompute_num_layers must be an integer between 0 (every layer) and "
+                            f"{MAX_RECOMPUTE_NUM_LAYERS:,} (the first N layers of each chunk), got {rn!r}")
+        if rn and self.recompute != "full":
+            raise PlanError(f"recompute_num_layers={rn} needs recompute=full (Megatron-LM "
+                            f"--recompute-method block is a full-recompute method), got "
+                            f"recompute={self.recompute}; use recompute=full or recompute_num_layers=0")
         if self.zero_stage not in ZERO_STAGES or isinstance(self.zero_stage, bool):
             raise PlanError(f"zero_stage={self.zero_stage!r} is not valid; choose one of 0, 1, 2, 3")
         if self.param_gather_overlap and not self.dp_grad_reduce_overlap:
@@ -213,6 +234,21 @@ class Plan:
     @property
     def sp_active(self) -> bool:
         return self.sequence_parallel and self.tp_degree > 1
+
+    @property
+    def partial_recompute(self) -> bool:
+        """Only the first ``recompute_num_layers`` layers of each chunk recompute (full recompute, N >= 1)."""
+        return self.recompute == "full" and self.recompute_num_layers >= 1
+
+    def recomputed_layers(self, chunk_layers: int) -> int:
+        """Layers of a chunk of ``chunk_layers`` layers that recompute in backward: all of them under
+        ``recompute: full`` with ``recompute_num_layers`` 0, min(N, chunk_layers) with N >= 1
+        (Megatron-LM block method, per chunk: see the class docstring), none otherwise."""
+        if self.recompute != "full":
+            return 0
+        if self.recompute_num_layers == 0:
+            return chunk_layers
+        return min(self.recompute_num_layers, chunk_layers)
 
     @property
     def fp8(self) -> bool:

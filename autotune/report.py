@@ -56,7 +56,8 @@ def plan_rows(plan: Plan) -> list[tuple[str, str]]:
         rows.append(("layers per stage", _runs(plan.stage_layers)))
     rows += [
         ("sequence parallel", _onoff(plan.sequence_parallel)),
-        ("recompute", plan.recompute),
+        ("recompute", plan.recompute + (f" (first {plan.recompute_num_layers} layers of each chunk)"
+                       if getattr(plan, "partial_recompute", False) else "")),
         ("ZeRO stage", str(plan.zero_stage)),
         ("async collectives", _onoff(plan.async_collectives)),
         ("TP comm overlap", _onoff(plan.tp_comm_overlap)),

@@ -404,6 +404,10 @@ def make_result(*, backend: str, model: ModelSpec, cluster: ClusterSpec, workloa
     flops_causal = model_flops_per_token(model, workload.seq_len) * tokens
     flops_palm = model_flops_per_token(model, workload.seq_len, causal=False) * tokens
     flops_recompute = recompute_flops_per_token(model, workload.seq_len, plan.recompute) * tokens
+    if getattr(plan, "partial_recompute", False):
+        # recompute_num_layers N >= 1: only min(N, L_c) layers of each chunk re-run their forward
+        layers = plan.layers_per_virtual_stage(model.num_layers)
+        flops_recompute *= sum(plan.recomputed_layers(n) for n in layers) / model.num_layers
     denom = step_s * n * peak * 1e12
     return StepResult(backend=backend, feasible=True, step_time_ms=step_time_ms, mfu=flops_causal / denom,
                       mfu_palm=flops_palm / denom, hfu=(flops_causal + flops_recompute) / denom,

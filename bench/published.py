@@ -141,24 +141,19 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
                 stage_layers=stage_layers)
 
 
-#: Megatron-Bridge v0.2.0 recipe settings of a published row that no plan setting expresses, by
+#: Megatron-Bridge v0.2.0 recipes that fully recompute only the first N layers of each model chunk, by
 #: (model, gpu, precision): scripts/performance/configs/llama3/workload_base_configs.py
 #: LLAMA3_8B_H100_FP8_CS_BASE_CONFIG recompute_num_layers=5, which utils/helpers.py
-#: set_recompute_overrides turns into recompute_granularity "full", method "block": 5 of each stage's
-#: 32 layers fully recomputed (autotune's recompute is all layers or none).
-MB_RECIPE_INEXPRESSIBLE = {
-    ("llama3.1-8b", "h100", "fp8_tensorwise"):
-        "its recipe recomputes 5 of the 32 layers (recompute_num_layers=5, method block); partial "
-        "recomputation is not a plan setting",
+#: set_recompute_overrides turns into recompute_granularity "full", recompute_method "block",
+#: recompute_num_layers 5 (Megatron-LM megatron/core/recompute.py checkpointed_forward: the first 5
+#: layers of the chunk's 32): Plan(recompute="full", recompute_num_layers=5).
+MB_RECIPE_RECOMPUTE_NUM_LAYERS = {
+    ("llama3.1-8b", "h100", "fp8_tensorwise"): 5,
 }
 
 
 def inexpressible(run: dict[str, Any]) -> str | None:
     """Why the plan space cannot express ``run`` yet, or None."""
-    if run.get("_group") == "megatron_bridge_25_11":
-        why = MB_RECIPE_INEXPRESSIBLE.get((run["model"], run.get("gpu"), run.get("precision", "bf16")))
-        if why:
-            return why
     fields = {f.name for f in dataclasses.fields(Plan)}
     if run.get("precision", "bf16") != "bf16" and "precision" not in fields:
         return f"precision {run['precision']} is not a plan setting yet"
@@ -176,6 +171,10 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         plan = plan.replace(precision=run.get("precision", "bf16"))
     if "compile" in {f.name for f in dataclasses.fields(Plan)}:
         plan = plan.replace(compile=bool(run.get("compile", False)))
+    if run.get("_group") == "megatron_bridge_25_11":
+        n_rc = MB_RECIPE_RECOMPUTE_NUM_LAYERS.get((run["model"], run.get("gpu"), run.get("precision", "bf16")))
+        if n_rc:
+            plan = plan.replace(recompute="full", recompute_num_layers=n_rc)
     w = Workload(seq_len=run["seq"], global_batch_size=plan.global_batch_size)
     eng = get_engine(engine)
     if engine == "torchtitan" and plan.precision == "fp8_tensorwise":
@@ -282,7 +281,8 @@ def main() -> int:
                   f"{(f'{100 * err:+.1f}%' if err is not None else '-'):>7s} {memcol:>17s}{note}")
             rows.append({"group": group, "engine": engine, "run": run, "err": err, "result": r, "mem": mem,
                          "published": pub, "gpu": rgpu, "degrees": degrees.split() and " ".join(degrees.split()),
-                         "recompute": plan.recompute})
+                         "recompute": plan.recompute + (f" ({plan.recompute_num_layers} layers)"
+                                                        if plan.partial_recompute else "")})
             if group == "llama3_paper_table4":
                 for v in (2, 4):
                     _, rv, _ = predict(run, engine, rfab, rgpu, v)

@@ -57,6 +57,11 @@ CASES = [
     (H100_70B, dict(tp_degree=4, pp_degree=4, dp_degree=4, micro_batch_size=1, num_micro_batches=128,
                     sequence_parallel=True, zero_stage=2, recompute="full", dp_grad_reduce_overlap=False,
                     memory_reclaim="empty_cache_per_microbatch", stage_layers=(18, 22, 22, 18))),
+    # partial full recompute (recompute_num_layers = 20 of chunks of 18 and 22 layers: one chunk class
+    # recomputes every layer, the other 20 of 22)
+    (H100_70B, dict(tp_degree=4, pp_degree=4, dp_degree=4, micro_batch_size=1, num_micro_batches=128,
+                    sequence_parallel=True, recompute="full", recompute_num_layers=20,
+                    stage_layers=(18, 22, 22, 18))),
     (H100_70B_NATIVE, dict(tp_degree=8, pp_degree=8, dp_degree=1, micro_batch_size=1, num_micro_batches=512,
                     pipeline_schedule="interleaved_1f1b", vpp_degree=2, sequence_parallel=True,
                     zero_stage=0, precision="fp8_tensorwise", compile=True, bucket_size_mib=16)),

@@ -18,7 +18,9 @@ in tests/data/megatron_args.txt, checked by tests/test_export.py). Facts used, e
   L = loss, ``|`` between virtual stages in model order); even interleaved splits:
   ``--num-layers-per-virtual-pipeline-stage``;
 * recompute: ``--recompute-granularity selective`` or ``full --recompute-method uniform
-  --recompute-num-layers 1``;
+  --recompute-num-layers 1`` (every layer); ``Plan.recompute_num_layers`` N >= 1: ``full
+  --recompute-method block --recompute-num-layers N`` (the first N layers of each model chunk:
+  megatron/core/recompute.py ``checkpointed_forward``, ``recompute_method == 'block'``);
 * FP8 (``_add_transformer_engine_args``): ``--fp8-format {e4m3,hybrid}``, ``--fp8-recipe
   {tensorwise,delayed,mxfp8,blockwise}``; delayed scaling with ``--fp8-amax-history-len 1024
   --fp8-amax-compute-algo max`` (NeMo's FP8 recipes).
@@ -85,6 +87,9 @@ def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
         a.append("--sequence-parallel")
     if p.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
+    elif p.recompute == "full" and p.recompute_num_layers >= 1:
+        a += ["--recompute-granularity", "full", "--recompute-method", "block",
+              "--recompute-num-layers", str(p.recompute_num_layers)]
     elif p.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if p.zero_stage == 1:
