@@ -233,6 +233,8 @@ def _interruptible(fn, *, storage: str, study: str):
         _t.note_interrupt(signum)
         raise KeyboardInterrupt
 
+    import sys
+
     _t.clear_interrupt()
     old: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -240,6 +242,18 @@ def _interruptible(fn, *, storage: str, study: str):
             old[sig] = signal.signal(sig, on_signal)
         except ValueError:      # not the main thread: leave the signals alone
             pass
+    # A signal that lands inside a finalizer or weakref callback (SQLAlchemy's registry runs some from
+    # the garbage collector) cannot propagate: Python reports it through sys.unraisablehook as
+    # "Exception ignored in ..." with a traceback. The interrupt is already noted (the run stops at the
+    # next check), so such a KeyboardInterrupt is dropped silently; anything else goes to the old hook.
+    old_hook = sys.unraisablehook
+
+    def unraisable(u):
+        if isinstance(u.exc_value, KeyboardInterrupt) and _t.interrupted() is not None:
+            return
+        old_hook(u)
+
+    sys.unraisablehook = unraisable
     try:
         return fn()
     except KeyboardInterrupt:
@@ -256,6 +270,7 @@ def _interruptible(fn, *, storage: str, study: str):
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+        sys.unraisablehook = old_hook
 
 
 def _interrupted_line(storage: str, study: str) -> str:

@@ -298,3 +298,50 @@ def test_early_interrupt_stops_the_run(tmp_path, delay_s):
     assert rc == 130, (out, err)
     assert any(x.startswith("interrupted:") for x in err.splitlines()), err
     assert "Traceback" not in err
+
+
+def test_interrupt_inside_a_finalizer_prints_no_traceback(capsys, tmp_path, monkeypatch):
+    # A signal can land while the garbage collector runs a finalizer (SQLAlchemy's weakref callbacks):
+    # the KeyboardInterrupt cannot propagate there and Python would print "Exception ignored in ..."
+    # with a traceback. Inside _interruptible, once the interrupt is noted, that report is dropped; the
+    # run still ends with the one line and 130. Any other unraisable exception is still reported.
+    import gc
+    import signal
+
+    import click
+
+    from autotune import cli
+    from autotune import tuner as _t
+
+    class Finalized:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __del__(self):
+            raise self.exc
+
+    seen = []                               # the hook in place before: it must not see the interrupt
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(type(u.exc_value).__name__))
+
+    def body():
+        _t.note_interrupt(signal.SIGINT)
+        Finalized(KeyboardInterrupt())      # collected at once: its __del__ raises into the hook
+        gc.collect()
+        raise KeyboardInterrupt
+
+    with pytest.raises(click.exceptions.Exit) as e:
+        cli._interruptible(body, storage=f"sqlite:///{tmp_path}/none.db", study="s")
+    assert e.value.exit_code == 130
+    err = capsys.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err and err.startswith("interrupted:")
+    assert seen == []
+
+    def other():
+        _t.note_interrupt(signal.SIGINT)
+        Finalized(RuntimeError("a real finalizer bug"))
+        gc.collect()
+        raise KeyboardInterrupt
+
+    with pytest.raises(click.exceptions.Exit):
+        cli._interruptible(other, storage=f"sqlite:///{tmp_path}/none.db", study="s")
+    assert seen == ["RuntimeError"]         # reported through the previous hook
