@@ -134,11 +134,17 @@ class StageMemory:
         num_inflight_microbatches: micro-batches' worth of the rank's layer activations held at the
             peak, counted from the schedule's order (:func:`inflight_microbatches`; float: interleaved
             1F1B and uneven chunks give fractions, e.g. p + (p - 2r - 1)/v with equal chunks).
-        weights_bytes: bf16 parameters held (after ZeRO-3 sharding if any).
-        grads_bytes: bf16 gradients held (after ZeRO-2/3 sharding if any).
-        optimizer_bytes: fp32 master weights + Adam moments held (after ZeRO-1/2/3 sharding if any).
+        weights_bytes: parameters held at the engine's parameter bytes (FP32 masters or BF16; after
+            ZeRO-3 sharding if any).
+        grads_bytes: gradients held at the stage's peak instant, at the engine's gradient-buffer bytes
+            (after ZeRO-2/3 sharding if any; unsharded under a pipeline that defers FSDP's reduction);
+            0 when none exist then (an engine that sets them to None after the step, peaking before
+            its first backward).
+        optimizer_bytes: optimizer states held (FP32 main params and / or Adam moments, per engine;
+            after ZeRO-1/2/3 sharding if any).
         activations_bytes: saved activations of all in-flight micro-batches, including the
-            embedding output on the first stage.
+            embedding output on the first stage; 0 when the stage peaks at the end of its last
+            backward (all gradients, no activations).
         transient_bytes: logits/CE buffer (last stage), one layer's backward working set under full
             recompute, DP gradient buckets, ZeRO-3 gathered layer parameters, SP all-gather buffer.
         allocator_overhead_bytes: fragmentation fraction x the sum of all other terms.
@@ -230,6 +236,12 @@ class MemoryEstimate:
                  "chunk, weighted by chunk layers)",
                  fmt(head), fmt(["-" * w for w in widths])]
         lines += [fmt(r) for r in rows]
+        if any(s.grads_bytes == 0 and s.activations_bytes > 0 and s.weights_bytes > 0 for s in self.stages):
+            lines.append("grads 0.00: no gradients exist at that peak (set to None after the last step; every "
+                         "forward of the stage runs before its first backward)")
+        if any(s.activations_bytes == 0 and s.grads_bytes > 0 and s.num_layers > 0 for s in self.stages):
+            lines.append("activations 0.00: that stage peaks at the end of its last backward (all gradients, "
+                         "no activations left)")
         peak = self.peak_bytes
         lines.append(f"peak: {_gib(peak):.2f} GiB on stage {self.peak_stage}; "
                      f"capacity (usable HBM): {_gib(self.capacity_bytes):.2f} GiB")

@@ -572,3 +572,15 @@ def test_compiled_loss_under_pp_counts_other_microbatches_bf16_logits():
     comp_g = _memory.estimate_memory(m16, gp.replace(compile=True), H200, W, engine="torchtitan").stages[1]
     eager_g = _memory.estimate_memory(m16, gp, H200, W, engine="torchtitan").stages[1]
     assert eager_g.transient_bytes - comp_g.transient_bytes == per * (12 + 2 + 3 * 6) - per * (4 + 3 * 2)
+
+
+def test_describe_says_why_a_term_is_zero():
+    # the two instants of a native one-micro-batch step: the forward peak without gradients (8B, seq
+    # 8192, no recompute) and the end-of-backward peak without activations (seq 2048, full recompute)
+    native = get_engine("native")
+    fwd = _memory.estimate_memory(M8, Plan(), H200, W, engine=native).describe()
+    assert "grads 0.00: no gradients exist at that peak" in fwd and "activations 0.00" not in fwd
+    end = _memory.estimate_memory(M8, Plan(recompute="full"), H200, Workload(seq_len=2048, global_batch_size=1),
+                                  engine=native).describe()
+    assert "activations 0.00: that stage peaks at the end of its last backward" in end
+    assert "grads 0.00" not in _memory.estimate_memory(M8, Plan(), H200, W, engine="megatron").describe()
