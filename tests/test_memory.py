@@ -584,3 +584,22 @@ def test_describe_says_why_a_term_is_zero():
                                   engine=native).describe()
     assert "activations 0.00: that stage peaks at the end of its last backward" in end
     assert "grads 0.00" not in _memory.estimate_memory(M8, Plan(), H200, W, engine="megatron").describe()
+
+
+def test_native_saved_set_holds_at_the_70b_width():
+    # The same measurement at another width (bench/saved_activations.py --model 70b --seq 4096, H200,
+    # docs/results/saved-activations-70b-h200x1-2026-12-01.json; h 8192, kv/q = 1/8 instead of 1/4):
+    # the eager count derived for the 8B block is within 1% of what the 70B block keeps, and the
+    # compiled/eager ratios measured on the 8B block hold within 0.01.
+    d = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results"
+                    / "saved-activations-70b-h200x1-2026-12-01.json").read_text())
+    rows = {(r["precision"], r["recompute"], r["compile"]): r for r in d["rows"]}
+    m70 = get_model("70b")
+    w = Workload(seq_len=4096, global_batch_size=1)
+    native = get_engine("native")
+    for rc in ("none", "selective"):
+        derived = _memory.activation_bytes_per_layer(m70, Plan(recompute=rc), w, engine=native)
+        assert rows["bf16", rc, False]["saved_bytes"] == pytest.approx(derived, rel=0.01)
+        for prec, kind in (("bf16", "bf16"), ("fp8_tensorwise", "fp8")):
+            ratio = rows[prec, rc, True]["saved_bytes"] / rows[prec, rc, False]["saved_bytes"]
+            assert ratio == pytest.approx(COMPILED_OVER_EAGER[kind, rc], abs=0.01)
