@@ -51,6 +51,13 @@ from autotune.topology import place_group, place_pipeline_pair
 
 BF16 = 2  # bytes per element
 FP8_PARAM_BYTES = 1  # an FP8 parameter's element (Megatron-LM --fp8-param-gather)
+#: A compiled loss's forward + backward time over the eager loss's (``F.cross_entropy(logits.float())``,
+#: torchtitan's and the runtime's), measured on H200 (bench/loss_memory.py,
+#: docs/results/loss-memory-timing-h200x1-2026-12-01.json; [1 or 2, 8192, 128256] BF16 logits, torch
+#: 2.11): 2.805 / 13.627 ms and 5.334 / 26.934 ms, mean 0.202. Applied to the cross-entropy time of an
+#: engine that compiles its loss (EngineProfile.compile_loss) under plan.compile; both kernels are
+#: memory-bound, so the ratio is used as such on other GPUs (an assumption).
+COMPILED_LOSS_TIME_RATIO = 0.202
 #: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
 #: gradient (2 in BF16 or 4 in FP32); write master, m, v (12) and the BF16 parameter copy (2, or none
 #: when the FP32 master is the parameter) = 28 either way.
@@ -375,11 +382,12 @@ class CostBuilder:
         if last:                                      # final norm, LM head, cross-entropy (vocab-parallel)
             V = m.vocab_size
             mb = self._memory_bound_ms
-            _add(cc.fwd_parts, "compute", costs.gemm_ms(T, V // t, h)
-                 + mb(T * V / t * 6, "cross_entropy") + mb(4 * T * h, "rmsnorm"))
+            ce = mb(T * V / t * 6, "cross_entropy")
+            if p.compile and self.engine.compile_loss:
+                ce *= COMPILED_LOSS_TIME_RATIO         # the compiled loss's fused kernels (measured)
+            _add(cc.fwd_parts, "compute", costs.gemm_ms(T, V // t, h) + ce + mb(4 * T * h, "rmsnorm"))
             _add(cc.bwd_parts, "compute", costs.gemm_ms(T, h, V // t, backward=True)
-                 + costs.gemm_ms(h, V // t, T, backward=True)
-                 + mb(T * V / t * 6, "cross_entropy") + mb(6 * T * h, "rmsnorm"))
+                 + costs.gemm_ms(h, V // t, T, backward=True) + ce + mb(6 * T * h, "rmsnorm"))
             cc.fwd_flops += 2.0 * T * V / t * h
             cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
         self._precision_costs(cc)

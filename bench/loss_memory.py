@@ -11,7 +11,8 @@ eager and under ``torch.compile``, for BF16 logits ``[b, s, V]`` that require gr
 * ``kept_bytes_per_logit``: allocated after the forward minus before it (the logits themselves
   excluded: they exist before the loss), per logit;
 * ``peak_bytes_per_logit``: the peak allocated during forward + backward minus the allocation before
-  the forward, per logit (the logits' gradient included: the LM head's backward needs it).
+  the forward, per logit (the logits' gradient included: the LM head's backward needs it);
+* ``fwd_bwd_ms``: median time of one forward + backward (CUDA events, 20 calls after 3 warm-up).
 
 Prints a table; ``--out FILE`` writes JSON with the environment. Run on the device machine::
 
@@ -27,6 +28,32 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def time_loss(loss_fn, *, b: int, s: int, vocab: int, compiled: bool, repeats: int = 20) -> float:
+    """Median ms of one forward + backward of ``loss_fn`` on BF16 logits ``[b, s, vocab]`` (CUDA events,
+    after 3 warm-up calls that also compile)."""
+    import statistics
+
+    import torch
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    fn = torch.compile(loss_fn) if compiled else loss_fn
+    dev = torch.device("cuda")
+    logits = torch.randn(b, s, vocab, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (b, s), device=dev)
+    times = []
+    for it in range(3 + repeats):
+        logits.grad = None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(logits, labels).backward()
+        end.record()
+        torch.cuda.synchronize()
+        if it >= 3:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def measure(loss_fn, *, b: int, s: int, vocab: int, compiled: bool) -> dict:
@@ -74,6 +101,7 @@ def main() -> int:
             r = {"loss": name, "compile": compiled, "batch": a.batch, "seq": a.seq, "vocab": a.vocab}
             try:
                 r.update(measure(fn, b=a.batch, s=a.seq, vocab=a.vocab, compiled=compiled))
+                r["fwd_bwd_ms"] = round(time_loss(fn, b=a.batch, s=a.seq, vocab=a.vocab, compiled=compiled), 3)
             except Exception as e:                    # keep the other rows
                 r["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(r)
@@ -82,12 +110,13 @@ def main() -> int:
            "date": datetime.date.today().isoformat()}
     print(f"\nloss memory, bytes per logit, [{a.batch}, {a.seq}, {a.vocab}] BF16 logits ({env['gpu_name']}, "
           f"torch {env['torch']})")
-    print(f"{'loss':<19} {'compile':<8} {'kept':>6} {'peak':>6}")
+    print(f"{'loss':<19} {'compile':<8} {'kept':>6} {'peak':>6} {'fwd+bwd ms':>11}")
     for r in rows:
         if "error" in r:
             print(f"{r['loss']:<19} {str(r['compile']):<8} error: {r['error']}")
         else:
-            print(f"{r['loss']:<19} {str(r['compile']):<8} {r['kept_bytes_per_logit']:>6} {r['peak_bytes_per_logit']:>6}")
+            print(f"{r['loss']:<19} {str(r['compile']):<8} {r['kept_bytes_per_logit']:>6} {r['peak_bytes_per_logit']:>6} "
+                  f"{r['fwd_bwd_ms']:>11}")
     if a.out:
         Path(a.out).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     return 0

@@ -270,10 +270,15 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         res.update(status="oom", memory_reached_bytes=0,
                    reason=f"out of memory: Slurm ended job {extra['slurm_job_id']} with state OUT_OF_MEMORY "
                           "(the node's memory limit)")
-    elif rc == 0 and out_path.exists():
+    elif out_path.exists() and (rc == 0 or (phases and set(phases.values()) == {"teardown"})):
+        # rc != 0 with every rank in "teardown": the run and its report were complete (the workers
+        # leave together after rank 0 wrote it, runtime/worker.py _leave_together) and a rank failed
+        # while tearing its process group down; the measurement stands, and says so
         metrics = json.loads(out_path.read_text())
         res.update(metrics)
         res.update(status="ok", reason=None)
+        if rc != 0:
+            res["teardown_exit_code"] = rc
         if profile:
             res["profile"] = [json.loads(f.read_text()) for f in sorted(wd.glob("profile.rank*.json"))]
     elif errors:

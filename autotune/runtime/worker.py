@@ -236,7 +236,7 @@ def _run(a, phase: _Phase, device) -> int:
     dist.all_gather_object(gathered, {"times": times_ms, "losses": losses, "mem": mem,
                                       "dp_rank": rt.dp_rank, "tp_rank": rt.mesh.get_local_rank("tp")})
     if dist.get_rank() != 0:
-        return 0
+        return _leave_together(phase, dist)
     step_ms = [max(g["times"][k] for g in gathered) for k in range(a.steps)]
     # losses: ranks holding the last stage, one per (dp, cp) rank (tp ranks agree), averaged
     step_losses = []
@@ -287,6 +287,19 @@ def _run(a, phase: _Phase, device) -> int:
     tmp = Path(str(a.out) + ".tmp")
     tmp.write_text(json.dumps(res, indent=1))
     os.replace(tmp, a.out)
+    return _leave_together(phase, dist)
+
+
+def _leave_together(phase: _Phase, dist) -> int:
+    """Every rank waits until rank 0 has written the report, then tears down (phase ``teardown``).
+
+    A rank that left while rank 0 was still writing and destroyed its process group could abort (gloo
+    on CPU: rank 1 ended with SIGABRT in the report phase, twice in a day of test runs), and the
+    launcher then stopped rank 0 before the result was on disk. After this barrier the result exists;
+    the launcher accepts it if a rank dies in ``teardown`` (:func:`autotune.runtime.launch.run_plan`).
+    """
+    dist.barrier()
+    phase("teardown")
     return 0
 
 

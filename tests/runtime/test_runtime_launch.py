@@ -49,6 +49,20 @@ def test_worker_that_raises_is_failed_with_its_message(tmp_path):
     assert "injected failure" in r["reason"] and "warmup 1/1" in r["reason"]
 
 
+def test_a_rank_failing_in_teardown_keeps_the_written_result(tmp_path):
+    # the workers leave together after rank 0 wrote the report (worker.py _leave_together); a rank that
+    # then dies (here: an injected failure on rank 1 in "teardown"; seen for real as a gloo SIGABRT of
+    # rank 1) does not lose the measurement: status ok, and the exit code is recorded
+    r = run_plan(_doc(dp_degree=2, zero_stage=0), steps=1, warmup=0, device="cpu", timeout_s=120,
+                 env={"AUTOTUNE_RUNTIME_FAULT": "raise:teardown@1"}, workdir=tmp_path)
+    assert r["status"] == "ok", r["reason"]
+    assert r["teardown_exit_code"] != 0 and len(r["step_times_ms"]) == 1
+    # a failure before the report was written is still a failure
+    r = run_plan(_doc(dp_degree=2, zero_stage=0), steps=1, warmup=0, device="cpu", timeout_s=120,
+                 env={"AUTOTUNE_RUNTIME_FAULT": "raise:report@1"}, workdir=tmp_path / "b")
+    assert r["status"] == "failed" and "report" in r["reason"]
+
+
 @pytest.mark.slow
 def test_hang_is_killed_and_reported_with_its_phase(tmp_path):
     # rank 1 sleeps in the second timed step; rank 0 waits for it in a collective
