@@ -583,7 +583,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
                                           plan, eng)
     else:
         layer_act = terms["attn_norm_input"]
-    none_plan = plan.replace(recompute="none", recompute_num_layers=0)
+    # the plan's no-recompute twin, for the layers that keep everything (only built when recomputing:
+    # estimate_memory screens every layout of a search)
+    none_plan = plan.replace(recompute="none", recompute_num_layers=0) if plan.recompute == "full" else plan
     # partial recompute (Plan.recompute_num_layers = N >= 1, Megatron-LM --recompute-method block): a
     # chunk of L_c layers keeps min(N, L_c) layers at the layer input and the rest at the no-recompute
     # bytes; the schedule count below weighs each chunk by these bytes (exact for uneven chunks too)
