@@ -376,8 +376,20 @@ def main() -> None:
 
 
 def _target_line(model, cluster, workload) -> str:
-    return (f"{model.name} ({_params(model)}) on {cluster.num_gpus} x {cluster.gpu.name} ({cluster.fabric.name}), seq {workload.seq_len}, "
+    return (f"{model.name} ({_params(model)}) on {cluster.num_gpus} x {cluster.gpu.name} ({cluster.fabric.name}"
+            f"{_segment_note(cluster)}), seq {workload.seq_len}, "
             f"global batch {workload.global_batch_size} sequences = {workload.global_batch_tokens:,} tokens")
+
+
+def _segment_note(cluster) -> str:
+    """``; 4 NVLink domains of 64 GPUs`` when the cluster uses part of each multi-host domain (NVL72
+    segments, :class:`autotune.hardware.ClusterSpec`), else empty."""
+    used, full = cluster.nvlink_domain_size, cluster.fabric.nvlink_domain_size
+    if cluster.num_gpus <= full or used == full:
+        return ""
+    host = cluster.fabric.gpus_per_host
+    return (f"; {cluster.num_nodes} NVLink domains of {used} of their {full} GPUs, {used // host} hosts each "
+            f"(Slurm --segment={used // host}, as Megatron-Bridge launches)")
 
 
 def _params(model) -> str:

@@ -123,7 +123,7 @@ def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
     Kept for callers that want one link; the step graph costs collectives from the group's placement
     (:func:`autotune.topology.place_group`, :meth:`autotune.calibration.OpCosts.placed_collective_ms`).
     """
-    if extent <= cluster.fabric.gpus_per_node or cluster.fabric.inter_node is None:
+    if extent <= cluster.nvlink_domain_size or cluster.fabric.inter_node is None:
         return cluster.fabric.intra_node
     inter, share = cluster.fabric.inter_node, cluster.fabric.nics_per_gpu
     return inter if share == 1.0 else replace(inter, name=f"{inter.name}x{share:g}",

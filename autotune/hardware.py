@@ -104,6 +104,9 @@ class LinkSpec:
         nics_per_node: inter-node tiers only: NICs of one host node of ``gpus_per_node`` GPUs (8 on
             DGX H100/H200/B200: eight single-port ConnectX-7 400 Gb/s, DGX datasheets); 0 for
             intra-node tiers.
+        gpus_per_host: intra-node tiers only: GPUs of one host (OS node, Slurm node) inside the NVLink
+            domain when the domain holds several hosts: 4 on GB200 NVL72 (a compute tray holds 2 Grace
+            CPUs and 4 Blackwell GPUs, NVIDIA GB200 NVL72 datasheet); 0: the domain is one host (HGX).
     """
 
     name: str
@@ -112,6 +115,7 @@ class LinkSpec:
     gpus_per_node: int = 0
     calibration_tier: str = "nvlink"
     nics_per_node: int = 0
+    gpus_per_host: int = 0
 
     @property
     def nics_per_gpu(self) -> float:
@@ -146,6 +150,11 @@ class FabricSpec:
         return self.intra_node.gpus_per_node
 
     @property
+    def gpus_per_host(self) -> int:
+        """GPUs of one host inside the NVLink domain: 4 on NVL72, else the whole domain (HGX: 8)."""
+        return self.intra_node.gpus_per_host or self.intra_node.gpus_per_node
+
+    @property
     def nics_per_node(self) -> int:
         """NICs per host node of the inter-node tier (0 without one)."""
         return self.inter_node.nics_per_node if self.inter_node is not None else 0
@@ -163,9 +172,18 @@ class FabricSpec:
 class ClusterSpec:
     """``num_gpus`` identical GPUs joined by ``fabric``.
 
+    NVLink domains in use: a cluster of at most one domain uses ``num_gpus`` GPUs of it; a whole number
+    of domains fills each. On a domain of several hosts (NVL72: 18 trays of 4 GPUs) another count is
+    spread over equal segments of hosts, each inside one domain, as Megatron-Bridge launches GB200 jobs:
+    ``sbatch --segment`` = the largest divisor of the host count that is at most the hosts per domain
+    (Megatron-Bridge scripts/performance/utils/executors.py; Slurm topology/block places a segment in
+    one block): 256 GPUs = 64 trays -> 4 domains of 16 trays (64 GPUs). :attr:`nvlink_domain_size` is
+    the GPUs used per domain.
+
     Raises:
-        ConfigError: num_gpus < 1; a cluster larger than one node that is not a whole number of nodes;
-            or a multi-node cluster whose fabric has no inter-node tier.
+        ConfigError: num_gpus < 1; a cluster larger than one NVLink domain that is not a whole number
+            of domains (one-host domains, HGX) or of hosts (NVL72); or a multi-node cluster whose fabric
+            has no inter-node tier.
     """
 
     gpu: GPUSpec
@@ -176,28 +194,39 @@ class ClusterSpec:
         n, per = self.num_gpus, self.fabric.gpus_per_node
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"--gpus must be a positive integer, got {n!r}")
-        if n > per and n % per:
-            lo, hi = (n // per) * per, (n // per + 1) * per
+        host = self.fabric.gpus_per_host
+        if n > per and n % per and (host >= per or n % host):
+            unit, what = (per, "nodes") if host >= per else (host, "hosts (NVLink domains hold "
+                                                                     f"{per // host} hosts of {host})")
+            lo, hi = (n // unit) * unit, (n // unit + 1) * unit
             raise ConfigError(
-                f"--gpus {n} is not a whole number of {per}-GPU nodes on {self.fabric.intra_node.name}; "
-                f"use at most {per} or a multiple of {per} (e.g. {lo} or {hi})")
+                f"--gpus {n} is not a whole number of {unit}-GPU {what} on {self.fabric.intra_node.name}; "
+                f"use at most {per} or a multiple of {unit} (e.g. {lo or unit} or {hi})")
         if n > per and self.fabric.inter_node is None:
             raise ConfigError(
                 f"--gpus {n} spans {math.ceil(n / per)} nodes but fabric {self.fabric.name!r} has no "
                 f"inter-node tier; name one, e.g. {self.fabric.intra_node.name}+ib-ndr400")
 
     @property
+    def nvlink_domain_size(self) -> int:
+        """GPUs of one NVLink domain that this cluster uses (class docstring: the whole cluster when it
+        fits one domain, the whole domain for a whole number of domains, else the segment rule)."""
+        n, per = self.num_gpus, self.fabric.nvlink_domain_size
+        if n <= per or n % per == 0:
+            return min(n, per)
+        host = self.fabric.gpus_per_host
+        hosts, cap = n // host, per // host
+        return host * max(s for s in range(1, cap + 1) if hosts % s == 0)
+
+    @property
     def num_nodes(self) -> int:
-        return max(1, math.ceil(self.num_gpus / self.fabric.gpus_per_node))
+        """NVLink domains the cluster spans."""
+        return max(1, math.ceil(self.num_gpus / self.nvlink_domain_size))
 
     @property
     def gpus_per_node(self) -> int:
-        return min(self.num_gpus, self.fabric.gpus_per_node)
-
-    @property
-    def nvlink_domain_size(self) -> int:
-        """GPUs of one NVLink domain that this cluster fills (min of the GPU count and the domain)."""
-        return min(self.num_gpus, self.fabric.nvlink_domain_size)
+        """Same as :attr:`nvlink_domain_size` (GPUs of the cluster per NVLink domain)."""
+        return self.nvlink_domain_size
 
     @property
     def nics_per_node(self) -> int:
@@ -264,8 +293,14 @@ def _link_from_mapping(d: Mapping[str, Any], *, name: str, where: str, intra: bo
         raise ConfigError(f"{where}: calibration_tier must be one of nvlink, host, network, sockets; got {tier!r}")
     from autotune.validate import require_name
 
+    host = 0
+    if intra and d.get("gpus_per_host"):
+        host = d["gpus_per_host"]
+        if not isinstance(host, int) or isinstance(host, bool) or not 1 <= host <= per or per % host:
+            raise ConfigError(f"{where}: gpus_per_host must be a positive integer dividing gpus_per_node "
+                              f"({per}), got {host!r}")
     return LinkSpec(name=require_name(d.get("name", name), f"{where}: name"), bandwidth_gbs=bw, latency_us=lat, gpus_per_node=per,
-                    calibration_tier=tier, nics_per_node=nics)
+                    calibration_tier=tier, nics_per_node=nics, gpus_per_host=host)
 
 
 def get_fabric(spec: str) -> FabricSpec:

@@ -11,8 +11,8 @@ Rank order is Megatron-LM's (``megatron/core/parallel_state.py``, ``RankGenerato
   the plain DP group: ``size = dp``, ``stride = tp x cp``;
 * PP (one pair of adjacent stages, what a send/recv crosses): ``size = 2``, ``stride = tp x cp x dp``.
 
-A "node" here is an NVLink domain (:attr:`autotune.hardware.FabricSpec.nvlink_domain_size`: 8 GPUs on
-HGX, 72 on NVL72); members inside one domain talk over the intra-node tier, members in different
+A "node" here is an NVLink domain as the cluster uses it (:attr:`autotune.hardware.ClusterSpec.nvlink_domain_size`:
+8 GPUs on HGX, 72 on NVL72, or an equal segment of NVL72 trays, e.g. 64 of 72 for 256 GPUs); members inside one domain talk over the intra-node tier, members in different
 domains over the inter-node tier (the NICs).
 
 NIC sharing (assumption, stated as the issue asks): every process group of one kind runs its collective
@@ -115,7 +115,7 @@ def place_group(cluster: ClusterSpec, size: int, stride: int) -> GroupPlacement:
         raise ConfigError(f"process group of {size} ranks at stride {stride} needs {(size - 1) * stride + 1} "
                           f"ranks; the cluster has {cluster.num_gpus}")
     fabric = cluster.fabric
-    domain = fabric.nvlink_domain_size
+    domain = cluster.nvlink_domain_size          # GPUs used per domain (NVL72 segments: ClusterSpec)
     if size == 1:
         k, nodes = 1, 1
     else:

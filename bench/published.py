@@ -150,6 +150,11 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
 MB_RECIPE_RECOMPUTE_NUM_LAYERS = {
     ("llama3.1-8b", "h100", "fp8_tensorwise"): 5,
 }
+# The 25.11 GB200 405B row (256 GPUs, tp 4 pp 16 vp 4, gbs 1536) has no recipe in the repository's
+# v0.2.0-v0.2.2 scripts/performance (its GB200 405B FP8-CS preset is 128 GPUs, tp 2, Megatron-FSDP,
+# cpu_offloading_num_layers=92): it is predicted as published with the engine's defaults (no
+# recompute, no offloading), placed as Megatron-Bridge launches GB200 jobs (4 NVLink domains of 64 GPUs:
+# autotune.hardware.ClusterSpec).
 
 
 def inexpressible(run: dict[str, Any]) -> str | None:

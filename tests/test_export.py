@@ -235,3 +235,19 @@ def test_cli_export_launcher_dry_run(tmp_path):
     doc = PlanDocument.load(out / "plan.yaml")
     assert "torchrun --nnodes 1 --nproc-per-node 8" in r.output
     assert f"--tensor-model-parallel-size {doc.plan.tp_degree}" in r.output
+
+
+def test_slurm_script_asks_for_the_nvl72_segment_the_prediction_assumed(tmp_path):
+    # 256 GB200 = 64 trays of 4 GPUs, placed as 4 NVLink domains of 16 trays (hardware.ClusterSpec):
+    # the batch script asks Slurm for segments of 16 nodes, torchrun for 4 processes per node
+    doc = _doc(PLANS_405[1], M405, W405, "megatron", gpu="gb200", gpus=256)
+    doc = PlanDocument(plan=doc.plan, model=doc.model, gpu="gb200", num_gpus=256,
+                       fabric=make_cluster("gb200", 256, "nvlink5-nvl72+ib-ndr400").fabric.to_dict(),
+                       workload=doc.workload, study="s", trial_id=1, engine="megatron")
+    write_launch_files(doc, tmp_path, "slurm")
+    text = (tmp_path / "launch_slurm.sbatch").read_text()
+    assert "#SBATCH --nodes=64" in text and "#SBATCH --gpus-per-node=4" in text
+    assert "#SBATCH --segment=16" in text
+    # HGX: no segment line
+    write_launch_files(_doc(PLANS_405[1], M405, W405, "megatron", gpu="h200", gpus=1024), tmp_path / "h", "slurm")
+    assert "--segment" not in (tmp_path / "h" / "launch_slurm.sbatch").read_text()

@@ -206,3 +206,49 @@ def test_cost_builder_uses_placements():
     # combinations of degrees never cross the node for a TP group that fits in it
     for t in (1, 2, 4, 8):
         assert not place_group(c, t, 1).spans_nodes
+
+
+def test_nvl72_segments_follow_megatron_bridge_rule():
+    # Megatron-Bridge scripts/performance/utils/executors.py: --segment = the largest divisor of the
+    # 4-GPU host count that is <= 18 (hosts per NVL72 domain). By hand:
+    #   256 GPUs = 64 trays; divisors of 64 <= 18: 1, 2, 4, 8, 16 -> 16 trays = 64 GPUs, 4 domains
+    #   144 GPUs = 2 whole domains of 72;  100 GPUs = 25 trays -> 5 trays = 20 GPUs, 5 domains
+    #   64 GPUs fit one domain (64 used)
+    for n, used, domains in ((256, 64, 4), (144, 72, 2), (100, 20, 5), (64, 64, 1)):
+        c = make_cluster("gb200", n, "nvlink5-nvl72+ib-ndr400")
+        assert (c.nvlink_domain_size, c.num_nodes) == (used, domains), n
+    # the Megatron-Bridge 25.11 GB200 405B run: tp 4 pp 16 dp 4 on 256 GPUs. DP members 0, 4, 8, 12
+    # share domain 0 (ranks 0-63); the 16 stages are 16 ranks apart -> ranks 0, 16, ..., 240: 4 per
+    # 64-GPU domain over 4 domains, so a PP pair crosses domains (k = 1, N = 2)
+    c = make_cluster("gb200", 256, "nvlink5-nvl72+ib-ndr400")
+    pl = plan_placements(c, tp_degree=4, cp_degree=1, dp_degree=4, pp_degree=16)
+    assert (pl.tp.num_nodes, pl.dp.members_per_node, pl.dp.num_nodes) == (1, 4, 1)
+    assert (pl.pp.members_per_node, pl.pp.num_nodes) == (1, 2)
+    chain = place_group(c, 16, 16)
+    assert (chain.members_per_node, chain.num_nodes) == (4, 4)
+
+
+def test_nvl72_needs_whole_hosts_and_hgx_whole_nodes():
+    with pytest.raises(ConfigError, match=r"--gpus 250 is not a whole number of 4-GPU hosts .* multiple of 4 "
+                                          r"\(e\.g\. 248 or 252\)"):
+        make_cluster("gb200", 250, "nvlink5-nvl72+ib-ndr400")
+    with pytest.raises(ConfigError, match=r"--gpus 12 is not a whole number of 8-GPU nodes"):
+        make_cluster("h100", 12, "nvlink4+ib-ndr400")
+
+
+def test_fabric_file_gpus_per_host_is_validated(tmp_path):
+    from autotune.hardware import get_fabric
+
+    f = tmp_path / "nvl.yaml"
+    f.write_text("name: nvl\nintra_node: {bandwidth_gbs: 900, latency_us: 5, gpus_per_node: 72, gpus_per_host: 5}\n"
+                 "inter_node: {bandwidth_gbs: 50, latency_us: 5}\n")
+    with pytest.raises(ConfigError, match=r"gpus_per_host must be a positive integer dividing gpus_per_node \(72\), got 5"):
+        get_fabric(str(f))
+    f.write_text("name: nvl\nintra_node: {bandwidth_gbs: 900, latency_us: 5, gpus_per_node: 72, gpus_per_host: 4}\n"
+                 "inter_node: {bandwidth_gbs: 50, latency_us: 5}\n")
+    fab = get_fabric(str(f))
+    assert fab.gpus_per_host == 4
+    # the plan YAML's fabric mapping round-trips the host size
+    from autotune.hardware import fabric_from_dict
+
+    assert fabric_from_dict(fab.to_dict()) == fab

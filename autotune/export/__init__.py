@@ -125,12 +125,17 @@ def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -
     return "\n".join(lines)
 
 
-def slurm_script(doc: PlanDocument, gpus_per_node: int, here: str | os.PathLike | None = None) -> str:
+def slurm_script(doc: PlanDocument, gpus_per_node: int, here: str | os.PathLike | None = None,
+                 segment_nodes: int | None = None) -> str:
     """Bash source of ``launch_slurm.sbatch``: one srun task per node running ``launch_torchrun.sh``
     from ``here`` (the launch directory, absolute: sbatch runs a spooled copy of the script, so its own
-    location says nothing; None: the submit directory)."""
+    location says nothing; None: the submit directory). ``segment_nodes``: hosts per NVLink domain the
+    prediction assumed on a multi-host domain (NVL72), written as ``#SBATCH --segment`` (Slurm
+    topology/block: each segment is allocated inside one block; sbatch documentation ``--segment``)."""
     nnodes = max(1, doc.num_gpus // gpus_per_node)
     g = min(gpus_per_node, doc.num_gpus)
+    seg = ([f"#SBATCH --segment={segment_nodes}   # hosts per NVLink domain, as the prediction assumed"]
+           if segment_nodes and segment_nodes < nnodes else [])
     return "\n".join([
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name=autotune-{doc.model.name}",
@@ -138,6 +143,7 @@ def slurm_script(doc: PlanDocument, gpus_per_node: int, here: str | os.PathLike 
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={g}",
         "#SBATCH --exclusive",
+        *seg,
         f"# {doc.model.name} on {doc.num_gpus} x {doc.gpu}, engine {doc.engine}; written by autotune export",
         "# usage: sbatch launch_slurm.sbatch   |   bash launch_slurm.sbatch --dry-run",
         "set -euo pipefail",
@@ -178,7 +184,8 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
 
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
                           fabric=fabric_from_dict(doc.fabric, where="plan: cluster.fabric"))
-    gpn = host_gpus_per_node(doc.gpu, cluster.gpus_per_node)
+    gpn = host_gpus_per_node(doc.gpu, min(cluster.fabric.gpus_per_host, cluster.num_gpus))
+    segment = cluster.nvlink_domain_size // gpn if cluster.fabric.gpus_per_host < cluster.fabric.nvlink_domain_size else None
     cmd = launch_command(doc)
     files: dict[str, tuple[str, bool]] = {"plan.yaml": (doc.to_yaml(), False)}
     if doc.engine == "torchtitan":
@@ -187,7 +194,7 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
         files[f"{MODULE_NAME}.py"] = (torchtitan_config_module(doc.plan, doc.model, doc.workload, header=hdr), False)
     files["launch_torchrun.sh"] = (torchrun_script(doc, cmd, gpn), True)
     if launcher == "slurm":
-        files["launch_slurm.sbatch"] = (slurm_script(doc, gpn, here=out_dir), True)
+        files["launch_slurm.sbatch"] = (slurm_script(doc, gpn, here=out_dir, segment_nodes=segment), True)
     out = Path(out_dir)
     written = []
     try:
