@@ -127,7 +127,9 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
     if run["dp_mode"] == "ddp":
         zero = 1
     elif run.get("_group") == "llama3_paper_table4":
-        zero = 1
+        # Megatron: the distributed optimizer (1); torchtitan (the structure printed beside it): FSDP2
+        # with PP, reshard_after_forward False = ZeRO-2, as the paper's "do not reshard after forward"
+        zero = 1 if engine == "megatron" else 2
     elif engine == "torchtitan":
         zero = 3 if pp == 1 else 2
     else:
@@ -167,7 +169,8 @@ def inexpressible(run: dict[str, Any]) -> str | None:
     return None
 
 
-def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | None = None):
+def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | None = None,
+            attention_kernel: str | None = None):
     model = get_model(run["model"].split("-")[-1])
     g = gpu_spec(gpu)
     cluster = ClusterSpec(gpu=g, num_gpus=run["gpus"], fabric=get_fabric(fabric))
@@ -180,6 +183,11 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         n_rc = MB_RECIPE_RECOMPUTE_NUM_LAYERS.get((run["model"], run.get("gpu"), run.get("precision", "bf16")))
         if n_rc:
             plan = plan.replace(recompute="full", recompute_num_layers=n_rc)
+        if run["model"] == "llama3.1-405b" and run.get("gpu") == "gb200" and plan.precision != "bf16":
+            # Megatron-Bridge v0.2.0 scripts/performance/perf_plugins.py
+            # _set_model_specific_environment_variables: llama31 405b on gb200 with fp8_cs / fp8_mx sets
+            # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+            plan = plan.replace(memory_reclaim="expandable_segments")
     w = Workload(seq_len=run["seq"], global_batch_size=plan.global_batch_size)
     eng = get_engine(engine)
     if engine == "torchtitan" and plan.precision == "fp8_tensorwise":
@@ -214,6 +222,8 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         # ScaledDotProductAttention._init_backend puts FLASH_ATTENTION first, cuDNN only on B200.
         eng = dataclasses.replace(eng, attention_kernel="flash2",
                                   source=eng.source + "; FlashAttention-2 as in its 2024-25 releases")
+    if attention_kernel:
+        eng = dataclasses.replace(eng, attention_kernel=attention_kernel)
     # the step time does not depend on capacity: time the plan on a GPU with room for it, and give the
     # memory model's verdict for the real capacity beside it (a published run that ran but is refused
     # as out of memory is a memory-model error, reported as such)
@@ -297,6 +307,13 @@ def main() -> int:
                 mfu_pub = run["mfu_pct"] / 100
                 print(f"{'':24s}   v={LLAMA3_VPP}: predicted MFU {100 * r.mfu_palm:.1f}% (PaLM convention, as the "
                       f"paper) vs published {100 * mfu_pub:.0f}%: {100 * (r.mfu_palm - mfu_pub):+.1f} points")
+                alt = []
+                for kernel in ("flash2", "default"):
+                    _, ra, _ = predict(run, "torchtitan", rfab, rgpu, None, attention_kernel=kernel)
+                    alt.append(f"{100 * ra.mfu_palm:.1f}% ({'FlashAttention-2' if kernel == 'flash2' else 'cuDNN'} "
+                               f"attention, {100 * (ra.mfu_palm - mfu_pub):+.1f})")
+                print(f"{'':24s}   v={LLAMA3_VPP}, torchtitan structure (FSDP ZeRO-2, FP32 reduce-scatter after the "
+                      f"last backward, torch's interleaved 1F1B): {' / '.join(alt)}")
     errs = [x["err"] for x in rows if x["err"] is not None]
     print()
     if errs:
