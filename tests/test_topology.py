@@ -252,3 +252,21 @@ def test_fabric_file_gpus_per_host_is_validated(tmp_path):
     from autotune.hardware import fabric_from_dict
 
     assert fabric_from_dict(fab.to_dict()) == fab
+
+
+def test_published_bench_predicts_every_shared_run():
+    # bench/published.py over ../shared/reference/published-runs.yaml: every run the plan space
+    # expresses is predicted (the GB200 256-GPU row needed the NVL72 segment rule above)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    runs = root.parent / "shared" / "reference" / "published-runs.yaml"
+    if not runs.is_file():
+        pytest.skip(f"{runs} not present on this machine")
+    r = subprocess.run([sys.executable, str(root / "bench" / "published.py")], capture_output=True, text=True,
+                       cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "not predicted:" not in r.stdout, r.stdout
+    assert "megatron_bridge_25_11    405b   gb200" in r.stdout
