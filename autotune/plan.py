@@ -457,6 +457,9 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
     if gpus_per_node and tp > gpus_per_node:
         warn.append(f"tp_degree={tp} spans nodes ({gpus_per_node} GPUs per node): TP traffic crosses the "
                     "inter-node network")
+    elif gpus_per_node and num_gpus > gpus_per_node and gpus_per_node % tp:
+        warn.append(f"tp_degree={tp} does not divide the {gpus_per_node} GPUs used per NVLink domain: some TP "
+                    "groups cross domains and their traffic crosses the inter-node network")
     for msg in warn:
         log.warning(msg)
     return warn

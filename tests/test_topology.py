@@ -270,3 +270,19 @@ def test_published_bench_predicts_every_shared_run():
     assert r.returncode == 0, r.stderr
     assert "not predicted:" not in r.stdout, r.stdout
     assert "megatron_bridge_25_11    405b   gb200" in r.stdout
+
+
+def test_tp_that_does_not_divide_the_used_domain_warns():
+    # 100 GB200 = 25 trays -> 5 domains of 20 GPUs (5 trays); tp 8 puts ranks 16-23 in one TP group
+    # across domains 0 and 1, which the placement counts (2 domains) and validate_plan says
+    from autotune.plan import validate_plan
+
+    c = make_cluster("gb200", 100, "nvlink5-nvl72+ib-ndr400")
+    assert place_group(c, 8, 1).num_nodes == 2
+    m = get_model("8b")
+    plan = Plan(tp_degree=4, pp_degree=1, dp_degree=25, micro_batch_size=1, num_micro_batches=1)
+    assert not any("does not divide" in w for w in validate_plan(plan, m, 100, Workload(seq_len=8192, global_batch_size=25),
+                                                               gpus_per_node=c.gpus_per_node))
+    plan = Plan(tp_degree=8, pp_degree=1, dp_degree=12, micro_batch_size=1, num_micro_batches=1)
+    warns = validate_plan(plan, m, 96, Workload(seq_len=8192, global_batch_size=12), gpus_per_node=20)
+    assert any("tp_degree=8 does not divide the 20 GPUs used per NVLink domain" in w for w in warns)
