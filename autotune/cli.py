@@ -388,8 +388,17 @@ def _segment_note(cluster) -> str:
     if cluster.num_gpus <= full or used == full:
         return ""
     host = cluster.fabric.gpus_per_host
-    return (f"; {cluster.num_nodes} NVLink domains of {used} of their {full} GPUs, {used // host} hosts each "
-            f"(Slurm --segment={used // host}, as Megatron-Bridge launches)")
+    seg = used // host
+    note = (f"; {cluster.num_nodes} NVLink domains of {used} of their {full} GPUs, {seg} host{'s' if seg > 1 else ''} "
+            f"each (Slurm --segment={seg}, as Megatron-Bridge launches)")
+    if 2 * used < full:
+        # the segment rule keeps equal segments; a count whose host number has no divisor near a
+        # domain's spreads thinly (76 GPUs = 19 trays -> 19 domains of 4)
+        lo, hi = (cluster.num_gpus // full) * full, (cluster.num_gpus // full + 1) * full
+        note += (f"; warning: {cluster.num_gpus // host} hosts have no divisor between {full // host // 2 + 1} and "
+                 f"{full // host}, so process groups of more than {used} GPUs cross the network; {lo or 64} or {hi} "
+                 "GPUs fill whole domains")
+    return note
 
 
 def _params(model) -> str:

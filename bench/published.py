@@ -152,11 +152,12 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
 MB_RECIPE_RECOMPUTE_NUM_LAYERS = {
     ("llama3.1-8b", "h100", "fp8_tensorwise"): 5,
 }
-# The 25.11 GB200 405B row (256 GPUs, tp 4 pp 16 vp 4, gbs 1536) has no recipe in the repository's
-# v0.2.0-v0.2.2 scripts/performance (its GB200 405B FP8-CS preset is 128 GPUs, tp 2, Megatron-FSDP,
-# cpu_offloading_num_layers=92): it is predicted as published with the engine's defaults (no
-# recompute, no offloading), placed as Megatron-Bridge launches GB200 jobs (4 NVLink domains of 64 GPUs:
-# autotune.hardware.ClusterSpec).
+# The 25.11 GB200 405B row (256 GPUs, tp 4 pp 16 vp 4, gbs 1536) is not a v0.2.x preset (v0.2.0-v0.2.2
+# have a 128-GPU, tp 2, Megatron-FSDP preset with cpu_offloading_num_layers=92); v0.3.0 has it:
+# scripts/performance/configs/llama/llama31_workload_base_configs.py
+# LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2 (256 GPUs, tp 4, pp 16, cp 1, vp 4, gbs 1536,
+# use_megatron_fsdp=False, cpu_offloading_num_layers=None, no recompute setting). Placed as
+# Megatron-Bridge launches GB200 jobs (4 NVLink domains of 64 GPUs: autotune.hardware.ClusterSpec).
 
 
 def inexpressible(run: dict[str, Any]) -> str | None:
@@ -184,8 +185,8 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         if n_rc:
             plan = plan.replace(recompute="full", recompute_num_layers=n_rc)
         if run["model"] == "llama3.1-405b" and run.get("gpu") == "gb200" and plan.precision != "bf16":
-            # Megatron-Bridge v0.2.0 scripts/performance/perf_plugins.py
-            # _set_model_specific_environment_variables: llama31 405b on gb200 with fp8_cs / fp8_mx sets
+            # Megatron-Bridge scripts/performance/perf_plugins.py _set_model_specific_environment_variables
+            # (v0.2.0 and v0.3.0): llama31 405b on gb200 with fp8_cs / fp8_mx sets
             # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
             plan = plan.replace(memory_reclaim="expandable_segments")
     w = Workload(seq_len=run["seq"], global_batch_size=plan.global_batch_size)

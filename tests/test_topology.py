@@ -286,3 +286,17 @@ def test_tp_that_does_not_divide_the_used_domain_warns():
     plan = Plan(tp_degree=8, pp_degree=1, dp_degree=12, micro_batch_size=1, num_micro_batches=1)
     warns = validate_plan(plan, m, 96, Workload(seq_len=8192, global_batch_size=12), gpus_per_node=20)
     assert any("tp_degree=8 does not divide the 20 GPUs used per NVLink domain" in w for w in warns)
+
+
+def test_cli_names_a_thin_nvl72_placement():
+    # 76 GB200 = 19 trays (prime): the segment rule gives 19 domains of one 4-GPU tray; the target
+    # line says so and warns; 256 GPUs (4 x 64) gets no warning
+    from autotune.cli import _segment_note
+
+    thin = _segment_note(make_cluster("gb200", 76, "nvlink5-nvl72+ib-ndr400"))
+    assert "19 NVLink domains of 4 of their 72 GPUs, 1 host each (Slurm --segment=1" in thin
+    assert "warning: 19 hosts have no divisor between 10 and 18" in thin and "72 or 144 GPUs" in thin
+    ok = _segment_note(make_cluster("gb200", 256, "nvlink5-nvl72+ib-ndr400"))
+    assert "4 NVLink domains of 64" in ok and "16 hosts each" in ok and "warning" not in ok
+    assert _segment_note(make_cluster("gb200", 144, "nvlink5-nvl72+ib-ndr400")) == ""
+    assert _segment_note(make_cluster("h100", 64, "nvlink4+ib-ndr400")) == ""
