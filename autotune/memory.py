@@ -313,7 +313,7 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload,
         # query heads (_attention_core's repeat_interleave); SwiGLU keeps silu(gate) for the multiply
         # besides its product. Derived 1,745,879,040 bytes for the 8B block at s = 8192; measured
         # 1,754,333,184 on H200 (bench/saved_activations.py; saved-tensor listing on H200: the same
-        # tensors, 1,744,830,464 bytes of activation-sized ones, plus per-row statistics)
+        # tensors, 1664 MiB (exactly) of activation-sized ones, plus per-row statistics)
         terms["attn_norm_fp32"] = sbh
         terms["attn_norm_prescale"] = sbh
         terms["mlp_norm_fp32"] = sbh
