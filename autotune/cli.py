@@ -229,9 +229,10 @@ def _interruptible(fn, *, storage: str, study: str):
 
     from autotune import tuner as _t
 
-    def on_signal(signum, _frame):
+    def on_signal(signum, frame):
         _t.note_interrupt(signum)
-        raise KeyboardInterrupt
+        if _t.safe_to_raise(frame):     # never into SQLAlchemy's pool finalizers (they log a traceback)
+            raise KeyboardInterrupt
 
     import sys
 

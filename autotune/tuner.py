@@ -143,9 +143,31 @@ def clear_interrupt() -> None:
     _INTERRUPT.clear()
 
 
-def _interrupt_handler(signum: int, _frame: Any) -> None:
+#: path fragments of code a KeyboardInterrupt must not be raised into: SQLAlchemy's connection pool
+#: returns and resets connections from garbage-collector finalizers (pool/base.py ``_finalize_fairy``),
+#: catches what they raise and logs it as "Exception during reset or similar" with a traceback, so an
+#: interrupt raised there is both printed and lost.
+_NO_RAISE_PATHS = (f"{os.sep}sqlalchemy{os.sep}pool{os.sep}",)
+
+
+def safe_to_raise(frame: Any) -> bool:
+    """Whether a signal handler may raise KeyboardInterrupt into ``frame`` (the frame a signal
+    interrupted): False when any frame on its stack runs code under :data:`_NO_RAISE_PATHS` or is a
+    ``__del__`` finalizer. The interrupt is then only noted (:func:`note_interrupt`), and the next
+    trial boundary (the ``count`` callback in :meth:`Tuner.optimize`) raises it."""
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "__del__" or any(m in code.co_filename for m in _NO_RAISE_PATHS):
+            return False
+        f = f.f_back
+    return True
+
+
+def _interrupt_handler(signum: int, frame: Any) -> None:
     note_interrupt(signum)
-    raise KeyboardInterrupt
+    if safe_to_raise(frame):
+        raise KeyboardInterrupt
 
 
 def _retry_races(fn: Callable[[], Any], what: str) -> Any:
@@ -868,6 +890,8 @@ class Tuner:
                 last, since = running, time.monotonic()
             elif time.monotonic() - since > 600:
                 return trials
+            if interrupted():       # noted while a finalizer ran (see safe_to_raise): stop waiting
+                raise KeyboardInterrupt
             time.sleep(poll_s)
 
     def _seeded_sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -177,3 +177,28 @@ def test_real_backend_trials_count_plans_run(tmp_path):
     run = [x for x in trials if x.state != optuna.trial.TrialState.PRUNED and not x.user_attrs.get("reused_result")]
     assert len(run) == 6
     assert summary.n_new_trials == len(trials) >= 6
+
+
+def test_signal_handler_never_raises_into_sqlalchemy_pool_or_finalizers():
+    # CI once printed "Exception during reset or similar ... KeyboardInterrupt" with a traceback: SIGINT
+    # landed while SQLAlchemy's pool reset a connection from a GC finalizer (pool/base.py _finalize_fairy),
+    # which catches and logs what is raised. safe_to_raise must say False for any frame below such code
+    # (here code compiled under a path .../sqlalchemy/pool/..., and a __del__), True for plain code.
+    import os
+    import sys
+
+    from autotune.tuner import safe_to_raise
+
+    ns: dict = {}
+    path = os.sep.join(["", "x", "site-packages", "sqlalchemy", "pool", "base.py"])
+    exec(compile("def in_pool(cb):\n    return cb()\n", path, "exec"), ns)
+    assert ns["in_pool"](lambda: safe_to_raise(sys._getframe())) is False
+
+    class Finalized:
+        def __del__(self):
+            seen.append(safe_to_raise(sys._getframe()))
+
+    seen: list = []
+    Finalized.__del__(Finalized())
+    assert seen[0] is False
+    assert safe_to_raise(sys._getframe()) is True
