@@ -85,6 +85,13 @@ GATHER_COPY_BYTES_PER_PARAM = 4
 #: E8M0 scales per copy neglected).
 FP8_DYNAMIC_CAST_BYTES = 2 + 2 + 1
 FP8_TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1
+#: Transformer Engine's current (per-tensor dynamic) scaling, Megatron-LM's ``--fp8-recipe tensorwise``
+#: (megatron/core/fp8_utils.py get_fp8_recipe -> Float8CurrentScaling): the quantizer first reduces the
+#: amax of the BF16 tensor (one read), then casts and transposes in one kernel writing both FP8
+#: layouts (TE docs/features/low_precision_training/fp8_current_scaling/fp8_current_scaling.rst,
+#: "Performance analysis": quantization "requires reading the tensor twice"; the quantizer is
+#: transformer_engine/pytorch/tensor/float8_tensor.py Float8CurrentScalingQuantizer): 2 + 2 + 1 + 1.
+FP8_TE_CURRENT_SCALING_BYTES = 2 + 2 + 1 + 1
 #: graph-size cap, not a hardware figure: DP buckets of a chunk are merged into at most this many nodes
 #: (each keeps its buckets' summed time and readiness point), so a 405B step graph stays small
 MAX_DP_GROUPS_PER_CHUNK = 8
@@ -174,25 +181,31 @@ class CostBuilder:
     def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
         """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).
 
-        Each linear computes Y = X W with X (T x K), W (K x N), per rank; dY is (T x N).
+        Each linear computes Y = X W with X (T x K), W (K x N), per rank; dY is (T x N). What runs the
+        casts is the engine's ``fp8_library`` (autotune/data/engines.yaml), not the recipe alone:
 
-        * ``fp8_tensorwise`` / ``fp8_rowwise`` (torchao ``matmul_with_hp_or_float8_args``,
+        * torchao's ``fp8_tensorwise`` / ``fp8_rowwise`` (torchao ``matmul_with_hp_or_float8_args``,
           torchao/float8/float8_linear.py: saves the BF16 X and W and re-casts in backward): forward
           casts X and W; backward casts dY twice (row-major for dgrad, transposed for wgrad), W^T (dgrad)
           and X^T (wgrad); each at :data:`FP8_DYNAMIC_CAST_BYTES` per element.
-        * ``fp8_delayed`` / ``mxfp8`` (TE ``_Linear``, transformer_engine/pytorch/module/linear.py):
+        * Transformer Engine (``_Linear``, transformer_engine/pytorch/module/linear.py), every recipe, and
+          ``fp8_delayed`` / ``mxfp8`` on any engine (the TE-style cast is the model for both):
           forward cast-transposes X (saving X^T in FP8 for wgrad) and W, the weight only on the first
-          micro-batch of a step (``is_first_microbatch`` caches ``weight_fp8`` / ``weight_t_fp8``):
-          x 1/m; backward cast-transposes dY; each at :data:`FP8_TE_CAST_TRANSPOSE_BYTES` per element.
+          micro-batch of a step (``is_first_microbatch`` caches the quantized weight workspace; Megatron-LM
+          sets it per step: megatron/core/pipeline_parallel/schedules.py ``set_is_first_microbatch``,
+          megatron/core/extensions/transformer_engine.py TELinear.forward): x 1/m; backward
+          cast-transposes dY. Per element :data:`FP8_TE_CAST_TRANSPOSE_BYTES` for delayed scaling and
+          MXFP8, :data:`FP8_TE_CURRENT_SCALING_BYTES` for tensorwise (current scaling: an amax pass first).
         """
         p = self.p
         x = sum(float(T) * K for T, N, K in gemms)
         w = sum(float(K) * N for T, N, K in gemms)
         dy = sum(float(T) * N for T, N, K in gemms)
-        if p.precision in ("fp8_tensorwise", "fp8_rowwise"):
+        te = self.engine.fp8_library == "transformer_engine"
+        if p.precision in ("fp8_tensorwise", "fp8_rowwise") and not te:
             b = FP8_DYNAMIC_CAST_BYTES
             return b * (x + w), b * (2 * dy + w + x)
-        b = FP8_TE_CAST_TRANSPOSE_BYTES
+        b = FP8_TE_CURRENT_SCALING_BYTES if p.precision == "fp8_tensorwise" else FP8_TE_CAST_TRANSPOSE_BYTES
         return b * (x + w / p.num_micro_batches), b * dy
 
     # ---- one transformer layer, one micro-batch, one rank

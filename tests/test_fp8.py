@@ -150,6 +150,20 @@ def test_quantization_overhead_by_hand():
     assert _builder("bf16").quantize_ms == (0.0, 0.0)
 
 
+def test_megatron_tensorwise_casts_through_transformer_engine():
+    # Megatron-LM's --fp8-recipe tensorwise is TE Float8CurrentScaling (engines.yaml fp8_library:
+    # transformer_engine): TE caches the FP8 weight on the first of m = 4 micro-batches like every TE
+    # recipe (is_first_microbatch), and current scaling reads each tensor twice (amax, then cast) and writes
+    # both FP8 layouts: 2 + 2 + 1 + 1 = 6 bytes per element of X and W/4 forward, of dY backward. The
+    # torchao formula (re-casting W every micro-batch, dY twice) must not apply to this engine.
+    plan = Plan(precision="fp8_tensorwise", num_micro_batches=4)
+    b = CostBuilder(model=M8, plan=plan, cluster=make_cluster("h200", 1, "nvlink4"),
+                    workload=Workload(seq_len=8192, global_batch_size=4), costs=H200, engine="megatron")
+    fwd, bwd = b.quantize_ms
+    assert fwd == pytest.approx(6 * (X_ELEMS + W_ELEMS / 4) / (GENERIC_GBS * 1e6))
+    assert bwd == pytest.approx(6 * DY_ELEMS / (GENERIC_GBS * 1e6))
+
+
 def test_fp8_step_faster_than_bf16_and_lm_head_bf16():
     logging.disable(logging.WARNING)
     try:
