@@ -47,6 +47,8 @@ TARGETS = {
     "405b-h100x8192": ("405b", "h100", 8192, "nvlink4+roce400", 16 * M),
     "405b-b200x1024": ("405b", "b200", 1024, "nvlink5+ib-ndr400", 16 * M),
     "70b-h100x64": ("70b", "h100", 64, "nvlink4+ib-ndr400", 4 * M),
+    # a fresh user's case (2026-12-01): the search never tried FP8 here (precision chosen once for all layouts)
+    "70b-b200x64": ("70b", "b200", 64, "nvlink5+ib-ndr400", 4 * M),
     "8b-h200x8": ("8b", "h200", 8, None, 1 * M),
 }
 REFERENCE_FILE = ROOT / "bench" / "search_reference.json"

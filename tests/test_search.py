@@ -86,3 +86,32 @@ def test_same_seed_same_trials_other_seed_other_order(tmp_path):
 
     a, b, c = params(3, "a"), params(3, "b"), params(4, "c")
     assert a == b and a != c
+
+
+def test_each_layout_takes_its_fastest_fitting_precision(tmp_path):
+    # QA 2026-12-01: 70B on 64 B200 never tried FP8, because precision was chosen once, at the best BF16
+    # layout, where FP8 (with TE's FP8 weight copies) did not fit; FP8 plans 30% faster fitted elsewhere.
+    # Check against exhaustive enumeration: at each of the first 25 ranked layouts, every (precision,
+    # recompute, ZeRO stage) of the space that fits estimates no faster than the plan the layout got.
+    import itertools
+    import logging
+
+    from autotune.search import make_sampler
+
+    logging.disable(logging.WARNING)
+    try:
+        model, cluster = get_model("70b"), make_cluster("b200", 64, "nvlink5+ib-ndr400")
+        w = Workload.from_tokens(seq_len=8192, global_batch_tokens=2**22)
+        t = Tuner(model=model, cluster=cluster, workload=w, space="default", storage=f"sqlite:///{tmp_path}/s.db")
+        s = make_sampler(t.bound, model=model, cluster=cluster, workload=w, engine=t.engine, seed=0)
+        layouts = s.layouts()
+        c = t.bound.choices
+        for got in layouts[:25]:
+            a = s.assignment(got)
+            for pr, rc, z in itertools.product(c["precision"], c["recompute"], c["zero_stage"]):
+                q = s._plan({**a, "precision": pr, "recompute": rc, "zero_stage": z})
+                if q is not None and s.screen.fits(q):
+                    assert s.screen.estimate_ms(q) >= s.screen.estimate_ms(got) * (1 - 1e-9), (got, q)
+        assert layouts[0].precision != "bf16"
+    finally:
+        logging.disable(logging.NOTSET)
