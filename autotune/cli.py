@@ -609,8 +609,9 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
 @click.option("--study", "study", help="Study name (instead of the target options).")
 @target_options
 @study_options
-@click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(dir_okay=False),
-              help="Where to write the plan YAML (with --launcher: the directory for the launch files).")
+@click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(),
+              help="Where to write the plan YAML (with --launcher: the directory for the launch files, created "
+                   "or reused; only the files export writes are replaced).")
 @click.option("--launcher", type=click.Choice(["torchrun", "slurm"]), default=None,
               help="Write launch files for the plan's engine into the -o directory: torchrun script, and with slurm "
                    "also an sbatch script.")
@@ -632,15 +633,27 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
     if dry_run and not launcher:
         raise click.UsageError("--dry-run needs --launcher torchrun|slurm")
     if launcher:
-        from autotune.export import write_launch_files
+        from autotune.export import launch_file_names, write_launch_files
+        from pathlib import Path
+
         out_dir = output if output != "plan.yaml" else "launch"
+        if Path(out_dir).exists() and not Path(out_dir).is_dir():
+            raise ConfigError(f"-o {out_dir}: with --launcher, -o names a directory (new or existing), not a file")
+        existed = [p for p in launch_file_names(doc, launcher) if (Path(out_dir) / p).exists()]
         paths = write_launch_files(doc, out_dir, launcher)
         output = str(paths[0])
         say = _say(as_json)
         say(f"wrote {', '.join(str(p) for p in paths)} (engine {doc.engine}, {launcher})")
+        if existed:
+            say(f"replaced in {out_dir}: {', '.join(existed)} (other files there are untouched)")
         if dry_run:
             _dry_run(paths[-1], say)
     else:
+        from pathlib import Path
+
+        if Path(output).is_dir():
+            raise ConfigError(f"-o {output}: is a directory; without --launcher -o names the plan YAML file "
+                              f"(e.g. {Path(output) / 'plan.yaml'}), with --launcher torchrun|slurm a directory")
         try:
             doc.save(output)
         except OSError as e:
