@@ -413,7 +413,9 @@ def real_options(f):
         click.option("--layers", type=int, default=None,
                      help="real backend: run depth-truncated proxies with N layers (true widths)."),
         click.option("--real-steps", type=int, default=3, show_default=True,
-                     help="real backend: timed steps per trial (after 2 warm-up steps)."),
+                     help="real backend: timed steps per trial (after 2 warm-up steps). With another backend "
+                          "this, --trial-timeout and --heartbeat-interval change no prediction and only warn; "
+                          "--layers and --launcher would change what is run, so they are refused."),
         click.option("--trial-timeout", type=float, default=900.0, show_default=True,
                      help="real backend: wall-clock limit per trial, s (a hung trial is killed and marked failed)."),
         click.option("--heartbeat-interval", type=int, default=None,
@@ -433,6 +435,32 @@ def real_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+#: real-backend options that only pace or bound real trials: with another backend they change no
+#: prediction, so they are accepted with a warning (unlike --layers, which would change the model that is
+#: costed, and --launcher/--nodes/..., which ask for a place to run: those are refused)
+_REAL_ONLY_PACING = ("real_steps", "trial_timeout", "heartbeat_interval")
+
+
+def warn_real_only_options(backend: str | None) -> list[str]:
+    """With ``--backend`` other than ``real``, print ``warning: --X has no effect with --backend B`` on
+    stderr for each of --real-steps, --trial-timeout, --heartbeat-interval given on the command line (or
+    by environment); returns the lines. Options left at their defaults say nothing."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or backend == "real":
+        return []
+    lines = []
+    for name in _REAL_ONLY_PACING:
+        src = ctx.get_parameter_source(name)
+        if src in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            line = (f"warning: --{name.replace('_', '-')} has no effect with --backend {backend or 'simulated'} "
+                    "(it applies to --backend real only)")
+            click.echo(line, err=True)
+            lines.append(line)
+    return lines
 
 
 def _evaluator_options(backend, layers, real_steps, trial_timeout, launcher="local", nodes=None, gpus_per_node=None,
@@ -500,6 +528,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    warn_real_only_options(backend)
     wid = _worker_id(worker_id)
     tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                         seed=seed, engine=engine,
@@ -846,6 +875,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        top_k=top_k,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    warn_real_only_options(backend)
     from autotune.engines import resolve_engine
     from autotune.search_space import SearchSpace
     from autotune.tuner import study_name

@@ -345,3 +345,18 @@ def test_interrupt_inside_a_finalizer_prints_no_traceback(capsys, tmp_path, monk
     with pytest.raises(click.exceptions.Exit):
         cli._interruptible(other, storage=f"sqlite:///{tmp_path}/none.db", study="s")
     assert seen == ["RuntimeError"]         # reported through the previous hook
+
+
+def test_real_only_options_warn_with_the_simulated_backend(storage):
+    # --real-steps / --trial-timeout / --heartbeat-interval pace real trials only: given with the simulated
+    # backend each gets one warning line on stderr (none when left at the default); --layers is refused
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage,
+               "--real-steps", "5", "--trial-timeout", "60", "--heartbeat-interval", "10")
+    assert r.exit_code == 0, r.output
+    warns = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert warns == [f"warning: --{o} has no effect with --backend simulated (it applies to --backend real only)"
+                     for o in ("real-steps", "trial-timeout", "heartbeat-interval")], r.stderr
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage)
+    assert r.exit_code == 0 and "has no effect" not in r.stderr, r.stderr
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage, "--layers", "2")
+    assert r.exit_code == 2 and "--layers applies to --backend real only" in r.output
