@@ -749,7 +749,8 @@ def show(storage, engine, as_json):
                                   trial=bp.trial_number if bp else None, extra={"n_trials": len(trials)}))
             continue
         row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
-               "engine": info.engine, "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
+               "engine": info.engine, "backend": info.backend, "workload": info.workload.label,
+               "n_trials": len(trials), "study": info.name}
         if bp is None:
             n_bad, n, _ = failure_summary(trials)
             row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} trials pruned, OOM or failed)")
@@ -907,7 +908,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     click.echo("")
     click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),
                                     (f"same plan on {slow_name}", r.fast.plan, r.fast_on_slow),
-                                    (f"{slow_name} best", r.slow.plan, r.slow.result)]))
+                                    (f"{slow_name} best", r.slow.plan, r.slow.result)], engine=r.slow.info.engine))
     lost = r.fast.result.mfu - r.slow.result.mfu
     gained = r.slow.result.mfu - r.fast_on_slow.mfu
     click.echo(f"\nMFU lost moving {fast_name} -> {slow_name}: {100 * lost:.1f} points "

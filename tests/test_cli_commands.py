@@ -65,6 +65,10 @@ def test_show_lists_one_row_per_study(storage):
     r = invoke("show", "--storage", storage)
     assert r.exit_code == 0, r.output
     assert "llama3.1-8b" in r.output and "nvlink5+ib-ndr400" in r.output and "%" in r.output
+    # the study's backend is simulated: its row says so, and the megatron error band follows the table
+    row = next(ln for ln in r.output.splitlines() if ln.startswith("llama3.1-8b"))
+    assert " simulated " in row, row
+    assert "error band (megatron): predicted" in r.output
 
 
 def test_retune_to_slower_fabric(tmp_path):
@@ -75,6 +79,11 @@ def test_retune_to_slower_fabric(tmp_path):
     assert r.exit_code == 0, r.output
     for s in ("nvlink5+ib-ndr400 best", "same plan on pcie5+eth100", "pcie5+eth100 best", "MFU lost", "changed:"):
         assert s in r.output, s
+    # all three columns are simulator predictions: a 'numbers' row says so, the footer names the
+    # calibration and the engine's (megatron, the default) error band
+    numbers = next(ln for ln in r.output.splitlines() if ln.startswith("numbers"))
+    assert numbers.split() == ["numbers", "simulated", "simulated", "simulated"], numbers
+    assert "(simulated with " in r.output and "error band (megatron): predicted" in r.output
     # acceptance: the retuned plan's MFU on the slow fabric >= the fast plan simulated on the slow fabric
     m, w = get_model("8b"), Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
     res = T.retune(model=m, cluster=make_cluster("b200", 8, "pcie5+eth100"), workload=w, space="small",
