@@ -205,7 +205,19 @@ class ClusterSpec:
         if n > per and self.fabric.inter_node is None:
             raise ConfigError(
                 f"--gpus {n} spans {math.ceil(n / per)} nodes but fabric {self.fabric.name!r} has no "
-                f"inter-node tier; name one, e.g. {self.fabric.intra_node.name}+ib-ndr400")
+                f"inter-node tier; {self.multi_node_suggestion()}")
+
+    def multi_node_suggestion(self) -> str:
+        """``name one, e.g. <intra>+ib-ndr400`` with an interconnect that :func:`get_fabric` accepts: the
+        fabric's own intra-node preset when it is one (``nvlink4``), else (a measured tier such as
+        ``h200-host`` or a YAML file, which cannot be combined with ``+``) the GPU's default preset, or
+        a fabric YAML file with an ``inter_node`` section."""
+        presets, _ = known_fabrics()
+        intra = self.fabric.intra_node.name
+        if intra in presets and self.fabric.name == intra:
+            return f"name one, e.g. {intra}+ib-ndr400"
+        return (f"use a preset with one, e.g. {self.gpu.default_intra_node}+ib-ndr400, or a fabric YAML file "
+                f"with an inter_node section ({self.fabric.name!r} cannot be combined with '+')")
 
     @property
     def nvlink_domain_size(self) -> int:
