@@ -165,8 +165,14 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     seq = seq_len if seq_len is not None else DEFAULT_SEQ_LEN
     tokens = parse_tokens(global_batch if global_batch is not None else d_batch)
     if tokens // seq > MAX_GLOBAL_BATCH_SEQUENCES:
+        top = MAX_GLOBAL_BATCH_SEQUENCES * seq
+        hint = ""
+        g = re.fullmatch(r"\s*(\d+)\s*[gG]\s*", str(global_batch))
+        if g and seq <= int(g.group(1)) * 2**20 <= top:     # the same number with M would be valid
+            hint = f"; did you mean {g.group(1)}M?"
         raise ConfigError(f"--global-batch {global_batch}: {tokens:,} tokens = {tokens // seq:,} sequences of {seq}; "
-                          f"at most {MAX_GLOBAL_BATCH_SEQUENCES:,} sequences (did you mean M instead of G?)")
+                          f"valid: {seq:,} to {top:,} tokens (1 to {MAX_GLOBAL_BATCH_SEQUENCES:,} sequences of "
+                          f"{seq}){hint}")
     workload = Workload.from_tokens(seq_len=seq, global_batch_tokens=tokens)
     warning = model.check_sequence(workload.seq_len)
     if warning:

@@ -98,6 +98,11 @@ def test_retune_to_slower_fabric(tmp_path):
     (["run", "--size", "8b", "--interconnect", "nvlink9"], "known: nvlink5"),
     (["run", "--size", "8b", "--global-batch", "1000"], "not a whole number of 8192-token sequences"),
     (["run", "--size", "8b", "--global-batch", "lots"], "expected a positive number of tokens"),
+    # at most 2^20 sequences (validate.MAX_GLOBAL_BATCH_SEQUENCES) of 8192 tokens = 8,589,934,592 tokens
+    (["run", "--size", "8b", "--global-batch", "99999999999999999999999M"],
+     "valid: 8,192 to 8,589,934,592 tokens (1 to 1,048,576 sequences of 8192)"),
+    # 9G = 9 x 2^30 tokens is over the bound, 9M would be valid: only then the M-for-G hint
+    (["run", "--size", "8b", "--global-batch", "9G"], "sequences of 8192); did you mean 9M?"),
     (["run", "--size", "8b", "--storage", "sqlite:////nonexistent/dir/x.db"],
      "cannot open study storage sqlite:////nonexistent/dir/x.db: directory /nonexistent/dir does not exist"),
     (["simulate", "/nonexistent.yaml"], "plan file /nonexistent.yaml does not exist"),
@@ -107,6 +112,8 @@ def test_errors_are_one_clear_line_exit_2(args, match):
     r = invoke(*args)
     assert r.exit_code == 2, r.output
     assert match in r.output and "Traceback" not in r.output
+    if "9G" not in args:                 # no "M instead of G" hint for a value that has no G
+        assert "did you mean" not in r.output, r.output
 
 
 def test_malformed_plan_yaml_names_field(tmp_path):
