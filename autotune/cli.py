@@ -811,7 +811,18 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
     doc = PlanDocument.load(plan_file)
     fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)
-    validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload)
+    # the "has no effect" notes are printed here once, as warning: lines on stderr: validate_plan also
+    # logs them and the evaluator (and --trace's timeline) validate again, so the autotune.plan logger
+    # is quiet until this command ends
+    import logging
+
+    plan_log = logging.getLogger("autotune.plan")
+    prev_level = plan_log.level
+    plan_log.setLevel(logging.ERROR)
+    click.get_current_context().call_on_close(lambda: plan_log.setLevel(prev_level))
+    for w in validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload,
+                           gpus_per_node=cluster.gpus_per_node, gpu=cluster.gpu):
+        click.echo(f"warning: {w}", err=True)
     eng = resolve_engine(engine if engine is not None else (None if backend == "real" else doc.engine), backend)
     ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
     try:

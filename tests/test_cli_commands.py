@@ -376,3 +376,22 @@ def test_real_only_options_warn_with_the_simulated_backend(storage):
     assert r.exit_code == 0 and "has no effect" not in r.stderr, r.stderr
     r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage, "--layers", "2")
     assert r.exit_code == 2 and "--layers applies to --backend real only" in r.output
+
+
+def test_simulate_prints_each_no_effect_note_once_as_a_warning(tmp_path):
+    # examples/8b-2xh200-fsdp.yaml has tp 1, async collectives on, DP overlap on; with tp_comm_overlap
+    # on and async_collectives off, validate_plan's rules give exactly three notes (plan.py):
+    # tp_comm_overlap with tp 1, tp_comm_overlap with blocking collectives, dp_grad_reduce_overlap with
+    # blocking collectives; each must appear once, prefixed 'warning: ', on stderr
+    from pathlib import Path
+    d = yaml.safe_load((Path(__file__).parents[1] / "examples" / "8b-2xh200-fsdp.yaml").read_text())
+    d["plan"].update(tp_comm_overlap=True, async_collectives=False)
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
+    r = invoke("simulate", str(f))
+    assert r.exit_code == 0, r.output
+    notes = [ln for ln in r.stderr.splitlines() if "has no effect" in ln]
+    assert notes == ["warning: tp_comm_overlap has no effect with tp_degree=1",
+                     "warning: tp_comm_overlap has no effect with async_collectives=false (collectives block)",
+                     "warning: dp_grad_reduce_overlap has no effect with async_collectives=false "
+                     "(collectives block)"], r.stderr
