@@ -275,9 +275,35 @@ def known_fabrics() -> tuple[list[str], list[str]]:
     return list(d["intra_node"]), list(d["inter_node"])
 
 
+#: keys of one tier (``intra_node`` / ``inter_node``) in a fabric YAML file, a plan file's
+#: ``cluster.fabric`` and autotune/data/fabrics.yaml: the :class:`LinkSpec` fields, plus
+#: ``measured_busbw_gbs`` (a documentation figure that ``autotune profile`` writes into measured tiers,
+#: autotune/profiling/fabrics/*.yaml; not read)
+LINK_KEYS = ("name", "bandwidth_gbs", "latency_us", "gpus_per_node", "calibration_tier", "nics_per_node",
+             "gpus_per_host", "measured_busbw_gbs")
+#: top-level keys of a fabric YAML file / a plan file's ``cluster.fabric``
+FABRIC_KEYS = ("name", "intra_node", "inter_node")
+
+
+def check_keys(d: Mapping[str, Any], valid: tuple[str, ...], where: str) -> None:
+    """Refuse keys of ``d`` outside ``valid``.
+
+    Raises:
+        ConfigError: ``<where>: unknown key 'k'; valid keys: a, b, c`` (the first unknown keys named).
+    """
+    unknown = [str(k) for k in d if k not in valid]
+    if unknown:
+        from autotune.files import display_text
+
+        ks = ", ".join(repr(display_text(k, 40)) for k in unknown[:5])
+        raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {ks}; valid keys: "
+                          f"{', '.join(valid)}")
+
+
 def _link_from_mapping(d: Mapping[str, Any], *, name: str, where: str, intra: bool) -> LinkSpec:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where}: expected a mapping with bandwidth_gbs and latency_us, got {d!r}")
+    check_keys(d, LINK_KEYS, where)
     from autotune.validate import require_number
 
     if "bandwidth_gbs" not in d:
@@ -372,6 +398,7 @@ def _fabric_from_file(p: Path) -> FabricSpec:
     if not isinstance(d, Mapping) or "intra_node" not in d:
         raise ConfigError(f"interconnect file {p}: expected a mapping with 'intra_node' "
                           "({bandwidth_gbs, latency_us, gpus_per_node}) and optional 'inter_node'")
+    check_keys(d, FABRIC_KEYS, f"interconnect file {p}")
     from autotune.validate import require_name
 
     name = require_name(d.get("name", p.stem), f"interconnect file {p}: name")
@@ -386,6 +413,7 @@ def fabric_from_dict(d: Mapping[str, Any], *, where: str = "fabric") -> FabricSp
     """Inverse of :meth:`FabricSpec.to_dict` (used by plan YAML files)."""
     if not isinstance(d, Mapping) or "intra_node" not in d:
         raise ConfigError(f"{where}: expected a mapping with name, intra_node and inter_node")
+    check_keys(d, FABRIC_KEYS, where)
     if not isinstance(d["intra_node"], Mapping):
         raise ConfigError(f"{where}.intra_node: expected a mapping with bandwidth_gbs and latency_us, got "
                           f"{type(d['intra_node']).__name__}")

@@ -476,6 +476,9 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
 
 # ---------------------------------------------------------------- YAML document
 PLAN_SCHEMA_VERSION = 1
+#: top-level keys of a plan file (:meth:`PlanDocument.to_dict`); others are refused
+PLAN_DOCUMENT_KEYS = ("schema_version", "study", "trial_id", "engine", "model", "cluster", "workload", "plan",
+                      "prediction")
 
 
 @dataclass(frozen=True)
@@ -525,6 +528,8 @@ class PlanDocument:
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan file") -> "PlanDocument":
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source}: expected a mapping at the top level")
+        from autotune.hardware import check_keys
+        check_keys(d, PLAN_DOCUMENT_KEYS, source)
         ver = d.get("schema_version")
         if ver != PLAN_SCHEMA_VERSION:
             raise ConfigError(f"{source}: schema_version is {ver!r}; this autotune reads version "
@@ -533,6 +538,7 @@ class PlanDocument:
             if not isinstance(d.get(key), Mapping):
                 raise ConfigError(f"{source}: field {key!r} is missing or not a mapping")
         c = d["cluster"]
+        check_keys(c, ("gpu", "num_gpus", "fabric"), f"{source}: field cluster")
         for key in ("gpu", "num_gpus", "fabric"):
             if key not in c:
                 raise ConfigError(f"{source}: field cluster.{key} is missing (gpu: name, num_gpus: int, "
