@@ -82,7 +82,12 @@ def plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("micro-batches", f"{plan.num_micro_batches} x {plan.micro_batch_size} sequences per DP replica"),
     ]
     if plan.stage_layers is not None:
-        rows.append(("layers per stage", _runs(plan.stage_layers)))
+        # stage_layers holds pp entries (per pipeline rank) or pp x vpp (per chunk, model order):
+        # Plan.layers_per_virtual_stage
+        per_rank = len(plan.stage_layers) == plan.pp_degree
+        rows.append(("layers per pipeline stage" if per_rank else
+                     f"layers per chunk ({len(plan.stage_layers)} = pp x vpp, model order)",
+                     _runs(plan.stage_layers)))
     rows += [
         ("sequence parallel", _onoff(plan.sequence_parallel)),
         ("recompute", plan.recompute + (f" (first {plan.recompute_num_layers} layers of each chunk)"
@@ -301,6 +306,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         meg.append("--sequence-parallel")
     if p.recompute == "selective":
         meg.append("--recompute-granularity selective")
+    elif p.recompute == "full" and p.partial_recompute:
+        meg.append(f"--recompute-granularity full --recompute-method block --recompute-num-layers "
+                   f"{p.recompute_num_layers}")
     elif p.recompute == "full":
         meg.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     meg_notes = []
@@ -339,8 +347,15 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
           f"data_parallel_replicate_degree = {replicate}"]
     if p.pp_degree > 1:
         tt += [f'pipeline_parallel_schedule = "{sched}"', f"pipeline_parallel_microbatch_size = {p.micro_batch_size}"]
-    if p.tp_comm_overlap:
-        tt.append("enable_async_tensor_parallel = true  # needs torch.compile")
+    if p.tp_comm_overlap and p.tp_degree > 1:
+        # torchtitan applies async TP through torch.compile's micro-pipeline TP pass: it refuses
+        # enable_async_tensor_parallel without compile (torchtitan/models/llama3/infra/parallelize.py,
+        # "Async TP requires torch.compile"), so it is emitted on only with compile on
+        if p.compile:
+            tt.append("enable_async_tensor_parallel = true  # async TP (torch.compile is on: [compile] below)")
+        else:
+            tt.append("enable_async_tensor_parallel = false  # tp_comm_overlap needs torch.compile in "
+                      "torchtitan; compile is off in this plan")
     if p.precision in ("fp8_tensorwise", "fp8_rowwise"):
         tt += ["[model]", 'converters = ["float8"]', "[float8]",
                f'recipe_name = "{p.precision.removeprefix("fp8_")}"', 'filter_fqns = ["output"]  # LM head stays BF16']
@@ -366,7 +381,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes] + \
         ["torchtitan (TOML, torchtitan < 0.3; for >= 0.3 use `autotune export --launcher torchrun -o DIR`):"] + ["  " + x for x in tt]
     if p.zero_stage == 1:
-        out.append("  # torchtitan has no ZeRO-1; FSDP (data_parallel_shard_degree) is the nearest")
+        out.append(f"  # torchtitan has no ZeRO-1: this is DDP (data_parallel_replicate_degree = {p.dp_degree}, "
+                   "optimizer states not sharded, more memory than the plan); FSDP "
+                   f"(data_parallel_shard_degree = {p.dp_degree}) shards them too")
     if env:
         out += ["environment:"] + ["  " + e for e in env]
     return "\n".join(out)

@@ -291,3 +291,35 @@ def test_launch_file_names_are_what_is_written(tmp_path):
         for launcher in ("torchrun", "slurm"):
             d = tmp_path / f"{engine}-{launcher}"
             assert [p.name for p in write_launch_files(doc, d, launcher)] == launch_file_names(doc, launcher)
+
+
+def test_launch_hints_torchtitan_async_tp_only_with_compile_and_dp_comment_matches():
+    # torchtitan raises "Async TP requires torch.compile" when enable_async_tensor_parallel is set with
+    # compile off (torchtitan/models/llama3/infra/parallelize.py): the hint emits it true only with compile
+    from autotune.report import launch_hints
+    base = dict(tp_degree=8, pp_degree=1, dp_degree=1, sequence_parallel=True, micro_batch_size=1,
+                num_micro_batches=128, tp_comm_overlap=True)
+    off = launch_hints(Plan(**base), M8, W8)
+    assert "enable_async_tensor_parallel = false" in off and "enable_async_tensor_parallel = true" not in off
+    on = launch_hints(Plan(**base, compile=True), M8, W8)
+    assert "enable_async_tensor_parallel = true" in on and "enable = true" in on
+    # ZeRO-1 on 8 DP ranks: the snippet is DDP (replicate 8, shard 1) and the comment says DDP
+    z1 = launch_hints(Plan(dp_degree=8, num_micro_batches=16, zero_stage=1), M8, W8)
+    assert "data_parallel_shard_degree = 1" in z1 and "data_parallel_replicate_degree = 8" in z1
+    note = next(ln for ln in z1.splitlines() if "ZeRO-1" in ln and "torchtitan" in ln)
+    assert "this is DDP" in note and "nearest" not in note, note
+    # partial recompute: Megatron's block method with N, not uniform 1 (export/megatron.py emits the same)
+    pr = launch_hints(Plan(dp_degree=8, num_micro_batches=16, recompute="full", recompute_num_layers=5), M8, W8)
+    assert "--recompute-method block --recompute-num-layers 5" in pr
+
+
+def test_layers_row_names_chunks_or_stages():
+    # 405B (126 layers) on pp 16 x vpp 4 with stage_layers per chunk 1, 2 x 62, 1 (64 entries = pp x vpp):
+    # a chunk row; with pp entries: a pipeline-stage row
+    from autotune.report import plan_rows
+    chunks = Plan(tp_degree=8, pp_degree=16, dp_degree=8, vpp_degree=4, pipeline_schedule="interleaved_1f1b",
+                  num_micro_batches=256, stage_layers=(1,) + (2,) * 62 + (1,))
+    rows = dict(plan_rows(chunks))
+    assert rows["layers per chunk (64 = pp x vpp, model order)"] == "1, 2 x 62, 1"
+    stages = Plan(tp_degree=8, pp_degree=2, dp_degree=64, num_micro_batches=32, stage_layers=(62, 64))
+    assert dict(plan_rows(stages))["layers per pipeline stage"] == "62, 64"
