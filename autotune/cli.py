@@ -555,7 +555,10 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     from autotune.engines import resolve_engine
     from autotune.search_space import SearchSpace
     from autotune.tuner import study_name
-    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+    loaded_space = SearchSpace.load(space)
+    for line in loaded_space.no_effect_warnings():
+        click.echo(f"warning: {line}", err=True)
+    name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
     tuner = _interruptible(_open, storage=storage, study=name)
     if workers > 1:
@@ -897,7 +900,10 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     from autotune.engines import resolve_engine
     from autotune.search_space import SearchSpace
     from autotune.tuner import study_name
-    slow_study = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+    loaded_space = SearchSpace.load(space)
+    for line in loaded_space.no_effect_warnings():
+        click.echo(f"warning: {line}", err=True)
+    slow_study = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                             engine=resolve_engine(engine, backend).name)
     say = _say(as_json)
     say(f"re-tuning {_target_line(model, cluster, workload)}")
