@@ -963,8 +963,12 @@ def plot(study, storage, out_dir):
     storage = readonly_url(storage)
     if study is None:
         names = [i.name for i in list_studies(storage)]
+        if not names:
+            raise ConfigError(f"no studies in {storage} yet; run `autotune run --size 8b` first")
         if len(names) != 1:
-            raise ConfigError(f"{len(names)} studies in {storage}; name one: " + (", ".join(names) or "none yet"))
+            shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+            raise ConfigError(f"{len(names)} studies in {storage}; name one as the STUDY argument, e.g. "
+                              f"`autotune plot {names[0]} -o plots/` (`autotune show` lists them): {shown}")
         study = names[0]
     st, _ = load_study(study, storage)
     paths = write_study_plots(st, out_dir)

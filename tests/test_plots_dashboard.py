@@ -141,3 +141,20 @@ def test_plot_titles_name_the_backend_and_axes_use_percent(study_url, tmp_path):
         assert "simulated numbers" in html, name
     assert "MFU (causal) (%)" in (tmp_path / "history.html").read_text()
     assert "MFU (causal) (%)" in (tmp_path / "knobs.html").read_text()
+
+
+def test_plot_with_several_studies_says_how_to_name_one(tmp_path):
+    url = f"sqlite:///{tmp_path}/two.db"
+    for gpus in ("8", "16"):
+        r = CliRunner().invoke(main, ["run", "--size", "8b", "--gpus", gpus, "--space", "small", "--trials", "1",
+                                      "--storage", url])
+        assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["plot", "--storage", url, "-o", str(tmp_path / "p")])
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "2 studies" in err[0] and "as the STUDY argument" in err[0], r.stderr
+    assert "autotune show" in err[0] and "llama3.1-8b/b200x8/" in err[0] and "llama3.1-8b/b200x16/" in err[0]
+    # the suggested command works
+    name = err[0].split("`autotune plot ")[1].split(" -o")[0]
+    r = CliRunner().invoke(main, ["plot", name, "--storage", url, "-o", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
