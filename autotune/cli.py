@@ -165,8 +165,14 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     seq = seq_len if seq_len is not None else DEFAULT_SEQ_LEN
     tokens = parse_tokens(global_batch if global_batch is not None else d_batch)
     if tokens // seq > MAX_GLOBAL_BATCH_SEQUENCES:
+        top = MAX_GLOBAL_BATCH_SEQUENCES * seq
+        hint = ""
+        g = re.fullmatch(r"\s*(\d+)\s*[gG]\s*", str(global_batch))
+        if g and seq <= int(g.group(1)) * 2**20 <= top:     # the same number with M would be valid
+            hint = f"; did you mean {g.group(1)}M?"
         raise ConfigError(f"--global-batch {global_batch}: {tokens:,} tokens = {tokens // seq:,} sequences of {seq}; "
-                          f"at most {MAX_GLOBAL_BATCH_SEQUENCES:,} sequences (did you mean M instead of G?)")
+                          f"valid: {seq:,} to {top:,} tokens (1 to {MAX_GLOBAL_BATCH_SEQUENCES:,} sequences of "
+                          f"{seq}){hint}")
     workload = Workload.from_tokens(seq_len=seq, global_batch_tokens=tokens)
     warning = model.check_sequence(workload.seq_len)
     if warning:
@@ -413,7 +419,9 @@ def real_options(f):
         click.option("--layers", type=int, default=None,
                      help="real backend: run depth-truncated proxies with N layers (true widths)."),
         click.option("--real-steps", type=int, default=3, show_default=True,
-                     help="real backend: timed steps per trial (after 2 warm-up steps)."),
+                     help="real backend: timed steps per trial (after 2 warm-up steps). With another backend "
+                          "this, --trial-timeout and --heartbeat-interval change no prediction and only warn; "
+                          "--layers and --launcher would change what is run, so they are refused."),
         click.option("--trial-timeout", type=float, default=900.0, show_default=True,
                      help="real backend: wall-clock limit per trial, s (a hung trial is killed and marked failed)."),
         click.option("--heartbeat-interval", type=int, default=None,
@@ -433,6 +441,32 @@ def real_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+#: real-backend options that only pace or bound real trials: with another backend they change no
+#: prediction, so they are accepted with a warning (unlike --layers, which would change the model that is
+#: costed, and --launcher/--nodes/..., which ask for a place to run: those are refused)
+_REAL_ONLY_PACING = ("real_steps", "trial_timeout", "heartbeat_interval")
+
+
+def warn_real_only_options(backend: str | None) -> list[str]:
+    """With ``--backend`` other than ``real``, print ``warning: --X has no effect with --backend B`` on
+    stderr for each of --real-steps, --trial-timeout, --heartbeat-interval given on the command line (or
+    by environment); returns the lines. Options left at their defaults say nothing."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or backend == "real":
+        return []
+    lines = []
+    for name in _REAL_ONLY_PACING:
+        src = ctx.get_parameter_source(name)
+        if src in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            line = (f"warning: --{name.replace('_', '-')} has no effect with --backend {backend or 'simulated'} "
+                    "(it applies to --backend real only)")
+            click.echo(line, err=True)
+            lines.append(line)
+    return lines
 
 
 def _evaluator_options(backend, layers, real_steps, trial_timeout, launcher="local", nodes=None, gpus_per_node=None,
@@ -500,6 +534,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    warn_real_only_options(backend)
     wid = _worker_id(worker_id)
     tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                         seed=seed, engine=engine,
@@ -520,7 +555,10 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     from autotune.engines import resolve_engine
     from autotune.search_space import SearchSpace
     from autotune.tuner import study_name
-    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+    loaded_space = SearchSpace.load(space)
+    for line in loaded_space.no_effect_warnings():
+        click.echo(f"warning: {line}", err=True)
+    name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
     tuner = _interruptible(_open, storage=storage, study=name)
     if workers > 1:
@@ -609,8 +647,9 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
 @click.option("--study", "study", help="Study name (instead of the target options).")
 @target_options
 @study_options
-@click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(dir_okay=False),
-              help="Where to write the plan YAML (with --launcher: the directory for the launch files).")
+@click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(),
+              help="Where to write the plan YAML (with --launcher: the directory for the launch files, created "
+                   "or reused; only the files export writes are replaced).")
 @click.option("--launcher", type=click.Choice(["torchrun", "slurm"]), default=None,
               help="Write launch files for the plan's engine into the -o directory: torchrun script, and with slurm "
                    "also an sbatch script.")
@@ -632,15 +671,27 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
     if dry_run and not launcher:
         raise click.UsageError("--dry-run needs --launcher torchrun|slurm")
     if launcher:
-        from autotune.export import write_launch_files
+        from autotune.export import launch_file_names, write_launch_files
+        from pathlib import Path
+
         out_dir = output if output != "plan.yaml" else "launch"
+        if Path(out_dir).exists() and not Path(out_dir).is_dir():
+            raise ConfigError(f"-o {out_dir}: with --launcher, -o names a directory (new or existing), not a file")
+        existed = [p for p in launch_file_names(doc, launcher) if (Path(out_dir) / p).exists()]
         paths = write_launch_files(doc, out_dir, launcher)
         output = str(paths[0])
         say = _say(as_json)
         say(f"wrote {', '.join(str(p) for p in paths)} (engine {doc.engine}, {launcher})")
+        if existed:
+            say(f"replaced in {out_dir}: {', '.join(existed)} (other files there are untouched)")
         if dry_run:
             _dry_run(paths[-1], say)
     else:
+        from pathlib import Path
+
+        if Path(output).is_dir():
+            raise ConfigError(f"-o {output}: is a directory; without --launcher -o names the plan YAML file "
+                              f"(e.g. {Path(output) / 'plan.yaml'}), with --launcher torchrun|slurm a directory")
         try:
             doc.save(output)
         except OSError as e:
@@ -707,7 +758,8 @@ def show(storage, engine, as_json):
                                   trial=bp.trial_number if bp else None, extra={"n_trials": len(trials)}))
             continue
         row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
-               "engine": info.engine, "workload": info.workload.label, "n_trials": len(trials), "study": info.name}
+               "engine": info.engine, "backend": info.backend, "workload": info.workload.label,
+               "n_trials": len(trials), "study": info.name}
         if bp is None:
             n_bad, n, _ = failure_summary(trials)
             row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} trials pruned, OOM or failed)")
@@ -762,7 +814,18 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
     doc = PlanDocument.load(plan_file)
     fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)
-    validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload)
+    # the "has no effect" notes are printed here once, as warning: lines on stderr: validate_plan also
+    # logs them and the evaluator (and --trace's timeline) validate again, so the autotune.plan logger
+    # is quiet until this command ends
+    import logging
+
+    plan_log = logging.getLogger("autotune.plan")
+    prev_level = plan_log.level
+    plan_log.setLevel(logging.ERROR)
+    click.get_current_context().call_on_close(lambda: plan_log.setLevel(prev_level))
+    for w in validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload,
+                           gpus_per_node=cluster.gpus_per_node, gpu=cluster.gpu):
+        click.echo(f"warning: {w}", err=True)
     eng = resolve_engine(engine if engine is not None else (None if backend == "real" else doc.engine), backend)
     ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
     try:
@@ -833,10 +896,14 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        top_k=top_k,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    warn_real_only_options(backend)
     from autotune.engines import resolve_engine
     from autotune.search_space import SearchSpace
     from autotune.tuner import study_name
-    slow_study = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+    loaded_space = SearchSpace.load(space)
+    for line in loaded_space.no_effect_warnings():
+        click.echo(f"warning: {line}", err=True)
+    slow_study = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                             engine=resolve_engine(engine, backend).name)
     say = _say(as_json)
     say(f"re-tuning {_target_line(model, cluster, workload)}")
@@ -864,7 +931,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     click.echo("")
     click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),
                                     (f"same plan on {slow_name}", r.fast.plan, r.fast_on_slow),
-                                    (f"{slow_name} best", r.slow.plan, r.slow.result)]))
+                                    (f"{slow_name} best", r.slow.plan, r.slow.result)], engine=r.slow.info.engine))
     lost = r.fast.result.mfu - r.slow.result.mfu
     gained = r.slow.result.mfu - r.fast_on_slow.mfu
     click.echo(f"\nMFU lost moving {fast_name} -> {slow_name}: {100 * lost:.1f} points "
@@ -896,8 +963,12 @@ def plot(study, storage, out_dir):
     storage = readonly_url(storage)
     if study is None:
         names = [i.name for i in list_studies(storage)]
+        if not names:
+            raise ConfigError(f"no studies in {storage} yet; run `autotune run --size 8b` first")
         if len(names) != 1:
-            raise ConfigError(f"{len(names)} studies in {storage}; name one: " + (", ".join(names) or "none yet"))
+            shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+            raise ConfigError(f"{len(names)} studies in {storage}; name one as the STUDY argument, e.g. "
+                              f"`autotune plot {names[0]} -o plots/` (`autotune show` lists them): {shown}")
         study = names[0]
     st, _ = load_study(study, storage)
     paths = write_study_plots(st, out_dir)

@@ -10,7 +10,8 @@ Every user file (plan, fabric, search-space, calibration YAML; HF ``config.json`
   :data:`MAX_YAML_NODES` nodes (an alias bomb, "billion laughs": 1 KB -> GiB once printed or
   copied), nests deeper than :data:`MAX_NESTING_DEPTH`, or refers to itself is refused. PyYAML
   itself does not stop aliases (``safe_load`` builds shared references; the blow-up happens in
-  whoever walks the result: ``str()``, ``json.dumps``, ``dict(...)`` copies).
+  whoever walks the result: ``str()``, ``json.dumps``, ``dict(...)`` copies). A mapping that repeats
+  a key is refused too, naming the key and both lines (PyYAML would keep the last value silently).
 * JSON refuses ``NaN`` / ``Infinity`` (not JSON, RFC 8259 section 6, but accepted by Python's
   ``json`` module) and duplicate keys, and nests at most :data:`MAX_NESTING_DEPTH` deep.
 """
@@ -98,6 +99,7 @@ def _measure(node: yaml.Node, source: str) -> None:
             children = n.value
         elif isinstance(n, yaml.MappingNode):
             children = [x for kv in n.value for x in kv]
+            _no_duplicate_keys(n, source)
         else:
             children = []
         active.add(key)
@@ -114,11 +116,27 @@ def _measure(node: yaml.Node, source: str) -> None:
     walk(node, 0)
 
 
+def _no_duplicate_keys(n: yaml.MappingNode, source: str) -> None:
+    """Refuse a mapping that repeats a scalar key (PyYAML keeps the last one silently). Keys are
+    compared as written with their resolved tag (``1`` and ``"1"`` differ); ``<<`` merge keys are
+    exempt. Lines are 1-based (``Mark.line`` is 0-based)."""
+    seen: dict[tuple[str, str], int] = {}
+    for k, _ in n.value:
+        if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = (k.tag, k.value)
+        line = k.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(f"{source}: duplicate key {display_text(k.value, 60)!r} at line {line} (first at "
+                              f"line {seen[key]}); each key may appear once")
+        seen[key] = line
+
+
 def parse_yaml_text(text: str, *, source: str) -> Any:
     """``text`` parsed as YAML with the limits of this module; ``source`` names it in messages.
 
     Raises:
-        ConfigError: not valid YAML, too deep, an alias bomb or cycle.
+        ConfigError: not valid YAML, too deep, an alias bomb or cycle, a mapping with a duplicate key.
     """
     loader = yaml.SafeLoader(text)
     try:

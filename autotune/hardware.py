@@ -205,7 +205,19 @@ class ClusterSpec:
         if n > per and self.fabric.inter_node is None:
             raise ConfigError(
                 f"--gpus {n} spans {math.ceil(n / per)} nodes but fabric {self.fabric.name!r} has no "
-                f"inter-node tier; name one, e.g. {self.fabric.intra_node.name}+ib-ndr400")
+                f"inter-node tier; {self.multi_node_suggestion()}")
+
+    def multi_node_suggestion(self) -> str:
+        """``name one, e.g. <intra>+ib-ndr400`` with an interconnect that :func:`get_fabric` accepts: the
+        fabric's own intra-node preset when it is one (``nvlink4``), else (a measured tier such as
+        ``h200-host`` or a YAML file, which cannot be combined with ``+``) the GPU's default preset, or
+        a fabric YAML file with an ``inter_node`` section."""
+        presets, _ = known_fabrics()
+        intra = self.fabric.intra_node.name
+        if intra in presets and self.fabric.name == intra:
+            return f"name one, e.g. {intra}+ib-ndr400"
+        return (f"use a preset with one, e.g. {self.gpu.default_intra_node}+ib-ndr400, or a fabric YAML file "
+                f"with an inter_node section ({self.fabric.name!r} cannot be combined with '+')")
 
     @property
     def nvlink_domain_size(self) -> int:
@@ -263,9 +275,35 @@ def known_fabrics() -> tuple[list[str], list[str]]:
     return list(d["intra_node"]), list(d["inter_node"])
 
 
+#: keys of one tier (``intra_node`` / ``inter_node``) in a fabric YAML file, a plan file's
+#: ``cluster.fabric`` and autotune/data/fabrics.yaml: the :class:`LinkSpec` fields, plus
+#: ``measured_busbw_gbs`` (a documentation figure that ``autotune profile`` writes into measured tiers,
+#: autotune/profiling/fabrics/*.yaml; not read)
+LINK_KEYS = ("name", "bandwidth_gbs", "latency_us", "gpus_per_node", "calibration_tier", "nics_per_node",
+             "gpus_per_host", "measured_busbw_gbs")
+#: top-level keys of a fabric YAML file / a plan file's ``cluster.fabric``
+FABRIC_KEYS = ("name", "intra_node", "inter_node")
+
+
+def check_keys(d: Mapping[str, Any], valid: tuple[str, ...], where: str) -> None:
+    """Refuse keys of ``d`` outside ``valid``.
+
+    Raises:
+        ConfigError: ``<where>: unknown key 'k'; valid keys: a, b, c`` (the first unknown keys named).
+    """
+    unknown = [str(k) for k in d if k not in valid]
+    if unknown:
+        from autotune.files import display_text
+
+        ks = ", ".join(repr(display_text(k, 40)) for k in unknown[:5])
+        raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {ks}; valid keys: "
+                          f"{', '.join(valid)}")
+
+
 def _link_from_mapping(d: Mapping[str, Any], *, name: str, where: str, intra: bool) -> LinkSpec:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where}: expected a mapping with bandwidth_gbs and latency_us, got {d!r}")
+    check_keys(d, LINK_KEYS, where)
     from autotune.validate import require_number
 
     if "bandwidth_gbs" not in d:
@@ -360,6 +398,7 @@ def _fabric_from_file(p: Path) -> FabricSpec:
     if not isinstance(d, Mapping) or "intra_node" not in d:
         raise ConfigError(f"interconnect file {p}: expected a mapping with 'intra_node' "
                           "({bandwidth_gbs, latency_us, gpus_per_node}) and optional 'inter_node'")
+    check_keys(d, FABRIC_KEYS, f"interconnect file {p}")
     from autotune.validate import require_name
 
     name = require_name(d.get("name", p.stem), f"interconnect file {p}: name")
@@ -374,6 +413,7 @@ def fabric_from_dict(d: Mapping[str, Any], *, where: str = "fabric") -> FabricSp
     """Inverse of :meth:`FabricSpec.to_dict` (used by plan YAML files)."""
     if not isinstance(d, Mapping) or "intra_node" not in d:
         raise ConfigError(f"{where}: expected a mapping with name, intra_node and inter_node")
+    check_keys(d, FABRIC_KEYS, where)
     if not isinstance(d["intra_node"], Mapping):
         raise ConfigError(f"{where}.intra_node: expected a mapping with bandwidth_gbs and latency_us, got "
                           f"{type(d['intra_node']).__name__}")

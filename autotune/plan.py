@@ -404,7 +404,16 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
         raise PlanError(f"tp_degree={tp} does not divide " + ", ".join(f"{k}={v}" for k, v in bad.items())
                         + f" of {m.name}; valid tp_degree: {ok}")
     # 3. layers over PP x VPP
-    p.layers_per_virtual_stage(m.num_layers)
+    chunks = p.layers_per_virtual_stage(m.num_layers)
+    # 3b. partial recompute: Megatron-LM --recompute-method block checkpoints layer_idx < N of each chunk
+    # (megatron/core/transformer/transformer_block.py _checkpointed_forward, branch 'block'), so N above
+    # the largest chunk is the same as N = that chunk's layer count (every layer): a typo, refused
+    rn, most = p.recompute_num_layers, max(chunks)
+    if p.recompute == "full" and rn > most:
+        per = f"{most} layers per chunk" if min(chunks) == most else f"at most {most} layers per chunk"
+        raise PlanError(f"recompute_num_layers={rn} exceeds the {per} ({m.num_layers} layers over pp x vpp = "
+                        f"{len(chunks)} chunk{'s' if len(chunks) > 1 else ''}); valid: 0 (every layer) or 1..{most} (the first N layers "
+                        f"of each chunk, Megatron-LM --recompute-method block)")
     # 4. global batch = micro-batch x count x DP
     if p.global_batch_size != w.global_batch_size:
         per = w.global_batch_size / (p.micro_batch_size * p.dp_degree)
@@ -467,6 +476,9 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
 
 # ---------------------------------------------------------------- YAML document
 PLAN_SCHEMA_VERSION = 1
+#: top-level keys of a plan file (:meth:`PlanDocument.to_dict`); others are refused
+PLAN_DOCUMENT_KEYS = ("schema_version", "study", "trial_id", "engine", "model", "cluster", "workload", "plan",
+                      "prediction")
 
 
 @dataclass(frozen=True)
@@ -516,6 +528,8 @@ class PlanDocument:
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan file") -> "PlanDocument":
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source}: expected a mapping at the top level")
+        from autotune.hardware import check_keys
+        check_keys(d, PLAN_DOCUMENT_KEYS, source)
         ver = d.get("schema_version")
         if ver != PLAN_SCHEMA_VERSION:
             raise ConfigError(f"{source}: schema_version is {ver!r}; this autotune reads version "
@@ -524,6 +538,7 @@ class PlanDocument:
             if not isinstance(d.get(key), Mapping):
                 raise ConfigError(f"{source}: field {key!r} is missing or not a mapping")
         c = d["cluster"]
+        check_keys(c, ("gpu", "num_gpus", "fabric"), f"{source}: field cluster")
         for key in ("gpu", "num_gpus", "fabric"):
             if key not in c:
                 raise ConfigError(f"{source}: field cluster.{key} is missing (gpu: name, num_gpus: int, "

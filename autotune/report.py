@@ -30,7 +30,17 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, *
 
 
 def provenance_label(result: StepResult) -> str:
-    """"simulated with <calibration label>" for the simulated backend, else the backend name."""
+    """What produced the numbers of ``result``, in words, starting with how they were obtained:
+
+    * ``simulated with <calibration label>`` (simulated backend);
+    * ``measured backend, but nothing was measured: no stored measurements for <gpu>; every op from
+      <fallback label>, as simulated`` (measured backend without a profile store entry and no GPU:
+      :class:`autotune.profiling.measured.MeasuredCosts` with ``env`` None costs everything by the
+      fallback profile);
+    * ``measured backend: <environment label>; this plan's ops: N measured, N looked up, ...``
+      (``details['op_sources']``, distinct ops by source);
+    * ``real run`` (+ label) for the real backend.
+    """
     d = result.details or {}
     costs = d.get("costs") if isinstance(d.get("costs"), Mapping) else {}
     label = costs.get("label") or d.get("calibration_label") or d.get("calibration") or d.get("label")
@@ -38,7 +48,26 @@ def provenance_label(result: StepResult) -> str:
         measured = costs.get("measured", d.get("calibration_measured", d.get("measured")))
         extra = " (measured=false)" if measured is False and "measured" not in str(label) else ""
         return f"simulated with {label or 'the shipped calibration'}{extra}"
+    if result.backend == "measured":
+        if costs.get("measured") is False:
+            gpu = costs.get("calibration_gpu", "this GPU")
+            fb = costs.get("fallback") or "the shipped calibration"
+            return (f"measured backend, but nothing was measured: no stored measurements for {gpu}; every op "
+                    f"from {fb}, as simulated")
+        src = d.get("op_sources") if isinstance(d.get("op_sources"), Mapping) else None
+        ops = (f"; this plan's ops: " + ", ".join(f"{int(n)} {k.replace('_', ' ')}" for k, n in src.items())
+               if src else "")
+        return f"measured backend: {label or 'stored measurements'}{ops}"
+    if result.backend == "real":
+        return "real run" + (f" ({label})" if label else "")
     return f"{result.backend}" + (f" ({label})" if label else "")
+
+
+def backend_word(backend: str) -> str:
+    """How a result's numbers were obtained, one word for tables: ``simulated`` (simulated backend),
+    ``measured-op`` (measured backend: the simulator with op times from the profile store), ``real``
+    (a real run on GPUs); other names are returned unchanged."""
+    return {"simulated": "simulated", "measured": "measured-op", "real": "real"}.get(backend, backend)
 
 
 def plan_rows(plan: Plan) -> list[tuple[str, str]]:
@@ -53,7 +82,12 @@ def plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("micro-batches", f"{plan.num_micro_batches} x {plan.micro_batch_size} sequences per DP replica"),
     ]
     if plan.stage_layers is not None:
-        rows.append(("layers per stage", _runs(plan.stage_layers)))
+        # stage_layers holds pp entries (per pipeline rank) or pp x vpp (per chunk, model order):
+        # Plan.layers_per_virtual_stage
+        per_rank = len(plan.stage_layers) == plan.pp_degree
+        rows.append(("layers per pipeline stage" if per_rank else
+                     f"layers per chunk ({len(plan.stage_layers)} = pp x vpp, model order)",
+                     _runs(plan.stage_layers)))
     rows += [
         ("sequence parallel", _onoff(plan.sequence_parallel)),
         ("recompute", plan.recompute + (f" (first {plan.recompute_num_layers} layers of each chunk)"
@@ -178,13 +212,17 @@ def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: Model
         "(step time x GPUs x dense BF16 peak), causal attention FLOPs)"
 
 
-def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]]) -> str:
-    """Plans and results in columns (retune: fast best | fast plan on slow fabric | slow best)."""
+def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engine: str | None = None) -> str:
+    """Plans and results in columns (retune: fast best | fast plan on slow fabric | slow best), a row
+    saying how each column's numbers were obtained (:func:`backend_word`), and a footer with each
+    distinct :func:`provenance_label` and, given ``engine`` and unless every column is a real run, the
+    engine's error band (:func:`error_band_line`)."""
     header = [""] + [c[0] for c in columns]
     plan_labels = [r[0] for r in plan_rows(columns[0][1])]
     per_col = [dict(plan_rows(p)) for _, p, _ in columns]
     labels = list(dict.fromkeys(plan_labels + [k for d in per_col for k in d]))
     rows = [[lab] + [d.get(lab, "-") for d in per_col] for lab in labels]
+    rows.append(["numbers"] + [backend_word(r.backend) for _, _, r in columns])
     rows.append(["step time"] + [f"{r.step_time_ms:,.1f} ms" for _, _, r in columns])
     rows.append(["tokens/s per GPU"] + [f"{r.tokens_per_s_per_gpu:,.0f}" for _, _, r in columns])
     rows.append(["MFU (causal)"] + [f"{100 * r.mfu:.1f}%" for _, _, r in columns])
@@ -194,17 +232,28 @@ def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]]) -> str:
     for k in keys:
         if any(k in r.breakdown_ms for _, _, r in columns):
             rows.append([f"  {k} ms"] + [f"{r.breakdown_ms.get(k, 0.0):,.1f}" for _, _, r in columns])
-    return _table(rows, header, right=True)
+    foot = [f"({lab})" for lab in dict.fromkeys(provenance_label(r) for _, _, r in columns)]
+    if engine and any(r.backend != "real" for _, _, r in columns):
+        foot.append(error_band_line(engine))
+    return _table(rows, header, right=True) + "\n" + "\n".join(foot)
 
 
 def format_studies(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One row per study: model, GPUs, fabric, workload, trials, best MFU, step time, degrees."""
+    """One row per study: model, GPUs, fabric, engine, backend (how the best MFU was obtained,
+    :func:`backend_word` of ``r['backend']``), workload, trials, best MFU, step time, degrees; then one
+    error-band line (:func:`error_band_line`) per engine whose numbers are predictions (not real runs)."""
     if not rows:
         return "no studies"
-    header = ["model", "gpus", "interconnect", "engine", "workload", "trials", "best MFU", "step ms", "plan", "study"]
-    body = [[r["model"], r["gpus"], r["fabric"], r.get("engine", "-"), r["workload"], str(r["n_trials"]), r["mfu"],
-             r["step"], r["plan"], r["study"]] for r in rows]
-    return _table(body, header)
+    header = ["model", "gpus", "interconnect", "engine", "numbers", "workload", "trials", "best MFU", "step ms",
+              "plan", "study"]
+    body = [[r["model"], r["gpus"], r["fabric"], r.get("engine", "-"), backend_word(r.get("backend", "simulated")),
+             r["workload"], str(r["n_trials"]), r["mfu"], r["step"], r["plan"], r["study"]] for r in rows]
+    engines = dict.fromkeys(str(r["engine"]) for r in rows if r.get("backend", "simulated") != "real"
+                            and r.get("engine"))
+    foot = ["(best MFU and step time as the study's backend obtained them: simulated = predicted by the "
+            "simulator, measured-op = simulator with stored op measurements, real = run on GPUs)"]
+    foot += [error_band_line(e) for e in engines]
+    return _table(body, header) + "\n" + "\n".join(foot)
 
 
 def short_plan(plan: Plan) -> str:
@@ -257,6 +306,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         meg.append("--sequence-parallel")
     if p.recompute == "selective":
         meg.append("--recompute-granularity selective")
+    elif p.recompute == "full" and p.partial_recompute:
+        meg.append(f"--recompute-granularity full --recompute-method block --recompute-num-layers "
+                   f"{p.recompute_num_layers}")
     elif p.recompute == "full":
         meg.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     meg_notes = []
@@ -295,8 +347,15 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
           f"data_parallel_replicate_degree = {replicate}"]
     if p.pp_degree > 1:
         tt += [f'pipeline_parallel_schedule = "{sched}"', f"pipeline_parallel_microbatch_size = {p.micro_batch_size}"]
-    if p.tp_comm_overlap:
-        tt.append("enable_async_tensor_parallel = true  # needs torch.compile")
+    if p.tp_comm_overlap and p.tp_degree > 1:
+        # torchtitan applies async TP through torch.compile's micro-pipeline TP pass: it refuses
+        # enable_async_tensor_parallel without compile (torchtitan/models/llama3/infra/parallelize.py,
+        # "Async TP requires torch.compile"), so it is emitted on only with compile on
+        if p.compile:
+            tt.append("enable_async_tensor_parallel = true  # async TP (torch.compile is on: [compile] below)")
+        else:
+            tt.append("enable_async_tensor_parallel = false  # tp_comm_overlap needs torch.compile in "
+                      "torchtitan; compile is off in this plan")
     if p.precision in ("fp8_tensorwise", "fp8_rowwise"):
         tt += ["[model]", 'converters = ["float8"]', "[float8]",
                f'recipe_name = "{p.precision.removeprefix("fp8_")}"', 'filter_fqns = ["output"]  # LM head stays BF16']
@@ -322,7 +381,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes] + \
         ["torchtitan (TOML, torchtitan < 0.3; for >= 0.3 use `autotune export --launcher torchrun -o DIR`):"] + ["  " + x for x in tt]
     if p.zero_stage == 1:
-        out.append("  # torchtitan has no ZeRO-1; FSDP (data_parallel_shard_degree) is the nearest")
+        out.append(f"  # torchtitan has no ZeRO-1: this is DDP (data_parallel_replicate_degree = {p.dp_degree}, "
+                   "optimizer states not sharded, more memory than the plan); FSDP "
+                   f"(data_parallel_shard_degree = {p.dp_degree}) shards them too")
     if env:
         out += ["environment:"] + ["  " + e for e in env]
     return "\n".join(out)
@@ -433,5 +494,5 @@ def json_document(command: str, results: Sequence[Mapping[str, Any]], **extra: A
     return json.dumps(_jsonable(doc), indent=2, allow_nan=False)
 
 
-__all__ = ["JSON_SCHEMA_VERSION", "fp8_peak_utilization", "json_document", "result_entry", "format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
+__all__ = ["JSON_SCHEMA_VERSION", "backend_word", "fp8_peak_utilization", "json_document", "result_entry", "format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
            "provenance_label", "short_plan"]

@@ -98,6 +98,7 @@ class SearchSpace:
         layer_split: ``even`` or ``ends`` (how stage_layers is derived).
         source: the file it came from (for error messages).
         description: free text.
+        listed: the knobs the file listed (others hold the Plan default); not compared.
     """
 
     name: str
@@ -105,6 +106,9 @@ class SearchSpace:
     layer_split: str = "even"
     source: str = "search space"
     description: str = ""
+    #: knobs the file listed (the others hold the Plan default); only these are checked by
+    #: :meth:`no_effect_warnings`; empty = all
+    listed: tuple[str, ...] = field(default=(), compare=False)
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -182,7 +186,45 @@ class SearchSpace:
         if not isinstance(desc, str):
             raise ConfigError(f"{source}: field description must be a string, got {type(desc).__name__}")
         return cls(name=name, choices=choices, layer_split=split, source=source,
-                   description=desc)
+                   description=desc, listed=tuple(map(str, knobs)))
+
+    def no_effect_warnings(self) -> list[str]:
+        """Listed values that can never reach a plan, because the conditional sampling (module
+        docstring; :meth:`BoundSearchSpace.sample`) never samples their knob given the other knobs'
+        values: the knob is then fixed (tp_comm_overlap, dp_grad_reduce_overlap, param_gather_overlap,
+        sequence_parallel: false; vpp_degree 1; pipeline_schedule 1f1b; zero_stage 0). One line per
+        knob that lists a value other than that fixed one, naming the knob, the values and why.
+        """
+        c = self.choices
+        tp_gt1 = any(t > 1 for t in c["tp_degree"])
+        pp_gt1 = any(x > 1 for x in c["pp_degree"])
+        async_on = True in c["async_collectives"]
+        grad_on = async_on and True in c["dp_grad_reduce_overlap"]
+        zero_ge1 = any(z >= 1 for z in c["zero_stage"])
+        never: list[tuple[str, Any, str]] = [
+            ("tp_comm_overlap", False, "async_collectives lists only false (TP overlap is sampled only with "
+             "async collectives)" if not async_on else "tp_degree lists only 1" if not tp_gt1 else ""),
+            ("sequence_parallel", False, "" if tp_gt1 else "tp_degree lists only 1"),
+            ("dp_grad_reduce_overlap", False, "" if async_on else "async_collectives lists only false (DP "
+             "overlap is sampled only with async collectives)"),
+            ("param_gather_overlap", False, "" if grad_on and zero_ge1 else
+             "zero_stage lists only 0" if not zero_ge1 else
+             "dp_grad_reduce_overlap can never be true here (it needs async collectives)"),
+            ("pipeline_schedule", "1f1b", "" if pp_gt1 else "pp_degree lists only 1"),
+            ("vpp_degree", 1, "" if pp_gt1 and "interleaved_1f1b" in c["pipeline_schedule"] else
+             "pp_degree lists only 1" if not pp_gt1 else "pipeline_schedule does not list interleaved_1f1b"),
+        ]
+        out = []
+        for knob, fixed, why in never:
+            if self.listed and knob not in self.listed:
+                continue
+            extra = [v for v in c[knob] if v != fixed]
+            if why and extra:
+                vals = ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in extra)
+                fx = str(fixed).lower() if isinstance(fixed, bool) else str(fixed)
+                out.append(f"search space {self.name!r}: {knob} value(s) {vals} have no effect: {why}, so "
+                           f"{knob} stays {fx}")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": SEARCH_SPACE_SCHEMA_VERSION, "name": self.name, "description": self.description,

@@ -199,6 +199,8 @@ PLAN_MUTATIONS = [
     ("model.hidden_size", "4096"), ("model.hidden_size", INF), ("model.num_kv_heads", 0), ("model.num_kv_heads", 3),
     ("model.name", ""), ("model.name", "\x1b[31mred"), ("model.extra", 1), ("model.rope_theta", NAN),
     ("model.rope_theta", "x"), ("model.tied_embeddings", "yes"), ("model", [1]),
+    # unknown keys at every level, as under plan: and model: (the QA pass found these accepted silently)
+    ("bogus", 1), ("cluster.bogus", 1), ("cluster.fabric.bogus", 1), ("cluster.fabric.intra_node.bogus", 1),
 ]
 
 
@@ -268,6 +270,7 @@ FABRIC_MUTATIONS = [
     ("intra_node.gpus_per_node", "8"), ("intra_node", DELETE), ("intra_node", 5), ("name", ""), ("name", 5),
     ("intra_node.calibration_tier", "magic"), ("inter_node.nics_per_node", 0), ("inter_node.nics_per_node", 1.5),
     ("inter_node.bandwidth_gbs", INF), ("inter_node", "fast"),
+    ("bogus", 1), ("intra_node.bogus", 1), ("inter_node.bogus", 1),
 ]
 for path, value in FABRIC_MUTATIONS:
     def fab_content(e, path=path, value=value):
@@ -293,6 +296,28 @@ for path, value in SPACE_MUTATIONS:
         set_path(d, path, value)
         return yaml.safe_dump(d)
     file_case(f"space-{path}={str(value)[:20]!r}", "space.yaml", space_content, with_space, path.split(".")[-1])
+
+
+# duplicate keys (PyYAML keeps the last one): refused in every YAML the user gives, naming key and line
+DUPLICATE_YAML = {
+    "plan": lambda e: yaml.safe_dump(e["plan"], sort_keys=False).replace("trial_id:", "study: again\ntrial_id:", 1),
+    "fabric": lambda e: yaml.safe_dump(BASE_FABRIC, sort_keys=False) + "name: twice\n",
+    "space": lambda e: "schema_version: 1\nname: mine\nknobs:\n  tp_degree: [1, 2]\n  tp_degree: [1]\n",
+}
+for kind, argv_fn in (("plan", simulate), ("fabric", with_fabric), ("space", with_space)):
+    file_case(f"{kind}-duplicate-key", f"{kind}-dup.yaml", DUPLICATE_YAML[kind], argv_fn, "duplicate key")
+
+
+def test_duplicate_and_unknown_key_messages_name_key_line_and_valid_keys(env):
+    # the fabric YAML below: 'name' on line 1 and again on line 5 (1-based); 'bogus' is not one of
+    # hardware.FABRIC_KEYS (name, intra_node, inter_node)
+    d = env["dir"]
+    (d / "dup.yaml").write_text("name: a\nintra_node:\n  bandwidth_gbs: 450\n  gpus_per_node: 8\nname: b\n")
+    r = CliRunner().invoke(main, with_fabric(env, str(d / "dup.yaml")))
+    assert r.exit_code == 2 and "duplicate key 'name' at line 5 (first at line 1)" in r.stderr, r.stderr
+    (d / "bog.yaml").write_text("name: a\nbogus: 1\nintra_node:\n  bandwidth_gbs: 450\n  gpus_per_node: 8\n")
+    r = CliRunner().invoke(main, with_fabric(env, str(d / "bog.yaml")))
+    assert r.exit_code == 2 and "unknown key 'bogus'; valid keys: name, intra_node, inter_node" in r.stderr, r.stderr
 
 
 def test_table_is_large_enough():

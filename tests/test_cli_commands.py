@@ -65,6 +65,10 @@ def test_show_lists_one_row_per_study(storage):
     r = invoke("show", "--storage", storage)
     assert r.exit_code == 0, r.output
     assert "llama3.1-8b" in r.output and "nvlink5+ib-ndr400" in r.output and "%" in r.output
+    # the study's backend is simulated: its row says so, and the megatron error band follows the table
+    row = next(ln for ln in r.output.splitlines() if ln.startswith("llama3.1-8b"))
+    assert " simulated " in row, row
+    assert "error band (megatron): predicted" in r.output
 
 
 def test_retune_to_slower_fabric(tmp_path):
@@ -75,6 +79,11 @@ def test_retune_to_slower_fabric(tmp_path):
     assert r.exit_code == 0, r.output
     for s in ("nvlink5+ib-ndr400 best", "same plan on pcie5+eth100", "pcie5+eth100 best", "MFU lost", "changed:"):
         assert s in r.output, s
+    # all three columns are simulator predictions: a 'numbers' row says so, the footer names the
+    # calibration and the engine's (megatron, the default) error band
+    numbers = next(ln for ln in r.output.splitlines() if ln.startswith("numbers"))
+    assert numbers.split() == ["numbers", "simulated", "simulated", "simulated"], numbers
+    assert "(simulated with " in r.output and "error band (megatron): predicted" in r.output
     # acceptance: the retuned plan's MFU on the slow fabric >= the fast plan simulated on the slow fabric
     m, w = get_model("8b"), Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
     res = T.retune(model=m, cluster=make_cluster("b200", 8, "pcie5+eth100"), workload=w, space="small",
@@ -89,6 +98,11 @@ def test_retune_to_slower_fabric(tmp_path):
     (["run", "--size", "8b", "--interconnect", "nvlink9"], "known: nvlink5"),
     (["run", "--size", "8b", "--global-batch", "1000"], "not a whole number of 8192-token sequences"),
     (["run", "--size", "8b", "--global-batch", "lots"], "expected a positive number of tokens"),
+    # at most 2^20 sequences (validate.MAX_GLOBAL_BATCH_SEQUENCES) of 8192 tokens = 8,589,934,592 tokens
+    (["run", "--size", "8b", "--global-batch", "99999999999999999999999M"],
+     "valid: 8,192 to 8,589,934,592 tokens (1 to 1,048,576 sequences of 8192)"),
+    # 9G = 9 x 2^30 tokens is over the bound, 9M would be valid: only then the M-for-G hint
+    (["run", "--size", "8b", "--global-batch", "9G"], "sequences of 8192); did you mean 9M?"),
     (["run", "--size", "8b", "--storage", "sqlite:////nonexistent/dir/x.db"],
      "cannot open study storage sqlite:////nonexistent/dir/x.db: directory /nonexistent/dir does not exist"),
     (["simulate", "/nonexistent.yaml"], "plan file /nonexistent.yaml does not exist"),
@@ -98,6 +112,8 @@ def test_errors_are_one_clear_line_exit_2(args, match):
     r = invoke(*args)
     assert r.exit_code == 2, r.output
     assert match in r.output and "Traceback" not in r.output
+    if "9G" not in args:                 # no "M instead of G" hint for a value that has no G
+        assert "did you mean" not in r.output, r.output
 
 
 def test_malformed_plan_yaml_names_field(tmp_path):
@@ -345,3 +361,37 @@ def test_interrupt_inside_a_finalizer_prints_no_traceback(capsys, tmp_path, monk
     with pytest.raises(click.exceptions.Exit):
         cli._interruptible(other, storage=f"sqlite:///{tmp_path}/none.db", study="s")
     assert seen == ["RuntimeError"]         # reported through the previous hook
+
+
+def test_real_only_options_warn_with_the_simulated_backend(storage):
+    # --real-steps / --trial-timeout / --heartbeat-interval pace real trials only: given with the simulated
+    # backend each gets one warning line on stderr (none when left at the default); --layers is refused
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage,
+               "--real-steps", "5", "--trial-timeout", "60", "--heartbeat-interval", "10")
+    assert r.exit_code == 0, r.output
+    warns = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert warns == [f"warning: --{o} has no effect with --backend simulated (it applies to --backend real only)"
+                     for o in ("real-steps", "trial-timeout", "heartbeat-interval")], r.stderr
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage)
+    assert r.exit_code == 0 and "has no effect" not in r.stderr, r.stderr
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage, "--layers", "2")
+    assert r.exit_code == 2 and "--layers applies to --backend real only" in r.output
+
+
+def test_simulate_prints_each_no_effect_note_once_as_a_warning(tmp_path):
+    # examples/8b-2xh200-fsdp.yaml has tp 1, async collectives on, DP overlap on; with tp_comm_overlap
+    # on and async_collectives off, validate_plan's rules give exactly three notes (plan.py):
+    # tp_comm_overlap with tp 1, tp_comm_overlap with blocking collectives, dp_grad_reduce_overlap with
+    # blocking collectives; each must appear once, prefixed 'warning: ', on stderr
+    from pathlib import Path
+    d = yaml.safe_load((Path(__file__).parents[1] / "examples" / "8b-2xh200-fsdp.yaml").read_text())
+    d["plan"].update(tp_comm_overlap=True, async_collectives=False)
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
+    r = invoke("simulate", str(f))
+    assert r.exit_code == 0, r.output
+    notes = [ln for ln in r.stderr.splitlines() if "has no effect" in ln]
+    assert notes == ["warning: tp_comm_overlap has no effect with tp_degree=1",
+                     "warning: tp_comm_overlap has no effect with async_collectives=false (collectives block)",
+                     "warning: dp_grad_reduce_overlap has no effect with async_collectives=false "
+                     "(collectives block)"], r.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.export import write_launch_files
+from autotune.export import launch_file_names, write_launch_files
 from autotune.export.megatron import megatron_args, megatron_env
 from autotune.export.torchtitan import module_fqns_per_model_part, torchtitan_settings
 from autotune.hardware import make_cluster
@@ -251,3 +251,75 @@ def test_slurm_script_asks_for_the_nvl72_segment_the_prediction_assumed(tmp_path
     # HGX: no segment line
     write_launch_files(_doc(PLANS_405[1], M405, W405, "megatron", gpu="h200", gpus=1024), tmp_path / "h", "slurm")
     assert "--segment" not in (tmp_path / "h" / "launch_slurm.sbatch").read_text()
+
+
+def test_cli_export_launcher_reuses_an_existing_directory(tmp_path):
+    # the README's `export --launcher slurm -o launch/` run twice: the second run used to fail with click's
+    # "File '.../launch/' is a directory"; now it replaces exactly the files export writes and says so
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    from autotune.export import launch_file_names
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "3", "--storage", url])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "launch"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    args = ["export", "--size", "8b", "--space", "small", "--storage", url, "--launcher", "slurm", "-o", f"{out}/"]
+    r1 = CliRunner().invoke(main, args)
+    assert r1.exit_code == 0, r1.output
+    assert "replaced in" not in r1.output          # nothing of ours was there yet
+    r2 = CliRunner().invoke(main, args)
+    assert r2.exit_code == 0, r2.output
+    doc = PlanDocument.load(out / "plan.yaml")
+    # megatron engine + slurm: plan.yaml, launch_torchrun.sh, launch_slurm.sbatch (module docstring)
+    assert launch_file_names(doc, "slurm") == ["plan.yaml", "launch_torchrun.sh", "launch_slurm.sbatch"]
+    assert "replaced in" in r2.output and "plan.yaml, launch_torchrun.sh, launch_slurm.sbatch" in r2.output
+    assert (out / "mine.txt").read_text() == "keep"
+    assert sorted(p.name for p in out.iterdir()) == ["launch_slurm.sbatch", "launch_torchrun.sh", "mine.txt",
+                                                      "plan.yaml"]
+    # without --launcher, -o naming a directory is one error line (exit 2), not a traceback
+    r3 = CliRunner().invoke(main, ["export", "--size", "8b", "--space", "small", "--storage", url, "-o", str(out)])
+    assert r3.exit_code == 2 and "is a directory" in r3.output and "--launcher" in r3.output, r3.output
+
+
+def test_launch_file_names_are_what_is_written(tmp_path):
+    for engine, plan in (("megatron", PLANS_405[1]), ("torchtitan", TT_PLANS[0][0]), ("native", TT_PLANS[0][0])):
+        doc = _doc(plan, M405, W405, engine, gpu="h200", gpus=1024)
+        for launcher in ("torchrun", "slurm"):
+            d = tmp_path / f"{engine}-{launcher}"
+            assert [p.name for p in write_launch_files(doc, d, launcher)] == launch_file_names(doc, launcher)
+
+
+def test_launch_hints_torchtitan_async_tp_only_with_compile_and_dp_comment_matches():
+    # torchtitan raises "Async TP requires torch.compile" when enable_async_tensor_parallel is set with
+    # compile off (torchtitan/models/llama3/infra/parallelize.py): the hint emits it true only with compile
+    from autotune.report import launch_hints
+    base = dict(tp_degree=8, pp_degree=1, dp_degree=1, sequence_parallel=True, micro_batch_size=1,
+                num_micro_batches=128, tp_comm_overlap=True)
+    off = launch_hints(Plan(**base), M8, W8)
+    assert "enable_async_tensor_parallel = false" in off and "enable_async_tensor_parallel = true" not in off
+    on = launch_hints(Plan(**base, compile=True), M8, W8)
+    assert "enable_async_tensor_parallel = true" in on and "enable = true" in on
+    # ZeRO-1 on 8 DP ranks: the snippet is DDP (replicate 8, shard 1) and the comment says DDP
+    z1 = launch_hints(Plan(dp_degree=8, num_micro_batches=16, zero_stage=1), M8, W8)
+    assert "data_parallel_shard_degree = 1" in z1 and "data_parallel_replicate_degree = 8" in z1
+    note = next(ln for ln in z1.splitlines() if "ZeRO-1" in ln and "torchtitan" in ln)
+    assert "this is DDP" in note and "nearest" not in note, note
+    # partial recompute: Megatron's block method with N, not uniform 1 (export/megatron.py emits the same)
+    pr = launch_hints(Plan(dp_degree=8, num_micro_batches=16, recompute="full", recompute_num_layers=5), M8, W8)
+    assert "--recompute-method block --recompute-num-layers 5" in pr
+
+
+def test_layers_row_names_chunks_or_stages():
+    # 405B (126 layers) on pp 16 x vpp 4 with stage_layers per chunk 1, 2 x 62, 1 (64 entries = pp x vpp):
+    # a chunk row; with pp entries: a pipeline-stage row
+    from autotune.report import plan_rows
+    chunks = Plan(tp_degree=8, pp_degree=16, dp_degree=8, vpp_degree=4, pipeline_schedule="interleaved_1f1b",
+                  num_micro_batches=256, stage_layers=(1,) + (2,) * 62 + (1,))
+    rows = dict(plan_rows(chunks))
+    assert rows["layers per chunk (64 = pp x vpp, model order)"] == "1, 2 x 62, 1"
+    stages = Plan(tp_degree=8, pp_degree=2, dp_degree=64, num_micro_batches=32, stage_layers=(62, 64))
+    assert dict(plan_rows(stages))["layers per pipeline stage"] == "62, 64"

@@ -45,3 +45,44 @@ def test_shipped_measured_fabrics():
     # autotune profile measured these tiers on 2x H200 (autotune/profiling/fabrics/); usable by name
     f = get_fabric("h200-sockets")
     assert f.intra_node.calibration_tier == "sockets" and f.gpus_per_node == 2 and f.inter_node is None
+
+
+def test_every_interconnect_suggestion_is_itself_accepted():
+    # exhaustive over GPUs x single-tier fabrics (intra presets alone and the shipped measured tiers)
+    # x GPU counts that need an inter-node tier or are not whole nodes: whatever the error suggests
+    # ("e.g. A or B" interconnects / GPU counts) must build a cluster (the QA pass found h200-host
+    # suggesting 'h200-host-intra+ib-ndr400', itself rejected as an unknown intra-node fabric)
+    import re
+
+    from autotune.errors import ConfigError
+    from autotune.hardware import get_fabric, known_fabrics, known_gpus, make_cluster, shipped_measured_fabrics
+
+    intra, inter = known_fabrics()
+    fabrics = intra + shipped_measured_fabrics() + [f"{a}+{inter[0]}" for a in intra]
+    checked = 0
+    for gpu in known_gpus():
+        for fab in fabrics:
+            for n in (7, 12, 16, 76, 100, 1024):
+                try:
+                    make_cluster(gpu, n, fab)
+                    continue
+                except ConfigError as e:
+                    msg = str(e)
+                m = re.search(r"e\.g\. ([\w.+-]+)\+([\w.-]+)", msg)
+                if m and "inter-node tier" in msg:
+                    sug = get_fabric(f"{m.group(1)}+{m.group(2)}")    # raises if the suggestion is bad
+                    assert sug.inter_node is not None
+                    if n % sug.gpus_per_node == 0:
+                        make_cluster(gpu, n, sug.name)                  # whole nodes: the cluster builds
+                    checked += 1
+                m = re.search(r"\(e\.g\. (\d+) or (\d+)\)", msg)
+                if m:
+                    for k in map(int, m.groups()):
+                        try:
+                            make_cluster(gpu, k, fab)
+                        except ConfigError as e2:
+                            # a suggested count may still need an inter-node tier: that error must then
+                            # suggest a valid fabric (checked above for the same shape), not a bad count
+                            assert "inter-node tier" in str(e2), (gpu, fab, n, k, str(e2))
+                        checked += 1
+    assert checked > 50, checked

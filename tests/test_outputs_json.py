@@ -92,3 +92,26 @@ def test_retune_json(tmp_path):
     assert d["mfu_lost"] == pytest.approx(fast["prediction"]["mfu"] - slow["prediction"]["mfu"], rel=1e-12)
     for e in d["results"]:
         _check_entry(e)
+
+
+def test_provenance_label_of_the_measured_backend_says_what_was_used():
+    # MeasuredCosts with no stored environment (no GPU, empty store) costs every op by its fallback
+    # profile (profiling/measured.py: label "no measurements for <gpu>; <fallback>"): the label must not
+    # read as if something was measured
+    from autotune.evaluator import StepResult
+    from autotune.report import provenance_label
+
+    base = dict(feasible=True, step_time_ms=1.0, mfu=0.5, mfu_palm=0.6, hfu=0.5, tokens_per_s_per_gpu=1.0,
+                tflops_per_gpu=1.0, peak_memory_bytes=1, memory_per_stage_bytes=(1,), breakdown_ms={})
+    nothing = StepResult(backend="measured", **base, details={
+        "costs": {"label": "no measurements for h200; h200-2026-12-01", "measured": False,
+                  "calibration_gpu": "h200", "fallback": "h200-2026-12-01"},
+        "op_sources": {"measured": 0, "looked_up": 0, "interpolated": 0, "fallback": 12}})
+    lab = provenance_label(nothing)
+    assert lab == ("measured backend, but nothing was measured: no stored measurements for h200; every op from "
+                   "h200-2026-12-01, as simulated"), lab
+    some = StepResult(backend="measured", **base, details={
+        "costs": {"label": "measured NVIDIA H200 x2 2026-11-30", "measured": True},
+        "op_sources": {"measured": 0, "looked_up": 3, "interpolated": 1, "fallback": 0}})
+    assert provenance_label(some) == ("measured backend: measured NVIDIA H200 x2 2026-11-30; this plan's ops: "
+                                      "0 measured, 3 looked up, 1 interpolated, 0 fallback")

@@ -117,3 +117,27 @@ def test_yaml_errors(tmp_path):
     p.write_text("schema_version: 1\n")
     with pytest.raises(ConfigError, match="'model'"):
         PlanDocument.load(p)
+
+
+def test_recompute_num_layers_above_the_chunk_is_refused():
+    # 8B: 32 layers; pp 1 -> one chunk of 32 layers. Megatron's block method recomputes layer_idx < N of
+    # the chunk, so N = 40 can only mean "every layer" (= N 32 or 0): refused, naming 40 and 1..32
+    from autotune.errors import PlanError
+    from autotune.models import get_model
+    from autotune.plan import Plan, Workload, validate_plan
+    m, w = get_model("8b"), Workload(seq_len=8192, global_batch_size=128)
+    base = dict(dp_degree=8, num_micro_batches=16, recompute="full")
+    with pytest.raises(PlanError, match=r"recompute_num_layers=40 exceeds the 32 layers per chunk.*1\.\.32"):
+        validate_plan(Plan(**base, recompute_num_layers=40), m, 8, w)
+    validate_plan(Plan(**base, recompute_num_layers=32), m, 8, w)      # the bound itself is valid
+    # pp 2 x vpp 2 = 4 chunks of 8 layers: 9 is refused, 8 accepted
+    pp = dict(pp_degree=2, dp_degree=4, vpp_degree=2, pipeline_schedule="interleaved_1f1b", num_micro_batches=32,
+              recompute="full")
+    with pytest.raises(PlanError, match=r"recompute_num_layers=9 exceeds the 8 layers per chunk"):
+        validate_plan(Plan(**pp, recompute_num_layers=9), m, 8, w)
+    validate_plan(Plan(**pp, recompute_num_layers=8), m, 8, w)
+    # uneven stage_layers (14 + 18): the largest chunk (18) bounds N
+    sl = dict(pp_degree=2, dp_degree=4, num_micro_batches=32, recompute="full", stage_layers=(14, 18))
+    validate_plan(Plan(**sl, recompute_num_layers=18), m, 8, w)
+    with pytest.raises(PlanError, match=r"at most 18 layers per chunk.*1\.\.18"):
+        validate_plan(Plan(**sl, recompute_num_layers=19), m, 8, w)

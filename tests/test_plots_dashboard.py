@@ -110,3 +110,51 @@ def test_plot_without_a_study_name_needs_exactly_one(tmp_path):
     r = CliRunner().invoke(main, ["plot", "--storage", f"sqlite:///{tmp_path}/none.db", "-o", str(tmp_path)])
     # a missing storage is refused by name and not created (read-only command)
     assert r.exit_code == 2 and "does not exist" in r.output and not (tmp_path / "none.db").exists()
+
+
+def test_history_is_in_percent_with_best_so_far_over_feasible_trials(study_url):
+    # history_points: MFU x 100 per complete trial; best_pct = running max over feasible trials only,
+    # recomputed here by a plain loop over the stored trials
+    from autotune.plots import backend_title, history_points
+    from autotune.tuner import is_feasible
+
+    st = _study(study_url)
+    hist = history_points(st)
+    complete = sorted((t for t in st.get_trials() if t.state == optuna.trial.TrialState.COMPLETE),
+                      key=lambda t: t.number)
+    best = None
+    for h, t in zip(hist, complete, strict=True):
+        assert h["number"] == t.number and h["mfu_pct"] == pytest.approx(100 * t.value)
+        if is_feasible(t):
+            best = 100 * t.value if best is None else max(best, 100 * t.value)
+        assert h["best_pct"] == best
+    assert any(h["mfu_pct"] > 1 for h in hist)     # a percentage, not a fraction (8B MFU is tens of %)
+    assert backend_title(st).endswith("(simulated numbers)")
+
+
+def test_plot_titles_name_the_backend_and_axes_use_percent(study_url, tmp_path):
+    pytest.importorskip("plotly", reason="plotly (autotune[plot]) not installed")
+    r = CliRunner().invoke(main, ["plot", "--storage", study_url, "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    for name in ("history", "importances", "mfu_vs_memory", "knobs"):
+        html = (tmp_path / f"{name}.html").read_text()
+        assert "simulated numbers" in html, name
+    assert "MFU (causal) (%)" in (tmp_path / "history.html").read_text()
+    assert "MFU (causal) (%)" in (tmp_path / "knobs.html").read_text()
+
+
+def test_plot_with_several_studies_says_how_to_name_one(tmp_path):
+    url = f"sqlite:///{tmp_path}/two.db"
+    for gpus in ("8", "16"):
+        r = CliRunner().invoke(main, ["run", "--size", "8b", "--gpus", gpus, "--space", "small", "--trials", "1",
+                                      "--storage", url])
+        assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["plot", "--storage", url, "-o", str(tmp_path / "p")])
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "2 studies" in err[0] and "as the STUDY argument" in err[0], r.stderr
+    assert "autotune show" in err[0] and "llama3.1-8b/b200x8/" in err[0] and "llama3.1-8b/b200x16/" in err[0]
+    # the suggested command works
+    name = err[0].split("`autotune plot ")[1].split(" -o")[0]
+    r = CliRunner().invoke(main, ["plot", name, "--storage", url, "-o", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output

@@ -154,3 +154,44 @@ def test_ends_split_with_one_layer_per_virtual_stage():
     # three short is more than the ends can give: 125 layers on 128 stages
     with pytest.raises(PlanError, match="3 more"):
         derive_stage_layers(125, 128, "ends")
+
+
+def test_values_that_can_never_be_sampled_are_warned():
+    # sample(): tp_comm_overlap is drawn only when tp > 1 and async_collectives is true, DP grad overlap
+    # only with async collectives, param-gather overlap only with grad overlap and ZeRO >= 1; so
+    # tp_comm_overlap [true] with async_collectives [false] can never reach a plan
+    from autotune.search_space import SearchSpace
+    sp = SearchSpace.from_dict({"name": "t", "knobs": {"tp_degree": [1, 2], "tp_comm_overlap": [True],
+                                                       "async_collectives": [False]}})
+    (w,) = sp.no_effect_warnings()
+    assert w.startswith("search space 't': tp_comm_overlap value(s) true have no effect: async_collectives lists "
+                        "only false"), w
+    # listing false only (the value it is fixed to) or allowing async: nothing to warn
+    assert SearchSpace.from_dict({"name": "t", "knobs": {"tp_degree": [2], "tp_comm_overlap": [False],
+                                                         "async_collectives": [False]}}).no_effect_warnings() == []
+    assert SearchSpace.from_dict({"name": "t", "knobs": {"tp_degree": [2], "tp_comm_overlap": [True],
+                                                         "async_collectives": [True, False]}}).no_effect_warnings() == []
+    # tp only 1: sequence parallel and TP overlap both unused; vpp without interleaved: unused
+    ws = SearchSpace.from_dict({"name": "t", "knobs": {"tp_degree": [1], "sequence_parallel": [True, False],
+                                                       "tp_comm_overlap": [True], "pp_degree": [2],
+                                                       "pipeline_schedule": ["1f1b"], "vpp_degree": [2]}
+                                }).no_effect_warnings()
+    assert [w.split(" value(s)")[0].split(": ")[1] for w in ws] == ["tp_comm_overlap", "sequence_parallel",
+                                                                   "vpp_degree"], ws
+    # the shipped spaces list only values that can be sampled
+    for name in ("default", "small"):
+        assert SearchSpace.load(name).no_effect_warnings() == [], name
+
+
+def test_cli_prints_the_no_effect_space_warning(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    f = tmp_path / "sp.yaml"
+    f.write_text(yaml.safe_dump({"schema_version": 1, "name": "t", "knobs": {
+        "tp_degree": [1, 2], "tp_comm_overlap": [True], "async_collectives": [False]}}))
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", str(f), "--trials", "1", "--storage",
+                                  f"sqlite:///{tmp_path}/s.db"])
+    assert r.exit_code == 0, r.output
+    assert "warning: search space 't': tp_comm_overlap value(s) true have no effect" in r.stderr, r.stderr

@@ -171,8 +171,23 @@ def host_gpus_per_node(gpu: str, nvlink_domain: int) -> int:
     return 4 if gpu.startswith("gb200") else nvlink_domain
 
 
+def launch_file_names(doc: PlanDocument, launcher: str) -> list[str]:
+    """File names (no directory) that :func:`write_launch_files` writes for ``doc`` and ``launcher``, in
+    the order written: ``plan.yaml``, ``autotune_torchtitan.py`` (torchtitan only), ``launch_torchrun.sh``,
+    ``launch_slurm.sbatch`` (slurm only). Other files of the directory are never touched."""
+    names = ["plan.yaml"]
+    if doc.engine == "torchtitan":
+        from autotune.export.torchtitan import MODULE_NAME
+        names.append(f"{MODULE_NAME}.py")
+    names.append("launch_torchrun.sh")
+    if launcher == "slurm":
+        names.append("launch_slurm.sbatch")
+    return names
+
+
 def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: str) -> list[Path]:
-    """Write the launch files of ``doc`` (see the module docstring) into ``out_dir`` (created).
+    """Write the launch files of ``doc`` (see the module docstring) into ``out_dir`` (created if missing;
+    an existing directory is reused: the files of :func:`launch_file_names` are replaced, nothing else).
 
     Returns: the paths written. Raises:
         ConfigError: unknown launcher (valid: torchrun, slurm), an unwritable directory, or a plan the
@@ -210,4 +225,4 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
     return written
 
 
-__all__ = ["LAUNCHERS", "LaunchCommand", "host_gpus_per_node", "launch_command", "slurm_script", "torchrun_script", "write_launch_files"]
+__all__ = ["LAUNCHERS", "LaunchCommand", "host_gpus_per_node", "launch_command", "launch_file_names", "slurm_script", "torchrun_script", "write_launch_files"]
