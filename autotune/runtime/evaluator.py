@@ -97,7 +97,8 @@ class RealEvaluator(Evaluator):
             elif device == "auto":
                 raise AutotuneError("no CUDA GPU found: real runs need the local NVIDIA GPUs. Without one, "
                                     "`autotune simulate PLAN.yaml` or `--backend simulated` predicts the plan; "
-                                    "`autotune validate --device cpu` runs a small model with gloo on the CPU")
+                                    "`autotune validate --device cpu` runs a plan of a small model with gloo on the CPU (it "
+                                    "must fit in host memory)")
         self._sim = None
 
     def _simulated(self, plan: Plan) -> StepResult | None:

@@ -57,4 +57,39 @@ def test_validate_command_cpu(tmp_path):
                                     "--json", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
     assert "MFU" in res.output and "simulated step time" in res.output
+    # a CPU run has no meaningful MFU against the H200's peak, nor an error against the H200 prediction
+    assert "not reported: a CPU run" in res.output and "not compared with a CPU run" in res.output
+    assert "error" not in res.output.split("simulated step time")[1].splitlines()[0]
     assert (tmp_path / "r.json").exists()
+
+
+def test_validate_reports_the_plan_error_before_the_machine(tmp_path):
+    # tp 3 on 2 GPUs: the plan's own error (tp x pp x dp x cp = 3 x 1 x 2 x 1 = 6 != 2), not "no CUDA GPU"
+    from autotune.cli import main
+    doc = PlanDocument(plan=Plan(tp_degree=1, dp_degree=2, micro_batch_size=1, num_micro_batches=4),
+                       model=TINY, gpu="h200", num_gpus=2, fabric=get_fabric("nvlink4").to_dict(), workload=WL)
+    p = tmp_path / "plan.yaml"
+    doc.save(p)
+    p.write_text(p.read_text().replace("tp_degree: 1", "tp_degree: 3"))
+    res = CliRunner().invoke(main, ["validate", str(p)])
+    assert res.exit_code == 2, res.output
+    assert "3 x 1 x 2 x 1 = 6 GPUs" in res.output and "CUDA" not in res.output
+
+
+def test_cpu_validate_refuses_a_plan_larger_than_host_memory():
+    # the memory model's per-rank peak x 2 ranks against a host with 1 GiB available: refused, naming both
+    from autotune.errors import AutotuneError
+    from autotune.memory import estimate_memory
+    from autotune.runtime.cli import _check_host_memory, _one_line
+
+    doc = PlanDocument(plan=Plan(dp_degree=2, micro_batch_size=1, num_micro_batches=4), model=TINY, gpu="h200",
+                       num_gpus=2, fabric=get_fabric("nvlink4").to_dict(), workload=WL)
+    from autotune.hardware import ClusterSpec, get_gpu
+    cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=2, fabric=get_fabric("nvlink4"))
+    need = 2 * estimate_memory(TINY, doc.plan, cluster.gpu, WL).peak_bytes
+    _check_host_memory(doc, cluster, None, available_bytes=need)          # exactly enough: accepted
+    with pytest.raises(AutotuneError, match=r"2 ranks of this plan need at least .* GiB of host memory"):
+        _check_host_memory(doc, cluster, None, available_bytes=need - 1)
+    # torchrun's multi-line failure report becomes one line: its first and last lines
+    assert _one_line("ChildFailedError:\n  rank 0\n  exitcode -9 (SIGKILL)\n") == \
+        "ChildFailedError: ... exitcode -9 (SIGKILL)"
