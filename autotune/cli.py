@@ -219,6 +219,8 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         sp = sqlite_path(storage)
         if sp is not None and Path(sp[0]).exists():
             readonly_url(storage)       # an existing file must already be an Optuna storage (never adopted)
+        from autotune.storage_check import check_journal_file
+        check_journal_file(storage)     # likewise a journal:PATH file
 
 
 def _interruptible(fn, *, storage: str, study: str):
@@ -500,6 +502,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    from autotune.tuner import check_heartbeat
+    check_heartbeat(heartbeat_interval, storage, backend)   # before any study is created
     wid = _worker_id(worker_id)
     tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                         seed=seed, engine=engine,
@@ -893,11 +897,11 @@ def plot(study, storage, out_dir):
     from autotune.storage_check import readonly_url
     from autotune.tuner import list_studies, load_study
 
-    storage = readonly_url(storage)
+    given, storage = storage, readonly_url(storage)
     if study is None:
         names = [i.name for i in list_studies(storage)]
         if len(names) != 1:
-            raise ConfigError(f"{len(names)} studies in {storage}; name one: " + (", ".join(names) or "none yet"))
+            raise ConfigError(f"{len(names)} studies in {given}; name one: " + (", ".join(names) or "none yet"))
         study = names[0]
     st, _ = load_study(study, storage)
     paths = write_study_plots(st, out_dir)
