@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import warnings
 from collections import Counter
@@ -146,8 +147,15 @@ def clear_interrupt() -> None:
 #: path fragments of code a KeyboardInterrupt must not be raised into: SQLAlchemy's connection pool
 #: returns and resets connections from garbage-collector finalizers (pool/base.py ``_finalize_fairy``),
 #: catches what they raise and logs it as "Exception during reset or similar" with a traceback, so an
-#: interrupt raised there is both printed and lost.
-_NO_RAISE_PATHS = (f"{os.sep}sqlalchemy{os.sep}pool{os.sep}",)
+#: interrupt raised there is both printed and lost; its event registry runs weakref callbacks
+#: (event/registry.py ``_collection_gced``, whose interrupt Python prints as "Exception ignored in"), and a
+#: transaction cut in the middle leaves a trial half written: no SQLAlchemy code is interrupted.
+_NO_RAISE_PATHS = (f"{os.sep}sqlalchemy{os.sep}",)
+
+#: set while :meth:`Tuner.objective` evaluates a plan: only then does the tuning signal handler raise
+#: (:func:`_trial_interrupt_handler`); elsewhere (the sampler, Optuna's ask/tell storage writes) a signal is
+#: only noted, and the next trial boundary raises it, so a trial is never left RUNNING in the storage.
+_IN_OBJECTIVE: dict[str, bool] = {}
 
 
 def safe_to_raise(frame: Any) -> bool:
@@ -167,6 +175,15 @@ def safe_to_raise(frame: Any) -> bool:
 def _interrupt_handler(signum: int, frame: Any) -> None:
     note_interrupt(signum)
     if safe_to_raise(frame):
+        raise KeyboardInterrupt
+
+
+def _trial_interrupt_handler(signum: int, frame: Any) -> None:
+    """SIGINT / SIGTERM while :meth:`Tuner.optimize` runs: noted; raised (KeyboardInterrupt) only inside a
+    trial's objective (Optuna then tells the trial FAIL, optuna/study/_optimize.py ``_run_trial``) and
+    where :func:`safe_to_raise` allows; otherwise the next trial boundary raises it."""
+    note_interrupt(signum)
+    if _IN_OBJECTIVE.get("on") and safe_to_raise(frame):
         raise KeyboardInterrupt
 
 
@@ -840,13 +857,37 @@ class Tuner:
         return self._cache[plan]
 
     def objective(self, trial: optuna.Trial) -> float:
-        """Sample, evaluate and record one plan; returns its MFU (0 when it does not fit)."""
+        """Sample, evaluate and record one plan; returns its MFU (0 when it does not fit).
+
+        Inside :meth:`optimize` a SIGINT / SIGTERM raises KeyboardInterrupt only here
+        (:func:`_trial_interrupt_handler`): the trial is recorded FAIL with ``fail_reason`` "interrupted
+        (signal N)"; one noted before the objective starts (or during a storage write) raises at its next check.
+        """
+        if not hasattr(self, "_started"):
+            self._started: set[int] = set()
+        self._started.add(trial._trial_id)
+        _IN_OBJECTIVE["on"] = True
+        try:
+            if interrupted():
+                raise KeyboardInterrupt
+            return self._objective(trial)
+        except KeyboardInterrupt:
+            _IN_OBJECTIVE.clear()
+            with contextlib.suppress(Exception):
+                trial.set_user_attr("fail_reason", f"interrupted (signal {interrupted() or int(signal.SIGINT)})")
+            raise
+        finally:
+            _IN_OBJECTIVE.clear()
+
+    def _objective(self, trial: optuna.Trial) -> float:
         try:
             plan = self.bound.suggest(trial)
         except Pruned as e:
             trial.set_user_attr("pruned_reason", e.reason)
             raise optuna.TrialPruned(e.reason) from None
         trial.set_user_attr("plan", _plain(plan.to_dict()))
+        if interrupted():       # noted while the storage write above ran (not raised into SQLAlchemy)
+            raise KeyboardInterrupt
         if plan in self._cache:             # the sampler proposed a plan already evaluated in this run
             trial.set_user_attr("reused_result", True)
         try:
@@ -942,9 +983,12 @@ class Tuner:
 
             handlers = {}
             if threading.current_thread() is threading.main_thread():
-                # SIGINT only (SIGTERM keeps its handler: worker processes are stopped with it)
-                if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                    handlers[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_handler)
+                # SIGINT (Ctrl-C) and SIGTERM (kill, scancel, run_workers stopping a worker) end the run at a
+                # trial boundary or inside the objective, never inside Optuna's ask/tell (a trial created
+                # there would stay RUNNING forever); an ignored signal stays ignored
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    if signal.getsignal(sig) is not signal.SIG_IGN:
+                        handlers[sig] = signal.signal(sig, _trial_interrupt_handler)
             import time as _time
 
             budget = n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials
@@ -968,16 +1012,37 @@ class Tuner:
                         # SQLite ignores), and telling it again fails. That trial is recorded once, by
                         # the other worker; this one goes on with its remaining trials.
                         continue
+            except BaseException:
+                self._fail_running(worker_study, "interrupted" if interrupted() else "stopped on an error")
+                raise
             finally:
+                _IN_OBJECTIVE.clear()
                 for sig, h in handlers.items():
                     signal.signal(sig, h)
             if interrupted():
+                self._fail_running(worker_study, "interrupted")
                 raise KeyboardInterrupt
         trials = self._wait_for_others(study)
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=_outcome_counts(trials), best=best,
                            own_states=_outcome_counts(mine), worker_id=worker_id or 0)
+
+    def _fail_running(self, study: optuna.Study, why: str) -> None:
+        """Mark FAIL (with ``user_attrs['fail_reason']``) the trials this tuner started that are still
+        RUNNING in the storage, e.g. when a signal stopped the run between Optuna's ask and tell; other
+        workers' trials are left alone. Storage errors here are ignored (the run is ending anyway)."""
+        ids = getattr(self, "_started", set())
+        if not ids:
+            return
+        sig = interrupted()
+        reason = f"{why} (signal {sig})" if sig else why
+        with contextlib.suppress(Exception):
+            for t in study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                if t._trial_id in ids:
+                    with contextlib.suppress(Exception):
+                        study._storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
+                        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
 
     def _wait_for_others(self, study: optuna.Study, poll_s: float = 0.5) -> list[FrozenTrial]:
         """The study's trials, once it has a feasible one or no other worker's trial is still running.
