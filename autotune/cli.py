@@ -280,11 +280,14 @@ def _interrupted_line(storage: str, study: str) -> str:
     try:
         from autotune.tuner import best_plan, load_study
         st, info = load_study(study, storage)
-        n = len(st.get_trials(deepcopy=False))
+        trials = st.get_trials(deepcopy=False)
+        n = sum(t.state.is_finished() for t in trials)      # RUNNING ones (other hosts' workers) are not saved yet
+        running = len(trials) - n
         bp = best_plan(st, info)
         best = (f"best so far: trial {bp.trial_number}, MFU {100 * bp.result.mfu:.1f}%, step "
                 f"{bp.result.step_time_ms:,.1f} ms" if bp else "no feasible plan yet")
-        return f"interrupted: {n} trials saved in {study} ({storage}); {best}"
+        return (f"interrupted: {n} trials saved in {study} ({storage})"
+                + (f", {running} still running or waiting" if running else "") + f"; {best}")
     except Exception:  # noqa: BLE001 - the study may not exist yet
         return f"interrupted: no trials saved in {study} ({storage})"
 
