@@ -345,3 +345,20 @@ def test_interrupt_inside_a_finalizer_prints_no_traceback(capsys, tmp_path, monk
     with pytest.raises(click.exceptions.Exit):
         cli._interruptible(other, storage=f"sqlite:///{tmp_path}/none.db", study="s")
     assert seen == ["RuntimeError"]         # reported through the previous hook
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("hb, storage, match", [
+    ("0", "sqlite:///{d}/hb.db", "--heartbeat-interval must be an integer >= 1 s, got 0"),
+    ("10", "journal:{d}/hb.log", "--heartbeat-interval 10: Optuna's journal storage"),
+])
+def test_bad_heartbeat_leaves_no_study(tmp_path, workers, hb, storage, match):
+    # before: exit 2 but the storage held a 0-trial study that `show` listed; the journal message said
+    # "for --backend real" although the backend was the simulated default
+    url = storage.format(d=tmp_path)
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "2", "--workers", workers,
+               "--heartbeat-interval", hb, "--storage", url)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and match in lines[0] and "--backend real" not in lines[0], r.output
+    assert list(tmp_path.iterdir()) == []
