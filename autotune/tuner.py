@@ -328,7 +328,7 @@ def _missing_driver(url: str, kind: str, e: BaseException) -> str:
     extra = _DRIVER_EXTRAS.get(kind)
     hint = f"pip install '{extra.split('  ')[0]}'" + (f" {extra.split('  ', 1)[1]}" if "  " in extra else "") \
         if extra else "install the SQLAlchemy driver for this dialect"
-    return f"cannot open study storage {shown}: the database driver is not installed ({e}); {hint}"
+    return f"cannot open study storage {url}: the database driver is not installed ({e}); {hint}"
 
 
 def _fast_sqlite(storage: optuna.storages.RDBStorage) -> None:
