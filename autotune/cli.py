@@ -225,6 +225,8 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         sp = sqlite_path(storage)
         if sp is not None and Path(sp[0]).exists():
             readonly_url(storage)       # an existing file must already be an Optuna storage (never adopted)
+        from autotune.storage_check import check_journal_file
+        check_journal_file(storage)     # likewise a journal:PATH file
 
 
 def _interruptible(fn, *, storage: str, study: str):
@@ -284,11 +286,14 @@ def _interrupted_line(storage: str, study: str) -> str:
     try:
         from autotune.tuner import best_plan, load_study
         st, info = load_study(study, storage)
-        n = len(st.get_trials(deepcopy=False))
+        trials = st.get_trials(deepcopy=False)
+        n = sum(t.state.is_finished() for t in trials)      # RUNNING ones (other hosts' workers) are not saved yet
+        running = len(trials) - n
         bp = best_plan(st, info)
         best = (f"best so far: trial {bp.trial_number}, MFU {100 * bp.result.mfu:.1f}%, step "
                 f"{bp.result.step_time_ms:,.1f} ms" if bp else "no feasible plan yet")
-        return f"interrupted: {n} trials saved in {study} ({storage}); {best}"
+        return (f"interrupted: {n} trials saved in {study} ({storage})"
+                + (f", {running} still running or waiting" if running else "") + f"; {best}")
     except Exception:  # noqa: BLE001 - the study may not exist yet
         return f"interrupted: no trials saved in {study} ({storage})"
 
@@ -534,6 +539,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    from autotune.tuner import check_heartbeat
+    check_heartbeat(heartbeat_interval, storage, backend)   # before any study is created
     warn_real_only_options(backend)
     wid = _worker_id(worker_id)
     tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
@@ -960,14 +967,14 @@ def plot(study, storage, out_dir):
     from autotune.storage_check import readonly_url
     from autotune.tuner import list_studies, load_study
 
-    storage = readonly_url(storage)
+    given, storage = storage, readonly_url(storage)
     if study is None:
         names = [i.name for i in list_studies(storage)]
         if not names:
-            raise ConfigError(f"no studies in {storage} yet; run `autotune run --size 8b` first")
+            raise ConfigError(f"no studies in {given} yet; run `autotune run --size 8b` first")
         if len(names) != 1:
             shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
-            raise ConfigError(f"{len(names)} studies in {storage}; name one as the STUDY argument, e.g. "
+            raise ConfigError(f"{len(names)} studies in {given}; name one as the STUDY argument, e.g. "
                               f"`autotune plot {names[0]} -o plots/` (`autotune show` lists them): {shown}")
         study = names[0]
     st, _ = load_study(study, storage)

@@ -7,7 +7,8 @@ checks that the file exists, is an SQLite database (its 16-byte header ``SQLite 
 "Database File Format" section 1.3) and holds Optuna's ``studies`` and ``version_info`` tables
 (optuna/storages/_rdb/models.py), reading it through ``sqlite3`` with URI ``mode=ro``; it then returns
 an SQLAlchemy URL that opens the same file read-only (``sqlite:///file:<path>?mode=ro&uri=true``,
-SQLAlchemy docs "URI Connections" for pysqlite). Non-SQLite URLs are returned unchanged.
+SQLAlchemy docs "URI Connections" for pysqlite). A ``journal:PATH`` storage must be an existing Optuna
+journal (:func:`check_journal_file`); other URLs are returned unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +38,69 @@ def sqlite_path(url: str) -> tuple[str, dict[str, str]] | None:
     return path, params
 
 
+def journal_path(url: str) -> str | None:
+    """The file path of a ``journal:PATH`` URL (``""`` when PATH is empty); None for other URLs."""
+    if not isinstance(url, str) or not url.startswith("journal:"):
+        return None
+    return url[len("journal:"):]
+
+
+def check_journal_file(url: str, *, must_exist: bool = False) -> None:
+    """Refuse a ``journal:PATH`` storage that is not (or cannot become) an Optuna journal; reads only.
+
+    Optuna's :class:`~optuna.storages.journal.JournalFileBackend` appends one JSON object per line to
+    PATH, each with an ``op_code`` key (optuna/storages/journal/_file.py ``append_logs``,
+    optuna/storages/journal/_storage.py ``JournalOperation``), and creates PATH when it is missing; it
+    would append to any file. Accepted: a missing PATH (unless ``must_exist``), an empty file, or a file
+    whose first line is a JSON object with ``op_code``. Other URLs are not checked.
+
+    Raises:
+        StorageError: PATH is empty, a directory or not a regular file, unreadable, or a non-empty file that is
+            not an Optuna journal; or missing while ``must_exist`` (nothing is created or written).
+    """
+    path = journal_path(url)
+    if path is None:
+        return
+    if not path:
+        raise StorageError(f"--storage {url}: expected journal:PATH (a log file)")
+    p = Path(path)
+    if not p.exists():
+        if must_exist:
+            raise StorageError(f"--storage {url}: file {p} does not exist (nothing was created; check the path or "
+                               "run `autotune run` first)")
+        return
+    if p.is_dir():
+        raise StorageError(f"--storage {url}: {p} is a directory; give a journal file path, e.g. journal:{p}/autotune.log")
+    if not p.is_file():
+        raise StorageError(f"--storage {url}: {p} is not a regular file; give an Optuna journal file path")
+    try:
+        with open(p, "rb") as fh:
+            first = fh.readline(1 << 20)
+    except OSError as e:
+        raise StorageError(f"--storage {url}: {p} cannot be read: {e.strerror or e}") from None
+    if not first:
+        return
+    import json
+
+    try:
+        rec = json.loads(first.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        rec = None
+    if not isinstance(rec, dict) or "op_code" not in rec:
+        raise StorageError(f"--storage {url}: {p} is not an Optuna journal file (its first line is not a JSON "
+                           "record with an op_code); refused, left untouched: give a new or journal file path")
+
+
+#: read-only URL made by :func:`readonly_url` -> the URL the user gave (what messages show)
+_USER_URLS: dict[str, str] = {}
+
+
+def user_url(url: str) -> str:
+    """The ``--storage`` value the user gave for ``url``: the URL passed to :func:`readonly_url` when ``url``
+    is the internal read-only URL it returned (``sqlite:///file:...?mode=ro&uri=true``), else ``url``."""
+    return _USER_URLS.get(url, url)
+
+
 def is_readonly_url(url: str) -> bool:
     """Whether ``url`` asks for a read-only SQLite connection (``mode=ro`` in its query)."""
     sp = sqlite_path(url)
@@ -52,6 +116,9 @@ def readonly_url(url: str) -> str:
     """
     if not isinstance(url, str) or not url.strip():
         raise StorageError("--storage must be a non-empty SQLAlchemy URL, e.g. sqlite:///studies/autotune.db")
+    if journal_path(url) is not None:
+        check_journal_file(url, must_exist=True)
+        return url
     sp = sqlite_path(url)
     if sp is None:
         return url
@@ -81,4 +148,6 @@ def readonly_url(url: str) -> str:
     if not OPTUNA_TABLES <= tables:
         raise StorageError(f"storage {url}: {p} holds no Optuna study tables (tables: "
                            f"{', '.join(sorted(tables)[:8]) or 'none'}); not an autotune storage, left untouched")
-    return f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
+    ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
+    _USER_URLS.setdefault(ro, user_url(url))
+    return ro

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import warnings
 from collections import Counter
@@ -146,8 +147,15 @@ def clear_interrupt() -> None:
 #: path fragments of code a KeyboardInterrupt must not be raised into: SQLAlchemy's connection pool
 #: returns and resets connections from garbage-collector finalizers (pool/base.py ``_finalize_fairy``),
 #: catches what they raise and logs it as "Exception during reset or similar" with a traceback, so an
-#: interrupt raised there is both printed and lost.
-_NO_RAISE_PATHS = (f"{os.sep}sqlalchemy{os.sep}pool{os.sep}",)
+#: interrupt raised there is both printed and lost; its event registry runs weakref callbacks
+#: (event/registry.py ``_collection_gced``, whose interrupt Python prints as "Exception ignored in"), and a
+#: transaction cut in the middle leaves a trial half written: no SQLAlchemy code is interrupted.
+_NO_RAISE_PATHS = (f"{os.sep}sqlalchemy{os.sep}",)
+
+#: set while :meth:`Tuner.objective` evaluates a plan: only then does the tuning signal handler raise
+#: (:func:`_trial_interrupt_handler`); elsewhere (the sampler, Optuna's ask/tell storage writes) a signal is
+#: only noted, and the next trial boundary raises it, so a trial is never left RUNNING in the storage.
+_IN_OBJECTIVE: dict[str, bool] = {}
 
 
 def safe_to_raise(frame: Any) -> bool:
@@ -167,6 +175,15 @@ def safe_to_raise(frame: Any) -> bool:
 def _interrupt_handler(signum: int, frame: Any) -> None:
     note_interrupt(signum)
     if safe_to_raise(frame):
+        raise KeyboardInterrupt
+
+
+def _trial_interrupt_handler(signum: int, frame: Any) -> None:
+    """SIGINT / SIGTERM while :meth:`Tuner.optimize` runs: noted; raised (KeyboardInterrupt) only inside a
+    trial's objective (Optuna then tells the trial FAIL, optuna/study/_optimize.py ``_run_trial``) and
+    where :func:`safe_to_raise` allows; otherwise the next trial boundary raises it."""
+    note_interrupt(signum)
+    if _IN_OBJECTIVE.get("on") and safe_to_raise(frame):
         raise KeyboardInterrupt
 
 
@@ -196,6 +213,26 @@ def storage_kind(url: str) -> str:
     return url.split(":", 1)[0].split("+", 1)[0]
 
 
+def check_heartbeat(heartbeat_interval_s: int | None, storage: str, backend: str = DEFAULT_BACKEND) -> None:
+    """Refuse a ``--heartbeat-interval`` that cannot be used, before any study is created or written.
+
+    Valid: None (off; the real backend then uses :data:`REAL_HEARTBEAT_INTERVAL_S` on RDB storages), or an
+    integer >= 1 s on an RDB storage (Optuna's heartbeat is implemented by ``RDBStorage`` only,
+    optuna/storages/_rdb/storage.py ``heartbeat_interval``; ``JournalStorage`` has none).
+
+    Raises:
+        ConfigError: ``heartbeat_interval_s`` < 1 or not an integer; given with a ``journal:`` storage.
+    """
+    if heartbeat_interval_s is None:
+        return
+    if isinstance(heartbeat_interval_s, bool) or not isinstance(heartbeat_interval_s, int) or heartbeat_interval_s < 1:
+        raise ConfigError(f"--heartbeat-interval must be an integer >= 1 s, got {heartbeat_interval_s!r}")
+    if storage_kind(storage) == "journal":
+        why = (", so a killed worker's real trial would never be retried" if backend == "real" else "")
+        raise ConfigError(f"--heartbeat-interval {heartbeat_interval_s}: Optuna's journal storage ({storage}) has no "
+                          f"heartbeat{why}; leave --heartbeat-interval out, or use sqlite:///PATH or postgresql://")
+
+
 def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None = None
                  ) -> optuna.storages.BaseStorage:
     """Open (and cache per process) the Optuna storage at ``url``.
@@ -221,28 +258,31 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     key = (url, heartbeat_interval_s)
     if key in _STORAGES:
         return _STORAGES[key]
-    from autotune.storage_check import is_readonly_url
+    from autotune.storage_check import is_readonly_url, user_url
+    shown = user_url(url)       # errors name the user's --storage, not the internal read-only URL
     readonly = is_readonly_url(url)   # mode=ro: opened as is (never created, never switched to WAL)
     kind = storage_kind(url)
     if (kind == "sqlite" and not readonly) or kind == "journal":
         path = url[len("sqlite:///"):] if kind == "sqlite" else url[len("journal:"):]
         if kind == "sqlite" and not url.startswith("sqlite:///"):
-            raise StorageError(f"cannot open study storage {url}: expected sqlite:///PATH")
+            raise StorageError(f"cannot open study storage {shown}: expected sqlite:///PATH")
         if kind == "journal" and not path:
-            raise StorageError(f"cannot open study storage {url}: expected journal:PATH (a log file)")
+            raise StorageError(f"cannot open study storage {shown}: expected journal:PATH (a log file)")
         if path and path != ":memory:":
             d = Path(path).parent if Path(path).parent != Path("") else Path(".")
             if url == DEFAULT_STORAGE:
                 with contextlib.suppress(OSError):
                     d.mkdir(parents=True, exist_ok=True)
             if not d.is_dir():
-                raise StorageError(f"cannot open study storage {url}: directory {d} does not exist")
+                raise StorageError(f"cannot open study storage {shown}: directory {d} does not exist")
             if not os.access(d, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-                raise StorageError(f"cannot open study storage {url}: {Path(path) if Path(path).exists() else d} "
+                raise StorageError(f"cannot open study storage {shown}: {Path(path) if Path(path).exists() else d} "
                                    "is not writable")
     if kind == "journal":
+        from autotune.storage_check import check_journal_file
+        check_journal_file(url)     # a directory or a foreign file is refused before Optuna appends to it
         if heartbeat_interval_s is not None:
-            raise StorageError(f"{url}: Optuna's journal storage has no heartbeat, so a killed worker's real trial "
+            raise StorageError(f"{shown}: Optuna's journal storage has no heartbeat, so a killed worker's real trial "
                                "would never be retried; use sqlite:///PATH or postgresql:// for --backend real")
         from optuna.storages.journal import JournalFileBackend
 
@@ -267,15 +307,21 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
             if kind == "sqlite" and ":memory:" not in url and not readonly:
                 _fast_sqlite(storage)
     except ModuleNotFoundError as e:
-        raise StorageError(_missing_driver(url, kind, e)) from None
+        raise StorageError(_missing_driver(shown, kind, e)) from None
     except Exception as e:  # sqlalchemy ArgumentError/OperationalError, missing driver ...
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "import" in cause.lower() and ("dbapi" in cause.lower() or "db access module" in cause.lower()
                                           or "no module" in cause.lower()):
-            raise StorageError(_missing_driver(url, kind, e)) from None
-        raise StorageError(f"cannot open study storage {url}: {cause}") from None
+            raise StorageError(_missing_driver(shown, kind, e)) from None
+        raise StorageError(f"cannot open study storage {shown}: {cause}") from None
     _STORAGES[key] = storage
     return storage
+
+
+def _user_url(url: str) -> str:
+    from autotune.storage_check import user_url
+
+    return user_url(url)
 
 
 def _missing_driver(url: str, kind: str, e: BaseException) -> str:
@@ -349,6 +395,45 @@ class StudyInfo:
                 and self.backend == other.backend and self.engine == other.engine)
 
 
+#: the LinkSpec fields that decide a fabric's costs (autotune/hardware.py ``LinkSpec``); the link names
+#: are labels and are left out
+_LINK_FIELDS = ("bandwidth_gbs", "latency_us", "gpus_per_node", "calibration_tier", "nics_per_node", "gpus_per_host")
+
+
+def _link_values(link: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if link is None:
+        return None
+    return {k: link.get(k) for k in _LINK_FIELDS}
+
+
+def fabric_fingerprint(fabric: FabricSpec | Mapping[str, Any]) -> str:
+    """12 hex digits of SHA-256 over the fabric's link specs (intra- and inter-node tier, every
+    :data:`_LINK_FIELDS` value; not the names): a study remembers which links it was tuned on, so two
+    fabric files with one ``name:`` (or a file named like a built-in preset) never share a study.
+
+    ``fabric``: a :class:`FabricSpec` or its ``to_dict()`` form (a study's ``user_attrs['fabric']``).
+    """
+    import hashlib
+
+    d = fabric.to_dict() if isinstance(fabric, FabricSpec) else fabric
+    blob = {"intra_node": _link_values(d.get("intra_node")), "inter_node": _link_values(d.get("inter_node"))}
+    return hashlib.sha256(json.dumps(_plain(blob), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _fabric_differences(stored: Mapping[str, Any], given: Mapping[str, Any]) -> str:
+    """``intra_node.bandwidth_gbs 900 vs 100, ...``: the link fields where ``stored`` and ``given`` differ."""
+    out = []
+    for tier in ("intra_node", "inter_node"):
+        a, b = _link_values(stored.get(tier)), _link_values(given.get(tier))
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                out.append(f"{tier} {'none' if a is None else 'present'} vs {'none' if b is None else 'present'}")
+            continue
+        out += [f"{tier}.{k} {a[k]:g} vs {b[k]:g}" if isinstance(a[k], (int, float)) and isinstance(b[k], (int, float))
+                else f"{tier}.{k} {a[k]} vs {b[k]}" for k in _LINK_FIELDS if a[k] != b[k]]
+    return ", ".join(out)
+
+
 def fabric_speed(fabric: Mapping[str, Any] | FabricSpec) -> tuple[float, float]:
     """Sort key, larger = faster: (inter-node GB/s, intra-node GB/s); no inter-node tier counts as 0."""
     d = fabric.to_dict() if isinstance(fabric, FabricSpec) else fabric
@@ -399,12 +484,12 @@ def load_study(name: str, storage: str = DEFAULT_STORAGE) -> tuple[optuna.Study,
             study = optuna.load_study(study_name=name, storage=st)
     except KeyError:
         known = [i.name for i in list_studies(storage)]
-        raise ConfigError(f"no study named {name!r} in {storage}; "
+        raise ConfigError(f"no study named {name!r} in {_user_url(storage)}; "
                           + (f"studies there: {', '.join(known[:10])}" if known else "the storage has no studies yet "
                              "(run `autotune run` first)")) from None
     info = _study_info_from_attrs(name, study.user_attrs, len(study.trials))
     if info is None:
-        raise ConfigError(f"study {name!r} in {storage} was not made by autotune (no autotune user_attrs)")
+        raise ConfigError(f"study {name!r} in {_user_url(storage)} was not made by autotune (no autotune user_attrs)")
     return study, info
 
 
@@ -535,12 +620,12 @@ def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> Bes
     if bp is None:
         trials = study.get_trials(deepcopy=False)
         if not trials:
-            raise NoFeasiblePlanError(f"study {study.study_name!r} in {storage} has no trials yet; run "
+            raise NoFeasiblePlanError(f"study {study.study_name!r} in {_user_url(storage)} has no trials yet; run "
                                       "`autotune run` with the same options first")
         n_bad, n, reason = failure_summary(trials)
         raise NoFeasiblePlanError(f"{n_bad}/{n} trials gave no feasible plan (pruned, out of memory or failed): "
                                   f"{reason}. Study {study.study_name!r} is kept in "
-                                  f"{storage}; widen the search space (--space), add GPUs or shrink the batch")
+                                  f"{_user_url(storage)}; widen the search space (--space), add GPUs or shrink the batch")
     return bp
 
 
@@ -651,6 +736,7 @@ class Tuner:
                 "num_gpus": self.cluster.num_gpus, "fabric": _plain(self.cluster.fabric.to_dict()),
                 "workload": {"seq_len": self.workload.seq_len, "global_batch_size": self.workload.global_batch_size,
                              "dtype": self.workload.dtype},
+                "fabric_fingerprint": fabric_fingerprint(self.cluster.fabric),
                 "space": self.space.name, "space_fingerprint": self.space.fingerprint, "backend": self.backend,
                 "engine": self.engine.name, "excluded_values": self.bound.excluded}
 
@@ -673,20 +759,62 @@ class Tuner:
                     if interrupted():       # the interrupt landed inside SQLite (see _INTERRUPT)
                         raise KeyboardInterrupt from None
                     raise StorageError(f"cannot open study {self.name!r} in {self.storage}: {e}") from None
-                fp = study.user_attrs.get("space_fingerprint")
-                if fp is not None and fp != self.space.fingerprint:
-                    raise ConfigError(
-                        f"study {self.name!r} in {self.storage} was tuned on a different version of search space "
-                        f"{self.space.name!r} (fingerprint {fp} vs {self.space.fingerprint}); give the space "
-                        "another name, or use another --storage")
+                self._check_identity(study.user_attrs)
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)
                 if "autotune_schema" not in study.user_attrs:
                     # several workers may do this at once: the same values, retried on a key race
                     for k, v in self._study_attrs().items():
                         _retry_races(lambda k=k, v=v: study.set_user_attr(k, v), f"study {self.name} attrs")
+                elif "fabric_fingerprint" not in study.user_attrs:
+                    # a study written before fabrics were fingerprinted: accepted, and its fabric recorded now
+                    fp = fabric_fingerprint(self.cluster.fabric)
+                    _retry_races(lambda: study.set_user_attr("fabric_fingerprint", fp), f"study {self.name} attrs")
             self._study = study
         return self._study
+
+    def _check_identity(self, attrs: Mapping[str, Any]) -> None:
+        """Refuse to add trials to a study whose stored fingerprints differ from this tuner's.
+
+        The study name holds the search space's and the fabric's *names* only; files may reuse a name with
+        other contents. ``space_fingerprint`` (:attr:`SearchSpace.fingerprint`) and ``fabric_fingerprint``
+        (:func:`fabric_fingerprint`) in the study's user_attrs must match; a study without them (written
+        before they were recorded) is accepted. (A ``--model`` config.json carries its architecture's
+        fingerprint in the model name, :func:`autotune.models.model_from_hf_config`.)
+
+        Raises:
+            ConfigError: a fingerprint differs (names the study, the storage and what differs).
+        """
+        fp = attrs.get("space_fingerprint")
+        if fp is not None and fp != self.space.fingerprint:
+            raise ConfigError(
+                f"study {self.name!r} in {self.storage} was tuned on a different version of search space "
+                f"{self.space.name!r} (fingerprint {fp} vs {self.space.fingerprint}); give the space "
+                "another name, or use another --storage")
+        ffp = attrs.get("fabric_fingerprint")
+        mine = fabric_fingerprint(self.cluster.fabric)
+        if ffp is not None and ffp != mine:
+            stored = attrs.get("fabric")
+            diff = _fabric_differences(stored, self.cluster.fabric.to_dict()) if isinstance(stored, Mapping) else ""
+            raise ConfigError(
+                f"study {self.name!r} in {self.storage} was tuned on fabric {self.cluster.fabric.name!r} with "
+                f"different links ({diff or f'fingerprint {ffp} vs {mine}'}, stored vs given); give the fabric "
+                "another name, or use another --storage")
+
+    def check_existing_study(self) -> None:
+        """If this tuner's study already exists in the storage, check it is the same target
+        (:meth:`_check_identity`); creates and writes nothing.
+
+        Raises:
+            ConfigError: a fingerprint differs; StorageError: the storage cannot be opened.
+        """
+        st = open_storage(self.storage)
+        with _quiet():
+            try:
+                study_id = st.get_study_id_from_name(self.name)
+            except KeyError:
+                return
+            self._check_identity(st.get_study_user_attrs(study_id))
 
     def _sampler(self) -> optuna.samplers.BaseSampler:
         """The study's sampler (``self.sampler_name``):
@@ -729,13 +857,37 @@ class Tuner:
         return self._cache[plan]
 
     def objective(self, trial: optuna.Trial) -> float:
-        """Sample, evaluate and record one plan; returns its MFU (0 when it does not fit)."""
+        """Sample, evaluate and record one plan; returns its MFU (0 when it does not fit).
+
+        Inside :meth:`optimize` a SIGINT / SIGTERM raises KeyboardInterrupt only here
+        (:func:`_trial_interrupt_handler`): the trial is recorded FAIL with ``fail_reason`` "interrupted
+        (signal N)"; one noted before the objective starts (or during a storage write) raises at its next check.
+        """
+        if not hasattr(self, "_started"):
+            self._started: set[int] = set()
+        self._started.add(trial._trial_id)
+        _IN_OBJECTIVE["on"] = True
+        try:
+            if interrupted():
+                raise KeyboardInterrupt
+            return self._objective(trial)
+        except KeyboardInterrupt:
+            _IN_OBJECTIVE.clear()
+            with contextlib.suppress(Exception):
+                trial.set_user_attr("fail_reason", f"interrupted (signal {interrupted() or int(signal.SIGINT)})")
+            raise
+        finally:
+            _IN_OBJECTIVE.clear()
+
+    def _objective(self, trial: optuna.Trial) -> float:
         try:
             plan = self.bound.suggest(trial)
         except Pruned as e:
             trial.set_user_attr("pruned_reason", e.reason)
             raise optuna.TrialPruned(e.reason) from None
         trial.set_user_attr("plan", _plain(plan.to_dict()))
+        if interrupted():       # noted while the storage write above ran (not raised into SQLAlchemy)
+            raise KeyboardInterrupt
         if plan in self._cache:             # the sampler proposed a plan already evaluated in this run
             trial.set_user_attr("reused_result", True)
         try:
@@ -790,14 +942,13 @@ class Tuner:
             raise ConfigError("give a number of trials or a timeout")
         if worker_id is not None and worker_id < 0:
             raise ConfigError(f"--worker-id must be >= 0, got {worker_id}")
-        # the backend first: a run that cannot evaluate anything (no GPU for --backend real) must not leave
-        # an empty study behind
+        # every option and the backend first: a run that cannot evaluate anything (no GPU for --backend
+        # real) or was given a bad option must not leave an empty study behind
+        check_heartbeat(heartbeat_interval_s, self.storage, self.backend)
         self.evaluator  # noqa: B018 - fail fast on an unavailable backend, before any trial
         study = self.study
         if heartbeat_interval_s is None and self.backend == "real" and storage_kind(self.storage) != "journal":
             heartbeat_interval_s = REAL_HEARTBEAT_INTERVAL_S
-        if heartbeat_interval_s is not None and heartbeat_interval_s < 1:
-            raise ConfigError(f"--heartbeat-interval must be >= 1 s, got {heartbeat_interval_s}")
         if show_progress_bar is None:
             show_progress_bar = sys.stdout.isatty()
         self._worker_seed = worker_seed(self.seed, worker_id)
@@ -832,9 +983,12 @@ class Tuner:
 
             handlers = {}
             if threading.current_thread() is threading.main_thread():
-                # SIGINT only (SIGTERM keeps its handler: worker processes are stopped with it)
-                if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                    handlers[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_handler)
+                # SIGINT (Ctrl-C) and SIGTERM (kill, scancel, run_workers stopping a worker) end the run at a
+                # trial boundary or inside the objective, never inside Optuna's ask/tell (a trial created
+                # there would stay RUNNING forever); an ignored signal stays ignored
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    if signal.getsignal(sig) is not signal.SIG_IGN:
+                        handlers[sig] = signal.signal(sig, _trial_interrupt_handler)
             import time as _time
 
             budget = n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials
@@ -858,16 +1012,37 @@ class Tuner:
                         # SQLite ignores), and telling it again fails. That trial is recorded once, by
                         # the other worker; this one goes on with its remaining trials.
                         continue
+            except BaseException:
+                self._fail_running(worker_study, "interrupted" if interrupted() else "stopped on an error")
+                raise
             finally:
+                _IN_OBJECTIVE.clear()
                 for sig, h in handlers.items():
                     signal.signal(sig, h)
             if interrupted():
+                self._fail_running(worker_study, "interrupted")
                 raise KeyboardInterrupt
         trials = self._wait_for_others(study)
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=_outcome_counts(trials), best=best,
                            own_states=_outcome_counts(mine), worker_id=worker_id or 0)
+
+    def _fail_running(self, study: optuna.Study, why: str) -> None:
+        """Mark FAIL (with ``user_attrs['fail_reason']``) the trials this tuner started that are still
+        RUNNING in the storage, e.g. when a signal stopped the run between Optuna's ask and tell; other
+        workers' trials are left alone. Storage errors here are ignored (the run is ending anyway)."""
+        ids = getattr(self, "_started", set())
+        if not ids:
+            return
+        sig = interrupted()
+        reason = f"{why} (signal {sig})" if sig else why
+        with contextlib.suppress(Exception):
+            for t in study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                if t._trial_id in ids:
+                    with contextlib.suppress(Exception):
+                        study._storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
+                        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
 
     def _wait_for_others(self, study: optuna.Study, poll_s: float = 0.5) -> list[FrozenTrial]:
         """The study's trials, once it has a feasible one or no other worker's trial is still running.
@@ -1246,10 +1421,13 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
     """
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    check_heartbeat(heartbeat_interval_s, storage, backend)
     say = log_fn or (lambda s: None)
     space_obj = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     slow = Tuner(model=model, cluster=cluster, workload=workload, space=space_obj, storage=storage,
                  backend=backend, seed=seed, evaluator_options=evaluator_options, engine=engine)
+    # the slow study, if it exists, must be this target (fabric links, space) before anything is tuned
+    slow.check_existing_study()
     found = find_fastest_study(storage, slow.info)
     tuned_fast_first = False
     if found is None:
@@ -1325,9 +1503,9 @@ def explain_changes(fast: BestPlan, slow: BestPlan, fast_on_slow: StepResult, *,
     return lines
 
 
-__all__ = ["storage_kind", "worker_seed", "trial_seed", "TrialSeededSampler", "REAL_HEARTBEAT_INTERVAL_S",
+__all__ = ["storage_kind", "check_heartbeat", "worker_seed", "trial_seed", "TrialSeededSampler", "REAL_HEARTBEAT_INTERVAL_S",
            "DEFAULT_STORAGE", "DEFAULT_BACKEND", "BACKENDS", "make_evaluator", "open_storage", "study_name",
            "StudyInfo", "list_studies", "load_study", "best_trial", "feasible_trials", "top_feasible_trials",
            "failure_summary", "trial_result", "trial_plan", "BestPlan", "best_plan", "require_best_plan",
            "TuneSummary", "Tuner", "record_result", "RetuneResult", "find_fastest_study", "retune",
-           "explain_changes", "fabric_speed"]
+           "explain_changes", "fabric_speed", "fabric_fingerprint"]

@@ -32,9 +32,21 @@ class WorkerOutcome:
 
 def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], worker_id: int,
                  out: "mp.Queue[WorkerOutcome]") -> None:  # pragma: no cover - runs in the child
-    from autotune.errors import AutotuneError, NoFeasiblePlanError
-    from autotune.tuner import Tuner
+    import sys
 
+    from autotune.errors import AutotuneError, NoFeasiblePlanError
+    from autotune.tuner import Tuner, interrupted
+
+    # a KeyboardInterrupt raised into a garbage-collector callback cannot propagate and Python prints it
+    # ("Exception ignored in ..."); once the signal is noted the worker stops at its next check anyway
+    old_hook = sys.unraisablehook
+
+    def unraisable(u: Any) -> None:
+        if isinstance(u.exc_value, KeyboardInterrupt) and interrupted() is not None:
+            return
+        old_hook(u)
+
+    sys.unraisablehook = unraisable
     tuner = None
     try:
         tuner = Tuner(**tuner_kwargs)
@@ -65,7 +77,9 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
         first_worker_id: ids are ``first_worker_id .. first_worker_id + num_workers - 1`` (seeds differ).
 
     On KeyboardInterrupt (Ctrl-C reaches the children too, being in the terminal's process group) the
-    children are given 30 s to end their trial cleanup, then terminated; the interrupt is re-raised.
+    children are given 30 s to end, then sent SIGTERM (a worker marks its in-flight trial FAIL on SIGINT
+    or SIGTERM, :meth:`~autotune.tuner.Tuner.optimize`) and 30 s more, then killed; the interrupt is
+    re-raised.
 
     Raises:
         ConfigError: ``num_workers`` < 1.
@@ -98,6 +112,9 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
             p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
+                p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
                 p.join()
         raise
     return [WorkerOutcome(r.worker_id, r.n_new_trials, r.own_states, r.error, procs[r.worker_id].exitcode)

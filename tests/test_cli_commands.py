@@ -395,3 +395,20 @@ def test_simulate_prints_each_no_effect_note_once_as_a_warning(tmp_path):
                      "warning: tp_comm_overlap has no effect with async_collectives=false (collectives block)",
                      "warning: dp_grad_reduce_overlap has no effect with async_collectives=false "
                      "(collectives block)"], r.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("hb, storage, match", [
+    ("0", "sqlite:///{d}/hb.db", "--heartbeat-interval must be an integer >= 1 s, got 0"),
+    ("10", "journal:{d}/hb.log", "--heartbeat-interval 10: Optuna's journal storage"),
+])
+def test_bad_heartbeat_leaves_no_study(tmp_path, workers, hb, storage, match):
+    # before: exit 2 but the storage held a 0-trial study that `show` listed; the journal message said
+    # "for --backend real" although the backend was the simulated default
+    url = storage.format(d=tmp_path)
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "2", "--workers", workers,
+               "--heartbeat-interval", hb, "--storage", url)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and match in lines[0] and "--backend real" not in lines[0], r.output
+    assert list(tmp_path.iterdir()) == []

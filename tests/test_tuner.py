@@ -202,3 +202,108 @@ def test_signal_handler_never_raises_into_sqlalchemy_pool_or_finalizers():
     Finalized.__del__(Finalized())
     assert seen[0] is False
     assert safe_to_raise(sys._getframe()) is True
+
+
+# ------------------------------------------------------------------ study identity: fabric links
+def _fabric_file(path, name, intra_gbs, inter_gbs):
+    path.write_text(f"name: {name}\nintra_node: {{bandwidth_gbs: {intra_gbs}, latency_us: 1, gpus_per_node: 8}}\n"
+                    f"inter_node: {{bandwidth_gbs: {inter_gbs}, latency_us: 5, gpus_per_node: 8, nics_per_node: 8}}\n")
+    return str(path)
+
+
+def _cluster(spec):
+    return make_cluster("b200", 8, spec)
+
+
+def test_fabric_fingerprint_depends_on_links_not_names(tmp_path):
+    # two files named "x": 900/50 GB/s and 100/5 GB/s differ; renaming the links changes nothing
+    a = _cluster(_fabric_file(tmp_path / "a.yaml", "x", 900, 50)).fabric
+    b = _cluster(_fabric_file(tmp_path / "b.yaml", "x", 100, 5)).fabric
+    c = _cluster(_fabric_file(tmp_path / "c.yaml", "y", 900, 50)).fabric
+    assert a.name == b.name == "x"
+    assert T.fabric_fingerprint(a) != T.fabric_fingerprint(b)
+    assert T.fabric_fingerprint(a) == T.fabric_fingerprint(c)           # only the name (and link names) differ
+    assert T.fabric_fingerprint(a) == T.fabric_fingerprint(a.to_dict())  # the stored user_attrs form
+
+
+def _fabric_tuner(tmp_path, spec, url):
+    c = _cluster(spec)
+    return Tuner(model=MODEL, cluster=c, workload=W, storage=url, space="small",
+                 evaluator=FakeEvaluator(model=MODEL, cluster=c, workload=W))
+
+
+def test_same_fabric_name_with_other_links_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    fast = _fabric_file(tmp_path / "fast.yaml", "x", 900, 50)
+    slow = _fabric_file(tmp_path / "slow.yaml", "x", 100, 5)
+    _fabric_tuner(tmp_path, fast, url).optimize(3, show_progress_bar=False)
+    before = len(_fabric_tuner(tmp_path, fast, url).study.trials)
+    with pytest.raises(ConfigError) as e:
+        _fabric_tuner(tmp_path, slow, url).optimize(3, show_progress_bar=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "fabric 'x' with different links" in msg and "another --storage" in msg
+    # the two stored-vs-given differences, read off the two files above
+    assert "intra_node.bandwidth_gbs 900 vs 100" in msg and "inter_node.bandwidth_gbs 50 vs 5" in msg
+    assert len(_fabric_tuner(tmp_path, fast, url).study.trials) == before == 3   # nothing added
+    _fabric_tuner(tmp_path, fast, url).optimize(1, show_progress_bar=False)    # the same links resume fine
+
+
+def test_file_named_like_a_builtin_fabric_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    _fabric_tuner(tmp_path, "nvlink5+ib-ndr400", url).optimize(2, show_progress_bar=False)
+    fake = _fabric_file(tmp_path / "fake.yaml", "nvlink5+ib-ndr400", 50, 5)
+    with pytest.raises(ConfigError, match="fabric 'nvlink5\\+ib-ndr400' with different links"):
+        _fabric_tuner(tmp_path, fake, url).optimize(2, show_progress_bar=False)
+
+
+def test_study_without_fabric_fingerprint_is_accepted_and_recorded(tmp_path):
+    # a study written before fabric fingerprints: its user_attrs lack the key; it is resumed, and the key is
+    # recorded then, so a later different fabric under the same name is refused
+    url = f"sqlite:///{tmp_path}/s.db"
+    fast = _fabric_file(tmp_path / "fast.yaml", "x", 900, 50)
+    t = _fabric_tuner(tmp_path, fast, url)
+    t.optimize(2, show_progress_bar=False)
+    st = T.open_storage(url)
+    sid = st.get_study_id_from_name(t.name)
+    import sqlalchemy
+    with st.engine.begin() as con:       # what an older autotune left: no fabric_fingerprint attribute
+        con.execute(sqlalchemy.text("DELETE FROM study_user_attributes WHERE study_id = :s AND key = "
+                                    "'fabric_fingerprint'"), {"s": sid})
+    assert "fabric_fingerprint" not in st.get_study_user_attrs(sid)
+    _fabric_tuner(tmp_path, fast, url).optimize(1, show_progress_bar=False)
+    assert st.get_study_user_attrs(sid)["fabric_fingerprint"] == T.fabric_fingerprint(_cluster(fast).fabric)
+    with pytest.raises(ConfigError, match="different links"):
+        _fabric_tuner(tmp_path, _fabric_file(tmp_path / "slow.yaml", "x", 100, 5), url).study
+
+
+def test_retune_refuses_a_mismatched_slow_study_before_tuning(tmp_path):
+    # the slow study exists with other links: retune stops before tuning or enqueueing anything
+    url = f"sqlite:///{tmp_path}/s.db"
+    _fabric_tuner(tmp_path, "nvlink5+ib-ndr400", url).optimize(2, show_progress_bar=False)
+    first = _fabric_file(tmp_path / "a.yaml", "slowfab", 100, 5)
+    _fabric_tuner(tmp_path, first, url).optimize(2, show_progress_bar=False)
+    counts = {i.name: i.n_trials for i in T.list_studies(url)}
+    other = _cluster(_fabric_file(tmp_path / "b.yaml", "slowfab", 100, 1))
+    with pytest.raises(ConfigError, match="fabric 'slowfab' with different links"):
+        T.retune(model=MODEL, cluster=other, workload=W, space="small", storage=url, n_trials=2,
+                 show_progress_bar=False)
+    assert {i.name: i.n_trials for i in T.list_studies(url)} == counts
+
+
+@pytest.mark.parametrize("hb, storage, match", [
+    (0, "sqlite:///{d}/hb.db", "--heartbeat-interval must be an integer >= 1 s, got 0"),
+    (10, "journal:{d}/hb.log", "--heartbeat-interval 10: Optuna's journal storage"),
+])
+def test_bad_heartbeat_creates_no_study(tmp_path, hb, storage, match):
+    url = storage.format(d=tmp_path)
+    t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, storage=url, space="small",
+              evaluator=FakeEvaluator(model=MODEL, cluster=CLUSTER, workload=W))
+    with pytest.raises(ConfigError, match=re.escape(match)) as e:
+        t.optimize(2, heartbeat_interval_s=hb, show_progress_bar=False)
+    assert "--backend real" not in str(e.value)       # the backend here is the simulated default
+    assert list(tmp_path.iterdir()) == []             # no storage file, so no study
+
+
+def test_real_backend_journal_heartbeat_message_says_why():
+    with pytest.raises(ConfigError, match="killed worker's real trial would never be retried"):
+        T.check_heartbeat(5, "journal:/nonexistent/x.log", "real")

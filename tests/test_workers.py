@@ -230,3 +230,51 @@ def test_worker_goes_on_when_another_finished_the_same_enqueued_trial(tmp_path, 
     monkeypatch.setattr(optuna.study.Study, "optimize", broken)
     with pytest.raises(ValueError, match="something else"):
         tuner.optimize(2)
+
+
+#: sitecustomize for the CLI test below: every process (the CLI and its spawned workers) pauses in the
+#: sampler's before_trial, i.e. inside Optuna's study.ask() after the trial was created RUNNING, from trial 2
+#: on, after touching asking.<pid>: the window in which a signal used to leave the trial RUNNING forever
+PAUSE_IN_ASK = r'''
+import os, time
+from autotune import tuner as _t
+_orig = _t.TrialSeededSampler.before_trial
+def before_trial(self, study, trial):
+    if trial.number >= 2:
+        open(os.path.join({d!r}, f"asking.{{os.getpid()}}"), "w").close()
+        time.sleep(4)
+    return _orig(self, study, trial)
+_t.TrialSeededSampler.before_trial = before_trial
+'''
+
+
+def test_sigint_to_two_workers_leaves_no_running_trial(tmp_path):
+    # Ctrl-C (SIGINT to the process group) while both workers are inside ask(): each worker's in-flight
+    # trial must end FAIL with fail_reason "interrupted (signal 2)" (before: RUNNING forever), and the
+    # summary line counts only finished trials
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PAUSE_IN_ASK.format(d=str(tmp_path)))
+    url = f"sqlite:///{tmp_path}/s.db"
+    e = _env()
+    e["PYTHONPATH"] = str(site) + os.pathsep + e["PYTHONPATH"]
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "8b", "--space", "small", "--trials",
+                          "50", "--workers", "2", "--storage", url], env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("asking.*"))) >= 2, 120, "both workers to pause inside ask()")
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err.decode()
+    trials = _trials(url)
+    assert [t.number for t in trials if t.state.name == "RUNNING"] == []
+    failed = [t for t in trials if t.state.name == "FAIL"]
+    assert len(failed) >= 2                           # one in-flight trial per worker
+    assert all(t.user_attrs.get("fail_reason") == "interrupted (signal 2)" for t in failed), \
+        [t.user_attrs for t in failed]
+    line = [x for x in err.decode().splitlines() if x.startswith("interrupted:")]
+    assert line and f"interrupted: {len(trials)} trials saved" in line[0], err.decode()
