@@ -833,6 +833,9 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
     for w in validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload,
                            gpus_per_node=cluster.gpus_per_node, gpu=cluster.gpu):
         click.echo(f"warning: {w}", err=True)
+    seq_note = doc.model.check_sequence(doc.workload.seq_len)     # as `run` does for --seq-len
+    if seq_note:
+        click.echo(seq_note.replace("--seq-len", "seq_len"), err=True)
     eng = resolve_engine(engine if engine is not None else (None if backend == "real" else doc.engine), backend)
     ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
     try:

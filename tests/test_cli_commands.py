@@ -412,3 +412,16 @@ def test_bad_heartbeat_leaves_no_study(tmp_path, workers, hb, storage, match):
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and match in lines[0] and "--backend real" not in lines[0], r.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_warns_about_a_sequence_beyond_the_models_positions(tmp_path):
+    # Llama 3.1 8B's max_position_embeddings is 131072 (models.py); a plan with seq_len 262144 gets the
+    # same warning `run --seq-len 262144` prints, on stderr, and is still simulated (exit 0)
+    from pathlib import Path
+    d = yaml.safe_load((Path(__file__).parents[1] / "examples" / "8b-2xh200-fsdp.yaml").read_text())
+    d["workload"]["seq_len"] = 262144
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
+    r = invoke("simulate", str(f))
+    assert r.exit_code == 0, r.output
+    assert "warning: seq_len 262144 is longer than llama3.1-8b's max_position_embeddings 131072" in r.stderr
