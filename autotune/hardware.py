@@ -200,7 +200,7 @@ class ClusterSpec:
                                                                      f"{per // host} hosts of {host})")
             lo, hi = (n // unit) * unit, (n // unit + 1) * unit
             raise ConfigError(
-                f"--gpus {n} is not a whole number of {unit}-GPU {what} on {self.fabric.intra_node.name}; "
+                f"--gpus {n} is not a whole number of {unit}-GPU {what} on {self.fabric.name}; "
                 f"use at most {per} or a multiple of {unit} (e.g. {lo or unit} or {hi})")
         if n > per and self.fabric.inter_node is None:
             raise ConfigError(
