@@ -229,6 +229,29 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         check_journal_file(storage)     # likewise a journal:PATH file
 
 
+#: signals that arrived between the start of ``run`` and its first :func:`_interruptible` (the imports of
+#: Optuna and the simulator take a second or more): noted by :func:`_early_signals`' handler, acted on there
+_EARLY: list[int] = []
+
+
+def _early_signals() -> None:
+    """Note SIGINT / SIGTERM from now on (only note: nothing is raised into the imports that follow), so
+    a Ctrl-C in the first second of ``run`` is not lost; the first :func:`_interruptible` ends the command
+    with it (exit 130 / 143 and the "interrupted:" line). The previous handlers come back when the command
+    ends. A process that started with SIGINT ignored (``cmd &`` in a script) ignores it until here."""
+    import signal
+
+    _EARLY.clear()
+    ctx = click.get_current_context(silent=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old = signal.signal(sig, lambda signum, frame: _EARLY.append(signum))
+        except ValueError:      # not the main thread
+            continue
+        if ctx is not None:
+            ctx.call_on_close(lambda sig=sig, old=old: signal.signal(sig, old))
+
+
 def _interruptible(fn, *, storage: str, study: str):
     """Run ``fn()``; on SIGINT or SIGTERM print how many trials the study holds (each finished trial is
     already stored: Tuner.optimize persists it as it ends) and the best plan so far, then exit 130
@@ -265,6 +288,10 @@ def _interruptible(fn, *, storage: str, study: str):
 
     sys.unraisablehook = unraisable
     try:
+        if _EARLY:          # arrived before this command's first _interruptible (see _early_signals)
+            _t.note_interrupt(_EARLY.pop())
+            _EARLY.clear()
+            raise KeyboardInterrupt
         r = fn()
         if _t.interrupted() is not None:    # noted inside a library call that went on (see safe_to_raise)
             raise KeyboardInterrupt
@@ -535,6 +562,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
 
     Example: autotune run --size 405b --trials 200
     """
+    _early_signals()
     from autotune.report import format_best_plan
     from autotune.tuner import Tuner
 
