@@ -229,6 +229,29 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         check_journal_file(storage)     # likewise a journal:PATH file
 
 
+#: signals that arrived between the start of ``run`` and its first :func:`_interruptible` (the imports of
+#: Optuna and the simulator take a second or more): noted by :func:`_early_signals`' handler, acted on there
+_EARLY: list[int] = []
+
+
+def _early_signals() -> None:
+    """Note SIGINT / SIGTERM from now on (only note: nothing is raised into the imports that follow), so
+    a Ctrl-C in the first second of ``run`` is not lost; the first :func:`_interruptible` ends the command
+    with it (exit 130 / 143 and the "interrupted:" line). The previous handlers come back when the command
+    ends. A process that started with SIGINT ignored (``cmd &`` in a script) ignores it until here."""
+    import signal
+
+    _EARLY.clear()
+    ctx = click.get_current_context(silent=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old = signal.signal(sig, lambda signum, frame: _EARLY.append(signum))
+        except ValueError:      # not the main thread
+            continue
+        if ctx is not None:
+            ctx.call_on_close(lambda sig=sig, old=old: signal.signal(sig, old))
+
+
 def _interruptible(fn, *, storage: str, study: str):
     """Run ``fn()``; on SIGINT or SIGTERM print how many trials the study holds (each finished trial is
     already stored: Tuner.optimize persists it as it ends) and the best plan so far, then exit 130
@@ -244,7 +267,8 @@ def _interruptible(fn, *, storage: str, study: str):
 
     import sys
 
-    _t.clear_interrupt()
+    # not cleared here: a signal noted (not raised) during an earlier step of the same command must still
+    # end it (before, `run --workers N` lost a Ctrl-C noted while the study was opened)
     old: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -264,7 +288,14 @@ def _interruptible(fn, *, storage: str, study: str):
 
     sys.unraisablehook = unraisable
     try:
-        return fn()
+        if _EARLY:          # arrived before this command's first _interruptible (see _early_signals)
+            _t.note_interrupt(_EARLY.pop())
+            _EARLY.clear()
+            raise KeyboardInterrupt
+        r = fn()
+        if _t.interrupted() is not None:    # noted inside a library call that went on (see safe_to_raise)
+            raise KeyboardInterrupt
+        return r
     except KeyboardInterrupt:
         code = 143 if _t.interrupted() == signal.SIGTERM else 130
         click.echo(_interrupted_line(storage, study), err=True)
@@ -503,8 +534,9 @@ def _worker_id(worker_id):
     return int(v) if v.isdigit() else 0
 
 
-def _print_outcomes(outcomes):
-    """One line per worker: its own trials and outcomes; returns how many workers stopped on an error."""
+def _print_outcomes(outcomes, say=click.echo):
+    """One line per worker (through ``say``: stderr with --json): its own trials and outcomes; returns
+    how many workers stopped on an error."""
     bad = 0
     for o in outcomes:
         st = o.own_states
@@ -513,7 +545,7 @@ def _print_outcomes(outcomes):
         if o.error:
             bad += 1
             line += f"; stopped: {o.error}"
-        click.echo(line)
+        say(line)
     return bad
 
 
@@ -530,6 +562,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
 
     Example: autotune run --size 405b --trials 200
     """
+    _early_signals()
     from autotune.report import format_best_plan
     from autotune.tuner import Tuner
 
@@ -567,16 +600,22 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         click.echo(f"warning: {line}", err=True)
     name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
-    tuner = _interruptible(_open, storage=storage, study=name)
+    from autotune.tuner import clear_interrupt
+    clear_interrupt()   # one command, one interrupt: from here on every step is under _interruptible
     if workers > 1:
         from autotune.tuner import load_study, require_best_plan
         from autotune.workers import run_workers
 
-        tuner.study  # noqa: B018 - create the study once here, before the workers race for it
-        outcomes = _interruptible(lambda: run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
-                                                      first_worker_id=wid, heartbeat_interval_s=heartbeat_interval),
-                                  storage=storage, study=tuner.name)
-        bad = _print_outcomes(outcomes)
+        def _open_and_run():
+            # opening the study, creating it and running the workers under one handler: a signal that
+            # arrives between two of these steps is not lost (issue: Ctrl-C 0.8 s after start was ignored)
+            t = _open()
+            t.study  # noqa: B018 - create the study once here, before the workers race for it
+            return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
+                                  first_worker_id=wid, heartbeat_interval_s=heartbeat_interval)
+
+        tuner, outcomes = _interruptible(_open_and_run, storage=storage, study=name)
+        bad = _print_outcomes(outcomes, say)
         study, info = load_study(tuner.name, storage)
         trials_all = study.get_trials(deepcopy=False)
         n_new = sum(o.n_new_trials for o in outcomes)
@@ -586,6 +625,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             raise ConfigError(f"all {workers} workers stopped on an error (see above)")
         n_total, st = len(trials_all), {}
     else:
+        tuner = _interruptible(_open, storage=storage, study=name)
         try:
             summary = _interruptible(lambda: tuner.optimize(trials, timeout=timeout, worker_id=wid,
                                                             heartbeat_interval_s=heartbeat_interval),
@@ -917,6 +957,8 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
                             engine=resolve_engine(engine, backend).name)
     say = _say(as_json)
     say(f"re-tuning {_target_line(model, cluster, workload)}")
+    from autotune.tuner import clear_interrupt
+    clear_interrupt()   # _interruptible does not clear: a signal of an earlier command in this process is gone
     r = _interruptible(lambda: do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=say,
                   evaluator_options=_evaluator_options(backend, layers, real_steps, trial_timeout, launcher, nodes,

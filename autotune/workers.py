@@ -10,7 +10,9 @@ $SLURM_ARRAY_TASK_ID`` per task) or as several jobs. ``--trials`` is per worker.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
 import queue as queue_mod
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -30,12 +32,33 @@ class WorkerOutcome:
     exitcode: int | None = None
 
 
+#: the signals a worker handles; the parent blocks them while it starts the workers (a blocked signal stays
+#: pending, and the mask is inherited through spawn's fork + exec), so a Ctrl-C that reaches a worker while
+#: it is still importing modules is neither printed as a KeyboardInterrupt traceback nor lost: the worker
+#: unblocks them once its handler is installed and the pending signal is then handled like any other
+_SIGNALS = ("SIGINT", "SIGTERM")
+
+
 def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], worker_id: int,
                  out: "mp.Queue[WorkerOutcome]") -> None:  # pragma: no cover - runs in the child
+    import signal
     import sys
 
     from autotune.errors import AutotuneError, NoFeasiblePlanError
-    from autotune.tuner import Tuner, interrupted
+    from autotune.tuner import Tuner, interrupted, note_interrupt, safe_to_raise
+
+    sigs = [getattr(signal, n) for n in _SIGNALS]
+    armed = [True]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        # raised once (the first signal, where safe_to_raise allows): the parent forwards the signal that
+        # stopped it, so after a Ctrl-C to the process group a worker gets SIGINT twice, and a second
+        # KeyboardInterrupt must not land in the clean-up below; Tuner.optimize installs its own handler
+        # while it tunes and puts this one back when it ends
+        first = interrupted() is None
+        note_interrupt(signum)
+        if first and armed[0] and safe_to_raise(frame):
+            raise KeyboardInterrupt
 
     # a KeyboardInterrupt raised into a garbage-collector callback cannot propagate and Python prints it
     # ("Exception ignored in ..."); once the signal is noted the worker stops at its next check anyway
@@ -48,18 +71,34 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
 
     sys.unraisablehook = unraisable
     tuner = None
+    outcome = WorkerOutcome(worker_id, error="interrupted")
     try:
-        tuner = Tuner(**tuner_kwargs)
-        s = tuner.optimize(worker_id=worker_id, show_progress_bar=False, **optimize_kwargs)
-        out.put(WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states)))
-    except NoFeasiblePlanError:
-        out.put(WorkerOutcome(worker_id, error=None))
+        try:
+            for sig in sigs:
+                if signal.getsignal(sig) is not signal.SIG_IGN:     # an ignored signal stays ignored
+                    signal.signal(sig, on_signal)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)       # a pending signal is handled here
+            if interrupted():
+                raise KeyboardInterrupt
+            tuner = Tuner(**tuner_kwargs)
+            if interrupted():
+                raise KeyboardInterrupt
+            s = tuner.optimize(worker_id=worker_id, show_progress_bar=False, **optimize_kwargs)
+            outcome = WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states))
+        except KeyboardInterrupt:
+            raise
+        except NoFeasiblePlanError:
+            outcome = WorkerOutcome(worker_id, error=None)
+        except AutotuneError as e:
+            outcome = WorkerOutcome(worker_id, error=str(e))
+        except Exception as e:  # noqa: BLE001 - reported by the parent
+            outcome = WorkerOutcome(worker_id, error=f"{type(e).__name__}: {e}")
     except KeyboardInterrupt:
-        out.put(WorkerOutcome(worker_id, error="interrupted"))
-    except AutotuneError as e:
-        out.put(WorkerOutcome(worker_id, error=str(e)))
-    except Exception as e:  # noqa: BLE001 - reported by the parent
-        out.put(WorkerOutcome(worker_id, error=f"{type(e).__name__}: {e}"))
+        outcome = WorkerOutcome(worker_id, error="interrupted")
+    finally:
+        armed[0] = False        # from here on a signal is only noted: the worker is ending anyway
+    try:
+        out.put(outcome)
     finally:
         if tuner is not None:
             tuner.close()
@@ -76,27 +115,41 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
         num_workers: processes (>= 1); n_trials: trials per worker; timeout: s per worker.
         first_worker_id: ids are ``first_worker_id .. first_worker_id + num_workers - 1`` (seeds differ).
 
-    On KeyboardInterrupt (Ctrl-C reaches the children too, being in the terminal's process group) the
-    children are given 30 s to end, then sent SIGTERM (a worker marks its in-flight trial FAIL on SIGINT
-    or SIGTERM, :meth:`~autotune.tuner.Tuner.optimize`) and 30 s more, then killed; the interrupt is
-    re-raised.
+    On KeyboardInterrupt (SIGINT or SIGTERM, to the process group or to this process alone) the signal is
+    forwarded to the children at once (a worker marks its in-flight trial FAIL on SIGINT or SIGTERM,
+    :meth:`~autotune.tuner.Tuner.optimize`), they are given 30 s in all to end, then sent SIGTERM and 30 s
+    more, then killed; the interrupt is re-raised.
 
     Raises:
         ConfigError: ``num_workers`` < 1.
     """
     if num_workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {num_workers}")
+    import signal
+    import time
+
+    from autotune.tuner import interrupted
+
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     opt = {"n_trials": n_trials, "timeout": timeout, "heartbeat_interval_s": heartbeat_interval_s}
     procs = {first_worker_id + i: ctx.Process(target=_worker_main, args=(dict(tuner_kwargs), opt,
                                                                           first_worker_id + i, out))
              for i in range(num_workers)}
-    for p in procs.values():
-        p.start()
+    sigs = [getattr(signal, n) for n in _SIGNALS]
     results: dict[int, WorkerOutcome] = {}
     try:
+        # the workers start with SIGINT and SIGTERM blocked (see _SIGNALS); here they are blocked only while
+        # the processes are started, and one that arrives meanwhile is handled as the mask is restored
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+        try:
+            for p in procs.values():
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         while len(results) < len(procs):
+            if interrupted():       # noted where it could not be raised (see tuner.safe_to_raise)
+                raise KeyboardInterrupt
             try:
                 r = out.get(timeout=1.0)
                 results[r.worker_id] = r
@@ -108,8 +161,19 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
         for p in procs.values():
             p.join()
     except KeyboardInterrupt:
+        # a signal sent to this process alone (kill PID, a batch system stopping the job step) must stop the
+        # workers too: forward it at once (after a Ctrl-C to the process group they have it already and a
+        # second one is only noted); each ends at its next trial boundary or inside its objective
+        sig = interrupted() or signal.SIGINT
         for p in procs.values():
-            p.join(timeout=30)
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, sig)
+        deadline = time.monotonic() + 30
+        for p in procs.values():
+            if p.pid is None:
+                continue
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=30)
