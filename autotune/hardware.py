@@ -392,6 +392,11 @@ def shipped_measured_fabrics() -> list[str]:
 
 
 def _fabric_from_file(p: Path) -> FabricSpec:
+    """An interconnect YAML file (:func:`get_fabric`); refused when named like a built-in with other links."""
+    return _fabric_from_file_unchecked(p, check_name=True)
+
+
+def _fabric_from_file_unchecked(p: Path, *, check_name: bool = False) -> FabricSpec:
     from autotune.files import read_yaml_file
 
     d = read_yaml_file(p, what="interconnect file")
@@ -406,7 +411,44 @@ def _fabric_from_file(p: Path) -> FabricSpec:
     inter = None
     if d.get("inter_node") is not None:
         inter = _link_from_mapping(d["inter_node"], name=f"{name}-inter", where=f"{p}: inter_node", intra=False)
-    return FabricSpec(name=name, intra_node=intra, inter_node=inter)
+    fabric = FabricSpec(name=name, intra_node=intra, inter_node=inter)
+    if check_name:
+        _refuse_builtin_name(fabric, p)
+    return fabric
+
+
+def _builtin_fabric(name: str) -> tuple[FabricSpec, Path | None] | None:
+    """The built-in fabric called ``name`` (a preset ``intra[+inter]`` or a shipped measured tier) and the
+    shipped file it comes from (None for presets), or None when no built-in has that name."""
+    shipped = _shipped_measured_fabric(name)
+    if shipped is not None:
+        return _fabric_from_file_unchecked(shipped), shipped
+    try:
+        f = get_fabric(name) if not name.endswith((".yaml", ".yml")) and not Path(name).is_file() else None
+    except ConfigError:
+        return None
+    return (f, None) if f is not None else None
+
+
+def _refuse_builtin_name(fabric: FabricSpec, p: Path) -> None:
+    """A study is named after its fabric's name: a file called like a built-in with other links would create
+    (on a fresh storage) the built-in's study, and the real built-in would be refused there afterwards.
+
+    Raises:
+        ConfigError: ``fabric`` (read from ``p``) has a built-in's name but other link values.
+    """
+    got = _builtin_fabric(fabric.name)
+    if got is None:
+        return
+    builtin, src = got
+    if builtin.name != fabric.name or (src is not None and src.resolve() == p.resolve()):
+        return      # another study name (names are case-sensitive), or the shipped file itself
+    from autotune.tuner import _fabric_differences, fabric_fingerprint
+
+    if fabric_fingerprint(builtin) != fabric_fingerprint(fabric):
+        diff = _fabric_differences(builtin.to_dict(), fabric.to_dict())
+        raise ConfigError(f"fabric file {p} is named like the built-in {fabric.name!r} but its links differ "
+                          f"({diff}, built-in vs file); give it another name")
 
 
 def fabric_from_dict(d: Mapping[str, Any], *, where: str = "fabric") -> FabricSpec:

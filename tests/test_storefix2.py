@@ -67,3 +67,47 @@ def test_whole_journal_is_accepted(tmp_path, journal):
     p.write_bytes(journal)
     r = CliRunner().invoke(main, ["show", "--storage", f"journal:{p}"])
     assert r.exit_code == 0, r.output
+
+
+# ---- 1: fabric / space files named like a built-in
+def test_fabric_file_named_like_a_preset_with_other_links_is_refused(tmp_path):
+    # before: on a fresh storage this created the study 'nvlink5+ib-ndr400' with 100 GB/s NVLink, and the
+    # real preset was refused there afterwards ("tuned on fabric ... with different links")
+    f = tmp_path / "b.yaml"
+    f.write_text("name: nvlink5+ib-ndr400\nintra_node: {bandwidth_gbs: 100, latency_us: 3, gpus_per_node: 8}\n"
+                 "inter_node: {bandwidth_gbs: 50, latency_us: 5}\n")
+    db = tmp_path / "s.db"
+    line = _one_error_line(CliRunner().invoke(main, RUN + ["--interconnect", str(f), "--storage", f"sqlite:///{db}"]))
+    assert f"fabric file {f} is named like the built-in 'nvlink5+ib-ndr400'" in line
+    assert "intra_node.bandwidth_gbs 900 vs 100" in line and "another name" in line
+    assert not db.exists()
+
+
+def test_fabric_file_with_a_presets_name_and_links_is_accepted(tmp_path):
+    import yaml
+
+    from autotune.hardware import get_fabric
+
+    f = tmp_path / "same.yaml"
+    f.write_text(yaml.safe_dump(get_fabric("nvlink5+ib-ndr400").to_dict()))
+    assert get_fabric(str(f)).name == "nvlink5+ib-ndr400"
+    assert get_fabric("h200-nvlink").name == "h200-nvlink"        # the shipped measured tier itself
+
+
+def test_space_file_named_like_a_builtin_with_other_contents_is_refused(tmp_path):
+    # before: `--space s.yaml` (name: small, one knob narrower) used the built-in 'small' study name
+    from autotune.search_space import search_space_dirs
+
+    text = (search_space_dirs()[0] / "small.yaml").read_text()
+    f = tmp_path / "s.yaml"
+    f.write_text(text.replace("micro_batch_size: [1, 2]", "micro_batch_size: [1]"))
+    assert f.read_text() != text
+    db = tmp_path / "s.db"
+    line = _one_error_line(CliRunner().invoke(main, ["run", "--size", "8b", "--space", str(f), "--trials", "1",
+                                                     "--storage", f"sqlite:///{db}"]))
+    assert f"search space file {f} is named like the built-in 'small'" in line and "another name" in line
+    assert not db.exists()
+    same = tmp_path / "same.yaml"          # a copy of the built-in is the built-in
+    same.write_text(text)
+    from autotune.search_space import SearchSpace
+    assert SearchSpace.load(str(same)).fingerprint == SearchSpace.load("small").fingerprint
