@@ -645,9 +645,15 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
         return load_study(study, storage)
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+    loaded_space = SearchSpace.load(space)
+    name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
-    return load_study(name, storage)
+    st, info = load_study(name, storage)
+    # the name holds the fabric's and space's names only: a file reusing a name with other links or knobs
+    # must not be given another study's plan (run and retune refuse it the same way)
+    from autotune.tuner import check_identity
+    check_identity(st.user_attrs, name=name, storage=storage, space=loaded_space, fabric=cluster.fabric)
+    return st, info
 
 
 @main.command()

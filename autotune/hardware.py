@@ -417,17 +417,18 @@ def _fabric_from_file_unchecked(p: Path, *, check_name: bool = False) -> FabricS
     return fabric
 
 
-def _builtin_fabric(name: str) -> tuple[FabricSpec, Path | None] | None:
-    """The built-in fabric called ``name`` (a preset ``intra[+inter]`` or a shipped measured tier) and the
-    shipped file it comes from (None for presets), or None when no built-in has that name."""
-    shipped = _shipped_measured_fabric(name)
-    if shipped is not None:
-        return _fabric_from_file_unchecked(shipped), shipped
+def _builtin_fabric(name: str) -> FabricSpec | None:
+    """The preset fabric (autotune/data/fabrics.yaml, ``intra[+inter]``) called ``name``, or None.
+
+    Shipped measured tiers (``h200-nvlink`` ...) are not counted: ``autotune profile`` writes its own
+    measurement under that name on purpose (a study's fabric fingerprint still keeps the two apart).
+    """
+    if name.endswith((".yaml", ".yml")) or _shipped_measured_fabric(name) is not None or Path(name).is_file():
+        return None
     try:
-        f = get_fabric(name) if not name.endswith((".yaml", ".yml")) and not Path(name).is_file() else None
+        return get_fabric(name)
     except ConfigError:
         return None
-    return (f, None) if f is not None else None
 
 
 def _refuse_builtin_name(fabric: FabricSpec, p: Path) -> None:
@@ -437,12 +438,9 @@ def _refuse_builtin_name(fabric: FabricSpec, p: Path) -> None:
     Raises:
         ConfigError: ``fabric`` (read from ``p``) has a built-in's name but other link values.
     """
-    got = _builtin_fabric(fabric.name)
-    if got is None:
-        return
-    builtin, src = got
-    if builtin.name != fabric.name or (src is not None and src.resolve() == p.resolve()):
-        return      # another study name (names are case-sensitive), or the shipped file itself
+    builtin = _builtin_fabric(fabric.name)
+    if builtin is None or builtin.name != fabric.name:
+        return      # no preset has this name (names are case-sensitive: another study name)
     from autotune.tuner import _fabric_differences, fabric_fingerprint
 
     if fabric_fingerprint(builtin) != fabric_fingerprint(fabric):

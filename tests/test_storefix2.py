@@ -111,3 +111,49 @@ def test_space_file_named_like_a_builtin_with_other_contents_is_refused(tmp_path
     same.write_text(text)
     from autotune.search_space import SearchSpace
     assert SearchSpace.load(str(same)).fingerprint == SearchSpace.load("small").fingerprint
+
+
+# ---- 2: export checks the fabric like run does
+def test_export_refuses_a_fabric_file_with_the_stored_name_but_other_links(tmp_path):
+    # before: export selected the study by name only and wrote the plan tuned on the other 'x'
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("name: x\nintra_node: {bandwidth_gbs: 900, latency_us: 4, gpus_per_node: 8}\n")
+    b.write_text("name: x\nintra_node: {bandwidth_gbs: 100, latency_us: 4, gpus_per_node: 8}\n")
+    url = f"sqlite:///{tmp_path}/s.db"
+    r = CliRunner().invoke(main, RUN + ["--interconnect", str(a), "--storage", url])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "pb.yaml"
+    line = _one_error_line(CliRunner().invoke(main, ["export", "--size", "8b", "--space", "small", "--interconnect",
+                                                     str(b), "--storage", url, "-o", str(out)]))
+    assert "tuned on fabric 'x' with different links" in line and "900 vs 100" in line and url in line, line
+    assert not out.exists()
+    r = CliRunner().invoke(main, ["export", "--size", "8b", "--space", "small", "--interconnect", str(a),
+                                  "--storage", url, "-o", str(tmp_path / "pa.yaml")])
+    assert r.exit_code == 0, r.output
+
+
+# ---- 3: a study autotune did not make is not adopted
+def test_run_refuses_a_plain_optuna_study_with_the_autotune_name(tmp_path):
+    # before: run added autotune's user_attrs to the foreign study and reported its 3 trials as
+    # "do not fit in memory"
+    import optuna
+
+    from autotune.cli import resolve_target
+    from autotune.search_space import SearchSpace
+    from autotune.tuner import study_name
+
+    model, cluster, workload = resolve_target(size="8b", model_path=None, gpu=None, gpus=None, interconnect=None,
+                                              seq_len=None, global_batch=None)
+    name = study_name(model, cluster, workload, space_name=SearchSpace.load("small").name)
+    url = f"sqlite:///{tmp_path}/o.db"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    s = optuna.create_study(study_name=name, storage=url)
+    s.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    line = _one_error_line(CliRunner().invoke(main, RUN + ["--storage", url]))
+    assert f"study {name!r} in {url} was not made by autotune" in line, line
+    s = optuna.load_study(study_name=name, storage=url)
+    assert s.user_attrs == {} and len(s.trials) == 3 and s.metric_names is None
+    # an empty study of that name (autotune creating it, or another worker's) is still taken
+    url2 = f"sqlite:///{tmp_path}/e.db"
+    optuna.create_study(study_name=name, storage=url2, direction="maximize")
+    assert CliRunner().invoke(main, RUN + ["--storage", url2]).exit_code == 0
