@@ -13,11 +13,13 @@ journal (:func:`check_journal_file`); other URLs are returned unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
 import urllib.parse
 from pathlib import Path
+from typing import Iterator
 
 from autotune.errors import StorageError
 
@@ -193,3 +195,39 @@ def readonly_url(url: str) -> str:
     ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
     _USER_URLS.setdefault(ro, user_url(url))
     return ro
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The innermost exception ``e`` was raised from (sqlite3's "database disk image is malformed" under
+    SQLAlchemy's DatabaseError under Optuna's StorageInternalError)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        nxt = e.__cause__ or e.__context__
+        if nxt is None:
+            break
+        e = nxt
+    return e
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Turn a storage that fails while being read (a damaged SQLite page, a lost server: Optuna's
+    ``StorageInternalError``, SQLAlchemy's or sqlite3's errors) into one :class:`StorageError` line naming
+    the user's ``--storage`` and the innermost cause, as ``run`` reports it. Other exceptions pass through.
+    """
+    import optuna
+
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as e:
+        import sqlalchemy.exc
+
+        if not isinstance(e, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error)):
+            raise
+        root = _root_cause(e)
+        cause = (str(root).splitlines() or [type(root).__name__])[0].strip() or type(root).__name__
+        raise StorageError(f"storage {user_url(url)} cannot be read: {cause} (the database may be damaged; "
+                           "nothing was changed)") from None

@@ -157,3 +157,28 @@ def test_run_refuses_a_plain_optuna_study_with_the_autotune_name(tmp_path):
     url2 = f"sqlite:///{tmp_path}/e.db"
     optuna.create_study(study_name=name, storage=url2, direction="maximize")
     assert CliRunner().invoke(main, RUN + ["--storage", url2]).exit_code == 0
+
+
+# ---- 5: a damaged SQLite page
+def test_damaged_sqlite_gives_one_storage_error_line_on_read_commands(tmp_path):
+    # before: show / export / plot exited 1 "unexpected StorageInternalError" (a bug report) while run
+    # gave exit 2; the header and sqlite_master (page 1) are intact, so readonly_url let the file through
+    import sqlite3
+
+    db = tmp_path / "d.db"
+    url = f"sqlite:///{db}"
+    assert CliRunner().invoke(main, RUN + ["--storage", url]).exit_code == 0
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    assert db.stat().st_size > 12288
+    with open(db, "r+b") as fh:
+        fh.seek(8192)
+        fh.write(b"\xff" * 4096)
+    before = _digest(db)
+    for args in (["show"], ["export", "--size", "8b", "--space", "small", "-o", str(tmp_path / "p.yaml")],
+                 ["plot", "-o", str(tmp_path / "pl")]):
+        line = _one_error_line(CliRunner().invoke(main, args + ["--storage", url]))
+        assert line.startswith(f"error: storage {url} cannot be read: ") and "malformed" in line, line
+    assert _digest(db) == before
+    assert not (tmp_path / "p.yaml").exists()
