@@ -576,10 +576,18 @@ def trial_reason(t: FrozenTrial) -> str | None:
     if t.state == TrialState.PRUNED:
         return f"pruned: {ua.get('pruned_reason', 'no reason recorded')}"
     if t.state == TrialState.FAIL:
-        return f"error: {ua.get('fail_reason') or t.system_attrs.get('fail_reason', 'unknown error')}"
+        # "failed: ...", not "error: ...": the CLI prints the whole message after its own "error: "
+        return f"failed: {ua.get('fail_reason') or t.system_attrs.get('fail_reason', 'unknown error')}"
     if t.state == TrialState.COMPLETE:
         return f"does not fit in memory: {ua.get('infeasible_reason', 'no reason recorded')}"
     return f"not finished ({t.state.name.lower()})"
+
+
+def was_interrupted(t: FrozenTrial) -> bool:
+    """A FAIL trial stopped by a signal (``fail_reason`` "interrupted (signal N)", :meth:`Tuner._objective`
+    and :meth:`Tuner._fail_running`), not by its plan."""
+    reason = t.user_attrs.get("fail_reason") or t.system_attrs.get("fail_reason") or ""
+    return t.state == TrialState.FAIL and isinstance(reason, str) and reason.startswith("interrupted")
 
 
 def _reason_kind(reason: str) -> str:
@@ -664,6 +672,14 @@ def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> Bes
         if not trials:
             raise NoFeasiblePlanError(f"study {study.study_name!r} in {_user_url(storage)} has no trials yet; run "
                                       "`autotune run` with the same options first")
+        stopped = [t for t in trials if was_interrupted(t)]
+        if len(stopped) == len(trials):
+            # nothing was learnt about the space: widening it would be the wrong advice
+            raise NoFeasiblePlanError(
+                f"study {study.study_name!r} in {_user_url(storage)} has no feasible plan: the only "
+                + ("trial was " if len(trials) == 1 else f"{len(trials)} trials were ")
+                + (trial_reason(stopped[0]) or "failed: interrupted").removeprefix("failed: ")
+                + "; run again (`autotune run` with the same options) to tune it")
         n_bad, n, reason = failure_summary(trials)
         raise NoFeasiblePlanError(f"{n_bad}/{n} trials gave no feasible plan (pruned, out of memory or failed): "
                                   f"{reason}. Study {study.study_name!r} is kept in "

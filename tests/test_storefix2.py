@@ -182,3 +182,37 @@ def test_damaged_sqlite_gives_one_storage_error_line_on_read_commands(tmp_path):
         assert line.startswith(f"error: storage {url} cannot be read: ") and "malformed" in line, line
     assert _digest(db) == before
     assert not (tmp_path / "p.yaml").exists()
+
+
+# ---- 7: export after interrupted trials
+def _study_with_failed_trials(tmp_path, reasons):
+    import optuna
+
+    from autotune.cli import resolve_target
+    from autotune.tuner import Tuner
+
+    model, cluster, workload = resolve_target(size="8b", model_path=None, gpu=None, gpus=None, interconnect=None,
+                                              seq_len=None, global_batch=None)
+    url = f"sqlite:///{tmp_path}/s.db"
+    t = Tuner(model=model, cluster=cluster, workload=workload, space="small", storage=url)
+    for r in reasons:       # what Tuner.objective records when a signal stops a trial
+        t.study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                                    user_attrs={"fail_reason": r}))
+    return url
+
+
+def test_export_after_only_interrupted_trials_says_run_again(tmp_path):
+    # before: "error: 1/1 trials gave no feasible plan (...): error: interrupted (signal 2). ... widen the
+    # search space (--space), add GPUs or shrink the batch": a doubled "error:" and the wrong advice
+    url = _study_with_failed_trials(tmp_path, ["interrupted (signal 2)"])
+    line = _one_error_line(CliRunner().invoke(main, ["export", "--size", "8b", "--space", "small", "--storage", url,
+                                                     "-o", str(tmp_path / "p.yaml")]))
+    assert line.count("error:") == 1 and "the only trial was interrupted (signal 2); run again" in line, line
+    assert "the only trial was interrupted" in line and "run again" in line and "widen" not in line, line
+
+
+def test_export_after_failed_trials_has_one_error_prefix(tmp_path):
+    url = _study_with_failed_trials(tmp_path, ["interrupted (signal 15)", "RuntimeError: boom", "RuntimeError: boom"])
+    line = _one_error_line(CliRunner().invoke(main, ["export", "--size", "8b", "--space", "small", "--storage", url,
+                                                     "-o", str(tmp_path / "p.yaml")]))
+    assert line.count("error:") == 1 and "3/3 trials gave no feasible plan" in line and "failed: RuntimeError: boom" in line

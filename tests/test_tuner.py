@@ -72,7 +72,7 @@ def test_all_failed_message_and_study_kept(tmp_path):
     t = tuner(tmp_path, evaluator=ev)
     with pytest.raises(NoFeasiblePlanError) as ei:
         t.optimize(6, show_progress_bar=False)
-    assert re.match(r"6/6 trials gave no feasible plan \(pruned, out of memory or failed\): error: RuntimeError: fake evaluator exploded", str(ei.value)), str(ei.value)
+    assert re.match(r"6/6 trials gave no feasible plan \(pruned, out of memory or failed\): failed: RuntimeError: fake evaluator exploded", str(ei.value)), str(ei.value)
     st = optuna.load_study(study_name=t.name, storage=f"sqlite:///{tmp_path}/s.db")
     assert len(st.trials) == 6
     for x in st.trials:  # every trial is either pruned (invalid combination) or failed, with its reason
