@@ -685,9 +685,15 @@ def _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, gl
         return load_study(study, storage)
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
-    name = study_name(model, cluster, workload, space_name=SearchSpace.load(space).name, backend=backend,
+    loaded_space = SearchSpace.load(space)
+    name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
-    return load_study(name, storage)
+    st, info = load_study(name, storage)
+    # the name holds the fabric's and space's names only: a file reusing a name with other links or knobs
+    # must not be given another study's plan (run and retune refuse it the same way)
+    from autotune.tuner import check_identity
+    check_identity(st.user_attrs, name=name, storage=storage, space=loaded_space, fabric=cluster.fabric)
+    return st, info
 
 
 @main.command()
@@ -709,11 +715,13 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
     Example: autotune export --size 405b -o plan.yaml
     """
     from autotune.report import launch_hints
+    from autotune.storage_check import storage_errors
     from autotune.tuner import require_best_plan
 
-    st, info = _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage,
-                              space, backend, engine)
-    best = require_best_plan(st, info, storage)
+    with storage_errors(storage):
+        st, info = _open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage,
+                                  space, backend, engine)
+        best = require_best_plan(st, info, storage)
     doc = best.document()
     if dry_run and not launcher:
         raise click.UsageError("--dry-run needs --launcher torchrun|slurm")
@@ -781,7 +789,7 @@ def show(storage, engine, as_json):
 
     from pathlib import Path
 
-    from autotune.storage_check import readonly_url, sqlite_path
+    from autotune.storage_check import readonly_url, sqlite_path, storage_errors
     storage = storage if storage is not None else DEFAULT_STORAGE
     if storage == DEFAULT_STORAGE and not Path(sqlite_path(storage)[0]).exists():
         # the default storage before any `autotune run`: nothing to list, and nothing is created
@@ -791,29 +799,30 @@ def show(storage, engine, as_json):
     if engine is not None:
         from autotune.engines import get_engine
         get_engine(engine)
-    rows = []
-    entries = []
-    for info in list_studies(ro_storage):
-        if engine is not None and info.engine != engine:
-            continue
-        st, info = load_study(info.name, ro_storage)
-        bp = best_plan(st, info)
-        trials = st.get_trials(deepcopy=False)
-        if as_json:
-            entries.append(_entry(plan=bp.plan if bp else None, result=bp.result if bp else None, info=info,
-                                  engine=info.engine, label="best", study=info.name,
-                                  trial=bp.trial_number if bp else None, extra={"n_trials": len(trials)}))
-            continue
-        row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
-               "engine": info.engine, "backend": info.backend, "workload": info.workload.label,
-               "n_trials": len(trials), "study": info.name}
-        if bp is None:
-            n_bad, n, _ = failure_summary(trials)
-            row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} trials pruned, OOM or failed)")
-        else:
-            row.update(mfu=f"{100 * bp.result.mfu:.1f}%", step=f"{bp.result.step_time_ms:,.0f}",
-                       plan=short_plan(bp.plan))
-        rows.append(row)
+    with storage_errors(ro_storage):
+        rows = []
+        entries = []
+        for info in list_studies(ro_storage):
+            if engine is not None and info.engine != engine:
+                continue
+            st, info = load_study(info.name, ro_storage)
+            bp = best_plan(st, info)
+            trials = st.get_trials(deepcopy=False)
+            if as_json:
+                entries.append(_entry(plan=bp.plan if bp else None, result=bp.result if bp else None, info=info,
+                                      engine=info.engine, label="best", study=info.name,
+                                      trial=bp.trial_number if bp else None, extra={"n_trials": len(trials)}))
+                continue
+            row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
+                   "engine": info.engine, "backend": info.backend, "workload": info.workload.label,
+                   "n_trials": len(trials), "study": info.name}
+            if bp is None:
+                n_bad, n, _ = failure_summary(trials)
+                row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} trials pruned, OOM or failed)")
+            else:
+                row.update(mfu=f"{100 * bp.result.mfu:.1f}%", step=f"{bp.result.step_time_ms:,.0f}",
+                           plan=short_plan(bp.plan))
+            rows.append(row)
     if as_json:
         from autotune.report import json_document
         entries.sort(key=lambda e: (e["target"]["model"], e["target"]["num_gpus"], e["study"]))
@@ -1009,21 +1018,22 @@ def plot(study, storage, out_dir):
     Example: autotune plot -o plots/
     """
     from autotune.plots import write_study_plots
-    from autotune.storage_check import readonly_url
+    from autotune.storage_check import readonly_url, storage_errors
     from autotune.tuner import list_studies, load_study
 
     given, storage = storage, readonly_url(storage)
-    if study is None:
-        names = [i.name for i in list_studies(storage)]
-        if not names:
-            raise ConfigError(f"no studies in {given} yet; run `autotune run --size 8b` first")
-        if len(names) != 1:
-            shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
-            raise ConfigError(f"{len(names)} studies in {given}; name one as the STUDY argument, e.g. "
-                              f"`autotune plot {names[0]} -o plots/` (`autotune show` lists them): {shown}")
-        study = names[0]
-    st, _ = load_study(study, storage)
-    paths = write_study_plots(st, out_dir)
+    with storage_errors(storage):
+        if study is None:
+            names = [i.name for i in list_studies(storage)]
+            if not names:
+                raise ConfigError(f"no studies in {given} yet; run `autotune run --size 8b` first")
+            if len(names) != 1:
+                shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+                raise ConfigError(f"{len(names)} studies in {given}; name one as the STUDY argument, e.g. "
+                                  f"`autotune plot {names[0]} -o plots/` (`autotune show` lists them): {shown}")
+            study = names[0]
+        st, _ = load_study(study, storage)
+        paths = write_study_plots(st, out_dir)
     click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
 
 

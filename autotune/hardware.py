@@ -392,6 +392,11 @@ def shipped_measured_fabrics() -> list[str]:
 
 
 def _fabric_from_file(p: Path) -> FabricSpec:
+    """An interconnect YAML file (:func:`get_fabric`); refused when named like a built-in with other links."""
+    return _fabric_from_file_unchecked(p, check_name=True)
+
+
+def _fabric_from_file_unchecked(p: Path, *, check_name: bool = False) -> FabricSpec:
     from autotune.files import read_yaml_file
 
     d = read_yaml_file(p, what="interconnect file")
@@ -406,7 +411,42 @@ def _fabric_from_file(p: Path) -> FabricSpec:
     inter = None
     if d.get("inter_node") is not None:
         inter = _link_from_mapping(d["inter_node"], name=f"{name}-inter", where=f"{p}: inter_node", intra=False)
-    return FabricSpec(name=name, intra_node=intra, inter_node=inter)
+    fabric = FabricSpec(name=name, intra_node=intra, inter_node=inter)
+    if check_name:
+        _refuse_builtin_name(fabric, p)
+    return fabric
+
+
+def _builtin_fabric(name: str) -> FabricSpec | None:
+    """The preset fabric (autotune/data/fabrics.yaml, ``intra[+inter]``) called ``name``, or None.
+
+    Shipped measured tiers (``h200-nvlink`` ...) are not counted: ``autotune profile`` writes its own
+    measurement under that name on purpose (a study's fabric fingerprint still keeps the two apart).
+    """
+    if name.endswith((".yaml", ".yml")) or _shipped_measured_fabric(name) is not None or Path(name).is_file():
+        return None
+    try:
+        return get_fabric(name)
+    except ConfigError:
+        return None
+
+
+def _refuse_builtin_name(fabric: FabricSpec, p: Path) -> None:
+    """A study is named after its fabric's name: a file called like a built-in with other links would create
+    (on a fresh storage) the built-in's study, and the real built-in would be refused there afterwards.
+
+    Raises:
+        ConfigError: ``fabric`` (read from ``p``) has a built-in's name but other link values.
+    """
+    builtin = _builtin_fabric(fabric.name)
+    if builtin is None or builtin.name != fabric.name:
+        return      # no preset has this name (names are case-sensitive: another study name)
+    from autotune.tuner import _fabric_differences, fabric_fingerprint
+
+    if fabric_fingerprint(builtin) != fabric_fingerprint(fabric):
+        diff = _fabric_differences(builtin.to_dict(), fabric.to_dict())
+        raise ConfigError(f"fabric file {p} is named like the built-in {fabric.name!r} but its links differ "
+                          f"({diff}, built-in vs file); give it another name")
 
 
 def fabric_from_dict(d: Mapping[str, Any], *, where: str = "fabric") -> FabricSpec:

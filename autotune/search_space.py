@@ -80,6 +80,16 @@ def search_space_dirs() -> list[Path]:
     return [here.parent / "search_spaces", here / "data" / "search_spaces"]
 
 
+def _builtin_space_file(name: str) -> Path | None:
+    """``<dir>/<name>.yaml`` in the first of :func:`search_space_dirs` that has it, else None."""
+    if not name or "/" in name or name.startswith("."):
+        return None
+    for d in search_space_dirs():
+        if (d / f"{name}.yaml").is_file():
+            return d / f"{name}.yaml"
+    return None
+
+
 def known_search_spaces() -> list[str]:
     names: set[str] = set()
     for d in search_space_dirs():
@@ -121,18 +131,29 @@ class SearchSpace:
         """
         spec = str(name_or_path or "default")
         p = Path(spec)
-        if not (spec.endswith((".yaml", ".yml")) or p.is_file() or "/" in spec):
-            for d in search_space_dirs():
-                if (d / f"{spec}.yaml").is_file():
-                    p = d / f"{spec}.yaml"
-                    break
-            else:
+        by_name = not (spec.endswith((".yaml", ".yml")) or p.is_file() or "/" in spec)
+        if by_name:
+            found = _builtin_space_file(spec)
+            if found is None:
                 raise ConfigError(f"unknown search space {spec!r}; known: {', '.join(known_search_spaces())} "
                                   "(or give a path to a YAML file)")
+            p = found
         from autotune.files import read_yaml_file
 
         d = read_yaml_file(p, what="search space file")
-        return cls.from_dict(d, source=str(p), default_name=p.stem)
+        space = cls.from_dict(d, source=str(p), default_name=p.stem)
+        if not by_name:
+            # the study name holds the space's name only: a file named like a built-in with other contents
+            # would create (on a fresh storage) the built-in's study and get the real one refused there later
+            builtin = _builtin_space_file(space.name)
+            if builtin is not None and builtin.resolve() != p.resolve():
+                other = cls.from_dict(read_yaml_file(builtin, what="search space file"), source=str(builtin),
+                                      default_name=builtin.stem)
+                if other.fingerprint != space.fingerprint:
+                    raise ConfigError(f"search space file {p} is named like the built-in {space.name!r} "
+                                      f"({builtin}) but its contents differ (fingerprint {other.fingerprint} vs "
+                                      f"{space.fingerprint}); give it another name")
+        return space
 
     @classmethod
     def from_dict(cls, d: Any, *, source: str = "search space", default_name: str = "custom") -> "SearchSpace":

@@ -13,10 +13,13 @@ journal (:func:`check_journal_file`); other URLs are returned unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import time
 import urllib.parse
 from pathlib import Path
+from typing import Iterator
 
 from autotune.errors import StorageError
 
@@ -52,11 +55,11 @@ def check_journal_file(url: str, *, must_exist: bool = False) -> None:
     PATH, each with an ``op_code`` key (optuna/storages/journal/_file.py ``append_logs``,
     optuna/storages/journal/_storage.py ``JournalOperation``), and creates PATH when it is missing; it
     would append to any file. Accepted: a missing PATH (unless ``must_exist``), an empty file, or a file
-    whose first line is a JSON object with ``op_code``. Other URLs are not checked.
+    every line of which is a whole journal record (:func:`_journal_problem`). Other URLs are not checked.
 
     Raises:
         StorageError: PATH is empty, a directory or not a regular file, unreadable, or a non-empty file that is
-            not an Optuna journal; or missing while ``must_exist`` (nothing is created or written).
+            not a whole Optuna journal (a cut last line, a line that is not a record); or missing while ``must_exist`` (nothing is created or written).
     """
     path = journal_path(url)
     if path is None:
@@ -74,21 +77,62 @@ def check_journal_file(url: str, *, must_exist: bool = False) -> None:
     if not p.is_file():
         raise StorageError(f"--storage {url}: {p} is not a regular file; give an Optuna journal file path")
     try:
-        with open(p, "rb") as fh:
-            first = fh.readline(1 << 20)
+        problem = _journal_problem(p)
+        # another worker may be appending right now (Optuna writes and fsyncs a whole line under its lock,
+        # optuna/storages/journal/_file.py append_logs): a cut last line is looked at again before refusing
+        for _ in range(3):
+            if problem is None or not problem.endswith(_CUT):
+                break
+            time.sleep(0.1)
+            problem = _journal_problem(p)
     except OSError as e:
         raise StorageError(f"--storage {url}: {p} cannot be read: {e.strerror or e}") from None
-    if not first:
-        return
+    if problem is not None:
+        raise StorageError(f"--storage {url}: {p} is not an Optuna journal file or not a whole one ({problem}); refused, left "
+                           "untouched: give a new or journal file path (or restore this one from a backup)")
+
+
+#: keys each Optuna journal operation reads (optuna/storages/journal/_storage.py ``JournalOperation`` and
+#: ``_apply_*``); a record without them makes Optuna's replay raise KeyError
+_CUT = "is cut short: no newline at its end"
+_JOURNAL_KEYS = {0: ("study_name", "directions"), 1: ("study_id",), 2: ("study_id", "user_attr"),
+                 3: ("study_id", "system_attr"), 4: ("study_id",),
+                 5: ("trial_id", "param_name", "param_value_internal", "distribution"), 6: ("trial_id", "state"),
+                 7: ("trial_id", "step", "intermediate_value"), 8: ("trial_id", "user_attr"),
+                 9: ("trial_id", "system_attr"), 10: ()}
+
+
+def _journal_problem(p: Path) -> str | None:
+    """Why the file at ``p`` is not a whole Optuna journal (None when it is, or is empty); reads only.
+
+    Every line must be a JSON object with a known integer ``op_code`` and the keys that operation needs, and
+    the last line must end with a newline (``append_logs`` writes whole lines; a missing newline means the
+    file was cut, and Optuna would append after the partial line and then fail to replay it).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     import json
 
-    try:
-        rec = json.loads(first.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        rec = None
-    if not isinstance(rec, dict) or "op_code" not in rec:
-        raise StorageError(f"--storage {url}: {p} is not an Optuna journal file (its first line is not a JSON "
-                           "record with an op_code); refused, left untouched: give a new or journal file path")
+    with open(p, "rb") as fh:
+        n = 0
+        for raw in fh:
+            n += 1
+            if not raw.endswith(b"\n"):
+                return f"line {n}, its last, {_CUT}"
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                return f"line {n} is not a JSON record"
+            if not isinstance(rec, dict) or "op_code" not in rec:
+                return f"line {n} is not a JSON record with an op_code"
+            op = rec["op_code"]
+            if isinstance(op, bool) or op not in _JOURNAL_KEYS:
+                return f"line {n} has an unknown op_code {op!r}"
+            missing = [k for k in _JOURNAL_KEYS[op] if k not in rec]
+            if missing:
+                return f"line {n} lacks {', '.join(missing)} (op_code {op})"
+    return None
 
 
 #: read-only URL made by :func:`readonly_url` -> the URL the user gave (what messages show)
@@ -151,3 +195,39 @@ def readonly_url(url: str) -> str:
     ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
     _USER_URLS.setdefault(ro, user_url(url))
     return ro
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The innermost exception ``e`` was raised from (sqlite3's "database disk image is malformed" under
+    SQLAlchemy's DatabaseError under Optuna's StorageInternalError)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        nxt = e.__cause__ or e.__context__
+        if nxt is None:
+            break
+        e = nxt
+    return e
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Turn a storage that fails while being read (a damaged SQLite page, a lost server: Optuna's
+    ``StorageInternalError``, SQLAlchemy's or sqlite3's errors) into one :class:`StorageError` line naming
+    the user's ``--storage`` and the innermost cause, as ``run`` reports it. Other exceptions pass through.
+    """
+    import optuna
+
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as e:
+        import sqlalchemy.exc
+
+        if not isinstance(e, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error)):
+            raise
+        root = _root_cause(e)
+        cause = (str(root).splitlines() or [type(root).__name__])[0].strip() or type(root).__name__
+        raise StorageError(f"storage {user_url(url)} cannot be read: {cause} (the database may be damaged; "
+                           "nothing was changed)") from None

@@ -493,6 +493,48 @@ def load_study(name: str, storage: str = DEFAULT_STORAGE) -> tuple[optuna.Study,
     return study, info
 
 
+def check_identity(attrs: Mapping[str, Any], *, name: str, storage: str, space: SearchSpace, fabric: FabricSpec,
+                   n_trials: Callable[[], int] | None = None) -> None:
+    """Refuse to add trials to a study whose stored fingerprints differ from the given space's and fabric's
+    (what ``run``, ``retune`` and ``export`` select the study with).
+
+    The study name holds the search space's and the fabric's *names* only; files may reuse a name with
+    other contents. ``space_fingerprint`` (:attr:`SearchSpace.fingerprint`) and ``fabric_fingerprint``
+    (:func:`fabric_fingerprint`) in the study's user_attrs must match; a study without them (written
+    before they were recorded) is accepted. (A ``--model`` config.json carries its architecture's
+    fingerprint in the model name, :func:`autotune.models.model_from_hf_config`.)
+
+    ``n_trials`` (called only for a study without autotune's user_attrs): its number of trials. A study
+    with trials and no ``autotune_schema`` was made by another tool (a plain Optuna study that happens to
+    have this name): it is refused, not adopted (its trials would be reported as infeasible autotune
+    trials, and autotune's attrs written into it). One without trials is one autotune is creating.
+
+    Raises:
+        ConfigError: a fingerprint differs (names the study, the storage and what differs), or the study
+            was not made by autotune.
+    """
+    if n_trials is not None and "autotune_schema" not in attrs:
+        n = n_trials()
+        if n:
+            raise ConfigError(f"study {name!r} in {_user_url(storage)} was not made by autotune (it has {n} "
+                              "trial(s) and no autotune user_attrs); refused, left untouched: use another --storage")
+    fp = attrs.get("space_fingerprint")
+    if fp is not None and fp != space.fingerprint:
+        raise ConfigError(
+            f"study {name!r} in {_user_url(storage)} was tuned on a different version of search space "
+            f"{space.name!r} (fingerprint {fp} vs {space.fingerprint}); give the space "
+            "another name, or use another --storage")
+    ffp = attrs.get("fabric_fingerprint")
+    mine = fabric_fingerprint(fabric)
+    if ffp is not None and ffp != mine:
+        stored = attrs.get("fabric")
+        diff = _fabric_differences(stored, fabric.to_dict()) if isinstance(stored, Mapping) else ""
+        raise ConfigError(
+            f"study {name!r} in {_user_url(storage)} was tuned on fabric {fabric.name!r} with "
+            f"different links ({diff or f'fingerprint {ffp} vs {mine}'}, stored vs given); give the fabric "
+            "another name, or use another --storage")
+
+
 # ------------------------------------------------------------------ trials
 def is_feasible(trial: FrozenTrial) -> bool:
     """COMPLETE, ``user_attrs['feasible']`` is true and every Optuna constraint is <= 0."""
@@ -534,10 +576,18 @@ def trial_reason(t: FrozenTrial) -> str | None:
     if t.state == TrialState.PRUNED:
         return f"pruned: {ua.get('pruned_reason', 'no reason recorded')}"
     if t.state == TrialState.FAIL:
-        return f"error: {ua.get('fail_reason') or t.system_attrs.get('fail_reason', 'unknown error')}"
+        # "failed: ...", not "error: ...": the CLI prints the whole message after its own "error: "
+        return f"failed: {ua.get('fail_reason') or t.system_attrs.get('fail_reason', 'unknown error')}"
     if t.state == TrialState.COMPLETE:
         return f"does not fit in memory: {ua.get('infeasible_reason', 'no reason recorded')}"
     return f"not finished ({t.state.name.lower()})"
+
+
+def was_interrupted(t: FrozenTrial) -> bool:
+    """A FAIL trial stopped by a signal (``fail_reason`` "interrupted (signal N)", :meth:`Tuner._objective`
+    and :meth:`Tuner._fail_running`), not by its plan."""
+    reason = t.user_attrs.get("fail_reason") or t.system_attrs.get("fail_reason") or ""
+    return t.state == TrialState.FAIL and isinstance(reason, str) and reason.startswith("interrupted")
 
 
 def _reason_kind(reason: str) -> str:
@@ -622,6 +672,14 @@ def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> Bes
         if not trials:
             raise NoFeasiblePlanError(f"study {study.study_name!r} in {_user_url(storage)} has no trials yet; run "
                                       "`autotune run` with the same options first")
+        stopped = [t for t in trials if was_interrupted(t)]
+        if len(stopped) == len(trials):
+            # nothing was learnt about the space: widening it would be the wrong advice
+            raise NoFeasiblePlanError(
+                f"study {study.study_name!r} in {_user_url(storage)} has no feasible plan: the only "
+                + ("trial was " if len(trials) == 1 else f"{len(trials)} trials were ")
+                + (trial_reason(stopped[0]) or "failed: interrupted").removeprefix("failed: ")
+                + "; run again (`autotune run` with the same options) to tune it")
         n_bad, n, reason = failure_summary(trials)
         raise NoFeasiblePlanError(f"{n_bad}/{n} trials gave no feasible plan (pruned, out of memory or failed): "
                                   f"{reason}. Study {study.study_name!r} is kept in "
@@ -759,7 +817,7 @@ class Tuner:
                     if interrupted():       # the interrupt landed inside SQLite (see _INTERRUPT)
                         raise KeyboardInterrupt from None
                     raise StorageError(f"cannot open study {self.name!r} in {self.storage}: {e}") from None
-                self._check_identity(study.user_attrs)
+                self._check_identity(study.user_attrs, lambda: len(study.get_trials(deepcopy=False)))
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)
                 if "autotune_schema" not in study.user_attrs:
@@ -773,33 +831,14 @@ class Tuner:
             self._study = study
         return self._study
 
-    def _check_identity(self, attrs: Mapping[str, Any]) -> None:
-        """Refuse to add trials to a study whose stored fingerprints differ from this tuner's.
-
-        The study name holds the search space's and the fabric's *names* only; files may reuse a name with
-        other contents. ``space_fingerprint`` (:attr:`SearchSpace.fingerprint`) and ``fabric_fingerprint``
-        (:func:`fabric_fingerprint`) in the study's user_attrs must match; a study without them (written
-        before they were recorded) is accepted. (A ``--model`` config.json carries its architecture's
-        fingerprint in the model name, :func:`autotune.models.model_from_hf_config`.)
+    def _check_identity(self, attrs: Mapping[str, Any], n_trials: Callable[[], int] | None = None) -> None:
+        """:func:`check_identity` for this tuner's study, space and fabric.
 
         Raises:
-            ConfigError: a fingerprint differs (names the study, the storage and what differs).
+            ConfigError: a fingerprint differs, or the study has trials but was not made by autotune.
         """
-        fp = attrs.get("space_fingerprint")
-        if fp is not None and fp != self.space.fingerprint:
-            raise ConfigError(
-                f"study {self.name!r} in {self.storage} was tuned on a different version of search space "
-                f"{self.space.name!r} (fingerprint {fp} vs {self.space.fingerprint}); give the space "
-                "another name, or use another --storage")
-        ffp = attrs.get("fabric_fingerprint")
-        mine = fabric_fingerprint(self.cluster.fabric)
-        if ffp is not None and ffp != mine:
-            stored = attrs.get("fabric")
-            diff = _fabric_differences(stored, self.cluster.fabric.to_dict()) if isinstance(stored, Mapping) else ""
-            raise ConfigError(
-                f"study {self.name!r} in {self.storage} was tuned on fabric {self.cluster.fabric.name!r} with "
-                f"different links ({diff or f'fingerprint {ffp} vs {mine}'}, stored vs given); give the fabric "
-                "another name, or use another --storage")
+        check_identity(attrs, name=self.name, storage=self.storage, space=self.space, fabric=self.cluster.fabric,
+                       n_trials=n_trials)
 
     def check_existing_study(self) -> None:
         """If this tuner's study already exists in the storage, check it is the same target
@@ -814,7 +853,8 @@ class Tuner:
                 study_id = st.get_study_id_from_name(self.name)
             except KeyError:
                 return
-            self._check_identity(st.get_study_user_attrs(study_id))
+            self._check_identity(st.get_study_user_attrs(study_id),
+                                 lambda: len(st.get_all_trials(study_id, deepcopy=False)))
 
     def _sampler(self) -> optuna.samplers.BaseSampler:
         """The study's sampler (``self.sampler_name``):

@@ -31,6 +31,13 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, json_out):
 
     if steps < 1 or warmup < 0:
         raise AutotuneError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
+    import math
+    if not timeout_s > 0:       # also NaN
+        raise AutotuneError(f"--timeout must be > 0 s, got {timeout_s:g}")
+    if math.isinf(timeout_s):
+        raise AutotuneError(f"--timeout must be a finite number of seconds > 0, got {timeout_s:g}")
+    if json_out:
+        _check_output_path(json_out)     # before the run, not after it (its result would be lost)
     doc = PlanDocument.load(plan_file)
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
                           fabric=fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric"))
@@ -51,7 +58,10 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, json_out):
         raise AutotuneError(f"the run failed: {_one_line(str(e))}") from None
     d = dict(r.details)
     if json_out:
-        Path(json_out).write_text(json.dumps(r.to_dict(), indent=1, default=str))
+        try:
+            Path(json_out).write_text(json.dumps(r.to_dict(), indent=1, default=str))
+        except OSError as e:
+            raise AutotuneError(f"--json {json_out}: cannot write: {e.strerror or e}") from None
     if not r.feasible:
         raise AutotuneError(f"{r.infeasible_reason} (simulator predicted "
                             f"{(d.get('simulated_peak_memory_bytes') or 0) / 2**30:.1f} GiB peak)")
@@ -81,6 +91,29 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, json_out):
         click.echo(f"  {k:24s} {v}")
     click.echo(f"  measured on {d.get('device_name', '?')}, torch {d.get('torch_version', '?')}, CUDA "
                f"{d.get('cuda_version', '-')}, NCCL {d.get('nccl_version', '-')}, {d.get('date', '?')}")
+
+
+def _check_output_path(path: str) -> None:
+    """Refuse a ``--json`` path that cannot be written: its directory missing, not a directory or not
+    writable, or the path itself a directory (nothing is created).
+
+    Raises:
+        AutotuneError: names the path and what is wrong.
+    """
+    import os
+
+    from autotune.errors import AutotuneError
+
+    p = Path(path)
+    d = p.parent
+    if p.is_dir():
+        raise AutotuneError(f"--json {path}: is a directory; give a file path, e.g. {p / 'validate.json'}")
+    if not d.exists():
+        raise AutotuneError(f"--json {path}: directory {d} does not exist; create it or give another path")
+    if not d.is_dir():
+        raise AutotuneError(f"--json {path}: {d} is not a directory")
+    if not os.access(d, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise AutotuneError(f"--json {path}: {p if p.exists() else d} is not writable")
 
 
 def _one_line(text: str) -> str:
