@@ -1,4 +1,4 @@
-"""QA-pass fixes: damaged journals/SQLite files refused with exit 2 and left untouched, foreign studies,
+"""Study integrity: damaged journals/SQLite files refused with exit 2 and left untouched, foreign studies,
 fabric/space files named like built-ins, export's fabric check, validate's up-front checks, export's
 message after interrupted trials."""
 
