@@ -802,8 +802,10 @@ def show(storage, engine, as_json):
     with storage_errors(ro_storage):
         rows = []
         entries = []
+        others: set[str] = set()
         for info in list_studies(ro_storage):
             if engine is not None and info.engine != engine:
+                others.add(info.engine)
                 continue
             st, info = load_study(info.name, ro_storage)
             bp = best_plan(st, info)
@@ -829,6 +831,10 @@ def show(storage, engine, as_json):
         click.echo(json_document("show", entries, storage=storage))
         return
     rows.sort(key=lambda r: (r["model"], r["gpus"], r["workload"], r["fabric"]))
+    if not rows and others:
+        click.echo(f"no {engine} studies in {storage}; it holds studies of engine {', '.join(sorted(others))} "
+                   "(leave --engine out to list them)")
+        return
     click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
 
 
@@ -1029,8 +1035,10 @@ def plot(study, storage, out_dir):
                 raise ConfigError(f"no studies in {given} yet; run `autotune run --size 8b` first")
             if len(names) != 1:
                 shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+                flag = "" if given == DEFAULT_STORAGE else f" --storage {given}"
                 raise ConfigError(f"{len(names)} studies in {given}; name one as the STUDY argument, e.g. "
-                                  f"`autotune plot {names[0]} -o plots/` (`autotune show` lists them): {shown}")
+                                  f"`autotune plot {names[0]}{flag} -o {out_dir}` (`autotune show{flag}` lists "
+                                  f"them): {shown}")
             study = names[0]
         st, _ = load_study(study, storage)
         paths = write_study_plots(st, out_dir)

@@ -425,3 +425,11 @@ def test_simulate_warns_about_a_sequence_beyond_the_models_positions(tmp_path):
     r = invoke("simulate", str(f))
     assert r.exit_code == 0, r.output
     assert "warning: seq_len 262144 is longer than llama3.1-8b's max_position_embeddings 131072" in r.stderr
+
+
+def test_show_with_an_engine_the_storage_lacks_says_what_it_holds(storage):
+    # one megatron study (the default engine); `show --engine native` must not say the storage is empty
+    r = invoke("run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", storage)
+    assert r.exit_code == 0, r.output
+    r = invoke("show", "--engine", "native", "--storage", storage)
+    assert r.exit_code == 0 and "no native studies" in r.output and "engine megatron" in r.output, r.output

@@ -154,7 +154,9 @@ def test_plot_with_several_studies_says_how_to_name_one(tmp_path):
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "2 studies" in err[0] and "as the STUDY argument" in err[0], r.stderr
     assert "autotune show" in err[0] and "llama3.1-8b/b200x8/" in err[0] and "llama3.1-8b/b200x16/" in err[0]
+    # the suggested commands name the storage they were given (run as printed they open the same one)
+    assert f"--storage {url} -o {tmp_path / 'p'}`" in err[0] and f"`autotune show --storage {url}`" in err[0]
     # the suggested command works
-    name = err[0].split("`autotune plot ")[1].split(" -o")[0]
+    name = err[0].split("`autotune plot ")[1].split()[0]
     r = CliRunner().invoke(main, ["plot", name, "--storage", url, "-o", str(tmp_path / "p")])
     assert r.exit_code == 0, r.output
