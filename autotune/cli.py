@@ -229,7 +229,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         check_journal_file(storage)     # likewise a journal:PATH file
 
 
-#: signals that arrived between the start of ``run`` and its first :func:`_interruptible` (the imports of
+#: signals that arrived between the start of ``run`` / ``retune`` and its first :func:`_interruptible` (the imports of
 #: Optuna and the simulator take a second or more): noted by :func:`_early_signals`' handler, acted on there
 _EARLY: list[int] = []
 
@@ -952,6 +952,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
 
     Example: autotune retune --size 405b --interconnect pcie5+eth100
     """
+    _early_signals()
     from autotune.report import format_side_by_side
     from autotune.tuner import explain_changes
     from autotune.tuner import retune as do_retune

@@ -155,3 +155,27 @@ def test_sigterm_to_the_parent_alone_stops_the_workers(tmp_path):
     assert p.returncode == 143, err
     assert took < 20, f"took {took:.1f} s"
     assert "interrupted:" in err and "Traceback" not in err, err
+
+
+
+def test_retune_acts_on_a_signal_that_arrives_before_tuning_starts(tmp_path, monkeypatch):
+    # a Ctrl-C while `retune` still resolves its target (imports, model and fabric lookup): before, with
+    # SIGINT at Python's default it escaped as a bare KeyboardInterrupt (click: "Aborted!", exit 1), and
+    # with SIGINT ignored (a background job) it was lost. Now `retune` notes it from its first line and
+    # ends with exit 130 and the one "interrupted:" line, as `run` does.
+    from click.testing import CliRunner
+
+    from autotune import cli
+
+    real = cli.resolve_target
+
+    def resolve_then_ctrl_c(**kw):
+        out = real(**kw)
+        os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(cli, "resolve_target", resolve_then_ctrl_c)
+    r = CliRunner().invoke(cli.main, ["retune", "--size", "8b", "--space", "small", "--trials", "2",
+                                      "--interconnect", "pcie5+eth100", "--storage", f"sqlite:///{tmp_path}/s.db"])
+    assert r.exit_code == 130, r.output
+    assert any(x.startswith("interrupted:") for x in r.stderr.splitlines()), r.stderr
