@@ -299,6 +299,7 @@ def _interruptible(fn, *, storage: str, study: str):
     except KeyboardInterrupt:
         code = 143 if _t.interrupted() == signal.SIGTERM else 130
         click.echo(_interrupted_line(storage, study), err=True)
+        _t.clear_interrupt()    # acted on: later tuning in this process (the Python API) is not stopped by it
         raise click.exceptions.Exit(code) from None
     except Exception:
         if _t.interrupted() is None:
@@ -306,6 +307,7 @@ def _interruptible(fn, *, storage: str, study: str):
         # the signal landed inside a library call that turned it into its own error (SQLite: "interrupted")
         code = 143 if _t.interrupted() == signal.SIGTERM else 130
         click.echo(_interrupted_line(storage, study), err=True)
+        _t.clear_interrupt()
         raise click.exceptions.Exit(code) from None
     finally:
         for sig, h in old.items():
