@@ -52,6 +52,7 @@ from autotune.hardware import ClusterSpec, FabricSpec, fabric_from_dict, get_gpu
 from autotune.models import ModelSpec
 from autotune.plan import Plan, PlanDocument, Workload, _plain
 from autotune.search_space import BoundSearchSpace, Pruned, SearchSpace
+from autotune.storage_check import user_url
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     key = (url, heartbeat_interval_s)
     if key in _STORAGES:
         return _STORAGES[key]
-    from autotune.storage_check import is_readonly_url, user_url
+    from autotune.storage_check import is_readonly_url
     shown = user_url(url)       # errors name the user's --storage, not the internal read-only URL
     readonly = is_readonly_url(url)   # mode=ro: opened as is (never created, never switched to WAL)
     kind = storage_kind(url)
@@ -316,12 +317,6 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
         raise StorageError(f"cannot open study storage {shown}: {cause}") from None
     _STORAGES[key] = storage
     return storage
-
-
-def _user_url(url: str) -> str:
-    from autotune.storage_check import user_url
-
-    return user_url(url)
 
 
 def _missing_driver(url: str, kind: str, e: BaseException) -> str:
@@ -484,12 +479,12 @@ def load_study(name: str, storage: str = DEFAULT_STORAGE) -> tuple[optuna.Study,
             study = optuna.load_study(study_name=name, storage=st)
     except KeyError:
         known = [i.name for i in list_studies(storage)]
-        raise ConfigError(f"no study named {name!r} in {_user_url(storage)}; "
+        raise ConfigError(f"no study named {name!r} in {user_url(storage)}; "
                           + (f"studies there: {', '.join(known[:10])}" if known else "the storage has no studies yet "
                              "(run `autotune run` first)")) from None
     info = _study_info_from_attrs(name, study.user_attrs, len(study.trials))
     if info is None:
-        raise ConfigError(f"study {name!r} in {_user_url(storage)} was not made by autotune (no autotune user_attrs)")
+        raise ConfigError(f"study {name!r} in {user_url(storage)} was not made by autotune (no autotune user_attrs)")
     return study, info
 
 
@@ -516,12 +511,12 @@ def check_identity(attrs: Mapping[str, Any], *, name: str, storage: str, space: 
     if n_trials is not None and "autotune_schema" not in attrs:
         n = n_trials()
         if n:
-            raise ConfigError(f"study {name!r} in {_user_url(storage)} was not made by autotune (it has {n} "
+            raise ConfigError(f"study {name!r} in {user_url(storage)} was not made by autotune (it has {n} "
                               "trial(s) and no autotune user_attrs); refused, left untouched: use another --storage")
     fp = attrs.get("space_fingerprint")
     if fp is not None and fp != space.fingerprint:
         raise ConfigError(
-            f"study {name!r} in {_user_url(storage)} was tuned on a different version of search space "
+            f"study {name!r} in {user_url(storage)} was tuned on a different version of search space "
             f"{space.name!r} (fingerprint {fp} vs {space.fingerprint}); give the space "
             "another name, or use another --storage")
     ffp = attrs.get("fabric_fingerprint")
@@ -530,7 +525,7 @@ def check_identity(attrs: Mapping[str, Any], *, name: str, storage: str, space: 
         stored = attrs.get("fabric")
         diff = _fabric_differences(stored, fabric.to_dict()) if isinstance(stored, Mapping) else ""
         raise ConfigError(
-            f"study {name!r} in {_user_url(storage)} was tuned on fabric {fabric.name!r} with "
+            f"study {name!r} in {user_url(storage)} was tuned on fabric {fabric.name!r} with "
             f"different links ({diff or f'fingerprint {ffp} vs {mine}'}, stored vs given); give the fabric "
             "another name, or use another --storage")
 
@@ -670,20 +665,20 @@ def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> Bes
     if bp is None:
         trials = study.get_trials(deepcopy=False)
         if not trials:
-            raise NoFeasiblePlanError(f"study {study.study_name!r} in {_user_url(storage)} has no trials yet; run "
+            raise NoFeasiblePlanError(f"study {study.study_name!r} in {user_url(storage)} has no trials yet; run "
                                       "`autotune run` with the same options first")
         stopped = [t for t in trials if was_interrupted(t)]
         if len(stopped) == len(trials):
             # nothing was learnt about the space: widening it would be the wrong advice
             raise NoFeasiblePlanError(
-                f"study {study.study_name!r} in {_user_url(storage)} has no feasible plan: the only "
+                f"study {study.study_name!r} in {user_url(storage)} has no feasible plan: the only "
                 + ("trial was " if len(trials) == 1 else f"{len(trials)} trials were ")
                 + (trial_reason(stopped[0]) or "failed: interrupted").removeprefix("failed: ")
                 + "; run again (`autotune run` with the same options) to tune it")
         n_bad, n, reason = failure_summary(trials)
         raise NoFeasiblePlanError(f"{n_bad}/{n} trials gave no feasible plan (pruned, out of memory or failed): "
                                   f"{reason}. Study {study.study_name!r} is kept in "
-                                  f"{_user_url(storage)}; widen the search space (--space), add GPUs or shrink the batch")
+                                  f"{user_url(storage)}; widen the search space (--space), add GPUs or shrink the batch")
     return bp
 
 

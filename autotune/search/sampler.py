@@ -189,7 +189,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 return None
         # a combination that needs at least the memory of one that did not fit (no more recomputation,
         # no higher ZeRO stage) is not screened
-        rec_saving = {v: i for i, v in enumerate(("none", "selective", "full"))}
+        rec_saving = {v: i for i, v in enumerate(PREFERENCES["recompute"])}   # its order is by saving
         failed: list[tuple[int, int]] = []
         for r, z in [first] + [x for x in itertools.product(rec, zero) if x != first]:
             key = (rec_saving.get(r, 0), int(z))
