@@ -22,7 +22,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -250,3 +250,14 @@ def display_text(s: Any, max_len: int = 120) -> str:
     text = str(s)
     out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
     return out if len(out) <= max_len else out[: max_len - 3] + "..."
+
+
+def plain(x: Any) -> Any:
+    """Mappings/sequences/numpy scalars to plain YAML-safe Python values."""
+    if isinstance(x, Mapping):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        return x.item()
+    return x

@@ -45,7 +45,8 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
     import sys
 
     from autotune.errors import AutotuneError, NoFeasiblePlanError
-    from autotune.tuner import Tuner, interrupted, note_interrupt, safe_to_raise
+    from autotune.signals import interrupted, note_interrupt, safe_to_raise
+    from autotune.tuner import Tuner
 
     sigs = [getattr(signal, n) for n in _SIGNALS]
     armed = [True]
@@ -128,7 +129,7 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
     import signal
     import time
 
-    from autotune.tuner import interrupted
+    from autotune.signals import interrupted
 
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()

@@ -33,7 +33,7 @@ PROFILE = ROOT / "autotune" / "data" / "calibration" / "h200.yaml"
 def measure(out: Path) -> int:
     import torch
 
-    from autotune.calibration import default_calibration
+    from autotune.cost.calibration import default_calibration
     from autotune.profiling.measure import measure_attention
     from autotune.profiling.shapes import AttentionShape
 

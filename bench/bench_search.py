@@ -36,10 +36,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.hardware import make_cluster  # noqa: E402
-from autotune.models import get_model  # noqa: E402
-from autotune.plan import Workload  # noqa: E402
-from autotune.tuner import Tuner, is_feasible  # noqa: E402
+from autotune.target.hardware import make_cluster  # noqa: E402
+from autotune.target.models import get_model  # noqa: E402
+from autotune.target.plan import Workload  # noqa: E402
+from autotune.tuner import Tuner
+from autotune.study.trials import is_feasible  # noqa: E402
 
 M = 2**20
 #: name -> (model size, GPU, GPU count, fabric (None: the GPU's default), global batch tokens); issue 10
@@ -97,7 +98,7 @@ def paper_plan_mfu() -> float:
     sys.path.insert(0, str(ROOT / "bench"))
     from published import DEFAULT_RUNS, load_runs, plan_for
 
-    from autotune.simulator import SimulatedEvaluator
+    from autotune.cost.simulator import SimulatedEvaluator
 
     size, gpu, n, fabric, tokens = TARGETS["405b-h100x8192"]
     grp = load_runs(DEFAULT_RUNS)["llama3_paper_table4"]
@@ -111,8 +112,8 @@ def paper_plan_mfu() -> float:
         return res.mfu
     # the memory model (schedule-counted activations) puts the paper's plan over the H100's 80 GB;
     # its step time is still simulated, as the paper ran it
-    from autotune.memory import estimate_memory
-    from autotune.simulator import make_result
+    from autotune.cost.memory import estimate_memory
+    from autotune.cost.simulator import make_result
 
     print(f"note: the Llama 3 paper's plan {res.infeasible_reason}; its MFU below is simulated regardless")
     mem = estimate_memory(model, plan, ev.cluster.gpu, ev.workload, fragmentation=ev.costs.fragmentation(),

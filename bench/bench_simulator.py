@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.hardware import ClusterSpec, make_cluster  # noqa: E402
-from autotune.memory import estimate_memory  # noqa: E402
-from autotune.models import get_model  # noqa: E402
-from autotune.plan import Plan, Workload  # noqa: E402
-from autotune.simulator import SimulatedEvaluator  # noqa: E402
+from autotune.target.hardware import ClusterSpec, make_cluster  # noqa: E402
+from autotune.cost.memory import estimate_memory  # noqa: E402
+from autotune.target.models import get_model  # noqa: E402
+from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 W16M = Workload.from_tokens(seq_len=8192, global_batch_tokens=16 * 2**20)
 

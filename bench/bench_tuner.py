@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cli import resolve_target  # noqa: E402
+from autotune.cli.options import resolve_target
 from autotune.tuner import Tuner  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 ``bench/profile_fp8_plans.sh`` profiles one training step of Llama 3.1 8B (16 layers, seq 8192, two
 sequences, one H200) per FP8 recipe with and without torch.compile; ``autotune.runtime.trace`` sums the
 GPU time per kernel category. The FP8 casts of a step (amax, scale, cast, transposes; what the cost model
-counts as :meth:`autotune.graph.CostBuilder.fp8_cast_bytes`) run as ``cast_copy``, ``elementwise`` and
+counts as :meth:`autotune.cost.graph.CostBuilder.fp8_cast_bytes`) run as ``cast_copy``, ``elementwise`` and
 ``reduction`` kernels. This script takes, per profiled plan, that time minus the same categories' time
 the cost model attributes to non-FP8 work of the step (the BF16 weight casts, and for eager plans the
 memory-bound ops of the layers), and divides the modelled cast bytes by it: the cast bandwidth reached
@@ -22,11 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.calibration import CalibratedCosts, default_calibration  # noqa: E402
-from autotune.graph import CostBuilder  # noqa: E402
-from autotune.hardware import get_gpu, make_cluster  # noqa: E402
-from autotune.models import get_model  # noqa: E402
-from autotune.plan import Plan, Workload  # noqa: E402
+from autotune.cost.op_costs import CalibratedCosts
+from autotune.cost.calibration import default_calibration
+from autotune.cost.graph import CostBuilder
+from autotune.target.hardware import get_gpu, make_cluster  # noqa: E402
+from autotune.target.models import get_model  # noqa: E402
+from autotune.target.plan import Plan, Workload  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parents[1] / "docs" / "results" / "profile-fp8-plans-h200x1-2026-12-01.json"
 

@@ -32,11 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.calibration import CalibratedCosts, default_calibration  # noqa: E402
-from autotune.hardware import ClusterSpec, make_cluster  # noqa: E402
-from autotune.models import get_model  # noqa: E402
-from autotune.plan import Plan, Workload  # noqa: E402
-from autotune.simulator import SimulatedEvaluator  # noqa: E402
+from autotune.cost.op_costs import CalibratedCosts
+from autotune.cost.calibration import default_calibration
+from autotune.target.hardware import ClusterSpec, make_cluster  # noqa: E402
+from autotune.target.models import get_model  # noqa: E402
+from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 DEFAULTS = [ROOT / "docs" / "results" / "profile-plans-h200x1-2026-12-01.json",
             ROOT / "docs" / "results" / "profile-fp8-plans-h200x1-2026-12-01.json"]

@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.hardware import ClusterSpec, get_fabric, get_gpu  # noqa: E402
-from autotune.models import get_model  # noqa: E402
-from autotune.plan import Plan, PlanDocument, Workload  # noqa: E402
+from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu  # noqa: E402
+from autotune.target.models import get_model  # noqa: E402
+from autotune.target.plan import Plan, PlanDocument, Workload  # noqa: E402
 from autotune.runtime.evaluator import TIER_ENV  # noqa: E402
-from autotune.simulator import SimulatedEvaluator  # noqa: E402
+from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 W = Workload(seq_len=8192, global_batch_size=4)
 
@@ -225,7 +225,7 @@ def _driver_version() -> str | None:
 
 def _simulate(size: str, layers: int, gpus: int, fabric_name: str, plan: Plan):
     """(simulated StepResult, simulated live GiB: the peak stage's bytes without allocator overhead)."""
-    from autotune.memory import estimate_memory
+    from autotune.cost.memory import estimate_memory
 
     model = get_model(size)
     cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=gpus, fabric=get_fabric(fabric_name))

@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.hardware import ClusterSpec, make_cluster  # noqa: E402
-from autotune.memory import estimate_memory  # noqa: E402
-from autotune.models import get_model  # noqa: E402
-from autotune.plan import Plan, Workload  # noqa: E402
-from autotune.simulator import SimulatedEvaluator  # noqa: E402
+from autotune.target.hardware import ClusterSpec, make_cluster  # noqa: E402
+from autotune.cost.memory import estimate_memory  # noqa: E402
+from autotune.target.models import get_model  # noqa: E402
+from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 TRIALS = ROOT / "docs" / "results" / "fp8-1gpu-2026-12-01" / "trials.json"
 MD_START, MD_END = "<!-- fp8-table:start -->", "<!-- fp8-table:end -->"

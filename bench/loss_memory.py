@@ -1,7 +1,7 @@
 """Bytes per logit the loss keeps for backward and peaks at during it, eager vs torch.compile, measured.
 
 The memory model charges the last pipeline stage ``LOGITS_BYTES_PER_ELEMENT`` bytes per logit
-(:mod:`autotune.memory`), measured for autotune's eager loss. torchtitan compiles its loss
+(:mod:`autotune.cost.memory`), measured for autotune's eager loss. torchtitan compiles its loss
 (``compile.components = ["model", "loss"]``), and inductor fuses the FP32 cast, log-softmax and NLL.
 This script measures, on one GPU, the loss both engines write the same way (autotune's
 :func:`autotune.runtime.model.cross_entropy_loss` and torchtitan's ``cross_entropy_loss``,

@@ -30,15 +30,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.engines import get_engine  # noqa: E402
+from autotune.target.engines import get_engine  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
-from autotune.flops import model_flops_per_token  # noqa: E402
-from autotune.hardware import ClusterSpec, GPUSpec, get_fabric, get_gpu  # noqa: E402
-from autotune.memory import estimate_memory  # noqa: E402
-from autotune.models import get_model  # noqa: E402
-from autotune.plan import Plan, Workload  # noqa: E402
-from autotune.search_space import derive_stage_layers  # noqa: E402
-from autotune.simulator import SimulatedEvaluator  # noqa: E402
+from autotune.cost.flops import model_flops_per_token  # noqa: E402
+from autotune.target.hardware import ClusterSpec, GPUSpec, get_fabric, get_gpu  # noqa: E402
+from autotune.cost.memory import estimate_memory  # noqa: E402
+from autotune.target.models import get_model  # noqa: E402
+from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.search.space import derive_stage_layers  # noqa: E402
+from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 DEFAULT_RUNS = ROOT.parent / "shared" / "reference" / "published-runs.yaml"
 #: Llama 3 paper (Sec. 3.3.2, Table 4): 126 layers on 16 stages, one layer fewer on the first and the
@@ -157,7 +157,7 @@ MB_RECIPE_RECOMPUTE_NUM_LAYERS = {
 # scripts/performance/configs/llama/llama31_workload_base_configs.py
 # LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2 (256 GPUs, tp 4, pp 16, cp 1, vp 4, gbs 1536,
 # use_megatron_fsdp=False, cpu_offloading_num_layers=None, no recompute setting). Placed as
-# Megatron-Bridge launches GB200 jobs (4 NVLink domains of 64 GPUs: autotune.hardware.ClusterSpec).
+# Megatron-Bridge launches GB200 jobs (4 NVLink domains of 64 GPUs: autotune.target.hardware.ClusterSpec).
 
 
 def inexpressible(run: dict[str, Any]) -> str | None:

@@ -1,6 +1,6 @@
 """Activation bytes one transformer block keeps for backward, eager vs torch.compile, measured.
 
-The memory model (:func:`autotune.memory.activation_bytes_per_layer`) counts what an eager block saves.
+The memory model (:func:`autotune.cost.memory.activation_bytes_per_layer`) counts what an eager block saves.
 torch.compile's partitioner (AOTAutograd min-cut rematerialization) chooses its own saved set, so a
 compiled block can keep less. This script measures both on one GPU with autotune's own runtime block
 (:class:`autotune.runtime.model.TransformerBlock`, the precision and compile paths of
@@ -99,9 +99,9 @@ def main() -> int:
 
     import torch
 
-    from autotune.memory import activation_bytes_per_layer
-    from autotune.models import get_model
-    from autotune.plan import Plan, Workload
+    from autotune.cost.memory import activation_bytes_per_layer
+    from autotune.target.models import get_model
+    from autotune.target.plan import Plan, Workload
 
     spec = get_model(a.model)
     rows = []

@@ -3,15 +3,15 @@
 It is deterministic and cheap, and depends on the plan and the fabric the way a real one does in sign:
 pipeline bubble from the closed forms ((p-1)/(m+p-1), interleaved (p-1)/(v m + p - 1)), TP/DP traffic
 time = bytes / link bandwidth (so a slower fabric changes the best plan), recomputation costs compute,
-and memory comes from :func:`autotune.memory.estimate_memory` (so infeasible plans are real ones).
+and memory comes from :func:`autotune.cost.memory.estimate_memory` (so infeasible plans are real ones).
 """
 
 from __future__ import annotations
 
-from autotune.evaluator import Evaluator, StepResult
-from autotune.flops import recompute_flops_per_token, step_model_flops
-from autotune.memory import estimate_memory
-from autotune.plan import Plan, validate_plan
+from autotune.cost.evaluator import Evaluator, StepResult
+from autotune.cost.flops import recompute_flops_per_token, step_model_flops
+from autotune.cost.memory import estimate_memory
+from autotune.target.plan import Plan, validate_plan
 
 
 class FakeEvaluator(Evaluator):

@@ -9,13 +9,21 @@ import warnings
 import optuna
 import pytest
 
-from autotune import tuner as T
+from autotune.cost.evaluator import BACKENDS
+from autotune.study.trials import MEMORY_CONSTRAINT
+from autotune.study.storage import check_heartbeat, open_storage
+from autotune.target.hardware import fabric_fingerprint
+from autotune.study.identity import list_studies
+from autotune.retune import retune
 from autotune.errors import AutotuneError, ConfigError, NoFeasiblePlanError, StorageError
-from autotune.hardware import make_cluster
-from autotune.models import get_model
-from autotune.plan import Workload
-from autotune.search_space import Pruned, SearchSpace
-from autotune.tuner import Tuner, best_trial, is_feasible, make_evaluator, study_name
+from autotune.target.hardware import make_cluster
+from autotune.target.models import get_model
+from autotune.target.plan import Workload
+from autotune.search.space import Pruned, SearchSpace
+from autotune.tuner import Tuner
+from autotune.study.trials import best_trial, is_feasible
+from autotune.cost.evaluator import make_evaluator
+from autotune.study.identity import study_name
 from fake_evaluator import FakeEvaluator
 
 MODEL = get_model("8b")
@@ -61,9 +69,9 @@ def test_infeasible_plans_never_best(tmp_path):
     infeasible = [x for x in trials if x.state.name == "COMPLETE" and not x.user_attrs["feasible"]]
     assert infeasible, "the test needs some infeasible trials"
     for x in infeasible:
-        assert x.value == 0.0 and x.constraints[T.MEMORY_CONSTRAINT] > 0 and x.user_attrs["infeasible_reason"]
+        assert x.value == 0.0 and x.constraints[MEMORY_CONSTRAINT] > 0 and x.user_attrs["infeasible_reason"]
     b = best_trial(t.study)
-    assert b.user_attrs["feasible"] and b.constraints[T.MEMORY_CONSTRAINT] <= 0
+    assert b.user_attrs["feasible"] and b.constraints[MEMORY_CONSTRAINT] <= 0
     assert t.study.best_trial.number == b.number  # Optuna's constrained best agrees
 
 
@@ -120,23 +128,23 @@ def test_same_seed_same_trials(tmp_path):
 def test_backend_factory_errors():
     with pytest.raises(ConfigError, match="known backends: simulated, measured, real"):
         make_evaluator("magic", model=MODEL, cluster=CLUSTER, workload=W)
-    T.BACKENDS["broken"] = ("autotune.no_such_module", "X")
+    BACKENDS["broken"] = ("autotune.no_such_module", "X")
     try:
         with pytest.raises(AutotuneError, match="backend 'broken' is not available: cannot import autotune.no_such"):
             make_evaluator("broken", model=MODEL, cluster=CLUSTER, workload=W)
     finally:
-        del T.BACKENDS["broken"]
+        del BACKENDS["broken"]
 
 
 def test_unreachable_storage_names_url_and_cause(tmp_path):
     url = f"sqlite:///{tmp_path}/missing/dir/s.db"
     with pytest.raises(StorageError, match=re.escape(url) + ".*does not exist"):
-        T.open_storage(url)
+        open_storage(url)
 
 
 def test_tuner_finds_the_exhaustive_optimum_on_the_small_space(tmp_path):
     """Best plan within 1% of the exhaustive optimum (BruteForceSampler over the same space), seeds 0-4."""
-    from autotune.simulator import SimulatedEvaluator
+    from autotune.cost.simulator import SimulatedEvaluator
 
     ev = SimulatedEvaluator(model=MODEL, cluster=CLUSTER, workload=W, engine="native")
     # the same space the tuner searches: bound to the evaluator's engine (values it cannot run dropped)
@@ -187,7 +195,7 @@ def test_signal_handler_never_raises_into_sqlalchemy_pool_or_finalizers():
     import os
     import sys
 
-    from autotune.tuner import safe_to_raise
+    from autotune.signals import safe_to_raise
 
     ns: dict = {}
     path = os.sep.join(["", "x", "site-packages", "sqlalchemy", "pool", "base.py"])
@@ -221,9 +229,9 @@ def test_fabric_fingerprint_depends_on_links_not_names(tmp_path):
     b = _cluster(_fabric_file(tmp_path / "b.yaml", "x", 100, 5)).fabric
     c = _cluster(_fabric_file(tmp_path / "c.yaml", "y", 900, 50)).fabric
     assert a.name == b.name == "x"
-    assert T.fabric_fingerprint(a) != T.fabric_fingerprint(b)
-    assert T.fabric_fingerprint(a) == T.fabric_fingerprint(c)           # only the name (and link names) differ
-    assert T.fabric_fingerprint(a) == T.fabric_fingerprint(a.to_dict())  # the stored user_attrs form
+    assert fabric_fingerprint(a) != fabric_fingerprint(b)
+    assert fabric_fingerprint(a) == fabric_fingerprint(c)           # only the name (and link names) differ
+    assert fabric_fingerprint(a) == fabric_fingerprint(a.to_dict())  # the stored user_attrs form
 
 
 def _fabric_tuner(tmp_path, spec, url):
@@ -265,7 +273,7 @@ def test_study_without_fabric_fingerprint_is_accepted_and_recorded(tmp_path):
     fast = _fabric_file(tmp_path / "fast.yaml", "x", 900, 50)
     t = _fabric_tuner(tmp_path, fast, url)
     t.optimize(2, show_progress_bar=False)
-    st = T.open_storage(url)
+    st = open_storage(url)
     sid = st.get_study_id_from_name(t.name)
     import sqlalchemy
     with st.engine.begin() as con:       # what an older autotune left: no fabric_fingerprint attribute
@@ -273,7 +281,7 @@ def test_study_without_fabric_fingerprint_is_accepted_and_recorded(tmp_path):
                                     "'fabric_fingerprint'"), {"s": sid})
     assert "fabric_fingerprint" not in st.get_study_user_attrs(sid)
     _fabric_tuner(tmp_path, fast, url).optimize(1, show_progress_bar=False)
-    assert st.get_study_user_attrs(sid)["fabric_fingerprint"] == T.fabric_fingerprint(_cluster(fast).fabric)
+    assert st.get_study_user_attrs(sid)["fabric_fingerprint"] == fabric_fingerprint(_cluster(fast).fabric)
     with pytest.raises(ConfigError, match="different links"):
         _fabric_tuner(tmp_path, _fabric_file(tmp_path / "slow.yaml", "x", 100, 5), url).study
 
@@ -284,12 +292,12 @@ def test_retune_refuses_a_mismatched_slow_study_before_tuning(tmp_path):
     _fabric_tuner(tmp_path, "nvlink5+ib-ndr400", url).optimize(2, show_progress_bar=False)
     first = _fabric_file(tmp_path / "a.yaml", "slowfab", 100, 5)
     _fabric_tuner(tmp_path, first, url).optimize(2, show_progress_bar=False)
-    counts = {i.name: i.n_trials for i in T.list_studies(url)}
+    counts = {i.name: i.n_trials for i in list_studies(url)}
     other = _cluster(_fabric_file(tmp_path / "b.yaml", "slowfab", 100, 1))
     with pytest.raises(ConfigError, match="fabric 'slowfab' with different links"):
-        T.retune(model=MODEL, cluster=other, workload=W, space="small", storage=url, n_trials=2,
+        retune(model=MODEL, cluster=other, workload=W, space="small", storage=url, n_trials=2,
                  show_progress_bar=False)
-    assert {i.name: i.n_trials for i in T.list_studies(url)} == counts
+    assert {i.name: i.n_trials for i in list_studies(url)} == counts
 
 
 @pytest.mark.parametrize("hb, storage, match", [
@@ -308,4 +316,4 @@ def test_bad_heartbeat_creates_no_study(tmp_path, hb, storage, match):
 
 def test_real_backend_journal_heartbeat_message_says_why():
     with pytest.raises(ConfigError, match="killed worker's real trial would never be retried"):
-        T.check_heartbeat(5, "journal:/nonexistent/x.log", "real")
+        check_heartbeat(5, "journal:/nonexistent/x.log", "real")

@@ -79,14 +79,15 @@ def test_ctrl_c_while_workers_start_is_quiet_and_exits_130(tmp_path):
 
 #: a signal noted (not raised: it landed inside SQLAlchemy, see tuner.safe_to_raise) while the study opens
 NOTE_WHILE_OPENING = r'''
-from autotune import tuner as _t
-_orig = _t.Tuner.__init__
+from autotune.tuner import Tuner
+from autotune.signals import note_interrupt
+_orig = Tuner.__init__
 def __init__(self, *a, **k):
     _orig(self, *a, **k)
     import multiprocessing
     if multiprocessing.parent_process() is None:     # the CLI process only
-        _t.note_interrupt(2)
-_t.Tuner.__init__ = __init__
+        note_interrupt(2)
+Tuner.__init__ = __init__
 '''
 
 
@@ -165,7 +166,8 @@ def test_retune_acts_on_a_signal_that_arrives_before_tuning_starts(tmp_path, mon
     # ends with exit 130 and the one "interrupted:" line, as `run` does.
     from click.testing import CliRunner
 
-    from autotune import cli
+    from autotune.cli import main
+    from autotune.cli import tune as cli
 
     real = cli.resolve_target
 
@@ -175,11 +177,11 @@ def test_retune_acts_on_a_signal_that_arrives_before_tuning_starts(tmp_path, mon
         return out
 
     monkeypatch.setattr(cli, "resolve_target", resolve_then_ctrl_c)
-    r = CliRunner().invoke(cli.main, ["retune", "--size", "8b", "--space", "small", "--trials", "2",
+    r = CliRunner().invoke(main, ["retune", "--size", "8b", "--space", "small", "--trials", "2",
                                       "--interconnect", "pcie5+eth100", "--storage", f"sqlite:///{tmp_path}/s.db"])
     assert r.exit_code == 130, r.output
     assert any(x.startswith("interrupted:") for x in r.stderr.splitlines()), r.stderr
     # the interrupt was acted on and cleared: tuning later in this process is not stopped by it (CI once
     # saw a later test's Tuner.optimize raise KeyboardInterrupt from the flag this command had left set)
-    from autotune.tuner import interrupted
+    from autotune.signals import interrupted
     assert interrupted() is None

@@ -15,7 +15,11 @@ import time
 import optuna
 import pytest
 
-from autotune import tuner as T
+from autotune.errors import NoFeasiblePlanError
+from autotune.search.seeding import TrialSeededSampler, trial_seed, worker_seed
+from autotune.tuner import Tuner
+from autotune.study.storage import open_storage, storage_kind
+from autotune.logs import quiet
 from autotune.errors import StorageError
 from workers_harness import ROOT, alive, descendants, phase_files_say, start_worker, wait_for
 
@@ -27,7 +31,7 @@ def _env():
 
 
 def _trials(url):
-    st = T.open_storage(url)
+    st = open_storage(url)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     (name,) = optuna.get_all_study_names(st)
     return optuna.load_study(study_name=name, storage=st).get_trials()
@@ -35,26 +39,26 @@ def _trials(url):
 
 def test_seeds_per_worker_and_trial():
     # worker 0 keeps --seed (a lone run is reproducible as before); others get a mix of (seed, id)
-    assert T.worker_seed(7, None) == 7 and T.worker_seed(7, 0) == 7 and T.worker_seed(None, 3) is None
-    ws = {T.worker_seed(0, i) for i in range(1, 1001)}
+    assert worker_seed(7, None) == 7 and worker_seed(7, 0) == 7 and worker_seed(None, 3) is None
+    ws = {worker_seed(0, i) for i in range(1, 1001)}
     assert len(ws) == 1000 and 0 not in ws          # enumerated: 1000 workers, 1000 distinct seeds
-    ts = {T.trial_seed(0, n) for n in range(10_000)}
+    ts = {trial_seed(0, n) for n in range(10_000)}
     assert len(ts) == 10_000                        # enumerated: every trial number its own stream
-    assert T.trial_seed(None, 5) is None and T.trial_seed(1, 5) == T.trial_seed(1, 5)
+    assert trial_seed(None, 5) is None and trial_seed(1, 5) == trial_seed(1, 5)
     assert all(0 <= s < 2**32 for s in ts)          # numpy's RandomState seed range
 
 
 def test_storage_kind_and_missing_driver():
-    assert [T.storage_kind(u) for u in ("sqlite:///a.db", "postgresql://h/db", "postgresql+psycopg2://h/db",
+    assert [storage_kind(u) for u in ("sqlite:///a.db", "postgresql://h/db", "postgresql+psycopg2://h/db",
                                         "journal:/x/log")] == ["sqlite", "postgresql", "postgresql", "journal"]
     # pg8000 is not a dependency: SQLAlchemy cannot import its DBAPI -> one line naming the extra
     with pytest.raises(StorageError, match=r"driver is not installed.*autotune\[postgres\]"):
-        T.open_storage("postgresql+pg8000://u@127.0.0.1:1/db")
+        open_storage("postgresql+pg8000://u@127.0.0.1:1/db")
 
 
 def test_journal_storage_refuses_heartbeat(tmp_path):
     with pytest.raises(StorageError, match="journal storage has no heartbeat"):
-        T.open_storage(f"journal:{tmp_path}/j.log", heartbeat_interval_s=5)
+        open_storage(f"journal:{tmp_path}/j.log", heartbeat_interval_s=5)
 
 
 def _concurrent_runs(url, n, trials, tmp_path):
@@ -102,21 +106,21 @@ def test_two_workers_same_seed_differ_by_trial_number(tmp_path):
     from test_tuner import CLUSTER, MODEL, W
 
     url = f"sqlite:///{tmp_path}/s.db"
-    a = T.Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0,
+    a = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0,
                 evaluator=FakeEvaluator(model=MODEL, cluster=CLUSTER, workload=W))
     a.study  # noqa: B018 - creates the study
-    with T._quiet():
-        sa = optuna.load_study(study_name=a.name, storage=T.open_storage(url),
-                               sampler=T.TrialSeededSampler(a._seeded_sampler, 0))
+    with quiet():
+        sa = optuna.load_study(study_name=a.name, storage=open_storage(url),
+                               sampler=TrialSeededSampler(a._seeded_sampler, 0))
         held = sa.ask()
         a.bound.suggest(held)
         sa.tell(held, state=optuna.trial.TrialState.FAIL)
-    b = T.Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0,
+    b = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0,
                 evaluator=FakeEvaluator(model=MODEL, cluster=CLUSTER, workload=W))
     try:
         s = b.optimize(1, show_progress_bar=False)
         assert s.n_new_trials == 1
-    except T.NoFeasiblePlanError:
+    except NoFeasiblePlanError:
         pass   # trial 1 may be pruned or not fit: its params are what is checked
     trials = b.study.get_trials()
     assert [t.number for t in trials] == [0, 1]
@@ -188,7 +192,7 @@ def test_retune_with_workers(tmp_path):
     # enqueued warm start (seen once in CI under load)
     counts = [int(m) for m in re.findall(r"^worker [01]: (\d+) trials$", r.stdout, re.M)]
     assert len(counts) == 2 and all(c in (5, 6) for c in counts) and sum(counts) >= 11, r.stdout[-2000:]
-    st = T.open_storage(url)
+    st = open_storage(url)
     slow = next(n for n in optuna.get_all_study_names(st) if "eth100" in n)
     trials = optuna.load_study(study_name=slow, storage=st).get_trials()
     # 5 warm starts + the rest sampled: 12 trials; once in 3 runs 11 were seen, with both workers counting
@@ -206,7 +210,7 @@ def test_worker_goes_on_when_another_finished_the_same_enqueued_trial(tmp_path, 
     from test_tuner import CLUSTER, MODEL, W
 
     url = f"sqlite:///{tmp_path}/s.db"
-    tuner = T.Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0)
+    tuner = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0)
     real = optuna.study.Study.optimize
     calls = []
 
@@ -237,14 +241,14 @@ def test_worker_goes_on_when_another_finished_the_same_enqueued_trial(tmp_path, 
 #: on, after touching asking.<pid>: the window in which a signal used to leave the trial RUNNING forever
 PAUSE_IN_ASK = r'''
 import os, time
-from autotune import tuner as _t
-_orig = _t.TrialSeededSampler.before_trial
+from autotune.search.seeding import TrialSeededSampler
+_orig = TrialSeededSampler.before_trial
 def before_trial(self, study, trial):
     if trial.number >= 2:
         open(os.path.join({d!r}, f"asking.{{os.getpid()}}"), "w").close()
         time.sleep(4)
     return _orig(self, study, trial)
-_t.TrialSeededSampler.before_trial = before_trial
+TrialSeededSampler.before_trial = before_trial
 '''
 
 

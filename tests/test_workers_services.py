@@ -14,7 +14,7 @@ import uuid
 import optuna
 import pytest
 
-from autotune import tuner as T
+from autotune.study.storage import _STORAGES, open_storage
 from workers_harness import ROOT, start_worker
 
 PG_URL = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
@@ -39,13 +39,13 @@ def fresh_pg_url():
     with psycopg.connect(PG_URL, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {name}")
     yield PG_URL.rsplit("/", 1)[0] + "/" + name
-    T._STORAGES.clear()  # release this process's connections before the drop
+    _STORAGES.clear()  # release this process's connections before the drop
     with psycopg.connect(PG_URL, autocommit=True) as c:
         c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def _trials(url):
-    st = T.open_storage(url)
+    st = open_storage(url)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     (name,) = optuna.get_all_study_names(st)
     return optuna.load_study(study_name=name, storage=st).get_trials()
@@ -71,7 +71,7 @@ def test_four_workers_on_a_fresh_postgresql_database(fresh_pg_url, tmp_path):
 
 @needs_pg
 def test_postgresql_url_opens_with_the_extra_driver(fresh_pg_url):
-    st = T.open_storage(fresh_pg_url)
+    st = open_storage(fresh_pg_url)
     assert isinstance(st, optuna.storages.RDBStorage) and st.engine.dialect.driver == "psycopg"
 
 
@@ -95,8 +95,8 @@ def test_real_trial_through_the_local_slurm(tmp_path):
 @needs_slurm
 @pytest.mark.slow
 def test_slurm_trial_timeout_cancels_the_job(tmp_path):
-    from autotune.hardware import ClusterSpec, get_fabric, get_gpu
-    from autotune.plan import Plan, PlanDocument, Workload
+    from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu
+    from autotune.target.plan import Plan, PlanDocument, Workload
     from autotune.runtime.launch import run_plan
     sys.path.insert(0, str(ROOT / "tests" / "runtime"))
     from runtime_harness import TINY

@@ -18,8 +18,8 @@ WORKER = r'''
 import sys
 sys.path.insert(0, {runtime_tests!r})
 from runtime_harness import TINY
-from autotune.hardware import ClusterSpec, get_fabric, get_gpu
-from autotune.plan import Workload
+from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu
+from autotune.target.plan import Workload
 from autotune.tuner import Tuner
 url, trials, hb, launcher, timeout_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
 t = Tuner(model=TINY, cluster=ClusterSpec(gpu=get_gpu("h200"), num_gpus=2, fabric=get_fabric("nvlink4")),

@@ -1,6 +1,6 @@
 """Launch files for a tuned plan: ``autotune export --launcher torchrun|slurm -o DIR``.
 
-What is written, for the plan's engine (:attr:`autotune.plan.PlanDocument.engine`):
+What is written, for the plan's engine (:attr:`autotune.target.plan.PlanDocument.engine`):
 
 * ``megatron``: ``launch_torchrun.sh`` running Megatron-LM's ``pretrain_gpt.py`` (architecture, plan
   and run arguments, :mod:`autotune.export.megatron`) under torchrun with the environment variables the
@@ -9,7 +9,7 @@ What is written, for the plan's engine (:attr:`autotune.plan.PlanDocument.engine
   :mod:`autotune.export.torchtitan`) and ``launch_torchrun.sh`` running ``-m torchtitan.train`` with it;
 * ``native``: ``launch_torchrun.sh`` running ``autotune validate plan.yaml`` (autotune's runtime on the
   local GPUs);
-* always ``plan.yaml`` (the :class:`~autotune.plan.PlanDocument`); with ``slurm`` also
+* always ``plan.yaml`` (the :class:`~autotune.target.plan.PlanDocument`); with ``slurm`` also
   ``launch_slurm.sbatch``, which starts ``launch_torchrun.sh`` on every node with ``srun`` (one task
   per node; torchrun spawns one process per GPU, c10d rendezvous on the first node).
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import ConfigError
-from autotune.plan import PlanDocument
+from autotune.target.plan import PlanDocument
 
 LAUNCHERS = ("torchrun", "slurm")
 
@@ -57,7 +57,7 @@ def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> Launch
         ConfigError: unknown engine, or a plan the engine's launch format cannot express (see
             :mod:`autotune.export.megatron` and :mod:`autotune.export.torchtitan`).
     """
-    from autotune.hardware import get_gpu
+    from autotune.target.hardware import get_gpu
 
     if doc.engine == "megatron":
         from autotune.export.megatron import megatron_args, megatron_env
@@ -195,7 +195,7 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
     """
     if launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher {launcher!r}: valid launchers are {', '.join(LAUNCHERS)}")
-    from autotune.hardware import ClusterSpec, fabric_from_dict, get_gpu
+    from autotune.target.hardware import ClusterSpec, fabric_from_dict, get_gpu
 
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
                           fabric=fabric_from_dict(doc.fabric, where="plan: cluster.fabric"))

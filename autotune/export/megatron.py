@@ -31,8 +31,8 @@ scaling, GQA, no biases, untied embeddings).
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.models import ModelSpec
-from autotune.plan import Plan, Workload
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload
 
 #: Blackwell and later (compute capability >= 10) no longer need CUDA_DEVICE_MAX_CONNECTIONS=1.
 BLACKWELL_ARCHS = ("blackwell",)

@@ -32,8 +32,8 @@ the release's own Llama 3.1 function (``torchtitan/models/llama3/config_registry
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.models import ModelSpec
-from autotune.plan import Plan, Workload
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload
 
 #: autotune catalog name -> (torchtitan llama3 flavour, config_registry function)
 FLAVORS = {"llama3.1-8b": ("8B", "llama3_8b"), "llama3.1-70b": ("70B", "llama3_70b"),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from autotune.errors import AutotuneError, ConfigError
+from autotune.launchers.process import read_phases, sigterm_as_interrupt
 
 #: Job states after which a job does not run any more (scontrol(1) / squeue(1) "JOB STATE CODES").
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
@@ -133,7 +134,6 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
         ConfigError: bad geometry; AutotuneError: ``sbatch`` missing or refusing the job (its message).
         KeyboardInterrupt: re-raised after ``scancel`` when this process is interrupted (or gets SIGTERM).
     """
-    from autotune.runtime.launch import _phases, _sigterm_as_interrupt
 
     nodes, gpn = job_geometry(nproc_per_node, options)
     script = wd / "job.sbatch"
@@ -152,7 +152,7 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
     state, info, started, t_submit = "PENDING", None, None, time.monotonic()
     timed_out, phases_at_kill = False, {}
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             while True:
                 info = _scontrol_job(job_id, env)
                 state = (info or {}).get("JobState", "UNKNOWN" if info is None else state)
@@ -164,7 +164,7 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
                 if (started is not None and now - started > timeout_s) or (started is None and
                                                                             now - t_submit > timeout_s):
                     timed_out = True
-                    phases_at_kill = _phases(wd)
+                    phases_at_kill = read_phases(wd)
                     _cancel(job_id, env)
                     info, state = _wait_gone(job_id, env)
                     break

@@ -8,7 +8,7 @@ Modules:
 * :mod:`~autotune.profiling.measure`: the timing harness (CUDA events or ``perf_counter``) and the
   kernel measurements.
 * :mod:`~autotune.profiling.nccl_bench`: a ``torchrun`` worker timing collectives per tier.
-* :mod:`~autotune.profiling.cli`: the ``profile`` click command.
+* :mod:`~autotune.cli.profile`: the ``profile`` click command.
 * :mod:`~autotune.profiling.measured`: :class:`MeasuredCosts` and ``MeasuredEvaluator``.
 
 No module of this package imports torch at import time.

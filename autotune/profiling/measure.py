@@ -466,7 +466,7 @@ def measure_quantize(rows: int, cols: int, *, scaling: str = "tensorwise", compi
 # ----------------------------------------------------------------------------- block ops, eager vs compiled
 def block_op_nbytes(spec: Mapping[str, Any]) -> int:
     """Bytes charged to a transformer-block op (:data:`autotune.profiling.shapes.BLOCK_OPS`, the cost
-    model's counts in :meth:`autotune.graph.StepGraph._layer_cost`), BF16 activations.
+    model's counts in :meth:`autotune.cost.graph.StepGraph._layer_cost`), BF16 activations.
 
     Raises:
         ValueError: unknown op.

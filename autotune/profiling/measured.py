@@ -9,17 +9,17 @@ Each op the step graph asks for is resolved, in order:
 3. **interpolated** from the nearest stored shapes: GEMM TFLOP/s piecewise-linear in log2(m n k)
    (log-volume), attention TFLOP/s piecewise-linear in log2(seq_len) among the rows of the closest
    heads-per-rank, memory-bound GB/s in log2(bytes), collective bus bandwidth in log2(S);
-4. **fallback**: the shipped calibration (:class:`autotune.calibration.CalibratedCosts`).
+4. **fallback**: the shipped calibration (:class:`autotune.cost.calibration.CalibratedCosts`).
 
 Collectives (cost model stated as the issue asks). With busbw(S) the bus bandwidth measured on the
 tier (``link.calibration_tier``) for the largest group measured, n0 ranks, and n the requested
 group: ``t = f(n) x S / busbw(S) + max(0, g(n) - g(n0)) x link.latency_us``, where f and g are
-:func:`autotune.calibration.collective_factors`: the **ring** bandwidth term (f = 2(n-1)/n for
+:func:`autotune.cost.calibration.collective_factors`: the **ring** bandwidth term (f = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather / reduce-scatter / all-to-all, 1 for send/recv; nccl-tests'
 busbw is by definition independent of n for ring algorithms) plus NCCL's ring latency steps
 (2(n-1) for all-reduce, n-1 for all-gather / reduce-scatter / all-to-all; NCCL ``src/graph/tuning.cc``)
 beyond those of the measured group. Groups spanning nodes are costed per tier by
-:meth:`autotune.calibration.OpCosts.placed_collective_ms`, which calls this for each tier. Bandwidth is
+:meth:`autotune.cost.calibration.OpCosts.placed_collective_ms`, which calls this for each tier. Bandwidth is
 scaled by ``link.bandwidth_gbs / nominal`` where nominal is the tier's datasheet bandwidth
 (:data:`autotune.profiling.store.TIER_NOMINAL_PRESET`; the measured fabric files carry the same
 figure, so they scale by 1). For a measured group size the stored point (exact S) or the curve of
@@ -34,18 +34,35 @@ import warnings
 from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
-from autotune.calibration import (CalibratedCosts, CalibrationProfile, OpCosts, collective_factors,
-                                  default_calibration, interp_log)
-from autotune.hardware import GPUSpec, LinkSpec
-from autotune.profiling.store import (DEFAULT_STORAGE, COPY_OP, ProfileEnvironment, nominal_tier_bandwidth,
-                                      attention_flops, catalog_gpu, environments, find_environment, gemm_flops,
-                                      get_or_create_environment, open_store, record, rows, tflops_of)
+from autotune.cost.calibration import (
+    CalibrationProfile,
+    default_calibration,
+    interp_log,
+)
+from autotune.cost.op_costs import CalibratedCosts, OpCosts, collective_factors
+from autotune.profiling.store import (
+    COPY_OP,
+    DEFAULT_STORAGE,
+    ProfileEnvironment,
+    attention_flops,
+    catalog_gpu,
+    environments,
+    find_environment,
+    gemm_flops,
+    get_or_create_environment,
+    nominal_tier_bandwidth,
+    open_store,
+    record,
+    rows,
+    tflops_of,
+)
+from autotune.target.hardware import GPUSpec, LinkSpec
 
 SOURCES = ("measured", "looked_up", "interpolated", "fallback")
 
 
 # ----------------------------------------------------------------------------- pure interpolation
-# interp_log (log2-linear, flat outside) is autotune.calibration.interp_log, imported above.
+# interp_log (log2-linear, flat outside) is autotune.cost.calibration.interp_log, imported above.
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
@@ -412,7 +429,7 @@ def __getattr__(name: str) -> Any:
 def _make_measured_evaluator() -> type:
     from dataclasses import replace
 
-    from autotune.simulator import SimulatedEvaluator
+    from autotune.cost.simulator import SimulatedEvaluator
 
     class MeasuredEvaluator(SimulatedEvaluator):
         """The simulated evaluator with :class:`MeasuredCosts` (``--backend measured``).

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from autotune.calibration import CalibrationProfile
+from autotune.cost.calibration import CalibrationProfile
 from autotune.errors import ConfigError
 
 #: part -> (top-level keys, measurements keys); module docstring

@@ -9,7 +9,7 @@ For every group size 2..N (ranks 0..g-1 of the world), every kind (all-reduce, a
 reduce-scatter, all-to-all; send/recv on 2 ranks only) and every message size S, rank 0 appends one
 JSON line ``{"type": "collective", tier, kind, group_size, nbytes, median_ms, busbw_gbs, repeats}``
 and flushes, so an interrupted run keeps what it measured. Message size S and bus bandwidth follow
-nccl-tests (``PERFORMANCE.md``; also :mod:`autotune.calibration`): S is the all-reduce buffer, the
+nccl-tests (``PERFORMANCE.md``; also :mod:`autotune.cost.calibration`): S is the all-reduce buffer, the
 all-gather output, the reduce-scatter input, the all-to-all buffer, the send/recv message;
 ``busbw = S / t x 2(n-1)/n`` (all-reduce), ``x (n-1)/n`` (all-gather, reduce-scatter, all-to-all),
 ``x 1`` (send/recv). Send/recv is nccl-tests' ``sendrecv``: every rank sends S to the next rank and
@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from autotune.calibration import COLLECTIVE_KINDS
-from autotune.hardware import NCCL_TIER_ENV
+from autotune.cost.calibration import COLLECTIVE_KINDS
+from autotune.target.hardware import NCCL_TIER_ENV
 
 ALWAYS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 TIER_ENV: dict[str, dict[str, str]] = NCCL_TIER_ENV

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.models import ModelSpec, get_model
+from autotune.target.models import ModelSpec, get_model
 
 TP_DEGREES = (1, 2, 4, 8)
 FULL_TOKENS = (2048, 4096, 8192, 16384)
@@ -182,7 +182,7 @@ MEMORY_OPS = {
 
 
 #: transformer-block memory-bound ops timed eagerly and under ``torch.compile`` at Llama 3.1 8B shapes;
-#: name -> the bytes counted, which are those :meth:`autotune.graph.StepGraph._layer_cost` charges for the
+#: name -> the bytes counted, which are those :meth:`autotune.cost.graph.StepGraph._layer_cost` charges for the
 #: op (its comments: 2 RMSNorms 8h per token, 2 residual adds 12h, RoPE 4(q+kv), SwiGLU 6f), so that
 #: ``bytes / GB/s`` gives the op's time whichever table (eager or compiled) the cost model uses
 BLOCK_OPS = {

@@ -16,12 +16,12 @@ every table name starts with ``profile_`` so the two never collide:
 ``profile_block_op``       block op eager or compiled (op, mode, bytes charged): ms, GB/s
 =========================  =================================================================
 
-Shapes follow :mod:`autotune.calibration`: a GEMM (m, n, k) is ``(m x k) @ (k x n)`` in the forward
+Shapes follow :mod:`autotune.cost.calibration`: a GEMM (m, n, k) is ``(m x k) @ (k x n)`` in the forward
 pass (``F.linear(x, W)`` with x of m x k and W of n x k), 2 m n k FLOPs per pass; dgrad is
 ``dY @ W`` (m x n by n x k) and wgrad ``dY^T @ X`` (n x m by m x k), each with the same FLOPs and
-stored under the forward shape. Attention FLOPs are those of :class:`autotune.calibration.CalibratedCosts`:
+stored under the forward shape. Attention FLOPs are those of :class:`autotune.cost.calibration.CalibratedCosts`:
 forward ``2 s^2 d h b`` (causal half of 4 s^2 d h), backward 2.5x forward. Collective sizes and bus
-bandwidth follow nccl-tests (see the :mod:`autotune.calibration` docstring).
+bandwidth follow nccl-tests (see the :mod:`autotune.cost.calibration` docstring).
 
 Every :func:`record` commits, so an interrupted ``autotune profile`` keeps what it measured.
 """
@@ -35,13 +35,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from sqlalchemy import (BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String,
-                        UniqueConstraint, create_engine, select)
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+    create_engine,
+    select,
+)
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from autotune.calibration import (CALIBRATION_SCHEMA_VERSION, COLLECTIVE_KINDS, CalibrationProfile,
-                                  collective_factors, default_calibration)
+from autotune.cost.calibration import (
+    CALIBRATION_SCHEMA_VERSION,
+    COLLECTIVE_KINDS,
+    CalibrationProfile,
+    default_calibration,
+)
+from autotune.cost.op_costs import collective_factors
 from autotune.errors import ConfigError, StorageError
 
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
@@ -269,7 +284,7 @@ class EnvironmentInfo:
 
 
 def catalog_gpu(gpu_name: str) -> str | None:
-    """Catalog key (:func:`autotune.hardware.get_gpu`) of a CUDA device name, or None.
+    """Catalog key (:func:`autotune.target.hardware.get_gpu`) of a CUDA device name, or None.
 
     ``"NVIDIA H200"`` -> ``h200``, ``"NVIDIA H100 80GB HBM3"`` -> ``h100``,
     ``"NVIDIA A100-SXM4-80GB"`` -> ``a100-80gb``, ``"NVIDIA B200"`` -> ``b200``, ``"NVIDIA GB200"`` -> ``gb200``.
@@ -426,7 +441,7 @@ def _r(x: float, nd: int = 4) -> float:
 
 def nominal_tier_bandwidth(tier: str, gpu: str, fallback: float) -> float:
     """Nominal (datasheet) bandwidth of the path a tier measures, GB/s; see TIER_NOMINAL_PRESET."""
-    from autotune.hardware import get_fabric, get_gpu
+    from autotune.target.hardware import get_fabric, get_gpu
 
     try:
         if tier == "nvlink":
@@ -451,7 +466,7 @@ def measured_tier_busbw(colls: list[CollectiveTiming], tier: str) -> float | Non
 
 
 def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> dict[str, Any]:
-    """The calibration profile (schema version 1, see :mod:`autotune.calibration`) of ``env``'s timings.
+    """The calibration profile (schema version 1, see :mod:`autotune.cost.calibration`) of ``env``'s timings.
 
     ``measured: true``, ``label`` ``<gpu>-<date>``. Derived fields: ``gemm`` = forward TFLOP/s per
     shape; ``gemm_backward_factor`` = mean over shapes of mean(dgrad, wgrad) ms / fwd ms;
@@ -470,7 +485,7 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
     Raises:
         ConfigError: unknown GPU, or no GEMM or attention timings stored for ``env``.
     """
-    from autotune.hardware import get_gpu
+    from autotune.target.hardware import get_gpu
 
     with _session(session_or_url) as s:
         gpu = catalog_gpu(env.gpu_name)
@@ -712,7 +727,7 @@ def dump_profile_yaml(d: Mapping[str, Any]) -> str:
     """YAML text of a profile mapping, table rows in flow style (``[m, n, k, tflops]``)."""
     import yaml
 
-    head = ("# Calibration profile written by `autotune profile` (schema: autotune/calibration.py).\n"
+    head = ("# Calibration profile written by `autotune profile` (schema: autotune/cost/calibration.py).\n"
             "# Per-row units: gemm [m, n, k, fwd TFLOP/s]; attention [seq, heads, kv_heads, head_dim, fwd\n"
             "# TFLOP/s, bwd TFLOP/s]; collectives [bytes S, busbw GB/s]; measurements.* are raw rows (ms).\n")
     return head + yaml.safe_dump(dict(d), sort_keys=False, default_flow_style=None, width=120)

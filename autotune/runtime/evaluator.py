@@ -5,8 +5,8 @@ Lifecycle: construct (keyword-only; nothing starts), :meth:`RealEvaluator.evalua
 
 Outcomes of ``evaluate``:
 
-* the job ran: a feasible :class:`~autotune.evaluator.StepResult` with the measured median step time,
-  MFU by the same formula as the simulator (:mod:`autotune.flops`), peak reserved memory per rank,
+* the job ran: a feasible :class:`~autotune.cost.evaluator.StepResult` with the measured median step time,
+  MFU by the same formula as the simulator (:mod:`autotune.cost.flops`), peak reserved memory per rank,
   and in ``details`` the simulator's prediction for the same plan with its error in percent;
 * CUDA out of memory: ``feasible=False`` with the memory the job reached (so it becomes an
   infeasible trial, never the best);
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from autotune.cost.evaluator import Evaluator, StepResult
 from autotune.errors import AutotuneError, ConfigError, PlanError
-from autotune.evaluator import Evaluator, StepResult
-from autotune.hardware import NCCL_TIER_ENV, ClusterSpec
-from autotune.models import ModelSpec
-from autotune.plan import Plan, PlanDocument, Workload, validate_plan
+from autotune.target.hardware import NCCL_TIER_ENV, ClusterSpec
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, PlanDocument, Workload, validate_plan
 
 #: NCCL environment per interconnect tier (see the module docstring; one table for the profiler and here).
 TIER_ENV = NCCL_TIER_ENV
@@ -75,7 +75,7 @@ class RealEvaluator(Evaluator):
                  steps: int = 3, warmup: int = 2, timeout_s: float = 900.0, device: str = "auto",
                  predict: bool = True, env: Mapping[str, str] | None = None, engine: str | None = None,
                  launcher: Mapping[str, Any] | None = None) -> None:
-        from autotune.engines import REAL_BACKEND_ENGINE
+        from autotune.target.engines import REAL_BACKEND_ENGINE
 
         if engine not in (None, REAL_BACKEND_ENGINE):
             raise ConfigError(f"--backend real runs autotune's own runtime (engine {REAL_BACKEND_ENGINE}); "
@@ -104,7 +104,7 @@ class RealEvaluator(Evaluator):
     def _simulated(self, plan: Plan) -> StepResult | None:
         if not self.predict:
             return None
-        from autotune.simulator import SimulatedEvaluator
+        from autotune.cost.simulator import SimulatedEvaluator
 
         model = self.model if self.layers is None else _truncated(self.model, self.layers)
         if self._sim is None:
@@ -116,9 +116,9 @@ class RealEvaluator(Evaluator):
             return None
 
     def evaluate(self, plan: Plan) -> StepResult:
+        from autotune.cost.simulator import make_result
         from autotune.runtime.launch import run_plan
         from autotune.runtime.parallelize import check_runtime_support
-        from autotune.simulator import make_result
 
         model = self.model if self.layers is None else _truncated(self.model, self.layers)
         warnings = validate_plan(plan, model, self.cluster.num_gpus, self.workload,

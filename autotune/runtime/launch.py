@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from autotune.errors import ConfigError
-from autotune.plan import PlanDocument
+from autotune.launchers.process import read_phases, sigterm_as_interrupt
+from autotune.target.plan import PlanDocument
 
 #: Always in the worker environment: NVLink SHARP multicast off (NCCL) and symmetric-memory multicast
 #: off (torch), as the project's H200 hosts require.
@@ -107,36 +108,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child b
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-
-
-class _sigterm_as_interrupt:
-    """While active (main thread only), SIGTERM raises KeyboardInterrupt, so the launch cleanup runs."""
-
-    def __enter__(self) -> "_sigterm_as_interrupt":
-        import threading
-
-        self._prev = None
-        if threading.current_thread() is threading.main_thread():
-            def _raise(signum: int, frame: Any) -> None:
-                raise KeyboardInterrupt(f"signal {signum}")
-            self._prev = signal.signal(signal.SIGTERM, _raise)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._prev is not None:
-            signal.signal(signal.SIGTERM, self._prev)
-
-
-def _phases(phase_dir: Path) -> dict[int, str]:
-    out = {}
-    for f in phase_dir.glob("phase.rank*"):
-        if f.name.endswith(".tmp"):
-            continue
-        try:
-            out[int(f.name[len("phase.rank"):])] = f.read_text().strip()
-        except (OSError, ValueError):
-            pass
-    return dict(sorted(out.items()))
 
 
 def _phase_text(phases: dict[int, str]) -> str:
@@ -235,11 +206,11 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
                                     start_new_session=True, preexec_fn=_die_with_parent)
             timed_out = False
             try:
-                with _sigterm_as_interrupt():
+                with sigterm_as_interrupt():
                     rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                phases_at_kill = _phases(wd)
+                phases_at_kill = read_phases(wd)
                 _kill_tree(proc)
                 rc = proc.returncode
             except BaseException:
@@ -248,7 +219,7 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
                 _kill_tree(proc, grace_s=2.0)
                 raise
     wall = time.monotonic() - t0
-    phases = phases_at_kill if timed_out else _phases(wd)
+    phases = phases_at_kill if timed_out else read_phases(wd)
     res: dict[str, Any] = {"status": "failed", "reason": None, "returncode": rc, "wall_s": wall,
                            "phase": phases, "workdir": str(wd), "command": cmd,
                            "stderr_tail": _tail(stderr_path), **extra}

@@ -1,4 +1,4 @@
-"""Apply a :class:`~autotune.plan.Plan` to the Llama model with PyTorch's own parallel APIs.
+"""Apply a :class:`~autotune.target.plan.Plan` to the Llama model with PyTorch's own parallel APIs.
 
 Order of application (torchtitan ``parallelize_llama`` / ``pipeline_llama``):
 
@@ -93,9 +93,21 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.errors import PlanError
-from autotune.models import ModelSpec
-from autotune.plan import Plan, Workload, validate_plan
-from autotune.runtime.model import Llama, build_llama, cross_entropy_loss, prune_to_stage
+from autotune.runtime.converters import (
+    FLOAT8_RECIPES,
+    apply_compile,
+    apply_float8,
+    check_precision_support,
+    enable_async_tp,
+)
+from autotune.runtime.model import (
+    Llama,
+    build_llama,
+    cross_entropy_loss,
+    prune_to_stage,
+)
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload, validate_plan
 
 log = logging.getLogger(__name__)
 
@@ -115,132 +127,6 @@ def _device_sync(device: torch.device) -> None:
 def _empty_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-#: torchao ``Float8LinearConfig.from_recipe_name`` recipe per plan precision
-#: (torchao 0.17.0 ``torchao/float8/config.py`` ``Float8LinearRecipeName``).
-FLOAT8_RECIPES = {"fp8_tensorwise": "tensorwise", "fp8_rowwise": "rowwise"}
-
-#: Precisions this runtime refuses, with the reason.
-REFUSED_PRECISIONS = {
-    "fp8_delayed": ("torchao float8 training has dynamic scaling only (torchao 0.17.0 ScalingType: DYNAMIC, "
-                    "DISABLED; delayed scaling was removed), and delayed scaling is Transformer Engine's "
-                    "recipe (engine megatron); use precision=fp8_tensorwise or fp8_rowwise"),
-    "mxfp8": ("MXFP8 (torchao.prototype.mx_formats, Blackwell tensor cores) is not wired into this runtime; "
-              "use precision=fp8_tensorwise or fp8_rowwise, or simulate it with --engine torchtitan"),
-}
-
-#: Linear modules kept in BF16 under FP8 (torchtitan ``float8.md``: ``filter_fqns=["output"]``).
-FLOAT8_SKIP_FQNS = ("output",)
-
-#: torchao versions this runtime was run with (``../shared/device/fetch-wheels.sh``; design.md, 2026-12-01).
-TORCHAO_TESTED = "0.17.0"
-
-
-def torchao_available() -> bool:
-    """True when ``torchao`` can be imported (looked up without importing it)."""
-    import importlib.util
-    return importlib.util.find_spec("torchao") is not None
-
-
-def check_precision_support(precision: str, *, device_type: str) -> None:
-    """Refuse a ``precision`` this runtime cannot honor on ``device_type`` (``cpu`` / ``cuda``).
-
-    ``bf16`` always runs; ``fp8_tensorwise`` / ``fp8_rowwise`` need torchao (the ``gpu`` extra) and, on
-    CUDA, compute capability >= 8.9 (checked in :func:`parallelize`, where the device is known);
-    ``fp8_delayed`` and ``mxfp8`` are refused (:data:`REFUSED_PRECISIONS`).
-
-    Raises:
-        PlanError: naming the precision, why, and what is valid.
-    """
-    if precision == "bf16":
-        return
-    if precision in REFUSED_PRECISIONS:
-        raise PlanError(f"precision={precision} cannot be honored by the native runtime: "
-                        f"{REFUSED_PRECISIONS[precision]}")
-    if precision not in FLOAT8_RECIPES:
-        raise PlanError(f"precision={precision!r} is unknown; the native runtime runs bf16, "
-                        f"{', '.join(FLOAT8_RECIPES)}")
-    if not torchao_available():
-        raise PlanError(f"precision={precision} needs torchao (float8 training), which is not installed: "
-                        f"pip install 'autotune[gpu]' (torchao=={TORCHAO_TESTED}); or use precision=bf16")
-
-
-def float8_config(precision: str, *, emulate: bool = False):
-    """The torchao ``Float8LinearConfig`` of a plan precision.
-
-    Args:
-        precision: ``fp8_tensorwise`` (one scale per tensor, dynamic) or ``fp8_rowwise`` (one scale per
-            row, power-of-2 scales) -> ``Float8LinearConfig.from_recipe_name`` of :data:`FLOAT8_RECIPES`.
-        emulate: torchao's emulation (high-precision matmuls on FP8-rounded operands; CPU tests).
-
-    Raises:
-        PlanError: any other precision (see :func:`check_precision_support`), or torchao missing.
-    """
-    check_precision_support(precision, device_type="cpu" if emulate else "cuda")
-    from torchao.float8 import Float8LinearConfig
-    cfg = Float8LinearConfig.from_recipe_name(FLOAT8_RECIPES[precision])
-    return dataclasses.replace(cfg, emulate=True) if emulate else cfg
-
-
-def float8_module_filter(module: nn.Module, fqn: str) -> bool:
-    """Whether a module becomes a torchao ``Float8Linear``: an ``nn.Linear`` whose in and out features
-    are multiples of 16 (``torch._scaled_mm``; torchtitan ``quantization/utils.py`` ``module_filter_fn``)
-    and whose name is not in :data:`FLOAT8_SKIP_FQNS` (the LM head stays BF16)."""
-    if not isinstance(module, nn.Linear):
-        return False
-    if any(fqn == s or fqn.endswith("." + s) for s in FLOAT8_SKIP_FQNS):
-        return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
-
-
-def apply_float8(model: nn.Module, precision: str, *, emulate: bool = False) -> list[str]:
-    """Swap the model's eligible linears for torchao ``Float8Linear`` (in place).
-
-    Args:
-        model: a :class:`Llama` (or chunk), before TP / FSDP (torchtitan converts at build time).
-        precision: ``fp8_tensorwise`` or ``fp8_rowwise``; emulate: see :func:`float8_config`.
-
-    Returns:
-        Names of the converted modules (``layers.0.attention.wq`` ...).
-
-    Raises:
-        PlanError: precision not runnable here (:func:`check_precision_support`).
-    """
-    cfg = float8_config(precision, emulate=emulate)
-    from torchao.float8 import convert_to_float8_training
-    if FLOAT8_RECIPES[precision] == "rowwise":
-        # torchtitan float8.py: "short-term solution for pytorch/pytorch#150859"
-        import torch._inductor.config as inductor_config
-        inductor_config.emulate_precision_casts = True
-    convert_to_float8_training(model, config=cfg, module_filter_fn=float8_module_filter)
-    from torchao.float8.float8_linear import Float8Linear
-    return [n for n, m in model.named_modules() if isinstance(m, Float8Linear)]
-
-
-def apply_compile(model: Llama) -> int:
-    """``torch.compile`` each transformer block in place (``nn.Module.compile(fullgraph=True)``, default
-    inductor backend: torchtitan ``apply_compile``). Returns the number of blocks compiled."""
-    n = 0
-    for blk in model.layers.values():
-        blk.compile(fullgraph=True)
-        n += 1
-    return n
-
-
-def enable_async_tp(tp_mesh) -> str:
-    """Turn on inductor's async-TP pass for ``tp_mesh``'s group (torchtitan ``_maybe_enable_async_tp``):
-    ``enable_symm_mem_for_group(group_name)`` and ``torch._inductor.config._micro_pipeline_tp = True``.
-    Returns the group name."""
-    import warnings
-    import torch._inductor.config as inductor_config
-    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-    name = tp_mesh.get_group().group_name
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        enable_symm_mem_for_group(name)
-    inductor_config._micro_pipeline_tp = True
-    return name
 
 
 def check_runtime_support(plan: Plan, *, device_type: str) -> None:
@@ -321,8 +207,13 @@ def apply_tp(model: Llama, tp_mesh, *, sequence_parallel: bool) -> None:
     blocks is sharded on the sequence dim (Shard(1)) and the norms run as ``SequenceParallel``.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
     sp = sequence_parallel
     root: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -659,7 +550,7 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         compute_dtype: BF16 by default on CUDA, FP32 on CPU. Parameters and AdamW states stay FP32.
         seed: weight-initialization seed (identical on every rank).
         lr: AdamW learning rate (betas 0.9/0.95, weight decay 0.1, eps 1e-8: Llama 3 paper Sec. 3.4).
-        validate: run :func:`autotune.plan.validate_plan` for the truncated model first.
+        validate: run :func:`autotune.target.plan.validate_plan` for the truncated model first.
         meta_init: build on the meta device and initialize after sharding (torchtitan's way; the
             weights then differ from the unparallelized model's); None = only for models over
             :data:`FULL_INIT_MAX_BYTES` of FP32 parameters.
@@ -667,8 +558,12 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
     Raises:
         PlanError: the plan is invalid for the model, or asks for something this runtime cannot honor.
     """
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
     device = torch.device(device)
     if compute_dtype is None:
         compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -15,7 +15,7 @@ exits with :data:`EXIT_OOM`.
 Result JSON (rank 0), times in ms, memory in bytes:
 ``step_times_ms`` (timed steps; per step the max over ranks), ``step_time_ms`` (median),
 ``step_time_spread_ms`` (max - min) and ``step_time_iqr_ms``, ``tokens_per_s_per_gpu``, ``mfu``
-(causal convention, :mod:`autotune.flops`, FLOPs of the model as run, i.e. of the truncated depth for
+(causal convention, :mod:`autotune.cost.flops`, FLOPs of the model as run, i.e. of the truncated depth for
 a ``--layers`` proxy), ``mfu_palm``, ``hfu``, ``tflops_per_gpu``, ``peak_allocated_bytes`` /
 ``peak_reserved_bytes``, ``allocated_after_build_bytes`` (model as built) and
 ``allocated_after_step_bytes`` (with gradients and optimizer states) (per rank; CUDA) or ``peak_rss_bytes`` (per rank; CPU), ``losses`` (per
@@ -175,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a, phase: _Phase, device) -> int:
     import torch
     import torch.distributed as dist
-    from autotune import flops
-    from autotune.hardware import get_gpu
-    from autotune.plan import PlanDocument
+
+    from autotune.cost import flops
     from autotune.runtime.parallelize import parallelize
+    from autotune.target.hardware import get_gpu
+    from autotune.target.plan import PlanDocument
 
     doc = PlanDocument.load(a.plan)
     plan, spec, wl = doc.plan, doc.model, doc.workload
@@ -265,7 +266,7 @@ def _run(a, phase: _Phase, device) -> int:
         "tflops_per_gpu": model_flops / s / n / 1e12,
         "mfu": flops.mfu(model_flops, s, n, peak), "mfu_palm": flops.mfu(palm_flops, s, n, peak),
         "hfu": flops.mfu(hw_flops, s, n, peak),
-        "mfu_convention": "6N + 6LHQTc, c=1 causal (autotune.flops); mfu_palm c=2",
+        "mfu_convention": "6N + 6LHQTc, c=1 causal (autotune.cost.flops); mfu_palm c=2",
         "peak_allocated_bytes": [g["mem"].get("peak_allocated_bytes") for g in gathered],
         "peak_reserved_bytes": [g["mem"].get("peak_reserved_bytes") for g in gathered],
         "peak_rss_bytes": [g["mem"]["peak_rss_bytes"] for g in gathered],

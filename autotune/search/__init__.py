@@ -7,6 +7,11 @@ See docs/search.md for the design and the measured results (bench/bench_search.p
 """
 
 from autotune.search.estimate import PlanScreen
-from autotune.search.sampler import LAYOUT_KNOBS, PREFERENCES, LayoutSampler, make_sampler
+from autotune.search.sampler import (
+    LAYOUT_KNOBS,
+    PREFERENCES,
+    LayoutSampler,
+    make_sampler,
+)
 
 __all__ = ["PlanScreen", "LayoutSampler", "make_sampler", "LAYOUT_KNOBS", "PREFERENCES"]

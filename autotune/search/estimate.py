@@ -1,10 +1,10 @@
 """Cheap screens of a plan, ~1 ms each, against ~100 ms for a simulated step graph (405B, 2-core host).
 
 * :meth:`PlanScreen.fits`: the memory model the simulator itself applies
-  (:func:`autotune.memory.estimate_memory` with the evaluator's fragmentation and engine), so a plan
+  (:func:`autotune.cost.memory.estimate_memory` with the evaluator's fragmentation and engine), so a plan
   this rejects would be recorded as infeasible by the simulated evaluator too.
 * :meth:`PlanScreen.estimate_ms`: a closed-form step time from the same per-chunk costs the step graph
-  is built from (:class:`autotune.graph.CostBuilder`):
+  is built from (:class:`autotune.cost.graph.CostBuilder`):
 
       T = (m + (p - 1) / v) x t_mb + 2 (p - 1) t_p2p + t_opt + t_gather + t_dp_tail
 
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.calibration import CalibratedCosts, OpCosts, default_calibration
-from autotune.engines import EngineProfile, check_plan_for_engine, get_engine
+from autotune.cost.calibration import default_calibration
+from autotune.cost.graph import CostBuilder, chunk_costs
+from autotune.cost.memory import estimate_memory
+from autotune.cost.op_costs import CalibratedCosts, OpCosts
 from autotune.errors import PlanError
-from autotune.graph import CostBuilder, chunk_costs
-from autotune.hardware import ClusterSpec
-from autotune.memory import estimate_memory
-from autotune.models import ModelSpec
-from autotune.plan import Plan, Workload
+from autotune.target.engines import EngineProfile, check_plan_for_engine, get_engine
+from autotune.target.hardware import ClusterSpec
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload
 
 
 class PlanScreen:
@@ -56,8 +57,8 @@ class PlanScreen:
         self._est: dict[Plan, float] = {}
 
     def fits(self, plan: Plan) -> bool:
-        """True when the engine can run ``plan`` (:func:`autotune.engines.check_plan_for_engine`) and
-        :func:`autotune.memory.estimate_memory` puts every pipeline stage within the GPU's usable memory
+        """True when the engine can run ``plan`` (:func:`autotune.target.engines.check_plan_for_engine`) and
+        :func:`autotune.cost.memory.estimate_memory` puts every pipeline stage within the GPU's usable memory
         (False also for a plan the memory model rejects as invalid)."""
         r = self._fits.get(plan)
         if r is None:

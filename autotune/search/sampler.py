@@ -32,15 +32,15 @@ import itertools
 import json
 import logging
 import random
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.plan import Plan
 from autotune.search.estimate import PlanScreen
-from autotune.search_space import KNOBS, BoundSearchSpace, Pruned, plan_params
+from autotune.search.space import KNOBS, BoundSearchSpace, Pruned, plan_params
+from autotune.target.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.errors import ConfigError, NoGPUError
-from autotune.hardware import get_fabric
-from autotune.profiling import cli as C
+from autotune.target.hardware import get_fabric
+from autotune.cli import profile as C
 from autotune.profiling.measure import NO_GPU_MESSAGE, cuda_available
 
 no_gpu_only = pytest.mark.skipif(cuda_available(), reason="checks the no-GPU path")
@@ -21,7 +21,7 @@ no_gpu_only = pytest.mark.skipif(cuda_available(), reason="checks the no-GPU pat
 def test_profile_without_gpu_exits_2_with_message(tmp_path):
     db = tmp_path / "sub" / "a.db"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    p = subprocess.run([sys.executable, "-m", "autotune.profiling.cli", "--quick", "--export",
+    p = subprocess.run([sys.executable, "-m", "autotune.cli.profile", "--quick", "--export",
                         str(tmp_path / "out.yaml"), "--storage", f"sqlite:///{db}"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2
@@ -38,7 +38,7 @@ def test_click_command_raises_no_gpu_error_for_the_main_cli():
 
 
 def test_modules_do_not_import_torch_at_import_time():
-    code = ("import sys; import autotune.profiling.cli, autotune.profiling.measured, autotune.profiling.measure, "
+    code = ("import sys; import autotune.cli.profile, autotune.profiling.measured, autotune.profiling.measure, "
             "autotune.profiling.nccl_bench, autotune.profiling.store, autotune.profiling.shapes; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.calibration import CalibratedCosts, default_calibration
-from autotune.hardware import LinkSpec, get_fabric, get_gpu, make_cluster
-from autotune.models import get_model
-from autotune.plan import Plan, Workload
+from autotune.cost.op_costs import CalibratedCosts
+from autotune.cost.calibration import default_calibration
+from autotune.target.hardware import LinkSpec, get_fabric, get_gpu, make_cluster
+from autotune.target.models import get_model
+from autotune.target.plan import Plan, Workload
 from autotune.profiling import store as S
 from autotune.profiling.measured import (MeasuredCosts, collective_time_ms, interp_attention_tflops,
                                          interp_gemm_tflops, interp_log)
@@ -137,7 +138,7 @@ def test_no_environment_for_gpu_falls_back_to_calibration(populated, url):
 
 def test_measured_evaluator_backend_and_provenance(url, populated):
     from autotune.profiling.measured import MeasuredEvaluator
-    from autotune.simulator import SimulatedEvaluator
+    from autotune.cost.simulator import SimulatedEvaluator
 
     model, cluster = get_model("8b"), make_cluster("h200", 8)
     w = Workload(seq_len=8192, global_batch_size=32)
@@ -155,7 +156,8 @@ def test_measured_evaluator_backend_and_provenance(url, populated):
     ev2 = MeasuredEvaluator(model=model, cluster=make_cluster("b200", 8), workload=w, storage=empty, measure=False)
     # (the simulated evaluator without the calibration's in-training factors: the measured evaluator
     # does not apply them, its stored ops being timed on the GPU for the exact shapes)
-    from autotune.calibration import CalibratedCosts, CalibrationProfile, default_calibration
+    from autotune.cost.op_costs import CalibratedCosts
+    from autotune.cost.calibration import CalibrationProfile, default_calibration
     raw = {k: v for k, v in default_calibration().raw.items() if k != "in_training"}
     plain = CalibratedCosts(profile=CalibrationProfile.from_dict(raw), gpu=make_cluster("b200", 8).gpu)
     sim = SimulatedEvaluator(model=model, cluster=make_cluster("b200", 8), workload=w, costs=plain)

@@ -9,10 +9,11 @@ import math
 import pytest
 import yaml
 
-from autotune.calibration import CalibratedCosts, CalibrationProfile, default_calibration
+from autotune.cost.op_costs import CalibratedCosts
+from autotune.cost.calibration import CalibrationProfile, default_calibration
 from autotune.errors import ConfigError
-from autotune.hardware import get_gpu
-from autotune.profiling import cli as C
+from autotune.target.hardware import get_gpu
+from autotune.cli import profile as C
 from autotune.profiling import measure as M
 from autotune.profiling import store as S
 from autotune.profiling.merge import merge_profiles
@@ -48,7 +49,7 @@ def test_fp8_pass_dims():
 def test_block_op_bytes_are_the_cost_model_counts():
     sz = block_op_sizes()
     T, h, f, q, kv = 8192, 4096, 14336, 32 * 128, 8 * 128
-    # autotune/graph.py _layer_cost: 2 RMSNorms 8h/token -> 4 T h per norm; 2 residual adds 12h -> 6 T h
+    # autotune/cost/graph.py _layer_cost: 2 RMSNorms 8h/token -> 4 T h per norm; 2 residual adds 12h -> 6 T h
     # each; RoPE 4 (q + kv) per token; SwiGLU 6 f per token. cast: bf16->fp32 (2 + 4) + fp32->bf16 (4 + 2)
     # = 12 T h; norm_residual = residual + rmsnorm = 10 T h
     want = {"rmsnorm": 4 * T * h, "rope": 4 * T * (q + kv), "swiglu": 6 * T * f, "residual": 6 * T * h,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from autotune.calibration import CalibrationProfile
-from autotune.hardware import get_fabric
-from autotune.profiling import cli as C
+from autotune.cost.calibration import CalibrationProfile
+from autotune.target.hardware import get_fabric
+from autotune.cli import profile as C
 from autotune.profiling import measure as M
 from autotune.profiling import store as S
 from autotune.profiling.measure import Timing

@@ -6,9 +6,10 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, inspect
 
-from autotune.calibration import CalibratedCosts, CalibrationProfile, default_calibration
+from autotune.cost.op_costs import CalibratedCosts
+from autotune.cost.calibration import CalibrationProfile, default_calibration
 from autotune.errors import ConfigError
-from autotune.hardware import get_gpu
+from autotune.target.hardware import get_gpu
 from autotune.profiling import store as S
 
 from profiling_fixtures import ENV

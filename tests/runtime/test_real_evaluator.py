@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.errors import PlanError
-from autotune.hardware import ClusterSpec, get_fabric, get_gpu
-from autotune.plan import Plan, PlanDocument, Workload
+from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu
+from autotune.target.plan import Plan, PlanDocument, Workload
 from autotune.runtime.evaluator import RealEvaluator, TrialFailed, tier_env
 
 from runtime_harness import TINY
@@ -32,7 +32,7 @@ def test_real_evaluator_ok_and_refused(monkeypatch):
     r = ev.evaluate(plan)
     assert r.feasible and r.backend == "real" and r.step_time_ms > 0
     # MFU from the measured step: model FLOPs / (step x GPUs x peak), the simulator's formula
-    from autotune.flops import step_model_flops
+    from autotune.cost.flops import step_model_flops
     assert r.mfu == pytest.approx(step_model_flops(TINY, 32, 4) / (r.step_time_ms / 1e3 * 2 * 989e12))
     assert "simulated_step_time_ms" in r.details and len(r.details["step_times_ms"]) == 2
     # a setting the runtime cannot honor is refused before anything is launched
@@ -47,7 +47,7 @@ def test_real_evaluator_ok_and_refused(monkeypatch):
 
 @pytest.mark.slow
 def test_validate_command_cpu(tmp_path):
-    from autotune.cli import main
+    from autotune.cli.app import main
     doc = PlanDocument(plan=Plan(tp_degree=2, micro_batch_size=1, num_micro_batches=4, zero_stage=0,
                                  sequence_parallel=True, dp_grad_reduce_overlap=False),
                        model=TINY, gpu="h200", num_gpus=2, fabric=get_fabric("nvlink4").to_dict(), workload=WL)
@@ -65,7 +65,7 @@ def test_validate_command_cpu(tmp_path):
 
 def test_validate_reports_the_plan_error_before_the_machine(tmp_path):
     # tp 3 on 2 GPUs: the plan's own error (tp x pp x dp x cp = 3 x 1 x 2 x 1 = 6 != 2), not "no CUDA GPU"
-    from autotune.cli import main
+    from autotune.cli.app import main
     doc = PlanDocument(plan=Plan(tp_degree=1, dp_degree=2, micro_batch_size=1, num_micro_batches=4),
                        model=TINY, gpu="h200", num_gpus=2, fabric=get_fabric("nvlink4").to_dict(), workload=WL)
     p = tmp_path / "plan.yaml"
@@ -79,12 +79,12 @@ def test_validate_reports_the_plan_error_before_the_machine(tmp_path):
 def test_cpu_validate_refuses_a_plan_larger_than_host_memory():
     # the memory model's per-rank peak x 2 ranks against a host with 1 GiB available: refused, naming both
     from autotune.errors import AutotuneError
-    from autotune.memory import estimate_memory
-    from autotune.runtime.cli import _check_host_memory, _one_line
+    from autotune.cost.memory import estimate_memory
+    from autotune.cli.validate import _check_host_memory, _one_line
 
     doc = PlanDocument(plan=Plan(dp_degree=2, micro_batch_size=1, num_micro_batches=4), model=TINY, gpu="h200",
                        num_gpus=2, fabric=get_fabric("nvlink4").to_dict(), workload=WL)
-    from autotune.hardware import ClusterSpec, get_gpu
+    from autotune.target.hardware import ClusterSpec, get_gpu
     cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=2, fabric=get_fabric("nvlink4"))
     need = 2 * estimate_memory(TINY, doc.plan, cluster.gpu, WL).peak_bytes
     _check_host_memory(doc, cluster, None, available_bytes=need)          # exactly enough: accepted

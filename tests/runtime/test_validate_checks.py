@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from autotune.cli import main
-from autotune.hardware import get_fabric
-from autotune.plan import Plan, PlanDocument, Workload
+from autotune.cli.app import main
+from autotune.target.hardware import get_fabric
+from autotune.target.plan import Plan, PlanDocument, Workload
 
 from runtime_harness import TINY
 

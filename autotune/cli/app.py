@@ -1,0 +1,124 @@
+"""The ``autotune`` command group: one clear error line for every failure, lazily imported GPU-host commands.
+
+Commands live one module per group: :mod:`autotune.cli.tune` (``run``, ``retune``), :mod:`autotune.cli.inspect`
+(``show``, ``plot``), :mod:`autotune.cli.export`, :mod:`autotune.cli.simulate`, :mod:`autotune.cli.profile` and
+:mod:`autotune.cli.validate` (GPU host; imported on first use). Shared option sets are in
+:mod:`autotune.cli.options`. Any :class:`~autotune.errors.AutotuneError`
+prints ``error: ...`` to stderr and exits 2; an unexpected exception prints one line and a hint to
+re-run with ``AUTOTUNE_DEBUG=1`` for the traceback, and exits 1. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from autotune.errors import AutotuneError
+
+
+def debug_enabled_cli() -> bool:
+    from autotune.logs import debug_enabled
+
+    return debug_enabled()
+
+
+class AutotuneGroup(click.Group):
+    """A click group that turns errors into one clear line and a non-zero exit code.
+
+    Commands in :data:`LAZY_COMMANDS` (GPU-host commands that import SQLAlchemy) are imported only when
+    run or asked for help, so ``autotune --help`` lists them from their one-line summaries.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is not None or name not in LAZY_COMMANDS:
+            return cmd
+        mod_name, attr, _ = LAZY_COMMANDS[name]
+        try:
+            mod = __import__(mod_name, fromlist=[attr])
+        except ImportError as e:
+            raise click.UsageError(f"`autotune {name}` is unavailable: cannot import {mod_name} ({e})") from None
+        cmd = getattr(mod, attr)
+        self.add_command(cmd, name=name)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``autotune --help``, without importing the lazy commands."""
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.commands:
+                cmd = self.commands[name]
+                if cmd.hidden:
+                    continue
+                rows.append((name, cmd.get_short_help_str(formatter.width - 6 - len(name))))
+            else:
+                rows.append((name, LAZY_COMMANDS[name][2]))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            # one line, like every other refusal (click would print the usage text and "Error: ...")
+            click.echo("error: " + " ".join(e.format_message().split()), err=True)
+            ctx.exit(2)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except BrokenPipeError:
+            # the reader went away (`autotune export | head -1`): stop quietly, as a process killed by
+            # SIGPIPE would (exit 141 = 128 + SIGPIPE); stdout goes to /dev/null so the interpreter's
+            # final flush cannot raise again (Python docs, "Note on SIGPIPE", signal module)
+            _silence_stdout()
+            ctx.exit(141)
+        except AutotuneError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(2)
+        except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
+            if debug_enabled_cli():
+                raise
+            msg = str(e).splitlines()[0] if str(e) else ""
+            click.echo(f"error: unexpected {type(e).__name__}: {msg}\n"
+                       "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
+            ctx.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point file descriptors 1 and 2 at /dev/null (after a closed pipe); ignores a failure to do so."""
+    import os
+    import sys
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass        # not a real file (CliRunner's buffer): nothing to flush later
+    except OSError:
+        pass
+
+
+@click.group(cls=AutotuneGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """autotune: find the parallelism plan with the highest MFU for an LLM on a GPU cluster.
+
+    MFU = model FLOPs of a step / (step time x GPUs x dense BF16 peak), with causal attention FLOPs
+    (the PaLM convention is shown beside it). Studies live in sqlite:///studies/autotune.db unless
+    --storage says otherwise. Set AUTOTUNE_DEBUG=1 to see tracebacks.
+    """
+
+
+
+#: name -> (module, attribute, one-line help); imported on first use (see AutotuneGroup).
+LAZY_COMMANDS = {
+    "profile": ("autotune.cli.profile", "profile",
+                "GPU host: time kernels and collectives, store them, export a calibration profile."),
+    "validate": ("autotune.cli.validate", "validate",
+                 "GPU host: run a plan file for real and compare with the simulator's prediction."),
+}
+

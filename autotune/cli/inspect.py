@@ -1,0 +1,107 @@
+"""``autotune show`` (best plan per study) and ``autotune plot`` (a study's plots)."""
+
+from __future__ import annotations
+
+import click
+
+from autotune.cli.app import main
+from autotune.cli.options import DEFAULT_STORAGE, JSON_OPTION, json_entry
+from autotune.errors import ConfigError
+
+
+@main.command()
+@click.option("--storage", default=None, help="Optuna storage URL (default sqlite:///studies/autotune.db).")
+@click.option("--engine", default=None, help="Only studies of this engine (megatron, torchtitan, native).")
+@JSON_OPTION
+def show(storage, engine, as_json):
+    """List the best plan per model size and interconnect found in the storage (one row per study)."""
+    from pathlib import Path
+
+    from autotune.report.summary import format_studies, short_plan
+    from autotune.study.identity import list_studies, load_study
+    from autotune.study.storage_check import readonly_url, sqlite_path, storage_errors
+    from autotune.study.trials import best_plan, failure_summary
+    storage = storage if storage is not None else DEFAULT_STORAGE
+    if storage == DEFAULT_STORAGE and not Path(sqlite_path(storage)[0]).exists():
+        # the default storage before any `autotune run`: nothing to list, and nothing is created
+        click.echo(f"no autotune studies in {storage}; run `autotune run --size 8b`")
+        return
+    ro_storage = readonly_url(storage)
+    if engine is not None:
+        from autotune.target.engines import get_engine
+        get_engine(engine)
+    with storage_errors(ro_storage):
+        rows = []
+        entries = []
+        others: set[str] = set()
+        for info in list_studies(ro_storage):
+            if engine is not None and info.engine != engine:
+                others.add(info.engine)
+                continue
+            st, info = load_study(info.name, ro_storage)
+            bp = best_plan(st, info)
+            trials = st.get_trials(deepcopy=False)
+            if as_json:
+                entries.append(json_entry(plan=bp.plan if bp else None, result=bp.result if bp else None, info=info,
+                                      engine=info.engine, label="best", study=info.name,
+                                      trial=bp.trial_number if bp else None, extra={"n_trials": len(trials)}))
+                continue
+            row = {"model": info.model.name, "gpus": f"{info.num_gpus}x{info.gpu}", "fabric": info.fabric_name,
+                   "engine": info.engine, "backend": info.backend, "workload": info.workload.label,
+                   "n_trials": len(trials), "study": info.name}
+            if bp is None:
+                n_bad, n, _ = failure_summary(trials)
+                row.update(mfu="none", step="-", plan=f"no feasible plan ({n_bad}/{n} trials pruned, OOM or failed)")
+            else:
+                row.update(mfu=f"{100 * bp.result.mfu:.1f}%", step=f"{bp.result.step_time_ms:,.0f}",
+                           plan=short_plan(bp.plan))
+            rows.append(row)
+    if as_json:
+        from autotune.report.summary import json_document
+        entries.sort(key=lambda e: (e["target"]["model"], e["target"]["num_gpus"], e["study"]))
+        click.echo(json_document("show", entries, storage=storage))
+        return
+    rows.sort(key=lambda r: (r["model"], r["gpus"], r["workload"], r["fabric"]))
+    if not rows and others:
+        click.echo(f"no {engine} studies in {storage}; it holds studies of engine {', '.join(sorted(others))} "
+                   "(leave --engine out to list them)")
+        return
+    click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
+
+
+
+@main.command()
+@click.argument("study", required=False)
+@click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="Optuna storage URL.")
+@click.option("-o", "--output", "out_dir", default="plots", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for the plots.")
+def plot(study, storage, out_dir):
+    """Plot a study: MFU history with best-so-far, parameter importances, MFU vs peak memory, per-knob effects.
+
+    HTML (plotly) and PNG (matplotlib), whichever is installed (pip install 'autotune[plot]'). STUDY is a
+    study name (see `autotune show`); without it, the storage must hold exactly one study.
+
+    Example: autotune plot -o plots/
+    """
+    from autotune.report.plots import write_study_plots
+    from autotune.study.identity import list_studies, load_study
+    from autotune.study.storage_check import readonly_url, storage_errors
+
+    given, storage = storage, readonly_url(storage)
+    with storage_errors(storage):
+        if study is None:
+            names = [i.name for i in list_studies(storage)]
+            if not names:
+                raise ConfigError(f"no studies in {given} yet; run `autotune run --size 8b` first")
+            if len(names) != 1:
+                shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+                flag = "" if given == DEFAULT_STORAGE else f" --storage {given}"
+                raise ConfigError(f"{len(names)} studies in {given}; name one as the STUDY argument, e.g. "
+                                  f"`autotune plot {names[0]}{flag} -o {out_dir}` (`autotune show{flag}` lists "
+                                  f"them): {shown}")
+            study = names[0]
+        st, _ = load_study(study, storage)
+        paths = write_study_plots(st, out_dir)
+    click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
+
+

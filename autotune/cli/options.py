@@ -1,0 +1,508 @@
+"""What the commands share: target, study, tuning and real-backend option sets, target resolution, the
+interrupt handling of long commands, and the text and JSON output helpers."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from autotune.errors import ConfigError
+
+#: --size -> (default GPU count, default global batch in tokens); M = 2**20 tokens.
+SIZE_DEFAULTS = {"8b": (8, "1M"), "70b": (64, "4M"), "405b": (1024, "16M")}
+DEFAULT_GPU = "b200"
+DEFAULT_STORAGE = "sqlite:///studies/autotune.db"  # == autotune.tuner.DEFAULT_STORAGE (not imported: keeps --help fast)
+DEFAULT_SEQ_LEN = 8192
+
+
+
+def parse_tokens(text: str) -> int:
+    """``16M`` -> 16 x 2^20, ``512K`` -> 512 x 2^10, ``524288`` -> 524288 (tokens).
+
+    Raises:
+        ConfigError: not a positive integer with an optional K/M/G suffix (binary multiples).
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
+    if not m or int(m.group(1)) <= 0:
+        raise ConfigError(f"--global-batch {text!r}: expected a positive number of tokens, e.g. 16M, 4M, 1M, "
+                          "524288 (K = 2^10, M = 2^20, G = 2^30)")
+    return int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()]
+
+
+def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None, gpus: int | None,
+                   interconnect: str | None, seq_len: int | None, global_batch: str | None):
+    """(ModelSpec, ClusterSpec, Workload) from the CLI options with the per-size defaults.
+
+    Defaults: B200 on nvlink5+ib-ndr400; 1024 GPUs and 16M tokens for 405b, 64 and 4M for 70b, 8 and 1M
+    for 8b (a ``--model`` config takes the defaults of the nearest size by parameter count); seq 8192.
+
+    Raises:
+        ConfigError: unknown size/GPU/fabric (lists the known ones), both or neither of --size/--model,
+            a batch that is not a whole number of sequences.
+    """
+    from autotune.target.hardware import make_cluster
+    from autotune.target.models import CATALOG, get_model, model_from_hf_config
+    from autotune.target.plan import Workload
+    from autotune.target.validate import (
+        MAX_GLOBAL_BATCH_SEQUENCES,
+        MAX_NUM_GPUS,
+        MAX_SEQ_LEN,
+        require_int,
+        require_name,
+    )
+
+    size = require_name(size, "--size") if size is not None else None
+    model_path = require_name(model_path, "--model") if model_path is not None else None
+    gpu = require_name(gpu, "--gpu") if gpu is not None else None
+    interconnect = require_name(interconnect, "--interconnect") if interconnect is not None else None
+    if global_batch is not None:
+        require_name(global_batch, "--global-batch")
+    if gpus is not None:
+        require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)
+    if seq_len is not None:
+        require_int(seq_len, "--seq-len", hi=MAX_SEQ_LEN)
+    if size and model_path:
+        raise ConfigError("give either --size or --model, not both")
+    if not size and not model_path:
+        raise ConfigError(f"give --size ({', '.join(CATALOG)}) or --model path/to/config.json")
+    if size:
+        model = get_model(size)
+        key = next(k for k, v in CATALOG.items() if v == model)
+    else:
+        model = model_from_hf_config(model_path)
+        n = model.num_params
+        key = "8b" if n < 20e9 else "70b" if n < 150e9 else "405b"
+    d_gpus, d_batch = SIZE_DEFAULTS[key]
+    cluster = make_cluster(gpu or DEFAULT_GPU, gpus if gpus is not None else d_gpus, interconnect)
+    seq = seq_len if seq_len is not None else DEFAULT_SEQ_LEN
+    tokens = parse_tokens(global_batch if global_batch is not None else d_batch)
+    if tokens // seq > MAX_GLOBAL_BATCH_SEQUENCES:
+        top = MAX_GLOBAL_BATCH_SEQUENCES * seq
+        hint = ""
+        g = re.fullmatch(r"\s*(\d+)\s*[gG]\s*", str(global_batch))
+        if g and seq <= int(g.group(1)) * 2**20 <= top:     # the same number with M would be valid
+            hint = f"; did you mean {g.group(1)}M?"
+        raise ConfigError(f"--global-batch {global_batch}: {tokens:,} tokens = {tokens // seq:,} sequences of {seq}; "
+                          f"valid: {seq:,} to {top:,} tokens (1 to {MAX_GLOBAL_BATCH_SEQUENCES:,} sequences of "
+                          f"{seq}){hint}")
+    workload = Workload.from_tokens(seq_len=seq, global_batch_tokens=tokens)
+    warning = model.check_sequence(workload.seq_len)
+    if warning:
+        click.echo(warning, err=True)
+    return model, cluster, workload
+
+
+def check_tune_options(*, space: str | None = None, backend: str | None = None, trials: int | None = None,
+                       timeout: float | None = None, seed: int | None = None,
+                       storage: str | None = None, top_k: int | None = None, real_steps: int | None = None,
+                       trial_timeout: float | None = None, layers: int | None = None) -> None:
+    """Refuse out-of-range values of the tuning options (given ones only).
+
+    Bounds: 1 <= --trials <= MAX_TRIALS; 0 < --timeout <= 30 days; 0 <= --seed < 2**32 (numpy
+    RandomState, which Optuna's samplers seed); --top-k >= 1; --real-steps >= 1; --trial-timeout > 0;
+    --layers >= 1; a writable --storage (``mode=ro`` is refused for commands that add trials).
+
+    Raises:
+        ConfigError: naming the option, the value and the valid range.
+    """
+    from autotune.study.storage_check import is_readonly_url
+    from autotune.target.validate import (
+        MAX_SEED,
+        MAX_TIMEOUT_S,
+        MAX_TRIALS,
+        require_int,
+        require_name,
+        require_number,
+    )
+
+    if space is not None:
+        require_name(space, "--space")
+    if backend is not None:
+        require_name(backend, "--backend")
+    if trials is not None:
+        require_int(trials, "--trials", hi=MAX_TRIALS)
+    if timeout is not None:
+        require_number(timeout, "--timeout (seconds)", lo=0, hi=MAX_TIMEOUT_S, lo_open=True)
+    if seed is not None:
+        require_int(seed, "--seed", lo=0, hi=MAX_SEED)
+    if top_k is not None:
+        require_int(top_k, "--top-k", hi=10_000)
+    if real_steps is not None:
+        require_int(real_steps, "--real-steps", hi=10_000)
+    if trial_timeout is not None:
+        require_number(trial_timeout, "--trial-timeout (seconds)", lo=0, hi=MAX_TIMEOUT_S, lo_open=True)
+    if layers is not None:
+        require_int(layers, "--layers", hi=2**20)
+    if storage is not None:
+        require_name(storage, "--storage")
+        if is_readonly_url(storage):
+            raise ConfigError(f"--storage {storage} is read-only (mode=ro); this command adds trials, give a "
+                              "writable storage")
+        from pathlib import Path
+
+        from autotune.study.storage_check import readonly_url, sqlite_path
+        sp = sqlite_path(storage)
+        if sp is not None and Path(sp[0]).exists():
+            readonly_url(storage)       # an existing file must already be an Optuna storage (never adopted)
+        from autotune.study.storage_check import check_journal_file
+        check_journal_file(storage)     # likewise a journal:PATH file
+
+
+#: signals that arrived between the start of ``run`` / ``retune`` and its first :func:`interruptible` (the imports of
+#: Optuna and the simulator take a second or more): noted by :func:`early_signals`' handler, acted on there
+EARLY_SIGNALS: list[int] = []
+
+
+def early_signals() -> None:
+    """Note SIGINT / SIGTERM from now on (only note: nothing is raised into the imports that follow), so
+    a Ctrl-C in the first second of ``run`` is not lost; the first :func:`interruptible` ends the command
+    with it (exit 130 / 143 and the "interrupted:" line). The previous handlers come back when the command
+    ends. A process that started with SIGINT ignored (``cmd &`` in a script) ignores it until here."""
+    import signal
+
+    EARLY_SIGNALS.clear()
+    ctx = click.get_current_context(silent=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old = signal.signal(sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
+        except ValueError:      # not the main thread
+            continue
+        if ctx is not None:
+            ctx.call_on_close(lambda sig=sig, old=old: signal.signal(sig, old))
+
+
+def interruptible(fn, *, storage: str, study: str):
+    """Run ``fn()``; on SIGINT or SIGTERM print how many trials the study holds (each finished trial is
+    already stored: Tuner.optimize persists it as it ends) and the best plan so far, then exit 130
+    (SIGINT) or 143 (SIGTERM), the shell's 128 + signal number convention."""
+    import signal
+
+    from autotune.signals import (
+        clear_interrupt,
+        interrupted,
+        note_interrupt,
+        safe_to_raise,
+    )
+
+    def on_signal(signum, frame):
+        note_interrupt(signum)
+        if safe_to_raise(frame):     # never into SQLAlchemy's pool finalizers (they log a traceback)
+            raise KeyboardInterrupt
+
+    import sys
+
+    # not cleared here: a signal noted (not raised) during an earlier step of the same command must still
+    # end it (before, `run --workers N` lost a Ctrl-C noted while the study was opened)
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, on_signal)
+        except ValueError:      # not the main thread: leave the signals alone
+            pass
+    # A signal that lands inside a finalizer or weakref callback (SQLAlchemy's registry runs some from
+    # the garbage collector) cannot propagate: Python reports it through sys.unraisablehook as
+    # "Exception ignored in ..." with a traceback. The interrupt is already noted (the run stops at the
+    # next check), so such a KeyboardInterrupt is dropped silently; anything else goes to the old hook.
+    old_hook = sys.unraisablehook
+
+    def unraisable(u):
+        if isinstance(u.exc_value, KeyboardInterrupt) and interrupted() is not None:
+            return
+        old_hook(u)
+
+    sys.unraisablehook = unraisable
+    try:
+        if EARLY_SIGNALS:          # arrived before this command's first interruptible (see early_signals)
+            note_interrupt(EARLY_SIGNALS.pop())
+            EARLY_SIGNALS.clear()
+            raise KeyboardInterrupt
+        r = fn()
+        if interrupted() is not None:    # noted inside a library call that went on (see safe_to_raise)
+            raise KeyboardInterrupt
+        return r
+    except KeyboardInterrupt:
+        code = 143 if interrupted() == signal.SIGTERM else 130
+        click.echo(interrupted_line(storage, study), err=True)
+        clear_interrupt()    # acted on: later tuning in this process (the Python API) is not stopped by it
+        raise click.exceptions.Exit(code) from None
+    except Exception:
+        if interrupted() is None:
+            raise
+        # the signal landed inside a library call that turned it into its own error (SQLite: "interrupted")
+        code = 143 if interrupted() == signal.SIGTERM else 130
+        click.echo(interrupted_line(storage, study), err=True)
+        clear_interrupt()
+        raise click.exceptions.Exit(code) from None
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        sys.unraisablehook = old_hook
+
+
+def interrupted_line(storage: str, study: str) -> str:
+    try:
+        from autotune.study.identity import load_study
+        from autotune.study.trials import best_plan
+        st, info = load_study(study, storage)
+        trials = st.get_trials(deepcopy=False)
+        n = sum(t.state.is_finished() for t in trials)      # RUNNING ones (other hosts' workers) are not saved yet
+        running = len(trials) - n
+        bp = best_plan(st, info)
+        best = (f"best so far: trial {bp.trial_number}, MFU {100 * bp.result.mfu:.1f}%, step "
+                f"{bp.result.step_time_ms:,.1f} ms" if bp else "no feasible plan yet")
+        return (f"interrupted: {n} trials saved in {study} ({storage})"
+                + (f", {running} still running or waiting" if running else "") + f"; {best}")
+    except Exception:  # noqa: BLE001 - the study may not exist yet
+        return f"interrupted: no trials saved in {study} ({storage})"
+
+
+def target_options(f):
+    """--size --model --gpu --gpus --interconnect --seq-len --global-batch."""
+    opts = [
+        click.option("--size", help="Llama 3.1 size: 8b, 70b or 405b."),
+        click.option("--model", "model_path", type=click.Path(dir_okay=False),
+                     help="Hugging Face config.json of a dense decoder (instead of --size)."),
+        click.option("--gpu", help=f"GPU: a100-80gb, h100, h200, b200, gb200 (default {DEFAULT_GPU})."),
+        click.option("--gpus", type=int, help="GPU count (default: 8 for 8b, 64 for 70b, 1024 for 405b)."),
+        click.option("--interconnect", help="Fabric <intra>[+<inter>], e.g. nvlink5+ib-ndr400, or a YAML file "
+                                            "(default: the GPU's NVLink + ib-ndr400)."),
+        click.option("--seq-len", type=int, help=f"Sequence length in tokens (default {DEFAULT_SEQ_LEN})."),
+        click.option("--global-batch", help="Global batch in tokens: 16M, 4M, 1M, 524288 ... (default: 16M for "
+                                            "405b, 4M for 70b, 1M for 8b)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def study_options(f):
+    opts = [
+        click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="Optuna storage URL."),
+        click.option("--space", default="default", show_default=True,
+                     help="Search space: a name under search_spaces/ or a YAML file."),
+        click.option("--backend", default="simulated", show_default=True, help="simulated, measured or real."),
+        ENGINE_OPTION,
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+ENGINE_OPTION = click.option(
+    "--engine", default=None,
+    help="Engine that runs the plan: megatron, torchtitan or native (autotune's runtime). Default: megatron; "
+         "native with --backend real.")
+
+
+JSON_OPTION = click.option(
+    "--json", "as_json", is_flag=True,
+    help="Print the result as JSON (schema autotune.result v1, docs/json-schema.md) on stdout; progress goes "
+         "to stderr.")
+
+
+def make_say(as_json: bool):
+    """click.echo to stdout, or to stderr when stdout carries the JSON document."""
+    return (lambda m="": click.echo(m, err=True)) if as_json else click.echo
+
+
+def json_entry(*, plan, result, info=None, model=None, cluster=None, workload=None, engine, label=None, study=None,
+           trial=None, memory=None, extra=None):
+    from autotune.report.summary import result_entry
+
+    if info is not None:
+        model, workload = info.model, info.workload
+        gpu, num_gpus, fabric = info.gpu, info.num_gpus, info.fabric_name
+    else:
+        gpu, num_gpus, fabric = cluster.gpu.name, cluster.num_gpus, cluster.fabric.name
+    return result_entry(plan=plan, result=result, model=model, gpu=gpu, num_gpus=num_gpus, fabric=fabric,
+                        workload=workload, engine=engine, label=label, study=study, trial=trial, memory=memory,
+                        extra=extra)
+
+
+def tune_options(f):
+    opts = [
+        click.option("--trials", type=int, default=200, show_default=True, help="Trials to run (added to the study)."),
+        click.option("--timeout", type=float, default=None, help="Stop after this many seconds."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed (the layout sampler orders near-equal estimates with it; same seed and history, same trials)."),
+        click.option("--workers", type=int, default=1, show_default=True,
+                     help="Worker processes on this machine, all on one study (--trials is per worker)."),
+        click.option("--worker-id", type=int, default=None,
+                     help="This worker's index (seeds differ per worker; default $SLURM_ARRAY_TASK_ID, else 0; "
+                          "with --workers N the workers get ID..ID+N-1)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+
+def target_line(model, cluster, workload) -> str:
+    return (f"{model.name} ({params_text(model)}) on {cluster.num_gpus} x {cluster.gpu.name} ({cluster.fabric.name}"
+            f"{segment_note(cluster)}), seq {workload.seq_len}, "
+            f"global batch {workload.global_batch_size} sequences = {workload.global_batch_tokens:,} tokens")
+
+
+def segment_note(cluster) -> str:
+    """``; 4 NVLink domains of 64 GPUs`` when the cluster uses part of each multi-host domain (NVL72
+    segments, :class:`autotune.target.hardware.ClusterSpec`), else empty."""
+    used, full = cluster.nvlink_domain_size, cluster.fabric.nvlink_domain_size
+    if cluster.num_gpus <= full or used == full:
+        return ""
+    host = cluster.fabric.gpus_per_host
+    seg = used // host
+    note = (f"; {cluster.num_nodes} NVLink domains of {used} of their {full} GPUs, {seg} host{'s' if seg > 1 else ''} "
+            f"each (Slurm --segment={seg}, as Megatron-Bridge launches)")
+    if 2 * used < full:
+        # the segment rule keeps equal segments; a count whose host number has no divisor near a
+        # domain's spreads thinly (76 GPUs = 19 trays -> 19 domains of 4)
+        lo, hi = (cluster.num_gpus // full) * full, (cluster.num_gpus // full + 1) * full
+        note += (f"; warning: {cluster.num_gpus // host} hosts have no divisor between {full // host // 2 + 1} and "
+                 f"{full // host}, so process groups of more than {used} GPUs cross the network; {lo or 64} or {hi} "
+                 "GPUs fill whole domains")
+    return note
+
+
+def params_text(model) -> str:
+    """``8.03B parameters`` (the exact count follows in export's output)."""
+    n = model.num_params
+    return f"{n / 1e9:.2f}B parameters" if n >= 1e9 else f"{n / 1e6:.1f}M parameters"
+
+
+def real_options(f):
+    opts = [
+        click.option("--layers", type=int, default=None,
+                     help="real backend: run depth-truncated proxies with N layers (true widths)."),
+        click.option("--real-steps", type=int, default=3, show_default=True,
+                     help="real backend: timed steps per trial (after 2 warm-up steps). With another backend "
+                          "this, --trial-timeout and --heartbeat-interval change no prediction and only warn; "
+                          "--layers and --launcher would change what is run, so they are refused."),
+        click.option("--trial-timeout", type=float, default=900.0, show_default=True,
+                     help="real backend: wall-clock limit per trial, s (a hung trial is killed and marked failed)."),
+        click.option("--heartbeat-interval", type=int, default=None,
+                     help="real backend: Optuna heartbeat of running trials, s (default 30; a killed worker's "
+                          "trial fails after 2x this and is run once more by another worker)."),
+        click.option("--launcher", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+                     help="real backend: run each trial on this host's GPUs, or as a Slurm job (sbatch)."),
+        click.option("--nodes", type=int, default=None, help="slurm launcher: nodes per trial job (default: "
+                                                              "GPUs / --gpus-per-node)."),
+        click.option("--gpus-per-node", type=int, default=None, help="slurm launcher: GPUs per node (default: "
+                                                                      "the cluster's)."),
+        click.option("--partition", default=None, help="slurm launcher: partition (sbatch --partition)."),
+        click.option("--account", default=None, help="slurm launcher: account (sbatch --account)."),
+        click.option("--time", "time_limit", default=None, help="slurm launcher: job time limit (sbatch --time, "
+                                                                "e.g. 00:20:00; default: the trial timeout)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+#: real-backend options that only pace or bound real trials: with another backend they change no
+#: prediction, so they are accepted with a warning (unlike --layers, which would change the model that is
+#: costed, and --launcher/--nodes/..., which ask for a place to run: those are refused)
+REAL_ONLY_PACING = ("real_steps", "trial_timeout", "heartbeat_interval")
+
+
+def warn_real_only_options(backend: str | None) -> list[str]:
+    """With ``--backend`` other than ``real``, print ``warning: --X has no effect with --backend B`` on
+    stderr for each of --real-steps, --trial-timeout, --heartbeat-interval given on the command line (or
+    by environment); returns the lines. Options left at their defaults say nothing."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or backend == "real":
+        return []
+    lines = []
+    for name in REAL_ONLY_PACING:
+        src = ctx.get_parameter_source(name)
+        if src in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            line = (f"warning: --{name.replace('_', '-')} has no effect with --backend {backend or 'simulated'} "
+                    "(it applies to --backend real only)")
+            click.echo(line, err=True)
+            lines.append(line)
+    return lines
+
+
+def make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher="local", nodes=None, gpus_per_node=None,
+                       partition=None, account=None, time_limit=None):
+    slurm_opts = {"nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition, "account": account,
+                  "time": time_limit}
+    if backend != "real":
+        if layers is not None:
+            raise click.UsageError("--layers applies to --backend real only")
+        if launcher != "local" or any(v is not None for v in slurm_opts.values()):
+            raise click.UsageError("--launcher/--nodes/--gpus-per-node/--partition/--account/--time apply to "
+                                   "--backend real only")
+        return None
+    opts = {"layers": layers, "steps": real_steps, "timeout_s": trial_timeout}
+    if launcher == "slurm":
+        opts["launcher"] = {"kind": "slurm", **{k: v for k, v in slurm_opts.items() if v is not None}}
+    elif any(v is not None for v in slurm_opts.values()):
+        raise click.UsageError("--nodes/--gpus-per-node/--partition/--account/--time need --launcher slurm")
+    return opts
+
+
+def check_worker_id(worker_id):
+    """--worker-id, else $SLURM_ARRAY_TASK_ID (a Slurm array task), else 0."""
+    import os
+
+    if worker_id is not None:
+        return worker_id
+    v = os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    return int(v) if v.isdigit() else 0
+
+
+def print_outcomes(outcomes, say=click.echo):
+    """One line per worker (through ``say``: stderr with --json): its own trials and outcomes; returns
+    how many workers stopped on an error."""
+    bad = 0
+    for o in outcomes:
+        st = o.own_states
+        line = (f"worker {o.worker_id}: {o.n_new_trials} trials run: {st.get('feasible', 0)} feasible, "
+                f"{st.get('infeasible', 0)} do not fit, {st.get('pruned', 0)} pruned, {st.get('failed', 0)} failed")
+        if o.error:
+            bad += 1
+            line += f"; stopped: {o.error}"
+        say(line)
+    return bad
+
+
+def prog_name() -> str:
+    """How to invoke this command again: ``autotune`` when that is what PATH finds, else the path it
+    was started by (e.g. ``.venv/bin/autotune`` under ``make run``, whose venv is not activated)."""
+    import os
+    import shutil
+    import sys
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) != "autotune":
+        return "autotune"
+    found = shutil.which("autotune")
+    if found and os.path.realpath(found) == os.path.realpath(argv0):
+        return "autotune"
+    return os.path.relpath(argv0) if not os.path.relpath(argv0).startswith("..") else argv0
+
+
+def open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend,
+                   engine=None):
+    from autotune.search.space import SearchSpace
+    from autotune.study.identity import load_study, study_name
+    from autotune.study.storage_check import readonly_url
+    from autotune.target.engines import resolve_engine
+    storage = readonly_url(storage)
+    if study:
+        return load_study(study, storage)
+    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    loaded_space = SearchSpace.load(space)
+    name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
+                      engine=resolve_engine(engine, backend).name)
+    st, info = load_study(name, storage)
+    # the name holds the fabric's and space's names only: a file reusing a name with other links or knobs
+    # must not be given another study's plan (run and retune refuse it the same way)
+    from autotune.study.identity import check_identity
+    check_identity(st.user_attrs, name=name, storage=storage, space=loaded_space, fabric=cluster.fabric)
+    return st, info
+
+

@@ -1,0 +1,214 @@
+"""``autotune run`` (tune a target) and ``autotune retune`` (re-tune for a slower fabric, warm-started)."""
+
+from __future__ import annotations
+
+import click
+
+from autotune.cli.app import main
+from autotune.cli.options import (
+    DEFAULT_STORAGE,
+    JSON_OPTION,
+    check_tune_options,
+    check_worker_id,
+    early_signals,
+    interruptible,
+    json_entry,
+    make_evaluator_options,
+    make_say,
+    print_outcomes,
+    prog_name,
+    real_options,
+    resolve_target,
+    study_options,
+    target_line,
+    target_options,
+    tune_options,
+    warn_real_only_options,
+)
+from autotune.errors import ConfigError
+
+
+@main.command()
+@target_options
+@study_options
+@tune_options
+@real_options
+@JSON_OPTION
+def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
+        timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
+        gpus_per_node, partition, account, time_limit, as_json):
+    """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
+
+    Example: autotune run --size 405b --trials 200
+    """
+    early_signals()
+    from autotune.report.summary import format_best_plan
+    from autotune.tuner import Tuner
+
+    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
+                       real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    from autotune.study.storage import check_heartbeat
+    check_heartbeat(heartbeat_interval, storage, backend)   # before any study is created
+    warn_real_only_options(backend)
+    wid = check_worker_id(worker_id)
+    tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
+                        seed=seed, engine=engine,
+                        evaluator_options=make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher,
+                                                             nodes, gpus_per_node, partition, account, time_limit))
+    say = make_say(as_json)
+
+    def _open() -> Tuner:
+        t = Tuner(**tuner_kwargs)
+        say(f"tuning {target_line(model, cluster, workload)}")
+        say(f"study {t.name!r} in {storage}; search space {t.space.name!r}; backend {backend}; "
+            f"engine {t.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
+            + (f", timeout {timeout:g} s" if timeout else ""))
+        return t
+
+    # a signal while the study is being opened (the storage file may already exist) ends the run the
+    # same way as one during tuning, not with a traceback
+    from autotune.search.space import SearchSpace
+    from autotune.study.identity import study_name
+    from autotune.target.engines import resolve_engine
+    loaded_space = SearchSpace.load(space)
+    for line in loaded_space.no_effect_warnings():
+        click.echo(f"warning: {line}", err=True)
+    name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
+                      engine=resolve_engine(engine, backend).name)
+    from autotune.signals import clear_interrupt
+    clear_interrupt()   # one command, one interrupt: from here on every step is under interruptible
+    if workers > 1:
+        from autotune.study.identity import load_study
+        from autotune.study.trials import require_best_plan
+        from autotune.workers import run_workers
+
+        def _open_and_run():
+            # opening the study, creating it and running the workers under one handler: a signal that
+            # arrives between two of these steps is not lost (issue: Ctrl-C 0.8 s after start was ignored)
+            t = _open()
+            t.study  # noqa: B018 - create the study once here, before the workers race for it
+            return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
+                                  first_worker_id=wid, heartbeat_interval_s=heartbeat_interval)
+
+        tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
+        bad = print_outcomes(outcomes, say)
+        study, info = load_study(tuner.name, storage)
+        trials_all = study.get_trials(deepcopy=False)
+        n_new = sum(o.n_new_trials for o in outcomes)
+        say(f"{n_new} trials run by {workers} workers, {len(trials_all)} in the study")
+        best = require_best_plan(study, info, storage)
+        if bad == workers:
+            raise ConfigError(f"all {workers} workers stopped on an error (see above)")
+        n_total, st = len(trials_all), {}
+    else:
+        tuner = interruptible(_open, storage=storage, study=name)
+        try:
+            summary = interruptible(lambda: tuner.optimize(trials, timeout=timeout, worker_id=wid,
+                                                            heartbeat_interval_s=heartbeat_interval),
+                                     storage=storage, study=tuner.name)
+        finally:
+            tuner.close()
+        st, own = summary.states, summary.own_states
+        say(f"{summary.n_new_trials} trials run by this worker (worker {summary.worker_id}: "
+            f"{own.get('feasible', 0)} feasible, {own.get('infeasible', 0)} do not fit in memory, "
+            f"{own.get('pruned', 0)} pruned (invalid), {own.get('failed', 0)} failed); "
+            f"{summary.n_trials} in the study: {st.get('feasible', 0)} "
+            f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
+            f"{st.get('failed', 0)} failed")
+        best = summary.best
+        n_new, n_total = summary.n_new_trials, summary.n_trials
+    if as_json:
+        from autotune.report.summary import json_document
+        click.echo(json_document("run", [json_entry(plan=best.plan, result=best.result, model=model, cluster=cluster,
+                                                workload=workload, engine=tuner.engine.name, label="best",
+                                                study=best.study, trial=best.trial_number)],
+                                 trials={"new": n_new, "total": n_total, "states": dict(st)}))
+        return
+    click.echo("")
+    click.echo(format_best_plan(plan=best.plan, result=best.result,
+                                title=f"best plan: trial {best.trial_number} of {best.study}",
+                                target=target_line(model, cluster, workload), engine=tuner.engine.name))
+    # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
+    import shlex
+    click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
+               + (f" --storage {shlex.quote(storage)}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
+
+
+
+@main.command()
+@target_options
+@study_options
+@tune_options
+@real_options
+@click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
+@JSON_OPTION
+def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
+           timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
+           gpus_per_node, partition, account, time_limit, top_k, as_json):
+    """Re-tune for a slower fabric, warm-started with the fastest fabric's best plans; compare both.
+
+    Example: autotune retune --size 405b --interconnect pcie5+eth100
+    """
+    early_signals()
+    from autotune.report.summary import format_side_by_side
+    from autotune.retune import explain_changes
+    from autotune.retune import retune as do_retune
+
+    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
+                       top_k=top_k,
+                       real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    warn_real_only_options(backend)
+    from autotune.search.space import SearchSpace
+    from autotune.study.identity import study_name
+    from autotune.target.engines import resolve_engine
+    loaded_space = SearchSpace.load(space)
+    for line in loaded_space.no_effect_warnings():
+        click.echo(f"warning: {line}", err=True)
+    slow_study = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
+                            engine=resolve_engine(engine, backend).name)
+    say = make_say(as_json)
+    say(f"re-tuning {target_line(model, cluster, workload)}")
+    from autotune.signals import clear_interrupt
+    clear_interrupt()   # interruptible does not clear: a signal of an earlier command in this process is gone
+    r = interruptible(lambda: do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
+                  seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=say,
+                  evaluator_options=make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher, nodes,
+                                                       gpus_per_node, partition, account, time_limit),
+                  engine=engine, workers=workers, worker_id=check_worker_id(worker_id),
+                  heartbeat_interval_s=heartbeat_interval),
+                       storage=storage, study=slow_study)
+    fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name
+    if as_json:
+        from autotune.report.summary import json_document
+        fi, si = r.fast.info, r.slow.info
+        click.echo(json_document("retune", [
+            json_entry(plan=r.fast.plan, result=r.fast.result, info=fi, engine=fi.engine, label="fast_best",
+                   study=r.fast.study, trial=r.fast.trial_number),
+            json_entry(plan=r.fast.plan, result=r.fast_on_slow, info=si, engine=si.engine, label="fast_plan_on_slow",
+                   study=r.fast.study, trial=r.fast.trial_number),
+            json_entry(plan=r.slow.plan, result=r.slow.result, info=si, engine=si.engine, label="slow_best",
+                   study=r.slow.study, trial=r.slow.trial_number)],
+            mfu_lost=r.fast.result.mfu - r.slow.result.mfu, mfu_recovered=r.slow.result.mfu - r.fast_on_slow.mfu,
+            changes=list(explain_changes(r.fast, r.slow, r.fast_on_slow)), n_enqueued=r.n_enqueued))
+        return
+    click.echo("")
+    click.echo(format_side_by_side([(f"{fast_name} best", r.fast.plan, r.fast.result),
+                                    (f"same plan on {slow_name}", r.fast.plan, r.fast_on_slow),
+                                    (f"{slow_name} best", r.slow.plan, r.slow.result)], engine=r.slow.info.engine))
+    lost = r.fast.result.mfu - r.slow.result.mfu
+    gained = r.slow.result.mfu - r.fast_on_slow.mfu
+    click.echo(f"\nMFU lost moving {fast_name} -> {slow_name}: {100 * lost:.1f} points "
+               f"({100 * r.fast.result.mfu:.1f}% -> {100 * r.slow.result.mfu:.1f}%); re-tuning recovers "
+               f"{100 * gained:.1f} points over running the {fast_name} plan unchanged "
+               f"({100 * r.fast_on_slow.mfu:.1f}%).")
+    for line in explain_changes(r.fast, r.slow, r.fast_on_slow):
+        click.echo(line)
+    click.echo(f"studies: {r.fast.study} (fast) and {r.slow.study} (slow), {r.n_enqueued} warm-start plan(s)")
+
+

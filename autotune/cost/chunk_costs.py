@@ -1,0 +1,546 @@
+"""What one model chunk costs on one rank: GEMMs, attention, memory-bound kernels, the TP/SP, CP and ZeRO-3
+collectives inside it and their exposed part (:class:`CostBuilder`, :class:`ChunkCost`), from an
+:class:`~autotune.cost.op_costs.OpCosts`. The step graph (:mod:`autotune.cost.graph`) places these costs on
+the pipeline schedule. Moved from ``graph.py``; every formula keeps its source there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from autotune.cost.op_costs import InTrainingCosts, OpCosts
+from autotune.cost.topology import place_group, place_pipeline_pair
+from autotune.target.engines import EngineProfile, get_engine
+from autotune.target.hardware import ClusterSpec, LinkSpec
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload, fp8_gemm_dims
+
+BF16 = 2  # bytes per element
+FP8_PARAM_BYTES = 1  # an FP8 parameter's element (Megatron-LM --fp8-param-gather)
+#: A compiled loss's forward + backward time over the eager loss's (``F.cross_entropy(logits.float())``,
+#: torchtitan's and the runtime's), measured on H200 (bench/loss_memory.py,
+#: docs/results/loss-memory-timing-h200x1-2026-12-01.json; [1 or 2, 8192, 128256] BF16 logits, torch
+#: 2.11): 2.805 / 13.627 ms and 5.334 / 26.934 ms, mean 0.202. Applied to the cross-entropy time of an
+#: engine that compiles its loss (EngineProfile.compile_loss) under plan.compile; both kernels are
+#: memory-bound, so the ratio is used as such on other GPUs (an assumption).
+COMPILED_LOSS_TIME_RATIO = 0.202
+#: Adam step traffic per parameter of the local shard, bytes: read fp32 master, m, v (12) and the
+#: gradient (2 in BF16 or 4 in FP32); write master, m, v (12) and the BF16 parameter copy (2, or none
+#: when the FP32 master is the parameter) = 28 either way.
+ADAM_BYTES_PER_PARAM = 28
+#: Bytes per gradient element in DP reductions: the engine's (EngineProfile.grad_reduce_bytes, FP32 in
+#: every engine; sources in autotune/data/engines.yaml).
+#: Mixed precision with FP32 master weights, per parameter and micro-batch (memory-bound, bytes
+#: read + written): casting FP32 weights to BF16 for the forward or the BF16 weight gradient back to
+#: FP32 moves 4 + 2 = 6 bytes; adding a micro-batch's FP32 gradient into the accumulated one moves
+#: 4 + 4 + 4 = 12 (not for the first micro-batch, whose gradient is stored); FSDP2's all-gather
+#: copy-out of a BF16 unsharded parameter moves 2 + 2 = 4. Measured on H200 (torch.profiler of the
+#: runtime, 8B 4-layer proxy, 1 GPU): 13.7 ms of BF16 weight casts for 4 micro-batches x 1.92 B
+#: parameters (46 GB at 3.4 TB/s) and 26.6 ms of FP32 adds (gradient accumulation, 3 x 23 GB).
+CAST_BYTES_PER_PARAM = 6
+ACCUMULATE_BYTES_PER_PARAM = 12
+GATHER_COPY_BYTES_PER_PARAM = 4
+#: FP8 cast traffic, bytes per element (BF16 source, FP8 destination). Dynamic scaling (torchao
+#: ``hp_tensor_to_float8_dynamic``, torchao/float8/float8_scaling_utils.py: amax of the BF16 tensor,
+#: then scale + cast) reads the source twice and writes one byte: 2 + 2 + 1. Transformer Engine's
+#: delayed scaling takes the scale from the amax history of earlier steps (TE docs, "Using FP8 with
+#: Transformer Engine", DelayedScaling), so its cast has no amax pass; TE casts and transposes in one
+#: kernel (``fp8_cast_transpose_fused``, transformer_engine/pytorch/module/linear.py), writing both
+#: layouts: 2 + 1 + 1. MXFP8 (TE MXFP8BlockScaling) computes each 32-element block's scale inside the
+#: cast kernel and writes rowwise and columnwise copies: counted as 2 + 1 + 1 too (1/32 byte of
+#: E8M0 scales per copy neglected).
+FP8_DYNAMIC_CAST_BYTES = 2 + 2 + 1
+FP8_TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1
+#: Transformer Engine's current (per-tensor dynamic) scaling, Megatron-LM's ``--fp8-recipe tensorwise``
+#: (megatron/core/fp8_utils.py get_fp8_recipe -> Float8CurrentScaling): the quantizer first reduces the
+#: amax of the BF16 tensor (one read), then casts and transposes in one kernel writing both FP8
+#: layouts (TE docs/features/low_precision_training/fp8_current_scaling/fp8_current_scaling.rst,
+#: "Performance analysis": quantization "requires reading the tensor twice"; the quantizer is
+#: transformer_engine/pytorch/tensor/float8_tensor.py Float8CurrentScalingQuantizer): 2 + 2 + 1 + 1.
+FP8_TE_CURRENT_SCALING_BYTES = 2 + 2 + 1 + 1
+#: graph-size cap, not a hardware figure: DP buckets of a chunk are merged into at most this many nodes
+#: (each keeps its buckets' summed time and readiness point), so a 405B step graph stays small
+MAX_DP_GROUPS_PER_CHUNK = 8
+STREAM_EDGE = {"kind": "stream", "delay_ms": 0.0}   # shared source dict; networkx copies it per edge
+
+
+@dataclass
+class ChunkCost:
+    """Per-micro-batch cost of one model chunk on one rank, ms (``parts`` split by breakdown key)."""
+
+    fwd_parts: dict[str, float] = field(default_factory=dict)
+    bwd_parts: dict[str, float] = field(default_factory=dict)
+    fwd_flops: float = 0.0
+    params: int = 0             # parameters of the chunk on this rank (after TP)
+    fp8_params: int = 0         # of which FP8 parameters (EngineProfile.fp8_param_gather), 1 byte each
+
+    @property
+    def fwd_ms(self) -> float:
+        return sum(self.fwd_parts.values())
+
+    @property
+    def bwd_ms(self) -> float:
+        return sum(self.bwd_parts.values())
+
+
+def _add(d: dict[str, float], key: str, v: float) -> None:
+    if v:
+        d[key] = d.get(key, 0.0) + v
+
+
+def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
+    """The slowest link a process group spanning ``extent`` consecutive global ranks crosses: the
+    intra-node tier if the extent fits in one NVLink domain, else one member's inter-node NIC path
+    (bandwidth x the GPU's NIC share, :attr:`autotune.target.hardware.FabricSpec.nics_per_gpu`).
+
+    Kept for callers that want one link; the step graph costs collectives from the group's placement
+    (:func:`autotune.cost.topology.place_group`, :meth:`autotune.cost.calibration.OpCosts.placed_collective_ms`).
+    """
+    if extent <= cluster.nvlink_domain_size or cluster.fabric.inter_node is None:
+        return cluster.fabric.intra_node
+    inter, share = cluster.fabric.inter_node, cluster.fabric.nics_per_gpu
+    return inter if share == 1.0 else replace(inter, name=f"{inter.name}x{share:g}",
+                                              bandwidth_gbs=inter.bandwidth_gbs * share)
+
+
+class CostBuilder:
+    """Computes per-chunk costs of a plan from an :class:`OpCosts`. Pure arithmetic, cached per plan."""
+
+    def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
+                 costs: OpCosts, engine: EngineProfile | str | None = "native") -> None:
+        self.m, self.p, self.c, self.w = model, plan, cluster, workload
+        self.engine = get_engine(engine)
+        # kernel times as measured inside training steps (calibration ``in_training``): GEMM and attention
+        # at the compiled-step rate under torch.compile or when the engine fuses the layers'
+        # memory-bound kernels (a dense kernel stream either way), else at the eager-step rate
+        dense = plan.compile or self.engine.fuses("rmsnorm")
+        self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=dense)
+        self.grad_reduce_bytes = self.engine.grad_reduce_bytes
+        # torch.distributed.pipelining + FSDP: one reduce-scatter per step, after all backwards, synced
+        # to the compute stream (stage.py perform_reduce_grad: _root_post_backward_final_callback)
+        self.deferred_rs = (self.engine.pp_defers_fsdp_grad_reduce and plan.pp_degree > 1
+                            and plan.zero_stage >= 2)
+        self.fp8_params = (self.engine.fp8_param_gather and self.engine.fp8_library == "transformer_engine"
+                           and getattr(plan, "precision", "bf16") != "bf16")
+        t, cp = plan.tp_degree, plan.cp_degree
+        self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
+        # process groups in Megatron-LM rank order (TP, CP, DP, PP; autotune.cost.topology): TP stride 1,
+        # CP stride tp, DP x CP (ZeRO shards and DP reductions) stride tp, the slowest PP stage pair
+        self.tp_place = place_group(cluster, t, 1)
+        self.cp_place = place_group(cluster, cp, t)
+        self.dp_group = plan.dp_degree * cp
+        self.dp_place = place_group(cluster, self.dp_group, t)
+        self.pp_place = place_pipeline_pair(cluster, plan.pp_degree, t * cp * plan.dp_degree)
+        # the slowest link of each group (kept for code that wants one link)
+        self.tp_link = self.tp_place.bottleneck_link
+        self.cp_link = self.cp_place.bottleneck_link
+        self.dp_link = self.dp_place.bottleneck_link
+        self.pp_link = self.pp_place.bottleneck_link
+        self.slowdown = costs.overlap_slowdown()
+        #: FP8 cast time per layer per micro-batch, (forward, backward) ms (in the ``compute`` parts)
+        self.quantize_ms: tuple[float, float] = (0.0, 0.0)
+        #: one layer's full-recompute backward additions per micro-batch, ms by part (recompute, its
+        #: exposed TP / CP communication); empty unless ``recompute: full``
+        self.full_recompute_parts: dict[str, float] = {}
+        self._layer = self._layer_cost()
+
+    def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
+        """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).
+
+        Each linear computes Y = X W with X (T x K), W (K x N), per rank; dY is (T x N). What runs the
+        casts is the engine's ``fp8_library`` (autotune/data/engines.yaml), not the recipe alone:
+
+        * torchao's ``fp8_tensorwise`` / ``fp8_rowwise`` (torchao ``matmul_with_hp_or_float8_args``,
+          torchao/float8/float8_linear.py: saves the BF16 X and W and re-casts in backward): forward
+          casts X and W; backward casts dY twice (row-major for dgrad, transposed for wgrad), W^T (dgrad)
+          and X^T (wgrad); each at :data:`FP8_DYNAMIC_CAST_BYTES` per element.
+        * Transformer Engine (``_Linear``, transformer_engine/pytorch/module/linear.py), every recipe, and
+          ``fp8_delayed`` / ``mxfp8`` on any engine (the TE-style cast is the model for both):
+          forward cast-transposes X (saving X^T in FP8 for wgrad) and W, the weight only on the first
+          micro-batch of a step (``is_first_microbatch`` caches the quantized weight workspace; Megatron-LM
+          sets it per step: megatron/core/pipeline_parallel/schedules.py ``set_is_first_microbatch``,
+          megatron/core/extensions/transformer_engine.py TELinear.forward): x 1/m; backward
+          cast-transposes dY. Per element :data:`FP8_TE_CAST_TRANSPOSE_BYTES` for delayed scaling and
+          MXFP8, :data:`FP8_TE_CURRENT_SCALING_BYTES` for tensorwise (current scaling: an amax pass first).
+        """
+        p = self.p
+        x = sum(float(T) * K for T, N, K in gemms)
+        w = sum(float(K) * N for T, N, K in gemms)
+        dy = sum(float(T) * N for T, N, K in gemms)
+        te = self.engine.fp8_library == "transformer_engine"
+        if p.precision in ("fp8_tensorwise", "fp8_rowwise") and not te:
+            b = FP8_DYNAMIC_CAST_BYTES
+            return b * (x + w), b * (2 * dy + w + x)
+        b = FP8_TE_CURRENT_SCALING_BYTES if p.precision == "fp8_tensorwise" else FP8_TE_CAST_TRANSPOSE_BYTES
+        return b * (x + w / p.num_micro_batches), b * dy
+
+    # ---- one transformer layer, one micro-batch, one rank
+    def _layer_cost(self) -> tuple[dict[str, float], dict[str, float], float]:
+        m, p, costs = self.m, self.p, self.costs
+        t, T, h = p.tp_degree, self.tokens, m.hidden_size
+        q, kv, f = m.q_dim, m.kv_dim, m.ffn_hidden_size
+        sp = p.sp_active
+        gemms = [(T, (q + 2 * kv) // t, h), (T, h, q // t)]
+        if m.gated_mlp:
+            gemms += [(T, 2 * f // t, h), (T, h, f // t)]
+        else:
+            gemms += [(T, f // t, h), (T, h, f // t)]
+        # FP8 (plan.precision): the layers' four linears run FP8 GEMMs forward and backward (torchao
+        # Float8Linear and TE Linear quantize dgrad and wgrad too); the LM head stays BF16 (chunk_cost).
+        gkw = {"precision": p.precision} if p.fp8 else {}
+        gemm_fwd = sum(costs.gemm_ms(a, b, c, **gkw) for a, b, c in gemms)
+        gemm_bwd = sum(costs.gemm_ms(a, c, b, backward=True, **gkw) + costs.gemm_ms(c, b, a, backward=True, **gkw)
+                       for a, b, c in gemms)
+        quant_fwd = quant_bwd = 0.0
+        if p.fp8:
+            qf, qb = self.fp8_cast_bytes(gemms)
+            # the casts run fused under torch.compile or with an engine's fused cast kernels (Transformer
+            # Engine's cast-transpose), else as eager PyTorch kernels (torchao without compile)
+            fused = p.compile or self.engine.fuses("fp8_cast")
+            quant_fwd = costs.quantize_ms(qf, p.precision, fused=fused)
+            quant_bwd = costs.quantize_ms(qb, p.precision, fused=fused)
+            self.quantize_ms = (quant_fwd, quant_bwd)
+        flops = sum(2.0 * a * b * c for a, b, c in gemms)
+        heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)
+        seq = self.w.seq_len
+        attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=m.head_dim)
+        # the engine's attention kernel (engines.yaml attention_kernel: default dispatch or FlashAttention-2)
+        kern = self.engine.attention_kernel
+        attn_fwd = costs.attention_kernel_ms(kern, **attn_kw) / p.cp_degree
+        attn_bwd = costs.attention_kernel_ms(kern, **attn_kw, backward=True) / p.cp_degree
+        flops += 2.0 * p.micro_batch_size * seq * seq * m.head_dim * heads / p.cp_degree
+        # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
+        # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t
+        # (plain GeLU r f w f: 4f/t). Backward moves about twice the forward bytes.
+        act_bytes = (6 if m.gated_mlp else 4) * f / t
+        hdiv = t if sp else 1
+        # torch.compile (plan.compile) or an engine's fused kernel: the same bytes at the profile's
+        # compiled bandwidths, when measured (_memory_bound_ms)
+        mb = self._memory_bound_ms
+        mem_fwd = (mb(T * 8 * h / hdiv, "rmsnorm")                  # 2 RMSNorms
+                   + mb(T * 12 * h / hdiv, None, "residual")        # 2 residual adds
+                   + mb(T * 4 * (q + kv) / t, "rope")               # RoPE on q, k
+                   + mb(T * act_bytes, "swiglu"))                   # SwiGLU / GeLU
+        mem_bwd = 2 * mem_fwd
+        mem_fwd += quant_fwd
+        mem_bwd += quant_bwd
+
+        fwd: dict[str, float] = {}
+        bwd: dict[str, float] = {}
+        _add(fwd, "compute", gemm_fwd + attn_fwd + mem_fwd)
+        _add(bwd, "compute", gemm_bwd + attn_bwd + mem_bwd)
+        # TP / SP collectives (Megatron-LM, Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2):
+        # 2 all-reduces of T x h per layer forward and 2 backward; with SP each is an all-gather plus a
+        # reduce-scatter of the same total size.
+        tp_fwd = tp_bwd = 0.0
+        if t > 1:
+            nbytes = T * h * BF16
+            if sp:
+                one = (costs.placed_collective_ms("all_gather", nbytes, self.tp_place)
+                       + costs.placed_collective_ms("reduce_scatter", nbytes, self.tp_place))
+            else:
+                one = costs.placed_collective_ms("all_reduce", nbytes, self.tp_place)
+            tp_fwd = tp_bwd = 2 * one
+        # CP (ring attention; Liu et al. 2023; Megatron-LM context parallel): K and V of every other
+        # CP rank pass through each rank in forward; backward passes K, V and dK, dV (2x).
+        # The engine decides the exchange: an all-gather of every rank's K/V (torch context_parallel's
+        # allgather rotation; the Llama 3 paper's CP, Sec. 3.3.2) or a ring of cp - 1 send/recv steps of
+        # one K/V block each (Megatron-LM --cp-comm-type p2p, Transformer Engine's ring attention).
+        cp_fwd = cp_bwd = 0.0
+        if p.cp_degree > 1:
+            block = T * 2 * (kv // t if kv >= t else kv) * BF16
+            if self.engine.cp_comm == "p2p":
+                cp_fwd = (p.cp_degree - 1) * costs.placed_collective_ms("send_recv", block, self.cp_place)
+            else:
+                cp_fwd = costs.placed_collective_ms("all_gather", p.cp_degree * block, self.cp_place)
+            cp_bwd = 2 * cp_fwd
+        for parts, tp_ms, cp_ms, gemm_ms, attn_ms in ((fwd, tp_fwd, cp_fwd, gemm_fwd, attn_fwd),
+                                                      (bwd, tp_bwd, cp_bwd, gemm_bwd, attn_bwd)):
+            if tp_ms:
+                if p.async_collectives and p.tp_comm_overlap:
+                    hidden = min(tp_ms, gemm_ms)       # chunked GEMM/collective pipelining
+                    _add(parts, "exposed_tp_comm", tp_ms - hidden)
+                    _add(parts, "compute", self.slowdown * hidden)
+                else:
+                    _add(parts, "exposed_tp_comm", tp_ms)
+            if cp_ms:
+                if p.async_collectives:
+                    hidden = min(cp_ms, attn_ms)       # K/V ring steps overlap attention blocks
+                    _add(parts, "exposed_cp_comm", cp_ms - hidden)
+                    _add(parts, "compute", self.slowdown * hidden)
+                else:
+                    _add(parts, "exposed_cp_comm", cp_ms)
+        # recomputation happens in the backward pass
+        if p.recompute == "full":
+            # one layer's forward re-run and its exposed TP / CP communication; with
+            # recompute_num_layers N >= 1 only min(N, L_c) layers of a chunk pay it (chunk_cost)
+            rc: dict[str, float] = {}
+            _add(rc, "recompute", gemm_fwd + attn_fwd + mem_fwd)
+            _add(rc, "exposed_tp_comm", fwd.get("exposed_tp_comm", 0.0))
+            _add(rc, "exposed_cp_comm", fwd.get("exposed_cp_comm", 0.0))
+            self.full_recompute_parts = rc
+            if not p.partial_recompute:
+                for k, v in rc.items():
+                    _add(bwd, k, v)
+        elif p.recompute == "selective":
+            mode = self.engine.selective_recompute
+            if mode == "core_attention":
+                # Megatron-LM --recompute-granularity selective, --recompute-modules [core_attn]
+                _add(bwd, "recompute", attn_fwd)
+            elif mode == "every_second_mm":
+                # torchtitan's op-level SAC (distributed/activation_checkpoint.py): attention and the odd
+                # mm of each block saved; the 2nd, 4th and 6th of wq, wk, wv, wo, w1, w3, w2 (wk, wo, w3)
+                # and every elementwise op of the block are recomputed
+                second = [(T, kv // t, h), (T, h, q // t), (T, f // t, h)]
+                _add(bwd, "recompute", sum(costs.gemm_ms(a, b, c, precision=p.precision) for a, b, c in second)
+                     + mem_fwd)
+            else:
+                _add(bwd, "recompute", attn_fwd + mb(T * act_bytes, "swiglu"))
+        return fwd, bwd, flops
+
+    def _memory_bound_ms(self, nbytes: float, op: str | None, compiled_op: str | None = None) -> float:
+        """A memory-bound kernel of the layer moving ``nbytes``, ms.
+
+        * ``plan.compile``: the profile's measured torch.compile bandwidth for the op
+          (``memory_bound_ops_compiled[compiled_op or op]``, H200 2026-12-01), when it has one;
+        * a kernel the engine fuses (Transformer Engine's fused RoPE / SwiGLU / RMSNorm,
+          :attr:`EngineProfile.fused_kernels`): the same measured fused-kernel bandwidth (a fused kernel
+          for that op, as torch.compile generates it; no TE on the measuring image), else at least the
+          profile's generic elementwise bandwidth, never the eager kernel's own when that is slower (an
+          eager RoPE reaches ~350 GB/s on H200);
+        * else the eager kernel's measured bandwidth.
+        """
+        eager = self.costs.memory_bound_ms(nbytes, op)
+        key = compiled_op or op
+        fused = key is not None and self.engine.fuses(key)
+        if (self.p.compile or fused) and key:
+            v = self.costs.memory_bound_compiled_ms(nbytes, key)
+            if v is not None:
+                return v if self.p.compile else min(v, eager)
+        if fused:                   # no measured fused bandwidth: the generic one, at the fused in-training rate
+            generic = self.costs.inner.memory_bound_ms(nbytes) * self.costs.k_memory_compiled
+            return min(eager, generic)
+        return eager
+
+    def chunk_cost(self, vstage: int, num_layers: int) -> ChunkCost:
+        """Cost of virtual stage ``vstage`` holding ``num_layers`` layers, per micro-batch.
+
+        With ``recompute: full`` and ``recompute_num_layers`` N >= 1 (Megatron-LM ``--recompute-method
+        block``: the first N layers of each chunk, megatron/core/recompute.py ``checkpointed_forward``)
+        only min(N, num_layers) layers add the forward re-run and its exposed communication to the
+        backward (:attr:`full_recompute_parts`); the others' backward is the no-recompute one.
+        """
+        m, p, costs = self.m, self.p, self.costs
+        t, T, h = p.tp_degree, self.tokens, m.hidden_size
+        lf, lb, lflops = self._layer
+        cc = ChunkCost()
+        for k, v in lf.items():
+            _add(cc.fwd_parts, k, v * num_layers)
+        for k, v in lb.items():
+            _add(cc.bwd_parts, k, v * num_layers)
+        if p.partial_recompute:
+            n_rc = p.recomputed_layers(num_layers)
+            for k, v in self.full_recompute_parts.items():
+                _add(cc.bwd_parts, k, v * n_rc)
+        cc.fwd_flops = lflops * num_layers
+        cc.params = num_layers * m.params_per_layer // t
+        if self.fp8_params:
+            # the layers' linear weights are FP8 parameters (Megatron-LM --fp8-param-gather)
+            cc.fp8_params = num_layers * sum(k * n for k, n in fp8_gemm_dims(m, t).values())
+        last = vstage == p.num_virtual_stages - 1 if p.pipeline_schedule == "interleaved_1f1b" \
+            else vstage == p.pp_degree - 1
+        if vstage == 0:                               # embedding lookup (vocab-parallel: + all-reduce)
+            _add(cc.fwd_parts, "compute", costs.memory_bound_ms(2 * T * h * BF16))
+            _add(cc.bwd_parts, "compute", costs.memory_bound_ms(3 * T * h * BF16))
+            if t > 1:
+                _add(cc.fwd_parts, "exposed_tp_comm",
+                     costs.placed_collective_ms("all_reduce", T * h * BF16, self.tp_place))
+            cc.params += m.embedding_params // t
+        # the LM head stays BF16 under FP8: torchtitan's float8 converter skips the ``output`` linear and
+        # Megatron-LM / TE keep the output layer in BF16 (it is not a TE Linear)
+        if last:                                      # final norm, LM head, cross-entropy (vocab-parallel)
+            V = m.vocab_size
+            mb = self._memory_bound_ms
+            ce = mb(T * V / t * 6, "cross_entropy")
+            if p.compile and self.engine.compile_loss:
+                ce *= COMPILED_LOSS_TIME_RATIO         # the compiled loss's fused kernels (measured)
+            _add(cc.fwd_parts, "compute", costs.gemm_ms(T, V // t, h) + ce + mb(4 * T * h, "rmsnorm"))
+            _add(cc.bwd_parts, "compute", costs.gemm_ms(T, h, V // t, backward=True)
+                 + costs.gemm_ms(h, V // t, T, backward=True) + ce + mb(6 * T * h, "rmsnorm"))
+            cc.fwd_flops += 2.0 * T * V / t * h
+            cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
+        self._precision_costs(cc)
+        # ZeRO-3 / FSDP: parameters all-gathered for each micro-batch's forward and backward, gradients
+        # reduce-scattered after each backward (Rajbhandari et al. 2020, Sec. 5.3); ZeRO-2 only the latter.
+        # Each FSDP unit (one layer; the chunk's embedding / LM head / norm form its root unit) is one
+        # collective, and the chunk's edge units cannot hide behind anything: the forward cannot start
+        # before the root and first layer are gathered, and the root's and last layer's gradients are
+        # reduce-scattered after the chunk's last backward kernel, so neither has compute beside it. In
+        # a backward that holds no LM head the first layer to run is re-gathered with nothing beside it.
+        # Without PP only: in a pipeline other micro-batches' work follows on the same stream and hides
+        # the edges (not measured here: the fidelity plans hold no PP x FSDP).
+        # Measured on H200 (torch.profiler, 2026-11-30): 23 ms of exposed collectives per step of the
+        # 8B 4-layer FSDP plan (simulated with this rule: 28 ms), 53 ms for the 70B 2-layer one (66 ms).
+        if self.dp_group > 1 and p.zero_stage >= 2:
+            layer_unit = m.params_per_layer // t
+            edge = min(cc.params, (cc.params - num_layers * layer_unit) + layer_unit) if p.pp_degree == 1 else 0
+            place = self.dp_place
+            if not self.deferred_rs:           # deferred: end-of-step buckets (dp_bucket_ms)
+                rs = costs.placed_collective_ms("reduce_scatter", cc.params * self.grad_reduce_bytes, place)
+                rs_edge = costs.placed_collective_ms("reduce_scatter", edge * self.grad_reduce_bytes, place)
+                self._overlap(cc.bwd_parts, rs, p.async_collectives and p.dp_grad_reduce_overlap, exposed_ms=rs_edge)
+            if p.zero_stage == 3:
+                ag = costs.placed_collective_ms("all_gather", cc.params * BF16, place)
+                ag_edge = costs.placed_collective_ms("all_gather", edge * BF16, place)
+                pre = p.async_collectives and p.param_gather_overlap
+                self._overlap(cc.fwd_parts, ag, pre, exposed_ms=ag_edge)
+                ag_first_bwd = 0.0 if last or p.pp_degree > 1 else \
+                    costs.placed_collective_ms("all_gather", layer_unit * BF16, place)
+                self._overlap(cc.bwd_parts, ag, pre, exposed_ms=min(ag, ag_first_bwd))
+        return cc
+
+    def _precision_costs(self, cc: ChunkCost) -> None:
+        """Per micro-batch mixed-precision bookkeeping of the chunk's P local parameters (constants above).
+
+        Without FSDP (autocast over FP32 masters): forward casts P weights (6P bytes); backward casts P
+        weight gradients to FP32 (6P) and accumulates them (12P, for all but the first micro-batch:
+        x (m - 1) / m). With FSDP (ZeRO 2/3 over g = dp x cp ranks): forward casts the local shard
+        before the all-gather (6P/g) and copies the gathered parameters out (4P); backward casts the
+        unsharded gradients to FP32 for the reduce-scatter (6P), accumulates the shard (12P/g x (m-1)/m)
+        and, ZeRO-3 only, copies the re-gathered parameters out again (4P).
+        """
+        p, costs, P, e = self.p, self.costs, float(cc.params), self.engine
+        later = (p.num_micro_batches - 1) / p.num_micro_batches
+        cast = 1.0 if e.cast_weights_per_microbatch else 0.0           # FP32 -> BF16 weight casts
+        # fused main-grad accumulation (Megatron --gradient-accumulation-fusion): the wgrad GEMM writes
+        # into the FP32 buffer, so neither the gradient cast nor the per-micro-batch add exists
+        unfused = 0.0 if e.grad_accumulation == "fused_main_grad" else 1.0
+        copy = 1.0 if e.fsdp_gather_copy_out else 0.0
+        if self.dp_group > 1 and p.zero_stage >= 2:
+            g = self.dp_group
+            fwd = (costs.memory_bound_ms(cast * CAST_BYTES_PER_PARAM * P / g, "cast")
+                   + costs.memory_bound_ms(copy * GATHER_COPY_BYTES_PER_PARAM * P, "copy"))
+            # the reduce-scattered shard is added into the accumulated shard by every engine
+            bwd = (costs.memory_bound_ms(unfused * CAST_BYTES_PER_PARAM * P, "cast")
+                   + costs.memory_bound_ms(ACCUMULATE_BYTES_PER_PARAM * P / g * later, "accumulate"))
+            if p.zero_stage == 3:
+                bwd += costs.memory_bound_ms(copy * GATHER_COPY_BYTES_PER_PARAM * P, "copy")
+        else:
+            fwd = costs.memory_bound_ms(cast * CAST_BYTES_PER_PARAM * P, "cast")
+            bwd = (costs.memory_bound_ms(unfused * CAST_BYTES_PER_PARAM * P, "cast")
+                   + costs.memory_bound_ms(unfused * ACCUMULATE_BYTES_PER_PARAM * P * later, "accumulate"))
+        _add(cc.fwd_parts, "compute", fwd)
+        _add(cc.bwd_parts, "compute", bwd)
+
+    def _overlap(self, parts: dict[str, float], comm_ms: float, overlapped: bool, exposed_ms: float = 0.0) -> None:
+        """Add a DP collective beside a node: hidden behind its compute when overlapped (all but
+        ``exposed_ms`` of it, the part that has nothing to overlap with), else exposed."""
+        if overlapped:
+            hidden = min(comm_ms - min(exposed_ms, comm_ms), parts.get("compute", 0.0))
+            _add(parts, "exposed_dp_comm", comm_ms - hidden)
+            _add(parts, "compute", self.slowdown * hidden)
+        else:
+            _add(parts, "exposed_dp_comm", comm_ms)
+
+    def p2p_ms(self) -> float:
+        """Send/recv of one micro-batch's boundary activation (T x h bf16, /t with SP), ms."""
+        if self.p.pp_degree == 1:
+            return 0.0
+        nbytes = self.tokens * self.m.hidden_size * BF16 / (self.p.tp_degree if self.p.sp_active else 1)
+        return self.costs.placed_collective_ms("send_recv", nbytes, self.pp_place)
+
+    def dp_bucket_ms(self, chunk_params: int) -> list[float]:
+        """End-of-step DP gradient reduction of one chunk, per bucket (ZeRO 0: all-reduce; 1, and 2/3 when
+        a pipeline defers FSDP's reduction to the last backward: reduce-scatter)."""
+        p = self.p
+        if self.dp_group <= 1 or (p.zero_stage >= 2 and not self.deferred_rs):
+            return []
+        kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
+        total = chunk_params * self.grad_reduce_bytes
+        bucket = p.bucket_size_mib * 2**20
+        n_full, rem = divmod(total, bucket)
+        one = self.costs.placed_collective_ms(kind, bucket, self.dp_place)
+        out = [one] * int(n_full)
+        if rem:
+            out.append(self.costs.placed_collective_ms(kind, rem, self.dp_place))
+        return out
+
+    def param_gather_ms(self, stage_params: int, fp8_params: int = 0) -> float:
+        """ZeRO-1/2 all-gather of the updated parameters after the optimizer step, ms: BF16, except
+        ``fp8_params`` of them in FP8, 1 byte each (Megatron-LM --fp8-param-gather: "perform the param
+        all-gather in fp8", megatron/training/arguments.py)."""
+        if self.dp_group <= 1 or self.p.zero_stage not in (1, 2):
+            return 0.0
+        nbytes = (stage_params - fp8_params) * BF16 + fp8_params * FP8_PARAM_BYTES
+        return self.costs.placed_collective_ms("all_gather", nbytes, self.dp_place)
+
+    def optimizer_ms(self, stage_params: int) -> float:
+        """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1), memory-bound."""
+        shard = stage_params / (self.dp_group if self.p.zero_stage >= 1 else 1)
+        return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM, "adamw")
+
+
+@dataclass(frozen=True)
+class StepWeights:
+    """The numbers of one step graph, apart from its structure (:class:`StepStructure`), ms.
+
+    Written by :func:`step_weights` from a :class:`CostBuilder`; :func:`build_step_graph` puts them on
+    networkx nodes and edges, :func:`autotune.cost.simulator.simulate_structure` reads them directly.
+
+    Attributes:
+        num_micro_batches: m of the graph (may differ from the plan's when the simulator extrapolates).
+        p2p_ms: one boundary send/recv (:meth:`CostBuilder.p2p_ms`), ms.
+        p2p_delay_ms: ``delay_ms`` of the p2p edges: 0 with blocking send/recv (the time is in the
+            sender's node, ``exposed_pp_comm``), else ``p2p_ms``.
+        overlap_dp: DP buckets on their own ``dp`` stream (async collectives + dp_grad_reduce_overlap).
+        compute: per (stage, ``"F"|"B"``, chunk): (parts, duration_ms, flops) of every micro-batch's node
+            (the parts dict is shared by those nodes: read-only).
+        dp_groups: per (stage, chunk): one (duration_ms, num_buckets, ready_delay_ms) per DP bucket group;
+            ready_delay_ms (<= 0) is the ``delay_ms`` of the edge from the chunk's last backward (used
+            when ``overlap_dp``).
+        opt_ms: per stage, the optimizer step (:meth:`CostBuilder.optimizer_ms`).
+        param_gather_ms: per stage, the exposed ZeRO-1/2 parameter all-gather; 0 = no node.
+        reclaim_ms: per stage, the per-step ``empty_cache`` node's time; None = no such node.
+    """
+
+    num_micro_batches: int
+    p2p_ms: float
+    p2p_delay_ms: float
+    overlap_dp: bool
+    compute: dict[tuple[int, str, int], tuple[dict[str, float], float, float]]
+    dp_groups: dict[tuple[int, int], tuple[tuple[float, int, float], ...]]
+    opt_ms: tuple[float, ...]
+    param_gather_ms: tuple[float, ...]
+    reclaim_ms: tuple[float, ...] | None
+
+    def structure_key(self, plan: Plan) -> tuple:
+        """What the graph's structure (nodes, edges, streams) depends on: pp, effective vpp, schedule, m,
+        where the DP buckets run, the bucket-group count per chunk, which stages have a parameter-gather
+        node and whether there are reclaim nodes."""
+        return (plan.pp_degree, plan.effective_vpp, plan.pipeline_schedule, self.num_micro_batches,
+                self.overlap_dp, tuple(len(self.dp_groups.get((r, c), ())) for r in range(plan.pp_degree)
+                                       for c in range(plan.effective_vpp)),
+                tuple(bool(a) for a in self.param_gather_ms), self.reclaim_ms is not None)
+
+
+def chunk_costs(cb: CostBuilder, plan: Plan, model: ModelSpec, *, cached: bool = False) -> dict[int, ChunkCost]:
+    """Cost of every virtual stage (model order), ``{vstage: ChunkCost}``.
+
+    ``cached``: compute :meth:`CostBuilder.chunk_cost` once per (first stage, last stage, layer count)
+    and share the result between the virtual stages of that class (``chunk_cost`` depends on the
+    stage index only through "is it the first (embedding) / last (LM head) stage"; the fast path's
+    equivalence test, tests/test_fast_sim.py, checks this against the uncached costs).
+    """
+    layers = plan.layers_per_virtual_stage(model.num_layers)
+    n = len(layers)
+    if not cached:
+        return {vs: cb.chunk_cost(vs, layers[vs]) for vs in range(n)}
+    by_class: dict[tuple[bool, bool, int], ChunkCost] = {}
+    out = {}
+    for vs in range(n):
+        key = (vs == 0, vs == n - 1, layers[vs])
+        cc = by_class.get(key)
+        if cc is None:
+            cc = by_class[key] = cb.chunk_cost(vs, layers[vs])
+        out[vs] = cc
+    return out

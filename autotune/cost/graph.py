@@ -1,0 +1,322 @@
+"""One training step of a plan as a dependency graph (networkx DiGraph).
+
+What the graph holds (one representative rank per pipeline stage: TP, CP and DP ranks of a stage do
+identical work, so one stands for all):
+
+* compute nodes ``("F"|"B", stage, chunk, microbatch)``: forward / backward of one model chunk (a
+  virtual pipeline stage: ``layers_per_virtual_stage`` transformer layers, plus the embedding on the
+  first and the LM head + loss on the last) for one micro-batch on the ``compute`` stream. Their
+  duration includes the GEMMs, attention, memory-bound kernels, recomputation (``B`` only) and the
+  *exposed* part of the TP/SP, CP and ZeRO-3 collectives issued inside the chunk; each node's
+  ``parts`` attribute splits its duration into breakdown keys (see :mod:`autotune.cost.evaluator`);
+* communication nodes ``("dp", stage, chunk, k)``: the k-th group of DP gradient buckets of a chunk,
+  on the ``dp`` stream when DP reduction overlaps backward (async collectives + dp_grad_reduce_overlap),
+  else on the ``compute`` stream after the last backward;
+* ``("opt", stage)``, ``("param_gather", stage)``, ``("reclaim", stage)`` at the end of the step;
+* edges: data dependencies (``kind="data"``; pipeline send/recv between stages carries its transfer
+  time as ``delay_ms``, ``kind="p2p"``), and the stream order of the pipeline schedule
+  (``kind="stream"``). A DP bucket group may start once its gradients exist: an edge from the chunk's
+  last backward with a negative ``delay_ms`` (gradients are produced evenly over the backward).
+
+Pipeline schedules (order of compute nodes on each stage's compute stream; built by
+:func:`autotune.cost.schedule.schedule_order`):
+GPipe (all forwards, then all backwards; Huang et al. 2019), 1F1B (PipeDream-Flush; Narayanan et al.
+2021, Sec. 2.2: stage r of p warms up with p - r - 1 forwards) and interleaved 1F1B (Narayanan et al.
+2021, Sec. 2.2; Megatron-LM's ``forward_backward_pipelining_with_interleaving``: warm-up
+(p - r - 1) x 2 + (v - 1) x p chunk-forwards, chunk of the k-th forward (k // p) % v).
+
+Blocking PP send/recv occupies the sender's compute stream (added to its node, ``exposed_pp_comm``);
+with async collectives it only delays the receiver (edge ``delay_ms``). p2p link contention is not
+modelled.
+
+Costs per op come from an :class:`autotune.cost.calibration.OpCosts`; FLOP and byte counts are written on
+each node (``flops``, ``bytes``) so measured evaluators can look the same ops up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from autotune.cost.chunk_costs import (
+    MAX_DP_GROUPS_PER_CHUNK,
+    STREAM_EDGE,
+    ChunkCost,
+    CostBuilder,
+    StepWeights,
+    _add,
+    chunk_costs,
+)
+from autotune.cost.op_costs import OpCosts
+from autotune.cost.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)
+from autotune.target.engines import EngineProfile
+from autotune.target.hardware import ClusterSpec
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload
+
+
+def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batches: int,
+                 chunks: dict[int, ChunkCost], reserved_bytes_per_stage: list[float] | None = None) -> StepWeights:
+    """Durations, parts and edge delays of the step graph of ``plan`` with ``num_micro_batches``
+    micro-batches (module docstring; the rules :func:`build_step_graph` documents), from per-chunk costs
+    ``chunks`` (:func:`chunk_costs`)."""
+    p = plan
+    m = num_micro_batches
+    P, v = p.pp_degree, p.effective_vpp
+    n_virtual = P * v
+    p2p = cb.p2p_ms()
+    blocking_p2p = not p.async_collectives
+    reclaim_mb = p.memory_reclaim == "empty_cache_per_microbatch"
+    # a deferred FSDP reduce-scatter (CostBuilder.deferred_rs) runs after the schedule's last backward
+    # and blocks: nothing overlaps it
+    overlap_dp = p.async_collectives and p.dp_grad_reduce_overlap and not cb.deferred_rs
+    reserved = reserved_bytes_per_stage or [0.0] * P
+    compute: dict[tuple[int, str, int], tuple[dict[str, float], float, float]] = {}
+    dp_groups: dict[tuple[int, int], tuple[tuple[float, int, float], ...]] = {}
+    opt_ms, ag_ms, reclaim_ms = [], [], []
+    for r in range(P):
+        for c in range(v):
+            vs = c * P + r
+            cc = chunks[vs]
+            for phase in ("F", "B"):
+                parts = dict(cc.fwd_parts if phase == "F" else cc.bwd_parts)
+                sends = (phase == "F" and vs < n_virtual - 1) or (phase == "B" and vs > 0)
+                if sends and blocking_p2p and p2p:
+                    _add(parts, "exposed_pp_comm", p2p)
+                if phase == "B" and reclaim_mb:
+                    _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)))
+                compute[r, phase, c] = parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2)
+        stage_params = stage_fp8 = 0
+        for c in range(v):
+            vs = c * P + r
+            stage_params += chunks[vs].params
+            stage_fp8 += chunks[vs].fp8_params
+            buckets = cb.dp_bucket_ms(chunks[vs].params)
+            if not buckets:
+                continue
+            ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
+            per = math.ceil(len(buckets) / ngroups)
+            groups = [buckets[k:k + per] for k in range(0, len(buckets), per)]
+            lb_dur = compute[r, "B", c][1]
+            # the input embedding's gradient is the last one backward produces (a gather's backward
+            # after every layer), so its buckets are ready only when the chunk's backward ends;
+            # the layers' and the LM head's come evenly before it
+            emb_share = model.embedding_params // plan.tp_degree / chunks[vs].params if vs == 0 else 0.0
+            done = 0
+            out = []
+            for grp in groups:
+                done += len(grp)
+                # gradients of the first `done` buckets exist once that share of the backward ran
+                share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
+                out.append((sum(grp), len(grp), -(1 - share) * lb_dur))
+            dp_groups[r, c] = tuple(out)
+        opt_ms.append(cb.optimizer_ms(stage_params))
+        ag = cb.param_gather_ms(stage_params, stage_fp8)
+        if ag and p.param_gather_overlap and p.async_collectives:
+            # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
+            first_f = compute[r, "F", 0][1] if m else 0.0
+            ag = max(0.0, ag - first_f)
+        ag_ms.append(ag)
+        if p.memory_reclaim == "empty_cache_per_step":
+            reclaim_ms.append(cb.costs.empty_cache_ms(reserved[r]))
+    return StepWeights(num_micro_batches=m, p2p_ms=p2p, p2p_delay_ms=0.0 if blocking_p2p else p2p,
+                       overlap_dp=overlap_dp, compute=compute, dp_groups=dp_groups, opt_ms=tuple(opt_ms),
+                       param_gather_ms=tuple(ag_ms),
+                       reclaim_ms=tuple(reclaim_ms) if p.memory_reclaim == "empty_cache_per_step" else None)
+
+
+@dataclass(frozen=True)
+class StepStructure:
+    """Nodes and edges of a step graph without its numbers (:class:`StepWeights` has those).
+
+    Attributes:
+        nodes: per node, (node id, kind, stage, chunk, microbatch, stream, weight key), in the order
+            :func:`build_step_graph` adds them. Weight keys: ``("c", stage, phase, chunk)`` a compute
+            node, ``("dp", stage, chunk, k)`` the k-th DP bucket group, ``("opt", stage)``,
+            ``("ag", stage)`` the parameter gather, ``("rc", stage)`` the per-step reclaim.
+        edges: per edge, (from index, to index, kind, delay key), in insertion order; delay keys: ``0``
+            (0 ms), ``"p2p"`` (:attr:`StepWeights.p2p_delay_ms`), ``("dp", stage, chunk, k)`` (that
+            group's ready delay).
+    """
+
+    nodes: tuple[tuple[Any, str, int, int, int, str, tuple], ...]
+    edges: tuple[tuple[int, int, str, Any], ...]
+
+
+_STRUCTURES: dict[tuple, StepStructure] = {}
+#: bound on the cached structures, in nodes (each has ~2 x pp x vpp x m): the cache is emptied when a new
+#: one would pass it. With its compiled form (autotune.cost.simulator.compile_structure) a cached node takes
+#: ~0.8 KB (tracemalloc: 4.0 MiB for a 5,152-node 405B graph, pp 16, vpp 8, m 16), so ~250 MB at most.
+MAX_CACHED_NODES = 300_000
+#: structures kept, at most (also a bound for the compiled-structure cache)
+MAX_CACHED_STRUCTURES = 256
+_cached_nodes = 0
+
+
+def step_structure(plan: Plan, weights: StepWeights) -> StepStructure:
+    """The structure of the step graph of ``plan`` with ``weights`` (cached per
+    :meth:`StepWeights.structure_key`, bounded by :data:`MAX_CACHED_NODES`)."""
+    global _cached_nodes
+    key = weights.structure_key(plan)
+    s = _STRUCTURES.get(key)
+    if s is None:
+        s = _make_structure(plan, weights)
+        if len(_STRUCTURES) >= MAX_CACHED_STRUCTURES or _cached_nodes + len(s.nodes) > MAX_CACHED_NODES:
+            _STRUCTURES.clear()
+            _cached_nodes = 0
+        _STRUCTURES[key] = s
+        _cached_nodes += len(s.nodes)
+    return s
+
+
+def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
+    p = plan
+    m = w.num_micro_batches
+    P, v = p.pp_degree, p.effective_vpp
+    n_virtual = P * v
+    nodes: list[tuple[Any, str, int, int, int, str, tuple]] = []
+    index: dict[Any, int] = {}
+    edges: list[tuple[Any, Any, str, Any]] = []     # by node id, resolved to indices at the end
+    overlap_dp = w.overlap_dp
+
+    def add_node(n: Any, kind: str, r: int, c: int, i: int, stream: str, wkey: tuple) -> None:
+        index[n] = len(nodes)
+        nodes.append((n, kind, r, c, i, stream, wkey))
+
+    for r in range(P):
+        prev = None
+        last_b: dict[int, tuple] = {}
+        order = schedule_order(p, r, m)
+        for phase, c, i in order:
+            node = (phase, r, c, i)
+            add_node(node, "fwd" if phase == "F" else "bwd", r, c, i, "compute", ("c", r, phase, c))
+            if prev is not None:
+                edges.append((prev, node, "stream", 0))
+            prev = node
+            if phase == "B":
+                last_b[c] = node
+        # data dependencies across virtual stages (send/recv)
+        for phase, c, i in order:
+            vs = c * P + r
+            node = (phase, r, c, i)
+            if phase == "F":
+                if vs > 0:
+                    edges.append((("F", (vs - 1) % P, (vs - 1) // P, i), node, "p2p", "p2p"))
+            elif vs < n_virtual - 1:
+                edges.append((("B", (vs + 1) % P, (vs + 1) // P, i), node, "p2p", "p2p"))
+            else:
+                edges.append((("F", r, c, i), node, "data", 0))
+        # end of step: DP gradient buckets, optimizer, parameter all-gather, reclaim
+        tail = prev
+        dp_nodes = []
+        for c in range(v):
+            for k, _ in enumerate(w.dp_groups.get((r, c), ())):
+                node = ("dp", r, c, k)
+                add_node(node, "dp_reduce", r, c, m - 1, "dp" if overlap_dp else "compute", ("dp", r, c, k))
+                if overlap_dp:
+                    edges.append((last_b[c], node, "data", ("dp", r, c, k)))
+                dp_nodes.append(node)
+        chain = tail
+        if overlap_dp:      # dp stream: buckets run in order, beside the compute stream
+            for a, b in zip(dp_nodes, dp_nodes[1:]):
+                edges.append((a, b, "stream", 0))
+        else:               # blocking: after the last backward, on the compute stream
+            for node in dp_nodes:
+                edges.append((chain, node, "stream", 0))
+                chain = node
+        opt = ("opt", r)
+        add_node(opt, "optimizer", r, -1, -1, "compute", ("opt", r))
+        edges.append((chain, opt, "stream", 0))
+        if overlap_dp and dp_nodes:
+            edges.append((dp_nodes[-1], opt, "data", 0))
+        last = opt
+        if w.param_gather_ms[r]:
+            node = ("param_gather", r)
+            add_node(node, "param_gather", r, -1, -1, "compute", ("ag", r))
+            edges.append((last, node, "stream", 0))
+            last = node
+        if w.reclaim_ms is not None:
+            node = ("reclaim", r)
+            add_node(node, "reclaim", r, -1, -1, "compute", ("rc", r))
+            edges.append((last, node, "stream", 0))
+    return StepStructure(nodes=tuple(nodes),
+                         edges=tuple((index[a], index[b], kind, d) for a, b, kind, d in edges))
+
+
+def weight_of(weights: StepWeights, wkey: tuple) -> tuple[float, dict[str, float], float]:
+    """(duration_ms, parts, flops) of the node with weight key ``wkey`` (:class:`StepStructure`)."""
+    tag = wkey[0]
+    if tag == "c":
+        parts, dur, flops = weights.compute[wkey[1], wkey[2], wkey[3]]
+        return dur, parts, flops
+    if tag == "dp":
+        dur = weights.dp_groups[wkey[1], wkey[2]][wkey[3]][0]
+        return dur, {"exposed_dp_comm": dur}, 0.0
+    if tag == "opt":
+        dur = weights.opt_ms[wkey[1]]
+        return dur, {"optimizer": dur}, 0.0
+    if tag == "ag":
+        dur = weights.param_gather_ms[wkey[1]]
+        return dur, {"exposed_dp_comm": dur}, 0.0
+    dur = weights.reclaim_ms[wkey[1]]            # "rc"
+    return dur, {"reclaim": dur}, 0.0
+
+
+def delay_of(weights: StepWeights, dkey: Any) -> float:
+    """``delay_ms`` of an edge with delay key ``dkey`` (:class:`StepStructure`)."""
+    if dkey == 0:
+        return 0.0
+    if dkey == "p2p":
+        return weights.p2p_delay_ms
+    return weights.dp_groups[dkey[1], dkey[2]][dkey[3]][2]
+
+
+def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
+                     costs: OpCosts, num_micro_batches: int | None = None,
+                     reserved_bytes_per_stage: list[float] | None = None,
+                     builder: CostBuilder | None = None,
+                     engine: EngineProfile | str | None = "native") -> nx.DiGraph:
+    """Build the step graph (module docstring). ``num_micro_batches`` overrides the plan's count
+    (the simulator uses it to extrapolate long pipelines); ``reserved_bytes_per_stage`` sizes the
+    cost of re-allocating after ``empty_cache``.
+
+    The numbers come from :func:`step_weights` (every virtual stage's :meth:`CostBuilder.chunk_cost`
+    computed on its own), the nodes and edges from :func:`step_structure`.
+
+    Returns:
+        A DiGraph with graph attributes ``plan``, ``num_micro_batches``, ``p2p_ms``; node attributes
+        ``kind``, ``stage``, ``chunk``, ``microbatch``, ``stream``, ``duration_ms``, ``parts``,
+        ``flops`` (DP groups also ``num_buckets``); edge attributes ``kind`` and ``delay_ms``.
+    """
+    cb = builder or CostBuilder(model=model, plan=plan, cluster=cluster, workload=workload, costs=costs,
+                                engine=engine)
+    m = num_micro_batches or plan.num_micro_batches
+    w = step_weights(cb, plan, model, m, chunk_costs(cb, plan, model), reserved_bytes_per_stage)
+    s = _make_structure(plan, w)
+    g = nx.DiGraph(plan=plan, num_micro_batches=m, p2p_ms=w.p2p_ms)
+    node_list = []
+    for n, kind, r, c, i, stream, wkey in s.nodes:
+        dur, parts, flops = weight_of(w, wkey)
+        attrs = {"kind": kind, "stage": r, "chunk": c, "microbatch": i, "stream": stream, "duration_ms": dur,
+                 "parts": parts, "flops": flops}
+        if wkey[0] == "dp":
+            attrs["num_buckets"] = w.dp_groups[wkey[1], wkey[2]][wkey[3]][1]
+        node_list.append((n, attrs))
+    g.add_nodes_from(node_list)
+    ids = [n[0] for n in s.nodes]
+    zero = {"stream": STREAM_EDGE, "data": {"kind": "data", "delay_ms": 0.0}}
+    p2p_attr = {"kind": "p2p", "delay_ms": w.p2p_delay_ms}
+    edge_list = []
+    for a, b, kind, dkey in s.edges:
+        if dkey == 0:
+            attr = zero[kind]
+        elif dkey == "p2p":
+            attr = p2p_attr
+        else:
+            attr = {"kind": kind, "delay_ms": delay_of(w, dkey)}
+        edge_list.append((ids[a], ids[b], attr))
+    g.add_edges_from(edge_list)
+    return g

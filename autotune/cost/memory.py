@@ -1,0 +1,721 @@
+"""Per-GPU memory of one training step, per pipeline stage (pure arithmetic, no graph).
+
+For every pipeline rank the estimate adds, in bytes per GPU:
+
+* **model states** (weights, gradients, optimizer): 16 bytes per parameter for mixed-precision Adam
+  as PyTorch runs it (autocast or FSDP2 mixed precision): the FP32 master weight is the parameter
+  (4), its FP32 gradient (4), Adam momentum and variance (8) -- the ZeRO paper's 2 + 2 + 12
+  (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1, K = 12) regrouped; the BF16 compute copy (2) is counted
+  as transient. A stage holds its transformer layers' parameters split over TP, the
+  vocabulary-parallel input embedding on the first stage and the LM head plus final RMSNorm on the
+  last (Megatron-LM layout; a tied model keeps a copy of the shared matrix on both end stages). ZeRO
+  shards over the data-parallel group, DP x CP, only, never over TP a second time: stage 1 shards the
+  8 optimizer bytes (``ZeroRedundancyOptimizer`` keeps full FP32 parameters); stage 2 also the 4
+  gradient bytes and the 4 FP32 weight bytes at rest (FSDP2 without resharding after forward, as the
+  Llama 3 paper's FSDP, Sec. 3.3.2: the BF16 compute copy stays whole through the step); stage 3
+  also re-shards the BF16 copy after each layer (ZeRO paper, Sec. 5.1-5.3).
+* **activations** saved for backward by all in-flight micro-batches (:func:`activation_bytes_per_layer`,
+  re-derived for Llama from Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4 and Table 2) times
+  the in-flight count of the pipeline schedule (:func:`inflight_microbatches`), counted from the
+  order the step graph runs (:func:`autotune.cost.schedule.count_inflight`).
+* **transient** buffers alive at the peak: the last stage's logits and loss buffers (FP32 loss), the
+  BF16 compute copies of the FP32 master weights (autocast / FSDP2 mixed precision), one layer's
+  backward working set under full recomputation, the DP gradient buckets, ZeRO-3's gathered layer
+  parameters and the sequence-parallel all-gather buffer.
+* **allocator overhead**: a fragmentation fraction of everything else, per ``memory_reclaim`` policy
+  (:data:`DEFAULT_FRAGMENTATION`, assumptions until a calibration profile supplies measured values),
+  plus, under FSDP (ZeRO 2/3 over g > 1), the reduce-scatter stream's own pool: 4 bytes x (largest
+  FSDP unit + its 1/g shard). PyTorch's caching allocator reuses a freed block only on its own
+  stream; measured per stream (``torch.cuda.memory_snapshot``) on H200, 2026-11-30: 8B 4-layer
+  FSDP 6.0 GiB (formula: root unit 1.05 B params -> 5.9), 70B 2-layer 12.6 GiB (formula 11.7).
+
+The OOM verdict uses the largest stage (never the average) against the GPU's usable HBM
+(:attr:`autotune.target.hardware.GPUSpec.usable_hbm_bytes`: HBM minus the CUDA context).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+from autotune.cost.schedule import count_inflight
+from autotune.errors import ConfigError, PlanError
+from autotune.target.engines import EngineProfile, get_engine
+from autotune.target.hardware import GIB, GPUSpec
+from autotune.target.models import ModelSpec
+from autotune.target.plan import (
+    MEMORY_RECLAIM_POLICIES,
+    RECOMPUTE_MODES,
+    Plan,
+    Workload,
+    fp8_gemm_dims,
+)
+
+MIB = 1024**2
+
+#: Bytes per element of BF16 activations and compute copies of the weights.
+BF16_BYTES = 2
+#: FP32 master weight, which is the module's parameter (PyTorch autocast / FSDP2 mixed precision).
+WEIGHT_BYTES = 4
+#: FP32 gradient of the master weight (accumulated over micro-batches and reduced in FP32).
+GRAD_BYTES = 4
+#: Adam momentum + variance, FP32.
+ADAM_STATE_BYTES = 8
+#: Bytes per parameter of mixed-precision Adam: 4 + 4 + 8 = 16, the ZeRO paper's 2 + 2 + 12
+#: (Rajbhandari et al. 2020, Sec. 3.1, K = 12) regrouped for FP32 parameters and gradients; the BF16
+#: compute copy (2) is transient (:func:`estimate_memory`).
+MODEL_STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + ADAM_STATE_BYTES
+#: Bytes per logit on the last stage at the loss's backward, with the cross-entropy computed in FP32
+#: (``F.cross_entropy(logits.float())``, as torchtitan and this runtime do): the saved FP32
+#: log-softmax output (4) + its incoming FP32 gradient (4) + the FP32 gradient it produces (4). The
+#: BF16 logits (2) and their FP32 copy (4) live only inside the forward, beside the saved output (4):
+#: 10 < 12. Checked on H200 (2026-11-30): an 8B 4-layer FSDP step peaked 18.5 GiB above its model
+#: states, of which this term is 11.7 GiB.
+LOGITS_BYTES_PER_ELEMENT = 4 + 4 + 4
+#: Bytes per logit that each *other* in-flight micro-batch keeps on the last pipeline stage until its
+#: backward: the saved FP32 log-softmax output (4) and the stage's BF16 output, which the pipeline
+#: runtime keeps for the stage backward (2). The current micro-batch also keeps its BF16 output (2)
+#: under pipelining (``torch.distributed.pipelining``; without PP the BF16 logits die after the FP32
+#: copy). Seen on H200 (2026-11-30, 8B 4-layer proxy, PP=2, 4 micro-batches): peak allocated 58.2 GiB
+#: with GPipe vs 33.7 GiB with 1F1B; this term's share of the gap is 3 x 6 x 8192 x 128256 bytes = 17.6 GiB.
+PP_INFLIGHT_LOGITS_BYTES = 4 + 2
+#: Bytes per logit of a compiled loss (engines whose ``compile_loss`` is set, under ``plan.compile``):
+#: inductor fuses the FP32 cast, log-softmax and NLL, saves only the BF16 logits (and per-row
+#: statistics) and writes their BF16 gradient: 2 + 2. Measured on H200 (bench/loss_memory.py,
+#: docs/results/loss-memory-h200x1-2026-12-01.json; [1 or 2, 8192, 128256] BF16 logits, torch 2.11):
+#: kept after the forward 0.0 bytes per logit beyond the logits, peak 2.0 (eager: 4.0 and 12.0, which
+#: :data:`LOGITS_BYTES_PER_ELEMENT` counts). Other micro-batches in flight on the last stage keep their
+#: BF16 logits only: :data:`COMPILED_LOSS_INFLIGHT_BYTES`.
+COMPILED_LOSS_BYTES_PER_LOGIT = 2 + 2
+COMPILED_LOSS_INFLIGHT_BYTES = 2
+#: What an FP8 linear saves depends on the library the engine runs it with
+#: (:attr:`autotune.target.engines.EngineProfile.fp8_library`). Transformer Engine (Megatron-LM, every FP8
+#: recipe: Float8CurrentScaling for ``fp8_tensorwise``, DelayedScaling, MXFP8BlockScaling):
+#: ``_Linear.forward`` (transformer_engine/pytorch/module/linear.py) saves the quantized input (1 byte
+#: per element) instead of the BF16 input, and the module caches its FP8 weight and FP8 transpose from
+#: the first micro-batch of a step to the last: 1 + 1 bytes per linear weight. torchao (native,
+#: torchtitan): ``ctx.save_for_backward(input_hp, weight_hp_t)`` in ``matmul_with_hp_or_float8_args``
+#: (torchao/float8/float8_linear.py) and ``save_for_backward(input_hp, weight_hp)`` in ``mx_mm``
+#: (torchao/prototype/mx_formats/mx_linear.py) keep the high-precision input and weight and re-cast them
+#: in backward: no change to saved activations; their FP8 copies live for one GEMM only (not counted).
+FP8_BYTES = 1
+#: torch.compile's saved bytes over eager autograd's for autotune's runtime block (precision kind,
+#: recompute), measured on 1x H200 with torch 2.11.0+cu130 / torchao 0.17.0 (bench/saved_activations.py,
+#: docs/results/saved-activations-h200x1-2026-12-01.json; Llama 3.1 8B block, seq 8192): the
+#: partitioner (AOTAutograd min-cut rematerialization) recomputes the norms and SwiGLU in backward, and
+#: with torchao FP8 saves the FP8 casts of the linears' inputs. FP8 rowwise measured the same as
+#: tensorwise. Full recompute keeps only the block input either way (1). tests/test_memory.py
+#: re-derives these from the JSON.
+COMPILED_OVER_EAGER = {("bf16", "none"): 0.672, ("bf16", "selective"): 0.547,
+                       ("fp8", "none"): 0.462, ("fp8", "selective"): 0.453}
+TE_FP8_WEIGHT_COPY_BYTES = 2     # FP8 weight + its FP8 transpose
+#: fp32 logsumexp that flash attention keeps per query row and head (Dao 2023, FlashAttention-2 Alg. 1).
+LSE_BYTES = 4
+
+#: Allocator overhead as a fraction of all other bytes, per ``memory_reclaim`` policy. ASSUMPTIONS
+#: until measured: the calibration profile overrides them through ``estimate_memory(fragmentation=)``.
+#: Ordering rationale: caching allocator without release keeps the most fragmented blocks (none);
+#: emptying the cache returns more the more often it runs; expandable segments avoid most
+#: fragmentation by growing segments in place (PyTorch CUDA allocator notes).
+DEFAULT_FRAGMENTATION: Mapping[str, float] = {
+    "none": 0.10,
+    "empty_cache_per_step": 0.07,
+    "empty_cache_per_microbatch": 0.04,
+    "expandable_segments": 0.03,
+}
+
+
+def _gib(x: float) -> float:
+    return x / GIB
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Memory of one pipeline rank (all its virtual chunks), bytes per GPU.
+
+    Attributes:
+        stage: pipeline rank, 0 = first.
+        num_layers: transformer layers on this rank (summed over its virtual chunks).
+        num_inflight_microbatches: micro-batches' worth of the rank's layer activations held at the
+            peak, counted from the schedule's order (:func:`inflight_microbatches`; float: interleaved
+            1F1B and uneven chunks give fractions, e.g. p + (p - 2r - 1)/v with equal chunks).
+        weights_bytes: parameters held at the engine's parameter bytes (FP32 masters or BF16; after
+            ZeRO-3 sharding if any).
+        grads_bytes: gradients held at the stage's peak instant, at the engine's gradient-buffer bytes
+            (after ZeRO-2/3 sharding if any; unsharded under a pipeline that defers FSDP's reduction);
+            0 when none exist then (an engine that sets them to None after the step, peaking before
+            its first backward).
+        optimizer_bytes: optimizer states held (FP32 main params and / or Adam moments, per engine;
+            after ZeRO-1/2/3 sharding if any).
+        activations_bytes: saved activations of all in-flight micro-batches, including the
+            embedding output on the first stage; 0 when the stage peaks at the end of its last
+            backward (all gradients, no activations).
+        transient_bytes: logits/CE buffer (last stage), one layer's backward working set under full
+            recompute, DP gradient buckets, ZeRO-3 gathered layer parameters, SP all-gather buffer.
+        allocator_overhead_bytes: fragmentation fraction x the sum of all other terms.
+    """
+
+    stage: int
+    num_layers: int
+    num_inflight_microbatches: float
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    transient_bytes: int
+    allocator_overhead_bytes: int
+
+    @property
+    def model_state_bytes(self) -> int:
+        """weights + grads + optimizer, bytes."""
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Every term summed, bytes: the stage's predicted peak allocation per GPU."""
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.transient_bytes + self.allocator_overhead_bytes)
+
+
+#: Terms of :class:`StageMemory` in the order :meth:`MemoryEstimate.describe` prints them.
+_TERMS = (("weights", "weights_bytes"), ("grads", "grads_bytes"), ("optimizer", "optimizer_bytes"),
+          ("activations", "activations_bytes"), ("transient", "transient_bytes"),
+          ("allocator", "allocator_overhead_bytes"))
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-stage memory of a plan and the verdict against one GPU's capacity.
+
+    Attributes:
+        stages: one :class:`StageMemory` per pipeline rank, rank 0 first.
+        capacity_bytes: usable HBM per GPU, bytes (HBM minus CUDA context).
+    """
+
+    stages: tuple[StageMemory, ...]
+    capacity_bytes: int
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ConfigError("a memory estimate needs at least one pipeline stage, got none")
+
+    @property
+    def peak_bytes(self) -> int:
+        """Largest stage total, bytes (the maximum over stages, never the average)."""
+        return max(s.total_bytes for s in self.stages)
+
+    @property
+    def peak_stage(self) -> int:
+        """Pipeline rank of the largest stage (the first one on ties)."""
+        peak = self.peak_bytes
+        return next(s.stage for s in self.stages if s.total_bytes == peak)
+
+    @property
+    def fits(self) -> bool:
+        """peak_bytes <= capacity_bytes."""
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        """capacity - peak, bytes (negative when the plan does not fit)."""
+        return self.capacity_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping (for Optuna user_attrs / JSON): peak, capacity, fits and every stage's terms."""
+        return {"peak_bytes": self.peak_bytes, "peak_stage": self.peak_stage,
+                "capacity_bytes": self.capacity_bytes, "fits": self.fits,
+                "stages": [dict(asdict(s), total_bytes=s.total_bytes) for s in self.stages]}
+
+    def describe(self) -> str:
+        """A table of every term per stage in GiB (2^30 bytes), the capacity and the verdict."""
+        head = ["stage", "layers", "in-flight"] + [name for name, _ in _TERMS] + ["total"]
+        rows = []
+        for s in self.stages:
+            rows.append([str(s.stage), str(s.num_layers), f"{s.num_inflight_microbatches:.4g}"]
+                        + [f"{_gib(getattr(s, attr)):.2f}" for _, attr in _TERMS]
+                        + [f"{_gib(s.total_bytes):.2f}"])
+        widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
+        fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+        lines = ["memory per GPU by pipeline stage (GiB; in-flight = peak micro-batches of the stage's "
+                 "layer activations held, counted from the schedule's order: forwards - backwards per "
+                 "chunk, weighted by chunk layers)",
+                 fmt(head), fmt(["-" * w for w in widths])]
+        lines += [fmt(r) for r in rows]
+        if any(s.grads_bytes == 0 and s.activations_bytes > 0 and s.weights_bytes > 0 for s in self.stages):
+            lines.append("grads 0.00: no gradients exist at that peak (set to None after the last step; every "
+                         "forward of the stage runs before its first backward)")
+        if any(s.activations_bytes == 0 and s.grads_bytes > 0 and s.num_layers > 0 for s in self.stages):
+            lines.append("activations 0.00: that stage peaks at the end of its last backward (all gradients, "
+                         "no activations left)")
+        peak = self.peak_bytes
+        lines.append(f"peak: {_gib(peak):.2f} GiB on stage {self.peak_stage}; "
+                     f"capacity (usable HBM): {_gib(self.capacity_bytes):.2f} GiB")
+        if self.fits:
+            lines.append(f"verdict: fits ({_gib(self.headroom_bytes):.2f} GiB headroom)")
+        else:
+            lines.append(f"verdict: does NOT fit (stage {self.peak_stage} is over by "
+                         f"{_gib(-self.headroom_bytes):.2f} GiB)")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- activations
+def _seq_per_rank(plan: Plan, workload: Workload) -> int:
+    if workload.seq_len % plan.cp_degree:
+        lo = (workload.seq_len // plan.cp_degree) * plan.cp_degree
+        raise PlanError(f"seq_len={workload.seq_len} does not split over cp_degree={plan.cp_degree}; "
+                        f"use a multiple of {plan.cp_degree}, e.g. {lo or plan.cp_degree} or "
+                        f"{lo + plan.cp_degree}")
+    return workload.seq_len // plan.cp_degree
+
+
+def _check_tp(model: ModelSpec, plan: Plan) -> None:
+    t = plan.tp_degree
+    dims = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
+            "ffn_hidden_size": model.ffn_hidden_size, "hidden_size": model.hidden_size}
+    bad = {k: v for k, v in dims.items() if v % t}
+    if bad:
+        g = math.gcd(*dims.values())
+        raise PlanError(f"tp_degree={t} does not divide " + ", ".join(f"{k}={v}" for k, v in bad.items())
+                        + f" of {model.name}; valid tp_degree: {[d for d in range(1, g + 1) if g % d == 0]}")
+
+
+def te_fp8(plan: Plan, engine: EngineProfile | str | None) -> bool:
+    """True when ``plan`` runs FP8 linears through Transformer Engine on ``engine`` (its
+    ``fp8_library``): they save FP8 inputs and cache FP8 weights (see the note above ``FP8_BYTES``)."""
+    return getattr(plan, "precision", "bf16") != "bf16" and get_engine(engine).fp8_library == "transformer_engine"
+
+
+def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload,
+                            engine: EngineProfile | str | None) -> dict[str, int]:
+    """Bytes of each tensor one layer saves for backward, one micro-batch, one GPU, no recompute.
+
+    Keys name the tensors; see :func:`activation_bytes_per_layer` for the derivation.
+    """
+    s = _seq_per_rank(plan, workload)
+    b, h, t = plan.micro_batch_size, model.hidden_size, plan.tp_degree
+    q, kv, f = model.q_dim, model.kv_dim, model.ffn_hidden_size
+    sbh = BF16_BYTES * s * b * h // (t if plan.sp_active else 1)
+    terms = {
+        "attn_norm_input": sbh,
+        "attn_norm_output": sbh,
+        "qkv": BF16_BYTES * s * b * (q + 2 * kv) // t,
+        "attn_output": BF16_BYTES * s * b * q // t,
+        "attn_logsumexp": LSE_BYTES * s * b * model.num_heads // t,
+        "mlp_norm_input": sbh,
+        "mlp_norm_output": sbh,
+    }
+    if model.gated_mlp:
+        terms["mlp_gate_up"] = 2 * BF16_BYTES * s * b * f // t
+        terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # SwiGLU output, input of down proj
+    else:
+        terms["mlp_fc1"] = BF16_BYTES * s * b * f // t
+        terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # GeLU output, input of fc2
+    eng = get_engine(engine)
+    if eng.activation_accounting == "pytorch_eager":
+        # autograd's saved set of autotune's eager block (runtime/model.py), beyond the minimal one:
+        # each RMSNorm keeps its FP32 input copy (4 bytes where the input term counts 2) and its
+        # normalized BF16 output before the weight multiply (2); SDPA keeps K and V repeated to the
+        # query heads (_attention_core's repeat_interleave); SwiGLU keeps silu(gate) for the multiply
+        # besides its product. Derived 1,745,879,040 bytes for the 8B block at s = 8192; measured
+        # 1,754,333,184 on H200 (bench/saved_activations.py; saved-tensor listing on H200: the same
+        # tensors, 1664 MiB (exactly) of activation-sized ones, plus per-row statistics)
+        terms["attn_norm_fp32"] = sbh
+        terms["attn_norm_prescale"] = sbh
+        terms["mlp_norm_fp32"] = sbh
+        terms["mlp_norm_prescale"] = sbh
+        terms["kv_repeat"] = 2 * BF16_BYTES * s * b * (q - kv) // t
+        terms["mlp_silu"] = BF16_BYTES * s * b * f // t
+    if te_fp8(plan, engine):
+        # TE saves the linears' inputs in FP8: the norm outputs and the MLP
+        # activation output are kept only for their linears -> 1 byte; the attention output is also
+        # saved in BF16 by the attention kernel's backward -> 2 + 1 bytes
+        for k in ("attn_norm_output", "mlp_norm_output", "mlp_act_output"):
+            terms[k] = terms[k] * FP8_BYTES // BF16_BYTES
+        terms["attn_output"] = terms["attn_output"] * (BF16_BYTES + FP8_BYTES) // BF16_BYTES
+    return terms
+
+
+def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int,
+                             engine: EngineProfile | str | None = "native") -> int:
+    """Bytes of Transformer Engine's cached FP8 weight + FP8 transpose copies on one GPU.
+
+    2 bytes x the per-rank linear weights (:func:`autotune.target.plan.fp8_gemm_dims`, K x N each) of
+    ``num_layers`` layers when the plan's FP8 runs through TE on ``engine`` (:func:`te_fp8`); 0 otherwise,
+    and 0 with FP8 parameters (``fp8_param_gather``, Megatron-LM --fp8-param-gather: "keep the compute
+    param in fp8"): the FP8 weight and its transpose then are the parameter, 1 + 1 bytes in place of the
+    BF16 weight's 2, which the weights term already counts.
+    """
+    if not te_fp8(plan, engine) or get_engine(engine).fp8_param_gather:
+        return 0
+    per_layer = sum(k * n for k, n in fp8_gemm_dims(model, plan.tp_degree).values())
+    return TE_FP8_WEIGHT_COPY_BYTES * per_layer * num_layers
+
+
+#: Tensors that selective recomputation (Megatron-LM ``--recompute-granularity selective`` extended to
+#: the MLP activation) does not keep: the attention core's output and the MLP activation's output;
+#: With eager autograd's saved set (native runtime) the checkpoints' outputs are still saved by the
+#: projections after them (the attention output by wo, the SwiGLU product by w2), so what goes is what
+#: lives inside them: the repeated K/V (the checkpointed core keeps its un-repeated Q, K, V), the
+#: logsumexp and silu(gate): derived 1,409,286,144 bytes for the 8B block, measured 1,417,740,288
+#: (bench/saved_activations.py; the H200 saved-tensor listing has the same activation-sized tensors).
+_SELECTIVE_DROPPED = ("attn_output", "mlp_act_output")
+_SELECTIVE_DROPPED_EAGER = ("attn_logsumexp", "kv_repeat", "mlp_silu")
+
+
+def _selective_bytes(terms: Mapping[str, int], mode: str, model: ModelSpec, plan: Plan,
+                     workload: Workload) -> int:
+    """Bytes one layer keeps under ``recompute: selective`` as engine mode ``mode`` defines it
+    (:attr:`autotune.target.engines.EngineProfile.selective_recompute`):
+
+    * ``core_attention_and_mlp_act`` (native runtime): all terms but the attention output and the MLP
+      activation output (:data:`_SELECTIVE_DROPPED`);
+    * ``core_attention`` (Megatron-LM ``--recompute-modules core_attn``): the checkpointed core
+      attention's inputs (Q, K, V) and its output (the input the output projection saves) stay; only
+      flash attention's own saved logsumexp is dropped;
+    * ``every_second_mm`` (torchtitan op-level SAC, ``torchtitan/distributed/activation_checkpoint.py``):
+      only the block's input and the outputs of the saved ops survive: wq 2sbq/t, wv 2sb kv/t, the
+      attention output 2sbq/t and its logsumexp, w1 2sbf/t (gate) and w2 (the MLP output, 2sbh, /t
+      with SP); wk, wo, w3 (the even mms) and every elementwise output are recomputed.
+    """
+    if mode == "core_attention":
+        return sum(v for k, v in terms.items() if k != "attn_logsumexp")
+    if mode == "every_second_mm":
+        s, b, t = _seq_per_rank(plan, workload), plan.micro_batch_size, plan.tp_degree
+        q, kv, f = model.q_dim, model.kv_dim, model.ffn_hidden_size
+        return (terms["attn_norm_input"] + BF16_BYTES * s * b * (2 * q + kv + f) // t
+                + terms["attn_logsumexp"] + terms["mlp_norm_input"])
+    dropped = _SELECTIVE_DROPPED_EAGER if "mlp_silu" in terms else _SELECTIVE_DROPPED
+    return sum(v for k, v in terms.items() if k not in dropped)
+
+
+def _compiled_layer_bytes(eager_bytes: int, plan: Plan, engine: EngineProfile | str | None) -> int:
+    """A layer's saved bytes under ``plan.compile`` for an engine with eager-autograd accounting: the
+    eager count x :data:`COMPILED_OVER_EAGER` (measured); unchanged otherwise or with full recompute."""
+    if not getattr(plan, "compile", False) or get_engine(engine).activation_accounting != "pytorch_eager":
+        return eager_bytes
+    if plan.recompute == "full":
+        return eager_bytes
+    kind = "bf16" if getattr(plan, "precision", "bf16") == "bf16" else "fp8"
+    return math.ceil(eager_bytes * COMPILED_OVER_EAGER[kind, plan.recompute])
+
+
+def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload, *,
+                               recompute: str | None = None, engine: EngineProfile | str | None = "native") -> int:
+    """Activation bytes one transformer layer keeps for backward: one micro-batch, one GPU.
+
+    Re-derived for Llama from Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1 and Table 2), bf16
+    (2 bytes), with s = seq_len / cp_degree, b = micro_batch_size, h hidden, t = tp_degree,
+    q = heads x head_dim, kv = kv_heads x head_dim, f = ffn_hidden_size; no dropout (Llama has none,
+    so the paper's dropout masks vanish) and flash attention (no s x s scores or softmax, only an
+    fp32 logsumexp per query row and head)::
+
+        attention: RMSNorm input 2sbh + norm output 2sbh + Q, K, V after RoPE 2sb(q + 2kv)/t
+                   + attention output 2sbq/t + logsumexp 4sb heads/t
+        MLP:       RMSNorm input 2sbh + norm output 2sbh
+                   + SwiGLU: gate and up outputs 2 x 2sbf/t + SwiGLU output 2sbf/t
+                   (plain GeLU MLP: fc1 output 2sbf/t + GeLU output 2sbf/t)
+
+    The four h-sized terms are divided by t only with sequence parallelism active (sp and tp > 1;
+    Korthikanti Sec. 4.2.2); without it every TP rank holds them whole.
+
+    Recomputation (``recompute``, default ``plan.recompute``):
+
+    * ``none``: all of the above.
+    * ``selective``: what the engine's selective recomputation keeps (:func:`_selective_bytes`); for
+      the native runtime it drops the attention output and the MLP activation output (recomputed from
+      the kept Q/K/V and gate/up outputs; Korthikanti Sec. 4.3 recomputes the attention core). The
+      logsumexp is kept (conservative; 4sb heads/t is < 0.5% of a layer).
+    * ``full``: only the layer's input, 2sbh (/t with SP); the backward working set of one layer is
+      accounted as transient by :func:`estimate_memory`.
+
+    FP8 (``plan.precision``) through Transformer Engine (the engine's ``fp8_library``, :func:`te_fp8`)
+    saves the linears' inputs in FP8: norm outputs and the MLP activation output 1 byte per element,
+    the attention output 2 + 1; torchao saves BF16 as above. torch.compile changes nothing here
+    (no measurement of its activation savings).
+
+    Worked value (Llama 3.1 8B, s = 8192, b = 1, t = 1, none): 1,141,899,264 bytes (see tests).
+
+    Raises:
+        PlanError: seq_len not divisible by cp_degree, tp_degree not dividing the heads/widths, or an
+            unknown recompute mode.
+    """
+    mode = plan.recompute if recompute is None else recompute
+    if mode not in RECOMPUTE_MODES:
+        raise PlanError(f"recompute={mode!r} is not valid; choose one of {', '.join(RECOMPUTE_MODES)}")
+    _check_tp(model, plan)
+    terms = _layer_activation_terms(model, plan, workload, engine)
+    if mode == "none":
+        return _compiled_layer_bytes(sum(terms.values()), plan, engine)
+    if mode == "selective":
+        return _compiled_layer_bytes(
+            _selective_bytes(terms, get_engine(engine).selective_recompute, model, plan, workload), plan, engine)
+    return terms["attn_norm_input"]
+
+
+def inflight_microbatches(plan: Plan, stage: int,
+                          layers_per_virtual_stage: Sequence[int] | None = None) -> float:
+    """Micro-batches' worth of activations pipeline rank ``stage`` holds at its peak.
+
+    Counted from the schedule the step graph runs (:func:`autotune.cost.schedule.count_inflight` over
+    :func:`autotune.cost.schedule.schedule_order`): the peak over the step of sum over the rank's chunks of
+    (forwards done - backwards done) x chunk layers / rank layers. With p = pp_degree, m =
+    num_micro_batches, v = chunks per rank, rank r:
+
+    * p = 1: 1 (gradient accumulation frees each micro-batch's activations after its backward);
+    * GPipe (Huang et al. 2019): all m forwards run before any backward, so m;
+    * 1F1B (Narayanan et al. 2021, Sec. 2.2.1): stage r warms up with p - r - 1 forwards, so
+      min(p - r, m);
+    * interleaved 1F1B (same paper, Sec. 2.2.2): (p - r - 1) x 2 + (v - 1) p warm-up chunk-forwards
+      plus the first steady one; with equal chunks and m v >= that many, p + (p - 2r - 1)/v, which for
+      r = 0 is Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.2.3)'s p (1 + (p - 1)/(p v)); uneven
+      chunks (``layers_per_virtual_stage``, e.g. Llama 3's empty first and last chunks) weigh their
+      layers, so the count can grow in the steady phase.
+
+    Args:
+        plan: the parallelism plan; stage: pipeline rank 0 .. p-1.
+        layers_per_virtual_stage: layers of every virtual stage in model order
+            (``plan.layers_per_virtual_stage(model.num_layers)``); default equal chunks.
+
+    Raises:
+        PlanError: stage outside 0 .. p-1, or a layer split of the wrong length.
+    """
+    return count_inflight(plan, stage, chunk_layers=layers_per_virtual_stage).num_inflight_microbatches
+
+
+# ----------------------------------------------------------------------------- estimate
+def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None) -> float:
+    if fragmentation is not None:
+        unknown = sorted(set(fragmentation) - set(MEMORY_RECLAIM_POLICIES))
+        if unknown:
+            raise ConfigError(f"fragmentation has unknown memory_reclaim policies {unknown}; valid: "
+                              f"{', '.join(MEMORY_RECLAIM_POLICIES)}")
+        if policy in fragmentation:
+            v = fragmentation[policy]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ConfigError(f"fragmentation[{policy!r}]={v!r} must be a fraction in [0, 1)")
+            return float(v)
+    return DEFAULT_FRAGMENTATION[policy]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
+                    fragmentation: Mapping[str, float] | None = None,
+                    engine: EngineProfile | str | None = "native") -> MemoryEstimate:
+    """Bytes per GPU on every pipeline rank of ``plan`` during one training step.
+
+    Rank r of p holds the virtual stages r, r + p, r + 2p, ... of
+    ``plan.layers_per_virtual_stage(model.num_layers)``. Per rank (module docstring for sources):
+
+    * parameters N_r = layers_r x params_per_layer / t, + ceil(V / t) h on rank 0 (vocab-parallel input
+      embedding), + ceil(V / t) h + h on rank p-1 (LM head + final RMSNorm; a tied model still holds
+      the shared matrix on both end ranks, once when p = 1);
+    * weights 4 N_r, grads 4 N_r, optimizer 8 N_r bytes; with g = dp x cp, ZeRO stage >= 1 divides the
+      optimizer term by g, >= 2 also the grads and the (FP32, at rest) weights (ceil to whole elements);
+    * activations at the rank's peak instant of the schedule (:func:`autotune.cost.schedule.count_inflight`
+      over the order the step graph runs): sum over chunks c of a_c x layers_c x
+      :func:`activation_bytes_per_layer`, + on rank 0 a_0 x the embedding output 2sbh (/t with SP),
+      a_c = forwards - backwards of chunk c done; the instant maximises the rank's activations plus
+      its in-flight logits (below). Every chunk holds min(p - r, m) under 1F1B, m under GPipe, 1 when p = 1;
+    * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`;
+      a compiled loss: 4 and no separate kept output, :data:`COMPILED_LOSS_BYTES_PER_LOGIT`),
+      with PP (p > 1) + 2 bytes (the kept BF16 stage output) + (a_last - 1) x 6 bytes, a_last the
+      micro-batches alive in the rank's last chunk (the last virtual stage) at that instant
+      (:data:`PP_INFLIGHT_LOGITS_BYTES`);
+      BF16 compute copies of the weights: 2 N_r bytes (ZeRO-3: 2 x the embedding / head parameters of
+      the rank only); FP8 through Transformer Engine (:func:`te_fp8`) adds its cached FP8 weight +
+      transpose, 2 bytes per linear weight (:func:`te_fp8_weight_copy_bytes`); full recompute: one layer's
+      no-recompute activations (the backward working set of one micro-batch; also with
+      ``recompute_num_layers`` N >= 1, where each chunk of L_c layers holds min(N, L_c) layers at the
+      full-recompute bytes and L_c - min(N, L_c) at the no-recompute bytes, and the schedule walk
+      weighs each chunk by those bytes: exact for equal and uneven chunks); g > 1: two DP gradient
+      buckets 2 x bucket_size_mib MiB; ZeRO-3 with g > 1: one layer's gathered bf16 parameters
+      2 params_per_layer / t (x2 with param_gather_overlap for the prefetched next layer); SP: the
+      all-gathered norm output of one layer, 2sbh. The terms are summed (conservative: not all peak
+      at the same instant);
+    * allocator overhead = fraction x (all the above), the fraction by ``plan.memory_reclaim`` from
+      ``fragmentation`` or :data:`DEFAULT_FRAGMENTATION`; with ZeRO >= 2 and g > 1 plus the
+      reduce-scatter stream pool 4 (U + ceil(U / g)) bytes, U = max(layer params / t, the rank's
+      embedding + LM head + final norm params).
+
+    Args:
+        model: architecture; plan: the parallelism plan; gpu: supplies the capacity
+            (``usable_hbm_bytes``); workload: sequence length (global batch is not needed here).
+        fragmentation: overrides of the allocator fraction per ``memory_reclaim`` policy (a partial
+            mapping is fine; the calibration profile supplies measured values).
+        engine: the engine that runs the plan (:mod:`autotune.target.engines`): its parameter and optimizer
+            bytes replace the 4 + 8 above (Megatron-LM: BF16 parameters 2 B + FP32 main param and
+            Adam moments 12 B in the (distributed) optimizer, no transient BF16 copy), its gradient
+            buffer's bytes the grads' 4 (:attr:`EngineProfile.grad_buffer_bytes`: Megatron's main-grad
+            buffer has the DP reduction's dtype), ZeRO-2 shards
+            the parameters only where the engine does (FSDP2), and the reduce-scatter stream pool
+            exists only for FSDP2 engines.
+
+    Returns:
+        :class:`MemoryEstimate` with one :class:`StageMemory` per pipeline rank.
+
+    Raises:
+        PlanError: layers do not split over pp x vpp, seq_len not divisible by cp_degree, tp_degree
+            not dividing heads/widths.
+        ConfigError: a fragmentation key that is not a memory_reclaim policy, or a value outside [0, 1).
+    """
+    _check_tp(model, plan)
+    eng = get_engine(engine)
+    frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation)
+    p, t = plan.pp_degree, plan.tp_degree
+    g = plan.dp_degree * plan.cp_degree
+    z = plan.zero_stage if g > 1 else 0
+    h, V = model.hidden_size, model.vocab_size
+    s = _seq_per_rank(plan, workload)
+    b = plan.micro_batch_size
+    sp = plan.sp_active
+
+    # DDP keeps its gradients as bucket views between steps (runtime/parallelize.py: DDP with
+    # gradient_as_bucket_view for tp = pp = 1 with an overlapped reduction; zero_grad(set_to_none=False))
+    ddp_bucket_views = (z in (0, 1) and g > 1 and t == 1 and p == 1 and plan.dp_grad_reduce_overlap
+                        and plan.async_collectives)
+    per_virtual = plan.layers_per_virtual_stage(model.num_layers)
+    layers_per_rank = [sum(per_virtual[r::p]) for r in range(p)]
+
+    terms = _layer_activation_terms(model, plan, workload, eng)
+    full_layer_act = sum(terms.values())
+    if plan.recompute == "none":
+        layer_act = _compiled_layer_bytes(full_layer_act, plan, eng)
+    elif plan.recompute == "selective":
+        layer_act = _compiled_layer_bytes(_selective_bytes(terms, eng.selective_recompute, model, plan, workload),
+                                          plan, eng)
+    else:
+        layer_act = terms["attn_norm_input"]
+    # the plan's no-recompute twin, for the layers that keep everything (only built when recomputing:
+    # estimate_memory screens every layout of a search)
+    none_plan = plan.replace(recompute="none", recompute_num_layers=0) if plan.recompute == "full" else plan
+    # partial recompute (Plan.recompute_num_layers = N >= 1, Megatron-LM --recompute-method block): a
+    # chunk of L_c layers keeps min(N, L_c) layers at the layer input and the rest at the no-recompute
+    # bytes; the schedule count below weighs each chunk by these bytes (exact for uneven chunks too)
+    chunk_act: tuple[int, ...] | None = None
+    if plan.partial_recompute:
+        none_act = _compiled_layer_bytes(full_layer_act, none_plan, eng)
+        chunk_act = tuple(plan.recomputed_layers(lc) * layer_act + (lc - plan.recomputed_layers(lc)) * none_act
+                          for lc in per_virtual)
+    embed_out = BF16_BYTES * s * b * h // (t if sp else 1)
+    vocab_shard = _ceil_div(V, t)
+    layer_params = _ceil_div(model.params_per_layer, t)
+
+    # transient terms common to every rank
+    common_transient = 0
+    if plan.recompute == "full":
+        # one layer's forward re-run in backward keeps what that forward saves (compiled: the
+        # compiled saved set, COMPILED_OVER_EAGER at recompute none)
+        # (partial recompute too: every chunk with a layer recomputes at least one)
+        common_transient += _compiled_layer_bytes(full_layer_act, none_plan, eng)
+    if g > 1:
+        common_transient += 2 * plan.bucket_size_mib * MIB
+    if z == 3:
+        common_transient += BF16_BYTES * layer_params * (2 if plan.param_gather_overlap else 1)
+    if sp:
+        common_transient += BF16_BYTES * s * b * h
+    compiled_loss = bool(getattr(plan, "compile", False)) and eng.compile_loss
+    logits = s * b * vocab_shard * (COMPILED_LOSS_BYTES_PER_LOGIT if compiled_loss else LOGITS_BYTES_PER_ELEMENT)
+    head_params = (0 if model.tied_embeddings and p == 1 else vocab_shard * h) + h
+
+    stages = []
+    for r in range(p):
+        n = layers_per_rank[r]
+        params = n * layer_params
+        if r == 0:
+            params += vocab_shard * h
+        if r == p - 1:
+            if not (model.tied_embeddings and p == 1):
+                params += vocab_shard * h
+            params += h
+        shard_weights = z == 3 or (z == 2 and eng.shard_params_at_zero2)
+        weights = eng.param_bytes * (_ceil_div(params, g) if shard_weights else params)
+        grads = eng.grad_buffer_bytes * (_ceil_div(params, g) if z >= 2 else params)
+        deferred = eng.pp_defers_fsdp_grad_reduce and p > 1 and z >= 2 and g > 1
+        if deferred:
+            # torch.distributed.pipelining turns FSDP's gradient sync off for every backward and
+            # reduce-scatters after the last (engines.yaml): the rank's gradients accumulate unsharded
+            # in the reduction dtype until then
+            grads = eng.grad_reduce_bytes * params
+        optim = eng.optimizer_bytes * (_ceil_div(params, g) if z >= 1 else params)
+
+        # In-flight micro-batches from the schedule's own order (autotune.cost.schedule.count_inflight):
+        # each chunk's layers hold their own count, rank 0's embedding output lives with chunk 0's
+        # forwards and rank p-1's in-flight logits with its last chunk (the last virtual stage, which
+        # holds the LM head); the stage's peak is taken at one instant of the step (peak_points).
+        count = count_inflight(plan, r, chunk_layers=per_virtual)
+        held = count.num_inflight_microbatches
+        first_chunk_bytes = embed_out if r == 0 else 0
+        per_logit = s * b * vocab_shard
+        other_logits_bytes = (per_logit * (COMPILED_LOSS_INFLIGHT_BYTES if compiled_loss else PP_INFLIGHT_LOGITS_BYTES)
+                              if r == p - 1 and p > 1 else 0)
+
+        # partial recompute: the same walk with each chunk weighed by its bytes per micro-batch
+        # (chunk_act), so the first element of a peak point is bytes, not layers
+        weighed = count_inflight(plan, r, chunk_layers=chunk_act) if chunk_act is not None else count
+        unit = 1 if chunk_act is not None else layer_act
+
+        def _held_bytes(pt: tuple[int, int, int]) -> int:
+            layers_alive, first_alive, last_alive = pt
+            return (layers_alive * unit + first_alive * first_chunk_bytes
+                    + max(last_alive - 1, 0) * other_logits_bytes)
+
+        layers_alive, first_alive, last_alive = max(weighed.peak_points, key=_held_bytes)
+        acts = layers_alive * unit + first_alive * first_chunk_bytes
+        grads_end = grads               # the gradients at the end of the last backward
+        if eng.frees_grads_between_steps and not ddp_bucket_views and held >= plan.num_micro_batches:
+            # every forward of the step runs before the rank's first backward (one micro-batch, GPipe,
+            # or no more micro-batches than the warm-up), and the last step's gradients were set to
+            # None: none exist at this peak. Seen on H200 (profile-plans-h200x1-2026-12-01.json, 8B at
+            # 16 layers, one micro-batch): peak allocated 144.35 GB = FP32 weights 18.17 + Adam 36.3 +
+            # activations and logits, no gradients. The end of the last backward, with every gradient
+            # and no activation, is the other candidate peak (below).
+            grads = 0
+        # BF16 compute copies of FP32 master weights, alive from a micro-batch's forward to its backward:
+        # autocast (no FSDP) and ZeRO-2 (FSDP2 without resharding after forward) hold all the rank's
+        # parameters; ZeRO-3 holds the root module's (embedding, final norm and LM head: FSDP2 does not
+        # reshard the root after forward), the layers' being the gathered-layer term above.
+        root = params - n * layer_params          # embedding / LM head / final norm held by this rank
+        if not eng.bf16_compute_copy:
+            copies = 0                            # BF16 parameters are what the kernels read
+        elif z == 3 and not deferred:
+            copies = BF16_BYTES * root
+        else:
+            # (ZeRO-3 under a deferring pipeline: set_reshard_after_backward(False) keeps each layer's
+            # gathered BF16 parameters from its first backward on, torch/distributed/pipelining/stage.py)
+            copies = BF16_BYTES * params
+        # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
+        copies += te_fp8_weight_copy_bytes(model, plan, min(n, 1) if z == 3 else n, eng)
+        if r == p - 1:
+            # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
+            # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each
+            kept_output = 0 if compiled_loss else per_logit * 2     # compiled: in COMPILED_LOSS_BYTES_PER_LOGIT
+            transient_logits = logits + (kept_output + max(last_alive - 1, 0) * other_logits_bytes
+                                         if p > 1 else 0)
+        else:
+            transient_logits = 0
+        transient = common_transient + copies + transient_logits
+        subtotal = weights + grads + optim + acts + transient
+        if grads != grads_end:
+            # the end of the last backward: every gradient exists, the activations and logits are gone,
+            # the BF16 copies and buffers are still alive (autocast's cache lives to the end of the
+            # autocast region); measured after a step on H200: 72.72 GB = 16 N for the 8B at 16 layers
+            end_total = weights + grads_end + optim + common_transient + copies
+            if end_total > subtotal:
+                grads, acts, transient, subtotal = grads_end, 0, common_transient + copies, end_total
+        # FSDP2 reduce-scatters on a stream of its own, and the caching allocator reuses a freed block
+        # only on the stream it was allocated for: that stream's pool keeps its peak, the FP32
+        # unsharded gradients of the largest FSDP unit plus their shard, while nothing of it is live at
+        # the step's peak (start of backward).
+        rs_pool = 0
+        if z >= 2 and g > 1 and eng.fsdp_stream_pool:
+            unit = max(layer_params, root)
+            rs_pool = GRAD_BYTES * (unit + _ceil_div(unit, g))
+        stages.append(StageMemory(
+            stage=r, num_layers=n, num_inflight_microbatches=held, weights_bytes=weights,
+            grads_bytes=grads, optimizer_bytes=optim, activations_bytes=acts, transient_bytes=transient,
+            allocator_overhead_bytes=math.ceil(frac * subtotal) + rs_pool))
+    return MemoryEstimate(stages=tuple(stages), capacity_bytes=gpu.usable_hbm_bytes)

@@ -1,0 +1,245 @@
+"""Study plots: ``autotune plot [STUDY] -o DIR``.
+
+Four plots of an autotune study, each as HTML (Optuna's plotly visualization module,
+``optuna.visualization``; needs plotly) and PNG (``optuna.visualization.matplotlib``; needs
+matplotlib), both in the ``plot`` extra (``pip install 'autotune[plot]'``):
+
+* ``history``: MFU (causal, %) by trial with the best-so-far line over the feasible trials
+  (:func:`history_points`; out-of-memory trials marked differently, as Optuna's
+  ``plot_optimization_history`` greys constraint-violating trials, which plots the raw fraction);
+* ``importances``: parameter importances of the knobs (``plot_param_importances``, Optuna's default
+  evaluator), over the complete trials;
+* ``mfu_vs_memory``: MFU against peak memory per GPU (GiB, ``user_attrs['peak_memory_bytes']``),
+  feasible and out-of-memory trials marked differently, the usable capacity as a line (peak minus the
+  ``memory_over_capacity_gib`` constraint);
+* ``knobs``: the effect of each knob on MFU in % (``plot_slice`` with ``target`` = 100 x value).
+
+Every MFU axis is in %, and every title names the study's backend (``simulated``: predicted by the
+simulator; ``measured``: the simulator with stored op measurements; ``real``: run on GPUs), read from
+the study's ``user_attrs['backend']`` (autotune.tuner ``Tuner._study_attrs``).
+
+Only COMPLETE trials are plotted (pruned ones have no MFU); an out-of-memory trial has MFU 0 and is
+drawn as such, marked.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+
+PLOTS = ("history", "importances", "mfu_vs_memory", "knobs")
+METRIC = "MFU (causal)"
+GIB = 2**30
+
+
+def _available() -> tuple[bool, bool]:
+    try:
+        import plotly  # noqa: F401
+        html = True
+    except ImportError:
+        html = False
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        png = True
+    except ImportError:
+        png = False
+    return html, png
+
+
+def memory_points(study) -> list[dict[str, Any]]:
+    """Per COMPLETE trial: number, MFU, peak memory (GiB), feasible, capacity (GiB, from the
+    constraint: peak - over), sorted by trial number."""
+    from optuna.trial import TrialState
+
+    from autotune.study.trials import MEMORY_CONSTRAINT, is_feasible
+
+    pts = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        ua = t.user_attrs
+        if "peak_memory_bytes" not in ua:
+            continue
+        peak = ua["peak_memory_bytes"] / GIB
+        over = t.constraints.get(MEMORY_CONSTRAINT)
+        pts.append({"number": t.number, "mfu": float(ua.get("mfu", t.value or 0.0)), "peak_gib": peak,
+                    "feasible": is_feasible(t),
+                    "capacity_gib": (peak - over) if over is not None and over <= 0 else None})
+    return pts
+
+
+def history_points(study) -> list[dict[str, Any]]:
+    """Per COMPLETE trial, by trial number: number, ``mfu_pct`` (MFU in %, 100 x the trial value),
+    feasible, ``best_pct`` (the best MFU in % over the feasible trials so far, None before the first)."""
+    from optuna.trial import TrialState
+
+    from autotune.study.trials import is_feasible
+
+    out, best = [], None
+    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
+        v = 100 * float(t.value or 0.0)
+        feas = is_feasible(t)
+        if feas:
+            best = v if best is None else max(best, v)
+        out.append({"number": t.number, "mfu_pct": v, "feasible": feas, "best_pct": best})
+    return out
+
+
+def backend_title(study) -> str:
+    """``<study name> (<backend> numbers)`` for plot titles; the backend from ``user_attrs['backend']``
+    (``simulated`` when the study predates that attribute, the default backend)."""
+    b = str(study.user_attrs.get("backend", "simulated"))
+    word = {"simulated": "simulated", "measured": "measured-op (simulator + stored op timings)",
+            "real": "real runs"}.get(b, b)
+    return f"{study.study_name} ({word} numbers)"
+
+
+def write_study_plots(study, out_dir: str | Path) -> list[Path]:
+    """Write the four plots (see the module docstring) of ``study`` into ``out_dir``.
+
+    Returns: the files written (``<plot>.html`` / ``<plot>.png``). Raises:
+        ConfigError: neither plotly nor matplotlib is installed, the study has no complete trial,
+            or ``out_dir`` cannot be written.
+    """
+    import optuna
+
+    html, png = _available()
+    if not (html or png):
+        raise ConfigError("autotune plot needs plotly (HTML) or matplotlib (PNG): pip install 'autotune[plot]'")
+    from optuna.trial import TrialState
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        raise ConfigError(f"study {study.study_name!r} has no complete trial to plot; run `autotune run` first")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create {out}: {e}") from None
+    written: list[Path] = []
+    pts = memory_points(study)
+    hist = history_points(study)
+    title = backend_title(study)
+    pct = f"{METRIC} (%)"
+
+    def in_pct(t):
+        return 100 * float(t.value or 0.0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # Optuna's ExperimentalWarning for the matplotlib backend
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        if html:
+            import optuna.visualization as vis
+            figs = {"history": _plotly_history(hist, title),
+                    "importances": _or_none(lambda: vis.plot_param_importances(study, target_name=METRIC)),
+                    "mfu_vs_memory": _plotly_memory(pts, title),
+                    "knobs": vis.plot_slice(study, target=in_pct, target_name=pct)}
+            for name, fig in figs.items():
+                if fig is not None:
+                    if name in ("importances", "knobs"):
+                        head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
+                        fig.update_layout(title=f"{head}<br><sup>{title}</sup>")
+                    p = out / f"{name}.html"
+                    fig.write_html(str(p), include_plotlyjs="cdn")
+                    written.append(p)
+        if png:
+            import matplotlib.pyplot as plt
+            import optuna.visualization.matplotlib as mvis
+            axes = {"history": lambda: _mpl_history(hist, title),
+                    "importances": lambda: mvis.plot_param_importances(study, target_name=METRIC),
+                    "mfu_vs_memory": lambda: _mpl_memory(pts, title),
+                    "knobs": lambda: mvis.plot_slice(study, target=in_pct, target_name=pct)}
+            for name, make in axes.items():
+                ax = _or_none(make)
+                if ax is None:
+                    continue
+                first = ax.flat[0] if hasattr(ax, "flat") else ax
+                fig = first.get_figure()
+                if name == "knobs":
+                    fig.set_size_inches(max(8, 3 * (len(ax.flat) if hasattr(ax, "flat") else 1)), 4)
+                if name in ("importances", "knobs"):
+                    head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
+                    fig.suptitle(f"{head}\n{title}", fontsize=8)
+                p = out / f"{name}.png"
+                fig.savefig(p, dpi=100, bbox_inches="tight")
+                plt.close(fig)
+                written.append(p)
+    return written
+
+
+def _plotly_history(hist, title: str):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for feas, name, sym in ((True, "feasible", "circle"), (False, "out of memory", "x")):
+        sel = [h for h in hist if h["feasible"] is feas]
+        fig.add_trace(go.Scatter(x=[h["number"] for h in sel], y=[h["mfu_pct"] for h in sel], mode="markers",
+                                 name=name, marker={"symbol": sym, "size": 7}))
+    best = [h for h in hist if h["best_pct"] is not None]
+    fig.add_trace(go.Scatter(x=[h["number"] for h in best], y=[h["best_pct"] for h in best], mode="lines",
+                             name="best so far", line={"shape": "hv"}))
+    fig.update_layout(title=f"MFU by trial<br><sup>{title}</sup>", xaxis_title="trial",
+                      yaxis_title=f"{METRIC} (%)")
+    return fig
+
+
+def _mpl_history(hist, title: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for feas, name, mk in ((True, "feasible", "o"), (False, "out of memory", "x")):
+        sel = [h for h in hist if h["feasible"] is feas]
+        ax.scatter([h["number"] for h in sel], [h["mfu_pct"] for h in sel], marker=mk, label=name)
+    best = [h for h in hist if h["best_pct"] is not None]
+    ax.step([h["number"] for h in best], [h["best_pct"] for h in best], where="post", color="red",
+            label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"{METRIC} (%)")
+    ax.set_title(f"MFU by trial\n{title}", fontsize=8)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def _or_none(make):
+    """The figure, or None when Optuna cannot draw it (e.g. importances of a single-valued space)."""
+    try:
+        return make()
+    except (ValueError, RuntimeError, ZeroDivisionError):
+        return None
+
+
+def _plotly_memory(pts, title: str):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for feas, name, sym in ((True, "feasible", "circle"), (False, "out of memory", "x")):
+        sel = [p for p in pts if p["feasible"] is feas]
+        fig.add_trace(go.Scatter(x=[p["peak_gib"] for p in sel], y=[100 * p["mfu"] for p in sel], mode="markers",
+                                 name=name, marker={"symbol": sym, "size": 8},
+                                 text=[f"trial {p['number']}" for p in sel]))
+    cap = next((p["capacity_gib"] for p in pts if p["capacity_gib"] is not None), None)
+    if cap is not None:
+        fig.add_vline(x=cap, line_dash="dash", annotation_text=f"usable {cap:.1f} GiB")
+    fig.update_layout(title=f"MFU vs peak memory per GPU<br><sup>{title}</sup>",
+                      xaxis_title="peak memory per GPU (GiB)", yaxis_title=f"{METRIC} (%)")
+    return fig
+
+
+def _mpl_memory(pts, title: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for feas, name, mk in ((True, "feasible", "o"), (False, "out of memory", "x")):
+        sel = [p for p in pts if p["feasible"] is feas]
+        ax.scatter([p["peak_gib"] for p in sel], [100 * p["mfu"] for p in sel], marker=mk, label=name)
+    cap = next((p["capacity_gib"] for p in pts if p["capacity_gib"] is not None), None)
+    if cap is not None:
+        ax.axvline(cap, linestyle="--", color="grey", label=f"usable {cap:.1f} GiB")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel(f"{METRIC} (%)")
+    ax.set_title(f"MFU vs peak memory per GPU\n{title}", fontsize=8)
+    ax.legend(fontsize=8)
+    return ax
+
+
+__all__ = ["PLOTS", "backend_title", "history_points", "memory_points", "write_study_plots"]

@@ -1,0 +1,499 @@
+"""Text reports of the CLI: the best-plan table, the retune side-by-side, the study list, launch hints.
+
+All functions return strings (no printing). Units: ms, GiB (2^30 bytes), tokens/s per GPU, MFU in %.
+MFU is the causal convention (attention score/value FLOPs counted once for a causal mask, as the
+kernel does and Megatron-LM reports); the PaLM (Appendix B) figure, which counts the full square, is
+shown beside it (see :mod:`autotune.cost.flops`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from autotune.cost.evaluator import BREAKDOWN_KEYS, StepResult
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload
+
+GIB = 2**30
+
+
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, *, right: bool = False) -> str:
+    allrows = ([list(header)] if header else []) + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in allrows) for i in range(len(allrows[0]))]
+    lines = []
+    for j, r in enumerate(allrows):
+        lines.append("  ".join(c.rjust(w) if (i > 0 and right) else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if header and j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def provenance_label(result: StepResult) -> str:
+    """What produced the numbers of ``result``, in words, starting with how they were obtained:
+
+    * ``simulated with <calibration label>`` (simulated backend);
+    * ``measured backend, but nothing was measured: no stored measurements for <gpu>; every op from
+      <fallback label>, as simulated`` (measured backend without a profile store entry and no GPU:
+      :class:`autotune.profiling.measured.MeasuredCosts` with ``env`` None costs everything by the
+      fallback profile);
+    * ``measured backend: <environment label>; this plan's ops: N measured, N looked up, ...``
+      (``details['op_sources']``, distinct ops by source);
+    * ``real run`` (+ label) for the real backend.
+    """
+    d = result.details or {}
+    costs = d.get("costs") if isinstance(d.get("costs"), Mapping) else {}
+    label = costs.get("label") or d.get("calibration_label") or d.get("calibration") or d.get("label")
+    if result.backend == "simulated":
+        measured = costs.get("measured", d.get("calibration_measured", d.get("measured")))
+        extra = " (measured=false)" if measured is False and "measured" not in str(label) else ""
+        return f"simulated with {label or 'the shipped calibration'}{extra}"
+    if result.backend == "measured":
+        if costs.get("measured") is False:
+            gpu = costs.get("calibration_gpu", "this GPU")
+            fb = costs.get("fallback") or "the shipped calibration"
+            return (f"measured backend, but nothing was measured: no stored measurements for {gpu}; every op "
+                    f"from {fb}, as simulated")
+        src = d.get("op_sources") if isinstance(d.get("op_sources"), Mapping) else None
+        ops = (f"; this plan's ops: " + ", ".join(f"{int(n)} {k.replace('_', ' ')}" for k, n in src.items())
+               if src else "")
+        return f"measured backend: {label or 'stored measurements'}{ops}"
+    if result.backend == "real":
+        return "real run" + (f" ({label})" if label else "")
+    return f"{result.backend}" + (f" ({label})" if label else "")
+
+
+def backend_word(backend: str) -> str:
+    """How a result's numbers were obtained, one word for tables: ``simulated`` (simulated backend),
+    ``measured-op`` (measured backend: the simulator with op times from the profile store), ``real``
+    (a real run on GPUs); other names are returned unchanged."""
+    return {"simulated": "simulated", "measured": "measured-op", "real": "real"}.get(backend, backend)
+
+
+def plan_rows(plan: Plan) -> list[tuple[str, str]]:
+    """(label, value) rows: degrees, schedule and settings."""
+    sched = plan.pipeline_schedule if plan.pp_degree > 1 else "none (pp=1)"
+    if plan.pipeline_schedule == "interleaved_1f1b" and plan.pp_degree > 1:
+        sched += f", {plan.vpp_degree} chunks per rank"
+    rows = [
+        ("degrees", f"TP {plan.tp_degree} x PP {plan.pp_degree} x DP {plan.dp_degree} x CP {plan.cp_degree} "
+                    f"= {plan.num_gpus} GPUs"),
+        ("pipeline schedule", sched),
+        ("micro-batches", f"{plan.num_micro_batches} x {plan.micro_batch_size} sequences per DP replica"),
+    ]
+    if plan.stage_layers is not None:
+        # stage_layers holds pp entries (per pipeline rank) or pp x vpp (per chunk, model order):
+        # Plan.layers_per_virtual_stage
+        per_rank = len(plan.stage_layers) == plan.pp_degree
+        rows.append(("layers per pipeline stage" if per_rank else
+                     f"layers per chunk ({len(plan.stage_layers)} = pp x vpp, model order)",
+                     _runs(plan.stage_layers)))
+    rows += [
+        ("sequence parallel", _onoff(plan.sequence_parallel)),
+        ("recompute", plan.recompute + (f" (first {plan.recompute_num_layers} layers of each chunk)"
+                       if getattr(plan, "partial_recompute", False) else "")),
+        ("ZeRO stage", str(plan.zero_stage)),
+        ("async collectives", _onoff(plan.async_collectives)),
+        ("TP comm overlap", _onoff(plan.tp_comm_overlap)),
+        ("DP grad-reduce overlap", _onoff(plan.dp_grad_reduce_overlap)),
+        ("param-gather overlap", _onoff(plan.param_gather_overlap)),
+        ("DP bucket", f"{plan.bucket_size_mib} MiB"),
+        ("memory reclaim", plan.memory_reclaim),
+        ("precision", plan.precision + (" (layers' linears; LM head BF16)" if plan.fp8 else "")),
+        ("torch.compile", _onoff(plan.compile)),
+    ]
+    return rows
+
+
+def _runs(xs: Sequence[int]) -> str:
+    """[1, 2, 2, 2, 1] -> "1, 2 x 3, 1" (virtual stages in model order)."""
+    out: list[list[int]] = []
+    for x in xs:
+        if out and out[-1][0] == x:
+            out[-1][1] += 1
+        else:
+            out.append([x, 1])
+    return ", ".join(f"{v} x {n}" if n > 1 else str(v) for v, n in out)
+
+
+def _onoff(b: bool) -> str:
+    return "on" if b else "off"
+
+
+def fp8_peak_utilization(result: StepResult, fp8_tflops: float | None = None) -> float | None:
+    """Achieved model TFLOP/s per GPU / the GPU's dense FP8 peak, in [0, 1], or None when the peak is
+    unknown. ``fp8_tflops`` defaults to the ``gpu_fp8_tflops`` the simulated costs record in
+    ``result.details['costs']`` (datasheet figure, autotune/data/gpus.yaml)."""
+    if fp8_tflops is None:
+        costs = (result.details or {}).get("costs")
+        fp8_tflops = costs.get("gpu_fp8_tflops") if isinstance(costs, Mapping) else None
+    if not fp8_tflops or not result.feasible:
+        return None
+    return result.tflops_per_gpu / fp8_tflops
+
+
+def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows of a result; for an FP8 ``plan`` also the utilisation of the FP8 peak."""
+    if not result.feasible:             # no step time: say why instead of printing zeros
+        rows = [("step time", "n/a: " + (result.infeasible_reason or "the plan does not fit in memory"))]
+    else:
+        rows = [
+            ("step time", f"{result.step_time_ms:,.1f} ms"),
+            ("tokens/s per GPU", f"{result.tokens_per_s_per_gpu:,.0f}"),
+            ("MFU", f"{100 * result.mfu:.1f}% (causal; PaLM convention {100 * result.mfu_palm:.1f}%), "
+                    f"{result.tflops_per_gpu:.0f} TFLOP/s per GPU"),
+            ("HFU", f"{100 * result.hfu:.1f}%"),
+        ]
+    u8 = fp8_peak_utilization(result) if plan is not None and plan.fp8 and result.feasible else None
+    if u8 is not None:
+        rows.append(("FP8 peak utilisation", f"{100 * u8:.1f}% (model TFLOP/s / dense FP8 peak; MFU above "
+                                             "stays against the dense BF16 peak)"))
+    rows += [
+        ("peak memory per GPU", f"{result.peak_memory_bytes / GIB:.1f} GiB"
+         + (f" (stages: {', '.join(f'{b / GIB:.1f}' for b in result.memory_per_stage_bytes)})"
+            if 1 < len(result.memory_per_stage_bytes) <= 8 else "")),
+    ]
+    if not result.feasible:
+        rows.append(("fits in memory", f"NO: {result.infeasible_reason}"))
+    return rows
+
+
+def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
+    total = result.step_time_ms or 1.0
+    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms] + \
+        [k for k in result.breakdown_ms if k not in BREAKDOWN_KEYS]
+    return [(f"  {k}", f"{result.breakdown_ms[k]:,.1f} ms ({100 * result.breakdown_ms[k] / total:.1f}%)")
+            for k in keys]
+
+
+def error_band_line(engine: str) -> str:
+    """How far to trust a prediction for ``engine``: its error against published runs
+    (``bench/published.py``) or, for ``native``, against real runs (``docs/fidelity.md``), read from
+    ``autotune/data/error_bands.yaml``; says so when the engine has no measured error yet."""
+    from autotune.target.engines import error_band
+
+    b = error_band(engine)
+    if b is None:
+        return f"error band: none measured yet for engine {engine}"
+    q = b.get("quantity", "step time")
+    return (f"error band ({engine}): predicted {q} off by {b['mean_abs_error_pct']:.1f}% on average, worst "
+            f"{b['worst_error_pct']:+.1f}% (predicted / measured - 1), over {b['num_runs']} {b['against']} "
+            f"({b['source']}, {b.get('date', '?')})")
+
+
+def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: ModelSpec | None = None,
+                     target: str | None = None, engine: str | None = None) -> str:
+    """The best-plan table: degrees, schedule, settings, step time, tokens/s/GPU, MFU, memory, breakdown,
+    and (given ``engine``) the engine and the error band of its predictions."""
+    head = [title]
+    if target:
+        head.append(target)
+    rows = plan_rows(plan) + result_rows(result, plan)
+    eng = engine or (result.details or {}).get("engine")
+    if eng:
+        rows.append(("engine", str(eng)))
+        if result.backend != "real":
+            rows.append(("trust", error_band_line(str(eng)).split(": ", 1)[1]))
+    d = result.details or {}
+    if result.backend == "real":
+        sim_ms = d.get("simulated_step_time_ms")
+        if sim_ms:
+            mfu_sim = result.mfu * result.step_time_ms / sim_ms
+            rows.append(("simulated prediction", f"{sim_ms:,.1f} ms, MFU {mfu_sim:.1%} (error "
+                                                 f"{d.get('simulated_error_pct', 0.0):+.1f}% vs measured)"))
+        elif d.get("simulated_feasible") is False:
+            rows.append(("simulated prediction", "the memory model said this plan does not fit"))
+        if d.get("device_name"):
+            rows.append(("measured on", f"{d['device_name']}, torch {d.get('torch_version', '?')}, "
+                                        f"{str(d.get('date', '?'))[:19]}"))
+    if result.breakdown_ms:
+        rows += [("breakdown (critical path)", "")] + breakdown_rows(result)
+    return "\n".join(head) + "\n" + _table(rows) + f"\n({provenance_label(result)}; MFU = model FLOPs / " \
+        "(step time x GPUs x dense BF16 peak), causal attention FLOPs)"
+
+
+def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engine: str | None = None) -> str:
+    """Plans and results in columns (retune: fast best | fast plan on slow fabric | slow best), a row
+    saying how each column's numbers were obtained (:func:`backend_word`), and a footer with each
+    distinct :func:`provenance_label` and, given ``engine`` and unless every column is a real run, the
+    engine's error band (:func:`error_band_line`)."""
+    header = [""] + [c[0] for c in columns]
+    plan_labels = [r[0] for r in plan_rows(columns[0][1])]
+    per_col = [dict(plan_rows(p)) for _, p, _ in columns]
+    labels = list(dict.fromkeys(plan_labels + [k for d in per_col for k in d]))
+    rows = [[lab] + [d.get(lab, "-") for d in per_col] for lab in labels]
+    rows.append(["numbers"] + [backend_word(r.backend) for _, _, r in columns])
+    rows.append(["step time"] + [f"{r.step_time_ms:,.1f} ms" for _, _, r in columns])
+    rows.append(["tokens/s per GPU"] + [f"{r.tokens_per_s_per_gpu:,.0f}" for _, _, r in columns])
+    rows.append(["MFU (causal)"] + [f"{100 * r.mfu:.1f}%" for _, _, r in columns])
+    rows.append(["MFU (PaLM)"] + [f"{100 * r.mfu_palm:.1f}%" for _, _, r in columns])
+    rows.append(["peak memory per GPU"] + [f"{r.peak_memory_bytes / GIB:.1f} GiB" for _, _, r in columns])
+    keys = list(dict.fromkeys([k for k in BREAKDOWN_KEYS] + [k for _, _, r in columns for k in r.breakdown_ms]))
+    for k in keys:
+        if any(k in r.breakdown_ms for _, _, r in columns):
+            rows.append([f"  {k} ms"] + [f"{r.breakdown_ms.get(k, 0.0):,.1f}" for _, _, r in columns])
+    foot = [f"({lab})" for lab in dict.fromkeys(provenance_label(r) for _, _, r in columns)]
+    if engine and any(r.backend != "real" for _, _, r in columns):
+        foot.append(error_band_line(engine))
+    return _table(rows, header, right=True) + "\n" + "\n".join(foot)
+
+
+def format_studies(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One row per study: model, GPUs, fabric, engine, backend (how the best MFU was obtained,
+    :func:`backend_word` of ``r['backend']``), workload, trials, best MFU, step time, degrees; then one
+    error-band line (:func:`error_band_line`) per engine whose numbers are predictions (not real runs)."""
+    if not rows:
+        return "no studies"
+    header = ["model", "gpus", "interconnect", "engine", "numbers", "workload", "trials", "best MFU", "step ms",
+              "plan", "study"]
+    body = [[r["model"], r["gpus"], r["fabric"], r.get("engine", "-"), backend_word(r.get("backend", "simulated")),
+             r["workload"], str(r["n_trials"]), r["mfu"], r["step"], r["plan"], r["study"]] for r in rows]
+    engines = dict.fromkeys(str(r["engine"]) for r in rows if r.get("backend", "simulated") != "real"
+                            and r.get("engine"))
+    foot = ["(best MFU and step time as the study's backend obtained them: simulated = predicted by the "
+            "simulator, measured-op = simulator with stored op measurements, real = run on GPUs)"]
+    foot += [error_band_line(e) for e in engines]
+    return _table(body, header) + "\n" + "\n".join(foot)
+
+
+def short_plan(plan: Plan) -> str:
+    s = f"tp{plan.tp_degree} pp{plan.pp_degree} dp{plan.dp_degree} cp{plan.cp_degree}"
+    if plan.pp_degree > 1:
+        s += f" {plan.pipeline_schedule}" + (f"x{plan.vpp_degree}" if plan.pipeline_schedule == "interleaved_1f1b" else "")
+    s += f" mbs{plan.micro_batch_size} zero{plan.zero_stage} rc={plan.recompute}"
+    if plan.precision != "bf16":
+        s += f" {plan.precision}"
+    if plan.compile:
+        s += " compile"
+    return s
+
+
+def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
+    """Megatron-LM flags and a torchtitan TOML snippet equivalent to ``plan`` (hints, check your version).
+
+    Megatron-LM names: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+    ``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``, ``--sequence-parallel``,
+    ``--recompute-granularity``, ``--use-distributed-optimizer``, ``--overlap-grad-reduce``,
+    ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--pipeline-model-parallel-layout`` (uneven splits).
+    torchtitan (``[parallelism]``): ``tensor_parallel_degree``, ``pipeline_parallel_degree``,
+    ``context_parallel_degree``, ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree``,
+    ``pipeline_parallel_schedule``; ``[activation_checkpoint] mode``.
+    Precision (megatron/training/arguments.py ``_add_transformer_engine_args``): ``--fp8-format
+    {e4m3,hybrid}``, ``--fp8-recipe {tensorwise,delayed,mxfp8,blockwise}`` (no rowwise recipe),
+    ``--fp8-amax-history-len`` / ``--fp8-amax-compute-algo {most_recent,max}`` for delayed scaling
+    (1024 / max as NeMo's FP8 configs use; Megatron's defaults are 1 / most_recent). torchtitan
+    (torchtitan/config/job_config.py): ``[model] converters = ["float8"]`` with ``[float8]
+    recipe_name`` (tensorwise, rowwise) and ``filter_fqns``, or ``converters = ["mx"]`` with ``[mx]
+    recipe_name = "mxfp8_cublas"``; ``[compile] enable``, ``components = ["model", "loss"]``. The LM
+    head (``output``) is kept BF16 in every hint.
+    """
+    p = plan
+    meg = [f"--tensor-model-parallel-size {p.tp_degree}", f"--pipeline-model-parallel-size {p.pp_degree}",
+           f"--context-parallel-size {p.cp_degree}", f"--micro-batch-size {p.micro_batch_size}",
+           f"--global-batch-size {workload.global_batch_size}", f"--seq-length {workload.seq_len}"]
+    layers = p.layers_per_virtual_stage(model.num_layers)
+    if p.pp_degree > 1 and len(set(layers)) > 1:
+        # uneven split: Megatron-LM's explicit layout, one '|'-separated entry per virtual stage in model
+        # order (E = embedding, t = transformer layer, L = loss/LM head); the first/last-stage flags
+        # cannot describe chunks of different sizes on one rank
+        stages = ["t" * n for n in layers]
+        stages[0] = "E" + stages[0]
+        stages[-1] = stages[-1] + "L"
+        meg.append(f"--pipeline-model-parallel-layout '{'|'.join(stages)}'")
+    elif p.pipeline_schedule == "interleaved_1f1b" and p.pp_degree > 1 and p.vpp_degree > 1:
+        meg.append(f"--num-layers-per-virtual-pipeline-stage {layers[0]}")
+    if p.sp_active:
+        meg.append("--sequence-parallel")
+    if p.recompute == "selective":
+        meg.append("--recompute-granularity selective")
+    elif p.recompute == "full" and p.partial_recompute:
+        meg.append(f"--recompute-granularity full --recompute-method block --recompute-num-layers "
+                   f"{p.recompute_num_layers}")
+    elif p.recompute == "full":
+        meg.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    meg_notes = []
+    if p.zero_stage >= 1:
+        meg.append("--use-distributed-optimizer")
+        if p.zero_stage >= 2:
+            meg_notes.append(f"# ZeRO-{p.zero_stage}: Megatron-FSDP (--use-megatron-fsdp) shards grads/params; "
+                             "`autotune export --launcher torchrun -o DIR` writes its flags")
+    if p.dp_grad_reduce_overlap:
+        meg.append("--overlap-grad-reduce")
+    if p.param_gather_overlap:
+        meg.append("--overlap-param-gather")
+    if p.tp_comm_overlap:
+        meg.append("--tp-comm-overlap")
+    meg.append(f"--ddp-bucket-size {p.bucket_size_mib * 2**20 // 2}")
+    meg_notes.append(f"# --ddp-bucket-size counts parameters: {p.bucket_size_mib * 2**20 // 2} BF16 parameters = "
+                     f"{p.bucket_size_mib} MiB")
+    if p.fp8:
+        meg.append("--bf16")
+    if p.precision == "fp8_tensorwise":
+        meg.append("--fp8-format hybrid --fp8-recipe tensorwise")
+    elif p.precision == "fp8_delayed":
+        meg.append("--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max")
+    elif p.precision == "mxfp8":
+        meg.append("--fp8-format e4m3 --fp8-recipe mxfp8")
+    elif p.precision == "fp8_rowwise":
+        meg_notes.append("# fp8_rowwise: Megatron-LM has no rowwise recipe (--fp8-recipe: tensorwise, delayed, "
+                         "mxfp8, blockwise); use torchtitan's, or --fp8-format hybrid --fp8-recipe tensorwise")
+    if p.compile:
+        meg_notes.append("# compile: Megatron-LM has no per-block torch.compile flag; TE's fused kernels take its place")
+    sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}[p.pipeline_schedule]
+    shard = p.dp_degree if p.zero_stage >= 2 else 1
+    replicate = 1 if p.zero_stage >= 2 else p.dp_degree
+    tt = ["[parallelism]", f"tensor_parallel_degree = {p.tp_degree}", f"pipeline_parallel_degree = {p.pp_degree}",
+          f"context_parallel_degree = {p.cp_degree}", f"data_parallel_shard_degree = {shard}",
+          f"data_parallel_replicate_degree = {replicate}"]
+    if p.pp_degree > 1:
+        tt += [f'pipeline_parallel_schedule = "{sched}"', f"pipeline_parallel_microbatch_size = {p.micro_batch_size}"]
+    if p.tp_comm_overlap and p.tp_degree > 1:
+        # torchtitan applies async TP through torch.compile's micro-pipeline TP pass: it refuses
+        # enable_async_tensor_parallel without compile (torchtitan/models/llama3/infra/parallelize.py,
+        # "Async TP requires torch.compile"), so it is emitted on only with compile on
+        if p.compile:
+            tt.append("enable_async_tensor_parallel = true  # async TP (torch.compile is on: [compile] below)")
+        else:
+            tt.append("enable_async_tensor_parallel = false  # tp_comm_overlap needs torch.compile in "
+                      "torchtitan; compile is off in this plan")
+    if p.precision in ("fp8_tensorwise", "fp8_rowwise"):
+        tt += ["[model]", 'converters = ["float8"]', "[float8]",
+               f'recipe_name = "{p.precision.removeprefix("fp8_")}"', 'filter_fqns = ["output"]  # LM head stays BF16']
+    elif p.precision == "mxfp8":
+        tt += ["[model]", 'converters = ["mx"]', "[mx]", 'recipe_name = "mxfp8_cublas"',
+               'filter_fqns = ["output"]  # LM head stays BF16']
+    elif p.precision == "fp8_delayed":
+        tt.append("# fp8_delayed: torchtitan's float8 has dynamic scaling only; delayed scaling is Megatron-LM / TE")
+    if p.compile:
+        tt += ["[compile]", "enable = true", 'components = ["model", "loss"]']
+    # local_batch_size: sequences per DP rank per forward-backward; torchtitan accumulates gradients over
+    # global_batch_size / (local_batch_size x DP) of them; with PP the local batch is split into
+    # pipeline_parallel_microbatch_size micro-batches instead
+    local = p.micro_batch_size * (p.num_micro_batches if p.pp_degree > 1 else 1)
+    tt += ["[training]", f"seq_len = {workload.seq_len}", f"local_batch_size = {local}",
+           f"global_batch_size = {workload.global_batch_size}",
+           "[activation_checkpoint]", f'mode = "{p.recompute}"']
+    env = []
+    if p.memory_reclaim == "expandable_segments":
+        env.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    elif p.memory_reclaim != "none":
+        env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
+    out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes] + \
+        ["torchtitan (TOML, torchtitan < 0.3; for >= 0.3 use `autotune export --launcher torchrun -o DIR`):"] + ["  " + x for x in tt]
+    if p.zero_stage == 1:
+        out.append(f"  # torchtitan has no ZeRO-1: this is DDP (data_parallel_replicate_degree = {p.dp_degree}, "
+                   "optimizer states not sharded, more memory than the plan); FSDP "
+                   f"(data_parallel_shard_degree = {p.dp_degree}) shards them too")
+    if env:
+        out += ["environment:"] + ["  " + e for e in env]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------ JSON (docs/json-schema.md)
+
+#: Version of the JSON that ``--json`` prints (``"schema": "autotune.result"``); bumped when a field
+#: is renamed or removed or its meaning changes (adding fields keeps the version). See docs/json-schema.md.
+JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_NAME = "autotune.result"
+_PREDICTION_KEYS = ("backend", "feasible", "infeasible_reason", "step_time_ms", "mfu", "mfu_palm", "hfu",
+                    "tokens_per_s_per_gpu", "tflops_per_gpu", "peak_memory_bytes")
+_STAGE_KEYS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "transient_bytes",
+               "allocator_overhead_bytes")
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values: mappings -> dicts with str keys, tuples/sets -> lists, other objects -> str;
+    non-finite floats -> None (JSON has no NaN/Infinity)."""
+    import math
+
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    try:                                            # numpy scalars
+        return _jsonable(x.item())
+    except AttributeError:
+        return str(x)
+
+
+def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSpec, gpu: str, num_gpus: int,
+                 fabric: str, workload: Workload, engine: str, label: str | None = None,
+                 study: str | None = None, trial: int | None = None, memory: Any = None,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One entry of ``results`` in the ``--json`` document (schema: docs/json-schema.md).
+
+    Args:
+        plan / result: the plan and its evaluation (both None for a study without a feasible plan).
+        model, gpu (catalog name), num_gpus, fabric (name), workload: the target.
+        engine: engine name; its error band (:func:`autotune.target.engines.error_band`) is attached.
+        memory: an :class:`autotune.cost.memory.MemoryEstimate` for the per-stage components; when None
+            (and a plan is given) it is estimated here with the default calibration's fragmentation.
+        extra: more keys merged into the entry (e.g. ``n_trials`` for ``show``).
+    Returns: a dict of plain JSON values (str keys; bytes as int, times in ms, MFU as a fraction).
+    """
+    from autotune.target.engines import error_band
+
+    e: dict[str, Any] = {
+        "label": label, "study": study, "trial": trial,
+        "target": {"model": model.name, "gpu": gpu, "num_gpus": num_gpus, "fabric": fabric,
+                   "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+                   "global_batch_tokens": workload.global_batch_tokens},
+        "engine": engine,
+        "plan": plan.to_dict() if plan is not None else None,
+        "prediction": None, "breakdown_ms": None, "memory_per_stage": None,
+        "error_band": _jsonable(error_band(engine)),
+        "provenance": None,
+    }
+    if result is not None:
+        rd = result.to_dict()
+        e["prediction"] = {k: rd[k] for k in _PREDICTION_KEYS}
+        e["breakdown_ms"] = dict(result.breakdown_ms)
+        if plan is not None and memory is None:
+            memory = _estimate_memory_for(model, plan, gpu, workload, engine)
+        stages = []
+        for i, total in enumerate(result.memory_per_stage_bytes):
+            st: dict[str, Any] = {"stage": i, "total_bytes": int(total)}
+            if memory is not None and i < len(memory.stages):
+                st.update({k: int(getattr(memory.stages[i], k)) for k in _STAGE_KEYS})
+            stages.append(st)
+        e["memory_per_stage"] = stages
+        e["provenance"] = {"label": provenance_label(result), "details": _jsonable(result.details)}
+    if extra:
+        e.update(_jsonable(extra))
+    return _jsonable(e)
+
+
+def _estimate_memory_for(model: ModelSpec, plan: Plan, gpu: str, workload: Workload, engine: str) -> Any:
+    """Per-stage memory components of ``plan`` (autotune.cost.memory.estimate_memory with the shipped
+    calibration's fragmentation, as the simulated evaluator uses); None if the GPU or engine is unknown."""
+    from autotune.cost.calibration import default_calibration
+    from autotune.cost.memory import estimate_memory
+    from autotune.cost.op_costs import CalibratedCosts
+    from autotune.errors import AutotuneError
+    from autotune.target.hardware import get_gpu
+
+    try:
+        g = get_gpu(gpu)
+        frag = CalibratedCosts(profile=default_calibration(), gpu=g).fragmentation()
+        return estimate_memory(model, plan, g, workload, fragmentation=frag, engine=engine)
+    except AutotuneError:
+        return None
+
+
+def json_document(command: str, results: Sequence[Mapping[str, Any]], **extra: Any) -> str:
+    """The ``--json`` output of ``command``: ``{"schema": "autotune.result", "schema_version": 1,
+    "command": ..., "results": [...], ...extra}`` as indented JSON text (docs/json-schema.md)."""
+    import json
+
+    doc = {"schema": JSON_SCHEMA_NAME, "schema_version": JSON_SCHEMA_VERSION, "command": command,
+           "results": list(results)}
+    doc.update(_jsonable(extra))
+    return json.dumps(_jsonable(doc), indent=2, allow_nan=False)
+
+
+__all__ = ["JSON_SCHEMA_VERSION", "backend_word", "fp8_peak_utilization", "json_document", "result_entry", "format_best_plan", "format_side_by_side", "format_studies", "launch_hints", "plan_rows",
+           "provenance_label", "short_plan"]

@@ -1,0 +1,268 @@
+"""Trial records: what a trial stores (:func:`record_result`), which trials are feasible, the best plan,
+failure summaries and outcome counts. Moved from ``tuner.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.cost.evaluator import StepResult
+from autotune.errors import AutotuneError, ConfigError, NoFeasiblePlanError
+from autotune.files import plain
+from autotune.study.identity import StudyInfo
+from autotune.study.storage_check import user_url
+from autotune.target.plan import Plan, PlanDocument
+
+MEMORY_CONSTRAINT = "memory_over_capacity_gib"
+#: The objective's name in optuna-dashboard (``study.set_metric_names``).
+DASHBOARD_CONSTRAINTS_KEY = "constraints"
+#: samplers a Tuner can use (Tuner._sampler)
+GIB = 2**30
+
+
+# ------------------------------------------------------------------ trials
+def is_feasible(trial: FrozenTrial) -> bool:
+    """COMPLETE, ``user_attrs['feasible']`` is true and every Optuna constraint is <= 0."""
+    return (trial.state == TrialState.COMPLETE and trial.user_attrs.get("feasible") is True
+            and all(v <= 0.0 for v in trial.constraints.values()))
+
+
+def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible COMPLETE trials, highest MFU first (ties: earlier trial first)."""
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
+    return sorted(trials, key=lambda t: (-float(t.value), t.number))
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The highest-MFU feasible COMPLETE trial, or None (never an infeasible or failed one)."""
+    f = feasible_trials(study)
+    return f[0] if f else None
+
+
+def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    """The ``k`` best distinct feasible plans (a plan evaluated twice counts once)."""
+    out, seen = [], set()
+    for t in feasible_trials(study):
+        key = json.dumps(t.user_attrs.get("plan"), sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(t)
+        if len(out) >= k:
+            break
+    return out
+
+
+def trial_reason(t: FrozenTrial) -> str | None:
+    """Why a trial gives no feasible plan, or None if it does."""
+    if is_feasible(t):
+        return None
+    ua = t.user_attrs
+    if t.state == TrialState.PRUNED:
+        return f"pruned: {ua.get('pruned_reason', 'no reason recorded')}"
+    if t.state == TrialState.FAIL:
+        # "failed: ...", not "error: ...": the CLI prints the whole message after its own "error: "
+        return f"failed: {ua.get('fail_reason') or t.system_attrs.get('fail_reason', 'unknown error')}"
+    if t.state == TrialState.COMPLETE:
+        return f"does not fit in memory: {ua.get('infeasible_reason', 'no reason recorded')}"
+    return f"not finished ({t.state.name.lower()})"
+
+
+def was_interrupted(t: FrozenTrial) -> bool:
+    """A FAIL trial stopped by a signal (``fail_reason`` "interrupted (signal N)", :meth:`Tuner._objective`
+    and :meth:`Tuner._fail_running`), not by its plan."""
+    reason = t.user_attrs.get("fail_reason") or t.system_attrs.get("fail_reason") or ""
+    return t.state == TrialState.FAIL and isinstance(reason, str) and reason.startswith("interrupted")
+
+
+def _reason_kind(reason: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", reason)
+
+
+def failure_summary(trials: Sequence[FrozenTrial]) -> tuple[int, int, str]:
+    """(trials without a feasible plan, all trials, most common reason (an example of the commonest kind)).
+
+    Reasons are grouped with their numbers masked, so "stage 0 needs 190.2 GiB" and "... 201.7 GiB"
+    count as one kind.
+    """
+    reasons = [r for r in (trial_reason(t) for t in trials) if r is not None]
+    if not reasons:
+        return 0, len(trials), ""
+    kinds = Counter(_reason_kind(r) for r in reasons)
+    top_kind, count = kinds.most_common(1)[0]
+    example = next(r for r in reasons if _reason_kind(r) == top_kind)
+    suffix = f" ({count} of them)" if count != len(reasons) else ""
+    return len(reasons), len(trials), example + suffix
+
+
+def trial_result(t: FrozenTrial) -> StepResult:
+    """The :class:`StepResult` stored in a COMPLETE trial's user_attrs."""
+    ua = t.user_attrs
+    return StepResult(backend=ua.get("backend", "?"), feasible=bool(ua.get("feasible")),
+                      step_time_ms=float(ua.get("step_time_ms", 0.0)), mfu=float(ua.get("mfu", 0.0)),
+                      mfu_palm=float(ua.get("mfu_palm", 0.0)), hfu=float(ua.get("hfu", 0.0)),
+                      tokens_per_s_per_gpu=float(ua.get("tokens_per_s_per_gpu", 0.0)),
+                      tflops_per_gpu=float(ua.get("tflops_per_gpu", 0.0)),
+                      peak_memory_bytes=int(ua.get("peak_memory_bytes", 0)),
+                      memory_per_stage_bytes=tuple(ua.get("memory_per_stage_bytes", ())),
+                      breakdown_ms=dict(ua.get("breakdown_ms", {})),
+                      infeasible_reason=ua.get("infeasible_reason"), details=dict(ua.get("details", {})))
+
+
+def trial_plan(t: FrozenTrial) -> Plan:
+    """The full plan stored in a trial's ``user_attrs['plan']``."""
+    d = t.user_attrs.get("plan")
+    if d is None:
+        raise ConfigError(f"trial {t.number} has no stored plan (it was pruned before a plan was formed)")
+    return Plan.from_dict(d, source=f"trial {t.number}")
+
+
+def prediction_of(result: StepResult) -> dict[str, Any]:
+    """The ``prediction`` mapping of a :class:`PlanDocument` (JSON/YAML-safe)."""
+    d = result.to_dict()
+    return plain(d)
+
+
+@dataclass(frozen=True)
+class BestPlan:
+    """A study's best plan: where it came from, the plan and its evaluation."""
+
+    study: str
+    trial_number: int
+    plan: Plan
+    result: StepResult
+    info: StudyInfo
+
+    def document(self) -> PlanDocument:
+        """The :class:`PlanDocument` ``autotune export`` writes."""
+        return PlanDocument(plan=self.plan, model=self.info.model, gpu=self.info.gpu, num_gpus=self.info.num_gpus,
+                            fabric=dict(self.info.fabric), workload=self.info.workload, study=self.study,
+                            trial_id=self.trial_number, prediction=prediction_of(self.result),
+                            engine=self.info.engine)
+
+
+def best_plan(study: optuna.Study, info: StudyInfo) -> BestPlan | None:
+    t = best_trial(study)
+    if t is None:
+        return None
+    return BestPlan(study=study.study_name, trial_number=t.number, plan=trial_plan(t), result=trial_result(t),
+                    info=info)
+
+
+def require_best_plan(study: optuna.Study, info: StudyInfo, storage: str) -> BestPlan:
+    """The best plan or :class:`NoFeasiblePlanError` ("N/N trials gave no feasible plan ...: <most common reason>")."""
+    bp = best_plan(study, info)
+    if bp is None:
+        trials = study.get_trials(deepcopy=False)
+        if not trials:
+            raise NoFeasiblePlanError(f"study {study.study_name!r} in {user_url(storage)} has no trials yet; run "
+                                      "`autotune run` with the same options first")
+        stopped = [t for t in trials if was_interrupted(t)]
+        if len(stopped) == len(trials):
+            # nothing was learnt about the space: widening it would be the wrong advice
+            raise NoFeasiblePlanError(
+                f"study {study.study_name!r} in {user_url(storage)} has no feasible plan: the only "
+                + ("trial was " if len(trials) == 1 else f"{len(trials)} trials were ")
+                + (trial_reason(stopped[0]) or "failed: interrupted").removeprefix("failed: ")
+                + "; run again (`autotune run` with the same options) to tune it")
+        n_bad, n, reason = failure_summary(trials)
+        raise NoFeasiblePlanError(f"{n_bad}/{n} trials gave no feasible plan (pruned, out of memory or failed): "
+                                  f"{reason}. Study {study.study_name!r} is kept in "
+                                  f"{user_url(storage)}; widen the search space (--space), add GPUs or shrink the batch")
+    return bp
+
+
+# ------------------------------------------------------------------ quiet context
+def outcome_counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
+    """feasible / infeasible / pruned / failed counts of ``trials`` (running and waiting ones are not counted)."""
+    states: Counter = Counter()
+    for t in trials:
+        if is_feasible(t):
+            states["feasible"] += 1
+        elif t.state == TrialState.COMPLETE:
+            states["infeasible"] += 1
+        elif t.state == TrialState.PRUNED:
+            states["pruned"] += 1
+        elif t.state == TrialState.FAIL:
+            states["failed"] += 1
+    return dict(states)
+
+
+
+def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: int) -> float:
+    """Store ``result`` in ``trial``'s user_attrs and memory constraint; return the objective value.
+
+    Constraint ``memory_over_capacity_gib`` = (peak - capacity) / GiB: <= 0 for a feasible plan;
+    an infeasible plan gets at least 0.001 (so a plan the evaluator rejects for memory is never
+    feasible even if the estimate was under the capacity). Value: MFU, or 0 when infeasible.
+    """
+    over = (result.peak_memory_bytes - capacity_bytes) / GIB
+    cval = min(over, 0.0) if result.feasible else max(over, 1e-3)
+    trial.set_constraint(MEMORY_CONSTRAINT, cval)
+    # optuna-dashboard (0.21) reads constraints from the pre-Optuna-5 list form, system attr
+    # "constraints" (optuna_dashboard/_serializer.py CONSTRAINTS_KEY); Optuna 5 reads that list too
+    # (optuna/study/_constrained_optimization.py) as constraint "0", with the same value here
+    trial.storage.set_trial_system_attr(trial._trial_id, DASHBOARD_CONSTRAINTS_KEY, [cval])
+    attrs = {"feasible": bool(result.feasible), "step_time_ms": result.step_time_ms, "mfu": result.mfu,
+             "mfu_palm": result.mfu_palm, "hfu": result.hfu, "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
+             "tflops_per_gpu": result.tflops_per_gpu, "peak_memory_bytes": int(result.peak_memory_bytes),
+             "memory_per_stage_bytes": [int(x) for x in result.memory_per_stage_bytes],
+             "breakdown_ms": dict(result.breakdown_ms), "backend": result.backend,
+             "details": _json_safe(result.details)}
+    # readable in the dashboard's trial table: out-of-memory trials are not slow plans scoring 0.0
+    attrs["outcome"] = "feasible" if result.feasible else "out_of_memory"
+    if not result.feasible:
+        attrs["infeasible_reason"] = result.infeasible_reason or "does not fit in GPU memory"
+    set_user_attrs(trial, {k: plain(v) for k, v in attrs.items()})
+    value = float(result.mfu) if result.feasible else 0.0
+    if not math.isfinite(value):
+        raise AutotuneError(f"evaluator returned a non-finite MFU {result.mfu!r}")
+    return value
+
+
+def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """Set every item of ``attrs`` (JSON-serializable values) as a user attribute of ``trial``.
+
+    On Optuna's RDB storage (SQLite, PostgreSQL, MySQL) they are written in one transaction: the same
+    per-key upsert ``RDBStorage.set_trial_user_attr`` runs (``_set_trial_attr_without_commit``,
+    optuna/storages/_rdb/storage.py, Optuna 5.0), one commit instead of one per key (measured 12 vs 21 ms
+    CPU for the 14 attributes of a trial, SQLite WAL, this project's 2-core dev machine). Elsewhere, or
+    if those internals are missing, one ``trial.set_user_attr`` per key.
+    """
+    backend = getattr(trial.storage, "_backend", trial.storage)
+    cached = getattr(trial, "_cached_frozen_trial", None)
+    if isinstance(backend, optuna.storages.RDBStorage) and hasattr(backend, "_set_trial_attr_without_commit") \
+            and cached is not None:
+        try:
+            from optuna.storages._rdb import models
+            from optuna.storages._rdb.storage import _create_scoped_session
+        except ImportError:
+            pass
+        else:
+            with _create_scoped_session(backend.scoped_session, True) as session:
+                for k, v in attrs.items():
+                    backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel,
+                                                           trial._trial_id, k, v)
+            cached.user_attrs.update(attrs)      # what Trial.set_user_attr keeps beside the storage
+            return
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+
+
+def _json_safe(x: Any) -> Any:
+    x = plain(x)
+    try:
+        json.dumps(x)
+        return x
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(x, default=str))
+
+

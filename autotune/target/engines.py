@@ -1,0 +1,289 @@
+"""Engine profiles: the training engine that runs a plan is part of the target.
+
+An :class:`EngineProfile` states, as data (``autotune/data/engines.yaml``, every fact with its source
+file and flag), what an engine does in a training step beside the GEMMs: the bytes per parameter it
+keeps (BF16 or FP32 parameters, FP32 main params in the optimizer), whether weights are cast to BF16
+every micro-batch, how gradients accumulate (a fused FP32 main-grad or per-micro-batch FP32 adds),
+which kernels it fuses, what selective recomputation recomputes, how CP exchanges K/V, and which plan
+settings it can run at all. The cost model (:mod:`autotune.cost.graph`, :mod:`autotune.cost.memory`) reads
+these fields; :func:`check_plan_for_engine` refuses a plan the engine cannot run, with the reason.
+
+Engines: ``megatron`` (Megatron-LM / Megatron-Core with Transformer Engine), ``torchtitan`` and
+``native`` (autotune's own runtime, the one ``--backend real`` launches). The default is
+:data:`DEFAULT_ENGINE` (``megatron``, what large runs launch with and what ``autotune export``'s flags
+target); ``--backend real`` always runs the native runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Mapping
+
+from autotune.errors import ConfigError, PlanError
+
+#: Engine used when none is named (simulated and measured backends).
+DEFAULT_ENGINE = "megatron"
+#: The engine the real backend runs (autotune's own runtime).
+REAL_BACKEND_ENGINE = "native"
+
+GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
+SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
+CP_COMM_MODES = ("all_gather", "p2p")
+FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "residual", "cross_entropy", "fp8_cast")
+#: attention kernels the calibration has tables for: ``default`` (PyTorch SDPA's default dispatch, cuDNN
+#: on Hopper with torch >= 2.10, or an engine's cuDNN fused attention) and ``flash2`` (SDPA's flash
+#: backend, FlashAttention-2)
+ATTENTION_KERNELS = ("default", "flash2")
+#: libraries that run an engine's FP8 linears: ``transformer_engine`` (saves the linears' inputs in FP8
+#: and caches FP8 weights) and ``torchao`` (saves them in high precision, re-quantizes in backward)
+FP8_LIBRARIES = ("transformer_engine", "torchao")
+#: what a layer saves for backward: ``minimal`` (the tensors the backward needs, each once: fused
+#: kernels, Korthikanti et al. 2022's count) or ``pytorch_eager`` (autograd's saved set of autotune's
+#: eager block, measured: :mod:`autotune.cost.memory`)
+ACTIVATION_ACCOUNTINGS = ("minimal", "pytorch_eager")
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """What one training engine does per step (see ``autotune/data/engines.yaml`` for sources).
+
+    Attributes:
+        name: ``megatron``, ``torchtitan`` or ``native``.
+        display_name, source: for reports; source names the repository and commit the facts are from.
+        param_bytes: bytes per parameter of the module's weight at rest (4 = FP32 master is the
+            parameter, 2 = BF16 parameter with an FP32 main copy in the optimizer).
+        optimizer_bytes: optimizer bytes per parameter (8 = Adam moments; 12 = FP32 main param + moments).
+        bf16_compute_copy: a transient BF16 copy of the FP32 weights exists during compute.
+        cast_weights_per_microbatch: FP32 -> BF16 weight casts run every micro-batch (6 B/param).
+        grad_accumulation: ``fp32_add`` (BF16 wgrad cast to FP32 and added per micro-batch) or
+            ``fused_main_grad`` (the wgrad GEMM accumulates into an FP32 buffer, no extra kernel).
+        fsdp_gather_copy_out: FSDP copies all-gathered parameters out of the gather buffer (4 B/param).
+        shard_params_at_zero2: ZeRO-2 shards the parameters at rest as well (FSDP2 without resharding).
+        fsdp_stream_pool: FSDP reduce-scatters on its own CUDA stream (an allocator pool of its own).
+        grad_reduce_bytes: bytes per gradient element in DP reductions.
+        zero_stages: ZeRO stages the engine can run; zero_stage_reasons: why not, per refused stage.
+        schedules: pipeline schedules it implements.
+        fused_kernels: memory-bound kernels it fuses (subset of :data:`FUSABLE_KERNELS`).
+        selective_recompute: what ``recompute: selective`` recomputes (:data:`SELECTIVE_RECOMPUTE_MODES`).
+        tp_comm_overlap: whether TP communication overlap exists; tp_comm_overlap_reason: why not;
+        tp_comm_overlap_needs_sp: it needs sequence parallelism; tp_comm_overlap_needs_compile: it
+        needs ``compile`` (async TP is an inductor pass).
+        cp_comm: how context parallelism exchanges K/V (``all_gather`` or ``p2p`` ring).
+        attention_kernel: the attention kernel it runs (:data:`ATTENTION_KERNELS`).
+        fp8_library: what runs its FP8 linears (:data:`FP8_LIBRARIES`); decides what an FP8 linear saves
+            for backward and whether FP8 weight copies are cached (:mod:`autotune.cost.memory`).
+        activation_accounting: what a layer saves (:data:`ACTIVATION_ACCOUNTINGS`).
+        frees_grads_between_steps: gradients are set to None after the optimizer step (except under
+            DDP, whose gradients are bucket views), so a step whose activations peak before any
+            backward holds no gradients at that peak.
+        pp_defers_fsdp_grad_reduce: with a pipeline (pp > 1) and FSDP (ZeRO 2/3), gradients are
+            reduce-scattered once, after the step's last backward, and accumulate unsharded in the
+            reduction dtype until then (torch.distributed.pipelining).
+        compile_loss: with ``compile``, the loss is compiled too (inductor fuses the FP32 cast,
+            log-softmax and NLL: :data:`autotune.cost.memory.COMPILED_LOSS_BYTES_PER_LOGIT`).
+        fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
+            are FP8 parameters (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside TE's FP8
+            copies, and the ZeRO-1/2 parameter all-gather moves 1 byte per linear weight.
+        partial_recompute: it can fully recompute only the first N layers of each model chunk
+            (``Plan.recompute_num_layers`` >= 1: Megatron-LM ``--recompute-method block``);
+            partial_recompute_reason: why not, where it cannot.
+        precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
+        error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
+
+    Raises:
+        ConfigError: a field missing or outside its valid values (names the engine and the field).
+    """
+
+    name: str
+    display_name: str
+    source: str
+    param_bytes: int
+    optimizer_bytes: int
+    bf16_compute_copy: bool
+    cast_weights_per_microbatch: bool
+    grad_accumulation: str
+    fsdp_gather_copy_out: bool
+    shard_params_at_zero2: bool
+    fsdp_stream_pool: bool
+    grad_reduce_bytes: int
+    zero_stages: tuple[int, ...]
+    schedules: tuple[str, ...]
+    fused_kernels: tuple[str, ...]
+    selective_recompute: str
+    tp_comm_overlap: bool
+    cp_comm: str
+    precisions: tuple[str, ...]
+    compile: bool
+    error_source: str
+    tp_comm_overlap_needs_sp: bool = False
+    tp_comm_overlap_needs_compile: bool = False
+    tp_comm_overlap_reason: str = ""
+    zero_stage_reasons: Mapping[int, str] = field(default_factory=dict)
+    attention_kernel: str = "default"
+    fp8_library: str = "torchao"
+    fp8_param_gather: bool = False
+    activation_accounting: str = "minimal"
+    frees_grads_between_steps: bool = False
+    pp_defers_fsdp_grad_reduce: bool = False
+    compile_loss: bool = False
+    partial_recompute: bool = False
+    partial_recompute_reason: str = ""
+
+    def __post_init__(self) -> None:
+        checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
+                  ("cp_comm", CP_COMM_MODES), ("attention_kernel", ATTENTION_KERNELS),
+                  ("fp8_library", FP8_LIBRARIES), ("activation_accounting", ACTIVATION_ACCOUNTINGS))
+        for f, valid in checks:
+            if getattr(self, f) not in valid:
+                raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not valid; "
+                                  f"choose one of {', '.join(valid)}")
+        bad = [k for k in self.fused_kernels if k not in FUSABLE_KERNELS]
+        if bad:
+            raise ConfigError(f"engine {self.name}: fused_kernels {bad} unknown; valid: {', '.join(FUSABLE_KERNELS)}")
+        for f in ("param_bytes", "optimizer_bytes", "grad_reduce_bytes"):
+            if getattr(self, f) not in (2, 4, 8, 12):
+                raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not a byte count of 2, 4, 8 or 12")
+
+    @property
+    def grad_buffer_bytes(self) -> int:
+        """Bytes per element of the gradient the engine keeps between micro-batches: with a fused
+        main-grad the buffer has the reduction dtype (Megatron-Core
+        megatron/core/distributed/param_and_grad_buffer.py group_params_for_buffers: grad_dtype =
+        float32 if grad_reduce_in_fp32 else the parameter's dtype), else the FP32 ``.grad`` of the FP32
+        parameter (4)."""
+        return self.grad_reduce_bytes if self.grad_accumulation == "fused_main_grad" else 4
+
+    def fuses(self, kernel: str) -> bool:
+        """True if the engine runs ``kernel`` (``rope``, ``swiglu``, ``rmsnorm``, ``residual``, ``cross_entropy``) fused."""
+        return kernel in self.fused_kernels
+
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> "EngineProfile":
+        """Build from one ``engines.yaml`` entry.
+
+        Raises:
+            ConfigError: missing or unknown fields (names them).
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"engine {name}: expected a mapping of fields")
+        known = set(cls.__dataclass_fields__) - {"name"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"engine {name}: unknown field(s) {unknown}; valid: {sorted(known)}")
+        kw = dict(d)
+        for f in ("zero_stages", "schedules", "fused_kernels", "precisions"):
+            if f in kw:
+                kw[f] = tuple(kw[f])
+        if "zero_stage_reasons" in kw:
+            kw["zero_stage_reasons"] = {int(k): str(v) for k, v in kw["zero_stage_reasons"].items()}
+        try:
+            return cls(name=name, **kw)
+        except TypeError as e:
+            raise ConfigError(f"engine {name}: {e}") from None
+
+
+@lru_cache(maxsize=None)
+def _catalog() -> dict[str, EngineProfile]:
+    from importlib import resources
+
+    import yaml
+
+    data = yaml.safe_load(resources.files("autotune").joinpath("data", "engines.yaml").read_text())
+    return {k: EngineProfile.from_dict(k, v) for k, v in data["engines"].items()}
+
+
+def engine_names() -> tuple[str, ...]:
+    """Names of the known engines, catalog order."""
+    return tuple(_catalog())
+
+
+def get_engine(name: str | EngineProfile | None = None) -> EngineProfile:
+    """The profile of engine ``name`` (None: :data:`DEFAULT_ENGINE`).
+
+    Raises:
+        ConfigError: unknown engine (lists the known ones).
+    """
+    if isinstance(name, EngineProfile):
+        return name
+    key = DEFAULT_ENGINE if name is None else name
+    cat = _catalog()
+    if not isinstance(key, str) or key not in cat:
+        raise ConfigError(f"unknown engine {key!r}; known engines: {', '.join(cat)}")
+    return cat[key]
+
+
+def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated") -> EngineProfile:
+    """The engine a run uses: ``name``, or when None :data:`REAL_BACKEND_ENGINE` for the real backend
+    (it launches autotune's own runtime) and :data:`DEFAULT_ENGINE` otherwise.
+
+    Raises:
+        ConfigError: unknown engine, or an engine other than ``native`` with the real backend.
+    """
+    if name is None:
+        return get_engine(REAL_BACKEND_ENGINE if backend == "real" else DEFAULT_ENGINE)
+    e = get_engine(name)
+    if backend == "real" and e.name != REAL_BACKEND_ENGINE:
+        raise ConfigError(f"--backend real runs autotune's own runtime (engine {REAL_BACKEND_ENGINE}); "
+                          f"--engine {e.name} can only be simulated (--backend simulated or measured)")
+    return e
+
+
+def error_band(engine: str) -> dict[str, Any] | None:
+    """The measured prediction error of ``engine`` from ``autotune/data/error_bands.yaml`` (written by
+    ``bench/published.py --write-error-bands`` and, for ``native``, from ``docs/fidelity.md``'s real-run
+    table), or None when none was measured. Keys: mean_abs_error_pct, worst_error_pct, num_runs,
+    against, source, date."""
+    return _error_bands().get(engine)
+
+
+@lru_cache(maxsize=None)
+def _error_bands() -> dict[str, dict[str, Any]]:
+    from importlib import resources
+
+    import yaml
+
+    f = resources.files("autotune").joinpath("data", "error_bands.yaml")
+    if not f.is_file():
+        return {}
+    return dict((yaml.safe_load(f.read_text()) or {}).get("engines") or {})
+
+
+def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
+    """Refuse a plan setting ``engine`` cannot run.
+
+    Checks the ZeRO stage, the pipeline schedule (only when pp > 1), TP communication overlap (with
+    TP > 1 and async collectives), partial full recomputation (``recompute_num_layers`` >= 1 needs
+    :attr:`EngineProfile.partial_recompute`) and, where the plan has them, ``precision`` and ``compile``.
+
+    Raises:
+        PlanError: naming the setting, the engine and what it supports.
+    """
+    e = engine
+    if plan.zero_stage not in e.zero_stages and plan.dp_degree * plan.cp_degree > 1:
+        why = e.zero_stage_reasons.get(plan.zero_stage) or (
+            f"{e.name} runs zero_stage {', '.join(map(str, e.zero_stages))}")
+        raise PlanError(f"zero_stage={plan.zero_stage} cannot run on engine {e.name}: {why}")
+    if plan.pp_degree > 1 and plan.pipeline_schedule not in e.schedules:
+        raise PlanError(f"pipeline_schedule={plan.pipeline_schedule} cannot run on engine {e.name}; it has "
+                        f"{', '.join(e.schedules)}")
+    if plan.tp_comm_overlap and plan.tp_degree > 1 and plan.async_collectives:
+        if not e.tp_comm_overlap:
+            raise PlanError(f"tp_comm_overlap=true cannot run on engine {e.name}: "
+                            f"{e.tp_comm_overlap_reason or 'it has no TP communication overlap'}")
+        if e.tp_comm_overlap_needs_compile and not getattr(plan, "compile", False):
+            raise PlanError(f"tp_comm_overlap=true on engine {e.name} needs compile=true (async TP is "
+                            "torch.compile's micro-pipeline TP pass)")
+        if e.tp_comm_overlap_needs_sp and not plan.sp_active:
+            raise PlanError(f"tp_comm_overlap=true on engine {e.name} needs sequence_parallel=true "
+                            "(Megatron-LM --tp-comm-overlap requires --sequence-parallel)")
+    rn = getattr(plan, "recompute_num_layers", 0)
+    if rn and getattr(plan, "recompute", "none") == "full" and not e.partial_recompute:
+        raise PlanError(f"recompute_num_layers={rn} cannot run on engine {e.name}: "
+                        f"{e.partial_recompute_reason or 'it recomputes every layer or none'}; "
+                        f"use recompute_num_layers=0 (every layer)")
+    precision = getattr(plan, "precision", "bf16")
+    if precision not in e.precisions and precision != "bf16":
+        raise PlanError(f"precision={precision} cannot run on engine {e.name}; it runs {', '.join(e.precisions)}")
+    if getattr(plan, "compile", False) and not e.compile:
+        raise PlanError(f"compile=true cannot run on engine {e.name} (it has no torch.compile setting)")

@@ -1,0 +1,98 @@
+"""One place for the type and range rules of every user-supplied value (CLI options and file fields).
+
+Rules: an integer field takes a Python ``int`` only (``bool``, ``float`` - even ``4096.0`` or
+``4096.7`` -, ``NaN``, ``inf`` and strings are refused, never truncated); a number field takes a
+finite ``int`` or ``float`` (not ``bool``); a name takes a non-empty string. Bounds are inclusive.
+Every refusal is a :class:`~autotune.errors.ConfigError` whose one-line message names the field, the
+value (made printable) and what is valid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.files import display_text
+
+#: Optuna's samplers seed numpy's RandomState, which takes 0 <= seed < 2**32 (numpy.random.RandomState docs).
+MAX_SEED = 2**32 - 1
+#: Most sequences in a global batch (2**20 = 1,048,576; Llama 3 405B trained with 16M tokens = 2,048
+#: sequences of 8,192): bounds the micro-batch count and hence the simulated step graph's size.
+MAX_GLOBAL_BATCH_SEQUENCES = 2**20
+#: Longest sequence accepted, tokens (2**24 = 16M; the longest published context, 10M, fits).
+MAX_SEQ_LEN = 2**24
+#: Most micro-batches per step a plan may have: the step graph has O(pp x vpp x m) nodes
+#: (autotune/cost/graph.py), and 2**16 micro-batches already cost ~minutes to simulate.
+MAX_NUM_MICRO_BATCHES = 2**16
+#: Largest GPU count (2**20); no cluster is larger, and cluster sizes multiply graph and memory work.
+MAX_NUM_GPUS = 2**20
+#: Most trials one command may add (10**6; a 405B study converges in a few hundred).
+MAX_TRIALS = 10**6
+#: Longest --timeout, seconds (30 days).
+MAX_TIMEOUT_S = 30 * 86400.0
+
+
+def show(v: Any) -> str:
+    """``repr`` of ``v`` cut to 80 printable characters (for messages)."""
+    return display_text(repr(v), 80)
+
+
+def require_int(v: Any, field: str, *, lo: int | None = 1, hi: int | None = None) -> int:
+    """``v`` if it is an ``int`` (not ``bool``) within [lo, hi].
+
+    Raises:
+        ConfigError: "<field> must be an integer in [lo, hi], got <v>".
+    """
+    rng = (f">= {lo}" if hi is None else f"between {lo} and {hi:,}") if lo is not None else \
+        (f"<= {hi:,}" if hi is not None else "")
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ConfigError(f"{field} must be an integer {rng}, got {show(v)} ({type(v).__name__})".replace("  ", " "))
+    if lo is not None and v < lo:
+        raise ConfigError(f"{field} must be >= {lo}, got {v}" + (f" (at most {hi:,})" if hi is not None else ""))
+    if hi is not None and v > hi:
+        raise ConfigError(f"{field} must be <= {hi:,}, got {v:,}" if v < 10**30 else
+                          f"{field} must be <= {hi:,}, got a {len(str(v))}-digit number")
+    return v
+
+
+def require_number(v: Any, field: str, *, lo: float | None = None, hi: float | None = None,
+                   lo_open: bool = False) -> float:
+    """``float(v)`` if ``v`` is a finite int/float (not ``bool``) within the bounds (``lo_open``: > lo).
+
+    Raises:
+        ConfigError: naming the field, the value and the valid range.
+    """
+    op = ">" if lo_open else ">="
+    rng = " and ".join(x for x in ((f"{op} {lo:g}" if lo is not None else ""),
+                                    (f"<= {hi:g}" if hi is not None else "")) if x)
+    what = f"a finite number {rng}".rstrip()
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ConfigError(f"{field} must be {what}, got {show(v)} ({type(v).__name__})")
+    x = float(v)
+    if not math.isfinite(x) or (lo is not None and (x <= lo if lo_open else x < lo)) or (hi is not None and x > hi):
+        raise ConfigError(f"{field} must be {what}, got {v!r}")
+    return x
+
+
+def require_name(v: Any, field: str) -> str:
+    """``v`` stripped if it is a non-empty printable string.
+
+    Raises:
+        ConfigError: not a string, empty/blank, or with control characters.
+    """
+    if not isinstance(v, str):
+        raise ConfigError(f"{field} must be a name (a string), got {show(v)} ({type(v).__name__})")
+    s = v.strip()
+    if not s:
+        raise ConfigError(f"{field} must not be empty")
+    if not s.isprintable():
+        raise ConfigError(f"{field} {show(s)} contains control characters")
+    return s
+
+
+def require_bool(v: Any, field: str) -> bool:
+    """``v`` if it is ``True``/``False``. Raises: ConfigError otherwise."""
+    if not isinstance(v, bool):
+        raise ConfigError(f"{field} must be true or false, got {show(v)}")
+    return v

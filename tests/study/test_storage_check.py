@@ -1,0 +1,92 @@
+"""storage_check: ``journal:PATH`` refused up front (directory, foreign file), the user's URL in messages."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli.app import main
+from autotune.errors import StorageError
+from autotune.study.storage_check import check_journal_file, readonly_url, user_url
+
+
+def _digest(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _foreign_sqlite(p):
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.commit()
+    con.close()
+    return p
+
+
+def test_journal_accepts_missing_empty_and_journal_files(tmp_path):
+    check_journal_file(f"journal:{tmp_path}/new.log")                 # missing: Optuna creates it
+    (tmp_path / "empty.log").write_bytes(b"")
+    check_journal_file(f"journal:{tmp_path}/empty.log")
+    # the first record Optuna's JournalStorage writes (op_code 0 = CREATE_STUDY, optuna/storages/journal/
+    # _storage.py JournalOperation)
+    (tmp_path / "j.log").write_text(json.dumps({"op_code": 0, "worker_id": "w", "study_name": "s",
+                                                "directions": [1]}) + "\n")
+    check_journal_file(f"journal:{tmp_path}/j.log")
+    check_journal_file("sqlite:///whatever.db")                       # not a journal URL: not checked
+    with pytest.raises(StorageError, match="does not exist"):
+        check_journal_file(f"journal:{tmp_path}/new.log", must_exist=True)
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b'{"no_op_code": 1}\n', b"[1, 2]\n", b"\xff\xfe\x00binary"])
+def test_journal_refuses_foreign_files(tmp_path, content):
+    p = tmp_path / "f.log"
+    p.write_bytes(content)
+    with pytest.raises(StorageError, match="is not an Optuna journal file"):
+        check_journal_file(f"journal:{p}")
+
+
+@pytest.mark.parametrize("kind", ["text", "sqlite", "dir"])
+def test_run_on_a_non_journal_path_exits_2_and_writes_nothing(tmp_path, kind):
+    # before: a text or SQLite file got an Optuna record appended (exit 2, then exit 1 "unexpected
+    # JSONDecodeError" on the next run); a directory gave exit 1 "unexpected IsADirectoryError"
+    if kind == "text":
+        p = tmp_path / "notes.txt"
+        p.write_text("my notes\n")
+    elif kind == "sqlite":
+        p = _foreign_sqlite(tmp_path / "other.db")
+    else:
+        p = tmp_path / "d"
+        p.mkdir()
+    before = _digest(p) if p.is_file() else None
+    for _ in range(2):          # the second run is refused the same way
+        r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "2",
+                                      "--storage", f"journal:{p}"])
+        assert r.exit_code == 2, r.output
+        lines = [x for x in r.output.splitlines() if x.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:") and f"journal:{p}" in lines[0], r.output
+        assert ("is a directory" if kind == "dir" else "is not an Optuna journal file") in lines[0]
+    if before is not None:
+        assert _digest(p) == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == [p.name]     # no lock or other file left
+
+
+def test_readonly_errors_name_the_users_storage(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "2", "--storage", url])
+    assert r.exit_code == 0, r.output
+    ro = readonly_url(url)
+    assert "mode=ro" in ro and user_url(ro) == url and user_url(url) == url
+    for args in (["export", "--size", "70b", "--storage", url, "-o", str(tmp_path / "p.yaml")],
+                 ["plot", "nope", "--storage", url, "-o", str(tmp_path / "plots")]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, r.output
+        assert f"in {url}" in r.output and "mode=ro" not in r.output and "file:" not in r.output, r.output
+
+
+def test_show_on_a_missing_journal_creates_nothing(tmp_path):
+    r = CliRunner().invoke(main, ["show", "--storage", f"journal:{tmp_path}/none.log"])
+    assert r.exit_code == 2 and "does not exist" in r.output, r.output
+    assert list(tmp_path.iterdir()) == []
