@@ -12,6 +12,7 @@ from torch import nn
 from autotune.target.engines import check_plan_for_engine, get_engine
 from autotune.errors import PlanError
 from autotune.target.plan import Plan
+from autotune.runtime import converters
 from autotune.runtime import parallelize as par
 from runtime_harness import SEQ, TINY, run_plans
 
@@ -25,7 +26,7 @@ def test_delayed_and_mxfp8_are_refused_with_the_reason(precision, words):
 
 
 def test_fp8_without_torchao_is_refused_naming_the_extra(monkeypatch):
-    monkeypatch.setattr(par, "torchao_available", lambda: False)
+    monkeypatch.setattr(converters, "torchao_available", lambda: False)
     with pytest.raises(PlanError, match=r"torchao.*autotune\[gpu\].*0\.17\.0"):
         par.check_runtime_support(Plan(precision="fp8_tensorwise"), device_type="cuda")
     par.check_runtime_support(Plan(precision="bf16", compile=True), device_type="cpu")   # bf16 needs nothing
@@ -150,6 +151,6 @@ def test_real_evaluator_prunes_only_what_the_runtime_refuses(monkeypatch):
                        workload=Workload(seq_len=SEQ, global_batch_size=2), device="cpu")
     with pytest.raises(PlanError, match="delayed scaling"):
         ev.evaluate(Plan(micro_batch_size=2, precision="fp8_delayed"))
-    monkeypatch.setattr(par, "torchao_available", lambda: False)
+    monkeypatch.setattr(converters, "torchao_available", lambda: False)
     with pytest.raises(PlanError, match="needs torchao"):
         ev.evaluate(Plan(micro_batch_size=2, precision="fp8_tensorwise", compile=True))
