@@ -52,11 +52,11 @@ def test_async_tp_runs_on_cuda_only():
 def test_module_filter_keeps_the_lm_head_and_odd_shapes_in_high_precision():
     # torchtitan: filter_fqns=["output"], and in/out features must be multiples of 16 (torch._scaled_mm)
     lin = nn.Linear(64, 32, bias=False)
-    assert par.float8_module_filter(lin, "layers.0.attention.wk")
-    assert not par.float8_module_filter(lin, "output")
-    assert not par.float8_module_filter(nn.Linear(64, 24), "layers.0.feed_forward.w1")   # 24 % 16 = 8
-    assert not par.float8_module_filter(nn.Linear(40, 32), "layers.0.feed_forward.w2")   # 40 % 16 = 8
-    assert not par.float8_module_filter(nn.Embedding(256, 64), "tok_embeddings")
+    assert converters.float8_module_filter(lin, "layers.0.attention.wk")
+    assert not converters.float8_module_filter(lin, "output")
+    assert not converters.float8_module_filter(nn.Linear(64, 24), "layers.0.feed_forward.w1")   # 24 % 16 = 8
+    assert not converters.float8_module_filter(nn.Linear(40, 32), "layers.0.feed_forward.w2")   # 40 % 16 = 8
+    assert not converters.float8_module_filter(nn.Embedding(256, 64), "tok_embeddings")
 
 
 def test_native_engine_profile_matches_the_runtime():
@@ -76,8 +76,8 @@ def test_native_engine_profile_matches_the_runtime():
 def test_recipe_configs():
     pytest.importorskip("torchao")
     from torchao.float8.config import ScalingGranularity
-    tw = par.float8_config("fp8_tensorwise")
-    rw = par.float8_config("fp8_rowwise")
+    tw = converters.float8_config("fp8_tensorwise")
+    rw = converters.float8_config("fp8_rowwise")
     # torchao 0.17 config.py from_recipe_name: tensorwise = Float8LinearConfig() (TENSORWISE casts);
     # rowwise = AXISWISE casts for input, weight and grad_output with power-of-2 scales
     for cc in (tw.cast_config_input, tw.cast_config_weight, tw.cast_config_grad_output):
@@ -85,7 +85,7 @@ def test_recipe_configs():
     for cc in (rw.cast_config_input, rw.cast_config_weight, rw.cast_config_grad_output):
         assert cc.scaling_granularity is ScalingGranularity.AXISWISE
     assert rw.round_scales_to_power_of_2 and not tw.round_scales_to_power_of_2
-    assert not tw.emulate and par.float8_config("fp8_tensorwise", emulate=True).emulate
+    assert not tw.emulate and converters.float8_config("fp8_tensorwise", emulate=True).emulate
 
 
 def test_conversion_covers_every_block_linear_but_not_the_head():
@@ -93,7 +93,7 @@ def test_conversion_covers_every_block_linear_but_not_the_head():
     from torchao.float8.float8_linear import Float8Linear
     from autotune.runtime.model import build_llama
     m = build_llama(TINY, seq_len=SEQ)
-    names = par.apply_float8(m, "fp8_tensorwise", emulate=True)
+    names = converters.apply_float8(m, "fp8_tensorwise", emulate=True)
     # TINY: every block linear has dims that are multiples of 16 (64, 128, 4x16, 2x16 = 32): 7 per
     # layer x 4 layers = 28; the head (64 -> 256) would qualify by shape and is skipped by name
     assert len(names) == 7 * 4 and "output" not in names
