@@ -484,17 +484,28 @@ def inflight_microbatches(plan: Plan, stage: int,
 
 
 # ----------------------------------------------------------------------------- estimate
-def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None) -> float:
+#: suffix of a fragmentation key measured with full activation recomputation (``none+full_recompute``):
+#: recomputation frees and re-allocates every layer's activations inside backward, which leaves the caching
+#: allocator more cached blocks than plain training (docs/results/contention-h200x1-2026-12-01.md)
+FULL_RECOMPUTE_SUFFIX = "+full_recompute"
+
+
+def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None,
+                            full_recompute: bool = False) -> float:
+    """The allocator's fraction for ``policy``: ``<policy>+full_recompute`` when the plan fully recomputes
+    and the mapping has that key, else ``<policy>``, else :data:`DEFAULT_FRAGMENTATION`."""
     if fragmentation is not None:
-        unknown = sorted(set(fragmentation) - set(MEMORY_RECLAIM_POLICIES))
+        valid = set(MEMORY_RECLAIM_POLICIES) | {k + FULL_RECOMPUTE_SUFFIX for k in MEMORY_RECLAIM_POLICIES}
+        unknown = sorted(set(fragmentation) - valid)
         if unknown:
             raise ConfigError(f"fragmentation has unknown memory_reclaim policies {unknown}; valid: "
-                              f"{', '.join(MEMORY_RECLAIM_POLICIES)}")
-        if policy in fragmentation:
-            v = fragmentation[policy]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-                raise ConfigError(f"fragmentation[{policy!r}]={v!r} must be a fraction in [0, 1)")
-            return float(v)
+                              f"{', '.join(MEMORY_RECLAIM_POLICIES)} (each optionally with {FULL_RECOMPUTE_SUFFIX})")
+        for key in ((policy + FULL_RECOMPUTE_SUFFIX, policy) if full_recompute else (policy,)):
+            if key in fragmentation:
+                v = fragmentation[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                    raise ConfigError(f"fragmentation[{key!r}]={v!r} must be a fraction in [0, 1)")
+                return float(v)
     return DEFAULT_FRAGMENTATION[policy]
 
 
@@ -564,7 +575,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     """
     _check_tp(model, plan)
     eng = get_engine(engine)
-    frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation)
+    frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation, plan.recompute == "full")
     p, t = plan.pp_degree, plan.tp_degree
     g = plan.dp_degree * plan.cp_degree
     z = plan.zero_stage if g > 1 else 0
