@@ -75,6 +75,9 @@ class ChunkCost:
     fwd_flops: float = 0.0
     params: int = 0             # parameters of the chunk on this rank (after TP)
     fp8_params: int = 0         # of which FP8 parameters (EngineProfile.fp8_param_gather), 1 byte each
+    #: communication an overlap hides per micro-batch (forward + backward, TP, CP and per-layer FSDP
+    #: gathers / reduce-scatters), ms: what exposing every overlap would add
+    hidden_ms: float = 0.0
 
     @property
     def fwd_ms(self) -> float:
@@ -465,6 +468,13 @@ class CostBuilder:
             n_rc = p.recomputed_layers(num_layers)
             for k, v in self.full_recompute_parts.items():
                 _add(cc.bwd_parts, k, v * n_rc)
+        else:
+            n_rc = num_layers if p.recompute == "full" else 0
+        # hidden TP / CP communication: each layer's forward and backward, and the forward re-run of the
+        # fully recomputed layers
+        cc.hidden_ms = (num_layers * (sum(self.hidden_fwd.values()) + sum(self.hidden_bwd.values()))
+                        + n_rc * sum(self.hidden_fwd.values()))
+        self._hidden = 0.0
         cc.fwd_flops = lflops * num_layers
         cc.params = num_layers * m.params_per_layer // t
         if self.fp8_params:
@@ -520,6 +530,7 @@ class CostBuilder:
                 ag_first_bwd = 0.0 if last or p.pp_degree > 1 else \
                     costs.placed_collective_ms("all_gather", layer_unit * BF16, place)
                 self._overlap(cc.bwd_parts, ag, pre, exposed_ms=min(ag, ag_first_bwd))
+        cc.hidden_ms += self._hidden
         return cc
 
     def _precision_costs(self, cc: ChunkCost) -> None:
@@ -562,6 +573,7 @@ class CostBuilder:
             hidden = min(comm_ms - min(exposed_ms, comm_ms), parts.get("compute", 0.0))
             _add(parts, "exposed_dp_comm", comm_ms - hidden)
             _add(parts, "compute", self.slowdown * hidden)
+            self._hidden = getattr(self, "_hidden", 0.0) + hidden
         else:
             _add(parts, "exposed_dp_comm", comm_ms)
 

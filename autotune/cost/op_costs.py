@@ -217,6 +217,15 @@ def ring_steps(kind: str, n: int, num_nodes: int, members_per_node: int) -> tupl
     raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVE_KINDS)}")
 
 
+#: How an estimated GPU's FP8 GEMM rate is scaled from the calibration GPU's: ``bf16_reference`` (as its BF16
+#: GEMMs, by the large-shape published BF16 benchmark, times the datasheet FP8/BF16 ratios) or
+#: ``fp8_reference`` (by the published FP8 benchmark, GPUSpec.fp8_gemm_reference, a 4096^3 GEMM). Chosen
+#: while looking at the Megatron-Bridge 25.11 B200 rows' errors: docs/fidelity.md names it, and
+#: ``bench/published.py --cross-validate`` prints that source's error under both rules.
+FP8_SCALE_RULE = "bf16_reference"
+FP8_SCALE_RULES = ("bf16_reference", "fp8_reference")
+
+
 class CalibratedCosts(OpCosts):
     """Op costs from a :class:`CalibrationProfile`, scaled to ``gpu`` by roofline ratios.
 
@@ -284,7 +293,13 @@ class CalibratedCosts(OpCosts):
                 peak8 = None
         self.profile_fp8_tflops = peak8
         self.fp8_scale = (gpu.fp8_tflops / peak8) if gpu.fp8_tflops and peak8 else None
-        if ref is not None and self.fp8_scale is not None and gpu.fp8_tflops:
+        ref8 = gpu.gemm_reference("fp8") if self.estimated else None
+        tab8 = self._fp8_tables.get("rowwise") or self._fp8_tables.get("tensorwise")
+        if FP8_SCALE_RULE == "fp8_reference" and ref8 is not None and tab8 is not None:
+            # the published FP8 benchmark is cuBLAS rowwise-scaled (torch._scaled_mm): the profile's rowwise
+            # table (tensorwise when it has none) at the same shape
+            self.fp8_scale = ref8[3] / interp_log(tab8[0], tab8[1], ref8[0] * ref8[1] * ref8[2])
+        elif ref is not None and self.fp8_scale is not None and gpu.fp8_tflops:
             # FP8 GEMMs gain over the calibration GPU's as BF16 GEMMs do at the large reference shape (the same
             # tensor cores at twice the datasheet rate on both GPUs); the published FP8 benchmark
             # (GPUSpec.fp8_gemm_reference, 4096^3) is too small a shape to stand for training GEMMs, and is
