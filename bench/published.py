@@ -219,10 +219,8 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         # ("fp8_cs") = bf16_with_fp8_current_scaling_mixed and ("fp8_mx") = bf16_with_mxfp8_mixed
         # (src/megatron/bridge/training/mixed_precision.py: fp8_param_gather = True in both, Megatron-LM
         # --fp8-param-gather)
-        fp8p = plan.precision in ("fp8_tensorwise", "mxfp8")
-        eng = dataclasses.replace(eng, grad_reduce_bytes=2, fp8_param_gather=fp8p,
-                                  source=eng.source + "; Megatron-Bridge recipes: grad_reduce_in_fp32=False"
-                                  + (", fp8_param_gather" if fp8p else ""))
+        plan = plan.replace(grad_reduce_in_bf16=True,
+                            fp8_param_gather=plan.precision in ("fp8_tensorwise", "mxfp8"))
     if engine == "torchtitan" and run.get("_group") == "torchtitan_h100_2024_12":
         # the 2024-12 release did not compile the loss: torchtitan 9dec370 train.py ("compiling loss
         # function causes CUDA errors, turning off for now"); e7c0cae (2025-06) does

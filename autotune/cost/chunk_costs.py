@@ -12,7 +12,7 @@ from typing import Any
 from autotune.cost import overlap
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
-from autotune.target.engines import EngineProfile, get_engine
+from autotune.target.engines import EngineProfile, engine_for_plan
 from autotune.target.hardware import ClusterSpec, LinkSpec
 from autotune.target.models import ModelSpec
 from autotune.target.plan import Plan, Workload, fp8_gemm_dims
@@ -114,7 +114,7 @@ class CostBuilder:
     def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
                  costs: OpCosts, engine: EngineProfile | str | None = "native") -> None:
         self.m, self.p, self.c, self.w = model, plan, cluster, workload
-        self.engine = get_engine(engine)
+        self.engine = engine_for_plan(engine, plan)
         # kernel times as measured inside training steps (calibration ``in_training``): GEMM and attention
         # at the compiled-step rate under torch.compile or when the engine fuses the layers'
         # memory-bound kernels (a dense kernel stream either way), else at the eager-step rate

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from autotune.cost.schedule import count_inflight
 from autotune.errors import ConfigError, PlanError
-from autotune.target.engines import EngineProfile, get_engine
+from autotune.target.engines import EngineProfile, engine_for_plan, get_engine
 from autotune.target.hardware import GIB, GPUSpec
 from autotune.target.models import ModelSpec
 from autotune.target.plan import (
@@ -311,7 +311,7 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload,
     else:
         terms["mlp_fc1"] = BF16_BYTES * s * b * f // t
         terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # GeLU output, input of fc2
-    eng = get_engine(engine)
+    eng = engine_for_plan(engine, plan)
     if eng.activation_accounting == "pytorch_eager":
         # autograd's saved set of autotune's eager block (runtime/model.py), beyond the minimal one:
         # each RMSNorm keeps its FP32 input copy (4 bytes where the input term counts 2) and its
@@ -346,7 +346,7 @@ def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int,
     param in fp8"): the FP8 weight and its transpose then are the parameter, 1 + 1 bytes in place of the
     BF16 weight's 2, which the weights term already counts.
     """
-    if not te_fp8(plan, engine) or get_engine(engine).fp8_param_gather:
+    if not te_fp8(plan, engine) or engine_for_plan(engine, plan).fp8_param_gather:
         return 0
     per_layer = sum(k * n for k, n in fp8_gemm_dims(model, plan.tp_degree).values())
     return TE_FP8_WEIGHT_COPY_BYTES * per_layer * num_layers
@@ -574,7 +574,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         ConfigError: a fragmentation key that is not a memory_reclaim policy, or a value outside [0, 1).
     """
     _check_tp(model, plan)
-    eng = get_engine(engine)
+    eng = engine_for_plan(engine, plan)
     frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation, plan.recompute == "full")
     p, t = plan.pp_degree, plan.tp_degree
     g = plan.dp_degree * plan.cp_degree

@@ -99,6 +99,7 @@ class EngineProfile:
         sp_regathers_input_for_wgrad: with sequence parallelism a column-parallel linear saves its input
             sharded and all-gathers it again in backward for the weight gradient (one more all-gather per
             such linear in backward).
+        grad_reduce_bf16: the engine can reduce gradients in BF16 (``Plan.grad_reduce_in_bf16``).
         fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
             FP8 (1-byte) activations: the input is quantized before it is gathered.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
@@ -148,6 +149,7 @@ class EngineProfile:
     tp_overlap_bulk_sms: int = 16
     sp_regathers_input_for_wgrad: bool = False
     fp8_tp_all_gather: tuple[str, ...] = ()
+    grad_reduce_bf16: bool = False
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
@@ -267,6 +269,24 @@ def _error_bands() -> dict[str, dict[str, Any]]:
     if not f.is_file():
         return {}
     return dict((yaml.safe_load(f.read_text()) or {}).get("engines") or {})
+
+
+def engine_for_plan(engine: EngineProfile | str | None, plan: Any) -> EngineProfile:
+    """``engine`` as the plan runs it: with ``plan.grad_reduce_in_bf16`` its gradients are reduced and
+    buffered in BF16 (2 bytes), with ``plan.fp8_param_gather`` its FP8 linears keep FP8 parameters
+    (:attr:`EngineProfile.fp8_param_gather`). Unchanged when the plan asks for neither (or the plan is None).
+    Whether the engine can do it is :func:`check_plan_for_engine`'s question."""
+    e = get_engine(engine)
+    kw: dict[str, Any] = {}
+    if getattr(plan, "grad_reduce_in_bf16", False) and e.grad_reduce_bytes != 2:
+        kw["grad_reduce_bytes"] = 2
+    if getattr(plan, "fp8_param_gather", False) and not e.fp8_param_gather:
+        kw["fp8_param_gather"] = True
+    if not kw:
+        return e
+    import dataclasses
+
+    return dataclasses.replace(e, **kw)
 
 
 def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
