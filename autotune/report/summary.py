@@ -146,7 +146,7 @@ def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str,
         ]
         if result.step_time_exposed_ms > result.step_time_ms:
             # the range: overlaps at their modelled value .. every overlapped collective exposed
-            rows.insert(1, ("step time, overlap exposed",
+            rows.insert(1, ("step time, all exposed",
                             f"{result.step_time_exposed_ms:,.1f} ms (upper bound: every overlapped collective "
                             f"on the critical path; MFU {100 * result.mfu_exposed:.1f}%)"))
     u8 = fp8_peak_utilization(result) if plan is not None and plan.fp8 and result.feasible else None
