@@ -12,6 +12,14 @@ setting is stated in :func:`plan_for` (the source's stated value, else the engin
 
 Run: ``python bench/published.py`` (``--write-error-bands`` stores the per-engine errors in
 ``autotune/data/error_bands.yaml``, which ``run``, ``simulate`` and ``export`` print).
+
+``--cross-validate``: leave one source out (the Llama 3 paper, each torchtitan benchmark, each
+Megatron-Bridge release) and report the held-out error per source and per hardware family, signed and
+absolute. The model has no parameter fitted to these rows, so a source's held-out error is its error under
+the shipped model, with one exception per choice the project made while looking at a source's errors
+(:data:`CHOICES`): for such a source the held-out error is computed with the choice's alternative as well,
+since without that source the choice would not have been made. The error bands that predictions print
+(``--write-error-bands``) are these held-out figures.
 """
 
 from __future__ import annotations
@@ -41,6 +49,12 @@ from autotune.search.space import derive_stage_layers  # noqa: E402
 from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 DEFAULT_RUNS = ROOT.parent / "shared" / "reference" / "published-runs.yaml"
+#: Choices made while looking at a source's errors (docs/fidelity.md, "Constants chosen while looking at
+#: errors"): (name, the source it was chosen on, module attribute, shipped value, alternative).
+CHOICES = [
+    ("B200/GB200 FP8 GEMM scaling", "megatron_bridge_25_11", "autotune.cost.op_costs.FP8_SCALE_RULE",
+     "bf16_reference", "fp8_reference"),
+]
 #: Llama 3 paper (Sec. 3.3.2, Table 4): 126 layers on 16 stages, one layer fewer on the first and the
 #: last; the paper does not state v. v = 8 is the finest interleave that split allows (one layer per
 #: virtual stage, the first and last virtual stages holding only the embedding / the LM head); the
@@ -205,10 +219,8 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         # ("fp8_cs") = bf16_with_fp8_current_scaling_mixed and ("fp8_mx") = bf16_with_mxfp8_mixed
         # (src/megatron/bridge/training/mixed_precision.py: fp8_param_gather = True in both, Megatron-LM
         # --fp8-param-gather)
-        fp8p = plan.precision in ("fp8_tensorwise", "mxfp8")
-        eng = dataclasses.replace(eng, grad_reduce_bytes=2, fp8_param_gather=fp8p,
-                                  source=eng.source + "; Megatron-Bridge recipes: grad_reduce_in_fp32=False"
-                                  + (", fp8_param_gather" if fp8p else ""))
+        plan = plan.replace(grad_reduce_in_bf16=True,
+                            fp8_param_gather=plan.precision in ("fp8_tensorwise", "mxfp8"))
     if engine == "torchtitan" and run.get("_group") == "torchtitan_h100_2024_12":
         # the 2024-12 release did not compile the loss: torchtitan 9dec370 train.py ("compiling loss
         # function causes CUDA errors, turning off for now"); e7c0cae (2025-06) does
@@ -255,6 +267,8 @@ def main() -> int:
     ap.add_argument("--runs", default=str(DEFAULT_RUNS), help="published-runs YAML")
     ap.add_argument("--write-error-bands", action="store_true",
                     help="store per-engine errors in autotune/data/error_bands.yaml")
+    ap.add_argument("--cross-validate", action="store_true",
+                    help="leave one source out: held-out error per source and per hardware family")
     ap.add_argument("--markdown", default=None, metavar="FILE",
                     help="rewrite the published-runs table between its markers in FILE (docs/fidelity.md)")
     args = ap.parse_args()
@@ -332,8 +346,13 @@ def main() -> int:
         print(f"published runs the memory model refuses although they ran: {len(infeasible)}")
     for label, why in skipped:
         print(f"not predicted: {label.split()[0]} {' '.join(label.split()[1:4])}: {why}")
+    cv = None
+    if args.cross_validate or args.write_error_bands:
+        cv = cross_validate(data, rows)
+        print()
+        print(cv["text"])
     if args.write_error_bands:
-        write_error_bands(rows)
+        write_error_bands(rows, cv)
     if args.markdown:
         write_markdown(Path(args.markdown), rows, skipped, errs)
     return 0
@@ -411,20 +430,102 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], skipped: list, errs: 
         path.write_text(text + f"\n## Published runs (other engines and scales)\n\n{MD_START}\n{table}{MD_END}\n")
 
 
-def write_error_bands(rows: list[dict[str, Any]]) -> None:
-    """Per-engine mean absolute and worst error of the predicted rows into autotune/data/error_bands.yaml."""
+def family(gpu: str) -> str:
+    """Hardware family of a row's GPU: a100, h100 (the 500 W H100 variant too), h200, b200, gb200."""
+    for f in ("gb200", "b200", "h200", "h100", "a100"):
+        if gpu.startswith(f):
+            return f
+    return gpu
+
+
+def _stats(errs: list[float]) -> tuple[int, float, float, float]:
+    """(rows, mean signed %, mean absolute %, worst %)."""
+    worst = max(errs, key=abs)
+    return len(errs), 100 * statistics.mean(errs), 100 * statistics.mean(map(abs, errs)), 100 * worst
+
+
+def cross_validate(data: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Leave-one-source-out errors (module docstring). Returns {"held_out": [(row, held-out error)],
+    "by_source": {...}, "by_family": {...}, "mae": %, "text": the printed table}.
+
+    A row's held-out error is its error under the shipped model unless a :data:`CHOICES` entry was chosen on
+    its source; then the row is predicted again with the choice's alternative (the model that source would
+    have got had it been left out), and that error is the held-out one."""
+    import importlib
+
+    held: list[tuple[dict[str, Any], float]] = []
+    alt_rows: dict[str, list[float]] = {}
+    for x in rows:
+        if x["err"] is None:
+            continue
+        err = x["err"]
+        for name, source, attr, shipped, alternative in CHOICES:
+            if x["group"] != source:
+                continue
+            mod_name, var = attr.rsplit(".", 1)
+            mod = importlib.import_module(mod_name)
+            saved = getattr(mod, var)
+            setattr(mod, var, alternative)
+            try:
+                run = x["run"]
+                engine, fabric, gpu = GROUPS[x["group"]]
+                rgpu = run.get("gpu") or gpu
+                _, r2, _ = predict(run, engine, fabric or FABRIC_OF_GPU[rgpu], rgpu)
+            finally:
+                setattr(mod, var, saved)
+            err = r2.tokens_per_s_per_gpu / x["published"] - 1 if r2.feasible else err
+            alt_rows.setdefault(name, []).append(err)
+        held.append((x, err))
+    by_source: dict[str, tuple] = {}
+    by_family: dict[tuple[str, str], tuple] = {}
+    for key_fn, out in ((lambda x: x["group"], by_source), (lambda x: (x["engine"], family(x["gpu"])), by_family)):
+        groups: dict[Any, list[float]] = {}
+        for x, e in held:
+            groups.setdefault(key_fn(x), []).append(e)
+        for k, es in sorted(groups.items()):
+            out[k] = _stats(es)
+    all_errs = [e for _, e in held]
+    lines = ["Leave-one-source-out (held-out) error, tokens/s per GPU, predicted / published - 1:",
+             f"{'held-out source':28s} {'rows':>4s} {'signed':>8s} {'MAE':>7s} {'worst':>8s}"]
+    for k, (n, s, a, w) in by_source.items():
+        lines.append(f"{k:28s} {n:4d} {s:+7.1f}% {a:6.1f}% {w:+7.1f}%")
+    lines.append(f"{'engine / hardware family':28s} {'rows':>4s} {'signed':>8s} {'MAE':>7s} {'worst':>8s}")
+    for (eng, fam), (n, s, a, w) in by_family.items():
+        lines.append(f"{eng + ' / ' + fam:28s} {n:4d} {s:+7.1f}% {a:6.1f}% {w:+7.1f}%")
+    mae = 100 * statistics.mean(map(abs, all_errs)) if all_errs else float("nan")
+    lines.append(f"cross-validated MAE over {len(all_errs)} rows: {mae:.1f}% (in-sample: "
+                 f"{100 * statistics.mean(abs(x['err']) for x, _ in held):.1f}%)")
+    for name, source, attr, shipped, alternative in CHOICES:
+        es = alt_rows.get(name)
+        if es:
+            lines.append(f"  chosen on {source}: {name} ({attr} = {shipped!r}); held out, with {alternative!r}: "
+                         f"MAE {100 * statistics.mean(map(abs, es)):.1f}% over its {len(es)} rows")
+    return {"held_out": held, "by_source": by_source, "by_family": by_family, "mae": mae, "text": "\n".join(lines)}
+
+
+def write_error_bands(rows: list[dict[str, Any]], cv: dict[str, Any] | None = None) -> None:
+    """Per-engine (and per engine x hardware family) held-out error of the predicted rows
+    (:func:`cross_validate`) into autotune/data/error_bands.yaml."""
     path = ROOT / "autotune" / "data" / "error_bands.yaml"
     doc = yaml.safe_load(path.read_text())
-    for engine in sorted({x["engine"] for x in rows}):
-        errs = [x["err"] for x in rows if x["engine"] == engine and x["err"] is not None]
+    held = cv["held_out"] if cv else [(x, x["err"]) for x in rows if x["err"] is not None]
+    for engine in sorted({x["engine"] for x, _ in held}):
+        errs = [e for x, e in held if x["engine"] == engine]
         if not errs:
             continue
-        worst = max(errs, key=abs)
-        doc["engines"][engine] = {"mean_abs_error_pct": round(100 * statistics.mean(map(abs, errs)), 1),
-                                  "worst_error_pct": round(100 * worst, 1), "num_runs": len(errs),
-                                  "quantity": "tokens/s per GPU", "against": "published runs",
-                                  "source": "bench/published.py",
-                                  "date": datetime.date.today().isoformat()}
+        n, signed, mae, worst = _stats(errs)
+        fams = {}
+        for fam in sorted({family(x["gpu"]) for x, _ in held if x["engine"] == engine}):
+            fe = [e for x, e in held if x["engine"] == engine and family(x["gpu"]) == fam]
+            k, s_, a_, w_ = _stats(fe)
+            fams[fam] = {"mean_abs_error_pct": round(a_, 1), "mean_signed_error_pct": round(s_, 1),
+                         "worst_error_pct": round(w_, 1), "num_runs": k}
+        doc["engines"][engine] = {"mean_abs_error_pct": round(mae, 1), "mean_signed_error_pct": round(signed, 1),
+                                  "worst_error_pct": round(worst, 1), "num_runs": n,
+                                  "quantity": "tokens/s per GPU",
+                                  "against": "published runs, leave-one-source-out",
+                                  "source": "bench/published.py --cross-validate",
+                                  "date": datetime.date.today().isoformat(), "by_gpu": fams}
     head = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {path.relative_to(ROOT)}")

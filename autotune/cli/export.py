@@ -83,7 +83,7 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
     click.echo(f"model {info.model.name}: {info.model.num_params:,} parameters")
     click.echo(f"wrote {output}: trial {best.trial_number} of {best.study}, MFU {100 * best.result.mfu:.1f}%, "
                f"step {best.result.step_time_ms:,.1f} ms (engine {info.engine})")
-    click.echo(error_band_line(info.engine))
+    click.echo(error_band_line(info.engine, info.gpu))
     click.echo(launch_hints(best.plan, info.model, info.workload))
 
 

@@ -131,7 +131,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
-                                target=target_line(model, cluster, workload), engine=tuner.engine.name))
+                                target=target_line(model, cluster, workload), engine=tuner.engine.name,
+                                gpu=cluster.gpu.name))
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"

@@ -149,6 +149,10 @@ class CalibrationProfile:
     memory_bound_ops_compiled: Mapping[str, float] = field(default_factory=dict)
     in_training: Mapping[str, float] = field(default_factory=dict)
     attention_flash2: tuple[tuple[int, int, int, int, float, float], ...] = ()
+    #: {SMs held by a concurrent communication kernel: GEMM time factor} (``overlap.sm_gemm_slowdown``)
+    overlap_sm_slowdown: Mapping[int, float] = field(default_factory=dict)
+    #: GEMM time factor beside a copy-engine transfer (``overlap.copy_engine_gemm_slowdown``)
+    overlap_copy_engine_slowdown: float = 1.0
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -245,6 +249,14 @@ class CalibrationProfile:
         if unknown:
             raise ConfigError(f"{source}: in_training.{unknown[0]} unknown; valid: {', '.join(IN_TRAINING_KEYS)}")
         peak8 = d.get("peak_fp8_tflops")
+        try:
+            sm_slow = {int(k): float(v) for k, v in (overlap.get("sm_gemm_slowdown") or {}).items()}
+            ce_slow = float(overlap.get("copy_engine_gemm_slowdown", 1.0))
+        except (TypeError, ValueError, AttributeError):
+            raise ConfigError(f"{source}: overlap.sm_gemm_slowdown must map SM counts to factors >= 1 and "
+                              f"overlap.copy_engine_gemm_slowdown be a number >= 1, got {overlap!r}") from None
+        if any(n < 1 or v < 1 for n, v in sm_slow.items()) or ce_slow < 1:
+            raise ConfigError(f"{source}: overlap slowdown factors must be >= 1 (SM counts >= 1), got {overlap!r}")
         return cls(
             label=str(need("label")), measured=bool(d.get("measured", False)), source=str(d.get("source", "")),
             environment=dict(d.get("environment") or {}), gpu=str(need("gpu")),
@@ -256,7 +268,8 @@ class CalibrationProfile:
             alloc_after_empty_cache_ms_per_gib=float(reclaim.get("alloc_after_empty_cache_ms_per_gib", 0.0)),
             fragmentation=frag, memory_bound_ops=mops, gemm_fp8=gemm_fp8,
             peak_fp8_tflops=float(peak8) if peak8 else None, quantize=quant,
-            memory_bound_ops_compiled=compiled, in_training=in_training, attention_flash2=attn_fa2, raw=dict(d),
+            memory_bound_ops_compiled=compiled, in_training=in_training, attention_flash2=attn_fa2,
+            overlap_sm_slowdown=sm_slow, overlap_copy_engine_slowdown=ce_slow, raw=dict(d),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,10 +7,12 @@ the pipeline schedule. Moved from ``graph.py``; every formula keeps its source t
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from autotune.cost import overlap
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
-from autotune.target.engines import EngineProfile, get_engine
+from autotune.target.engines import EngineProfile, engine_for_plan
 from autotune.target.hardware import ClusterSpec, LinkSpec
 from autotune.target.models import ModelSpec
 from autotune.target.plan import Plan, Workload, fp8_gemm_dims
@@ -73,6 +75,9 @@ class ChunkCost:
     fwd_flops: float = 0.0
     params: int = 0             # parameters of the chunk on this rank (after TP)
     fp8_params: int = 0         # of which FP8 parameters (EngineProfile.fp8_param_gather), 1 byte each
+    #: communication an overlap hides per micro-batch (forward + backward, TP, CP and per-layer FSDP
+    #: gathers / reduce-scatters), ms: what exposing every overlap would add
+    hidden_ms: float = 0.0
 
     @property
     def fwd_ms(self) -> float:
@@ -109,7 +114,7 @@ class CostBuilder:
     def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
                  costs: OpCosts, engine: EngineProfile | str | None = "native") -> None:
         self.m, self.p, self.c, self.w = model, plan, cluster, workload
-        self.engine = get_engine(engine)
+        self.engine = engine_for_plan(engine, plan)
         # kernel times as measured inside training steps (calibration ``in_training``): GEMM and attention
         # at the compiled-step rate under torch.compile or when the engine fuses the layers'
         # memory-bound kernels (a dense kernel stream either way), else at the eager-step rate
@@ -229,6 +234,10 @@ class CostBuilder:
         bwd: dict[str, float] = {}
         _add(fwd, "compute", gemm_fwd + attn_fwd + mem_fwd)
         _add(bwd, "compute", gemm_bwd + attn_bwd + mem_bwd)
+        #: communication an overlap hides per micro-batch, ms by kind (``tp``, ``cp``): what the step would
+        #: add with every overlap exposed (StepResult.details['step_time_exposed_ms'])
+        self.hidden_fwd: dict[str, float] = {}
+        self.hidden_bwd: dict[str, float] = {}
         # TP / SP collectives (Megatron-LM, Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2):
         # 2 all-reduces of T x h per layer forward and 2 backward; with SP each is an all-gather plus a
         # reduce-scatter of the same total size.
@@ -236,40 +245,80 @@ class CostBuilder:
         if t > 1:
             nbytes = T * h * BF16
             if sp:
-                one = (costs.placed_collective_ms("all_gather", nbytes, self.tp_place)
-                       + costs.placed_collective_ms("reduce_scatter", nbytes, self.tp_place))
+                ag = costs.placed_collective_ms("all_gather", nbytes, self.tp_place)
+                rs = costs.placed_collective_ms("reduce_scatter", nbytes, self.tp_place)
+                # forward all-gathers in FP8 where the engine quantizes before gathering (fp8_tp_all_gather)
+                ag_fwd = (costs.placed_collective_ms("all_gather", T * h, self.tp_place)
+                          if p.precision in self.engine.fp8_tp_all_gather else ag)
+                one = ag + rs
             else:
                 one = costs.placed_collective_ms("all_reduce", nbytes, self.tp_place)
             tp_fwd = tp_bwd = 2 * one
+            if sp:
+                tp_fwd = 2 * (ag_fwd + rs)
         # CP (ring attention; Liu et al. 2023; Megatron-LM context parallel): K and V of every other
         # CP rank pass through each rank in forward; backward passes K, V and dK, dV (2x).
         # The engine decides the exchange: an all-gather of every rank's K/V (torch context_parallel's
         # allgather rotation; the Llama 3 paper's CP, Sec. 3.3.2) or a ring of cp - 1 send/recv steps of
         # one K/V block each (Megatron-LM --cp-comm-type p2p, Transformer Engine's ring attention).
         cp_fwd = cp_bwd = 0.0
+        cp_step = 0.0
         if p.cp_degree > 1:
             block = T * 2 * (kv // t if kv >= t else kv) * BF16
             if self.engine.cp_comm == "p2p":
-                cp_fwd = (p.cp_degree - 1) * costs.placed_collective_ms("send_recv", block, self.cp_place)
+                cp_step = costs.placed_collective_ms("send_recv", block, self.cp_place)
+                cp_fwd = (p.cp_degree - 1) * cp_step
             else:
                 cp_fwd = costs.placed_collective_ms("all_gather", p.cp_degree * block, self.cp_place)
             cp_bwd = 2 * cp_fwd
-        for parts, tp_ms, cp_ms, gemm_ms, attn_ms in ((fwd, tp_fwd, cp_fwd, gemm_fwd, attn_fwd),
-                                                      (bwd, tp_bwd, cp_bwd, gemm_bwd, attn_bwd)):
-            if tp_ms:
-                if p.async_collectives and p.tp_comm_overlap:
-                    hidden = min(tp_ms, gemm_ms)       # chunked GEMM/collective pipelining
-                    _add(parts, "exposed_tp_comm", tp_ms - hidden)
+        overlap_tp = bool(tp_fwd) and p.async_collectives and p.tp_comm_overlap
+        if overlap_tp and sp:
+            # the mechanism of the engine's overlap (autotune.cost.overlap): per-GEMM chunking and contention
+            fx, fe, bx, be = self._tp_overlap(gemms, gkw, ag_fwd, ag, rs, gemm_fwd, gemm_bwd)
+            _add(fwd, "compute", fx)
+            _add(fwd, "exposed_tp_comm", fe)
+            _add(bwd, "compute", bx)
+            _add(bwd, "exposed_tp_comm", be)
+            regather = 2 * ag if self.engine.sp_regathers_input_for_wgrad else 0.0
+            self.hidden_fwd["tp"] = max(0.0, tp_fwd - fe)
+            self.hidden_bwd["tp"] = max(0.0, tp_bwd + regather - be)
+        elif overlap_tp:
+            # TP overlap without SP (all-reduces): the chunked GEMM/collective pipelining hides the
+            # all-reduce behind its GEMM, slowed by the measured collective contention
+            for parts, hid, tp_ms, gemm_ms in ((fwd, self.hidden_fwd, tp_fwd, gemm_fwd), (bwd, self.hidden_bwd, tp_bwd, gemm_bwd)):
+                hidden = min(tp_ms, gemm_ms)
+                _add(parts, "exposed_tp_comm", tp_ms - hidden)
+                _add(parts, "compute", self.slowdown * hidden)
+                hid["tp"] = hidden
+        else:
+            _add(fwd, "exposed_tp_comm", tp_fwd)
+            _add(bwd, "exposed_tp_comm", tp_bwd)
+        if cp_fwd:
+            if not p.async_collectives:
+                _add(fwd, "exposed_cp_comm", cp_fwd)
+                _add(bwd, "exposed_cp_comm", cp_bwd)
+            elif self.engine.cp_comm == "p2p":
+                # a K/V ring: each step's transfer beside the previous step's attention (load-balanced
+                # causal chunks: every step does the same work), contention as for NCCL kernels
+                n = p.cp_degree
+                for parts, hid, attn_ms, step, handoff, total in (
+                        (fwd, self.hidden_fwd, attn_fwd, cp_step, False, cp_fwd),
+                        (bwd, self.hidden_bwd, attn_bwd, 2 * cp_step, True, cp_bwd)):
+                    _, exposed = overlap.ring_attention(attn_ms / n, n, step, final_handoff=handoff)
+                    _add(parts, "exposed_cp_comm", exposed)
+                    hidden = max(0.0, total - exposed)
                     _add(parts, "compute", self.slowdown * hidden)
-                else:
-                    _add(parts, "exposed_tp_comm", tp_ms)
-            if cp_ms:
-                if p.async_collectives:
-                    hidden = min(cp_ms, attn_ms)       # K/V ring steps overlap attention blocks
-                    _add(parts, "exposed_cp_comm", cp_ms - hidden)
+                    hid["cp"] = hidden
+            else:
+                # an all-gather of K/V hidden only behind the first (local) block's attention
+                n = p.cp_degree
+                for parts, hid, attn_ms, total in ((fwd, self.hidden_fwd, attn_fwd, cp_fwd),
+                                                   (bwd, self.hidden_bwd, attn_bwd, cp_bwd)):
+                    _, exposed = overlap.gathered_attention(attn_ms / n, total)
+                    _add(parts, "exposed_cp_comm", exposed)
+                    hidden = total - exposed
                     _add(parts, "compute", self.slowdown * hidden)
-                else:
-                    _add(parts, "exposed_cp_comm", cp_ms)
+                    hid["cp"] = hidden
         # recomputation happens in the backward pass
         if p.recompute == "full":
             # one layer's forward re-run and its exposed TP / CP communication; with
@@ -297,6 +346,83 @@ class CostBuilder:
             else:
                 _add(bwd, "recompute", attn_fwd + mb(T * act_bytes, "swiglu"))
         return fwd, bwd, flops
+
+    def _tp_overlap(self, gemms: list[tuple[int, int, int]], gkw: dict[str, Any], ag_fwd_ms: float, ag_ms: float,
+                    rs_ms: float, gemm_fwd: float, gemm_bwd: float) -> tuple[float, float, float, float]:
+        """One layer's TP GEMMs with their sequence-parallel collectives overlapped by the engine's mechanism
+        (:attr:`EngineProfile.tp_overlap_mechanism`; the rules and their sources in :mod:`autotune.cost.overlap`).
+
+        ``gemms``: (T, N, K) of qkv, proj, fc1, fc2 per rank; ``ag_ms`` / ``rs_ms``: one all-gather /
+        reduce-scatter of the layer's T x h activation on the TP group; ``ag_fwd_ms``: the forward
+        all-gather (FP8 where :attr:`EngineProfile.fp8_tp_all_gather` says so). Forward: the all-gathers before qkv
+        and fc1, the reduce-scatters after proj and fc2. Backward: the all-gathers of dY before the proj and
+        fc2 data gradients (their weight gradients consume the same chunks: Transformer Engine's
+        ``external`` wgrad overlap), the reduce-scatters of the qkv and fc1 data gradients and, where the
+        engine re-gathers a sequence-parallel input for the weight gradient, two more all-gathers.
+
+        * ``userbuffers`` (Transformer Engine): all-gather side ring exchange on the copy engine; forward
+          reduce-scatters pipelined on ``tp_overlap_pipeline_sms`` SMs; backward qkv/fc1 bulk overlap on
+          ``tp_overlap_bulk_sms`` SMs (re-gather beside the data-gradient GEMM, reduce-scatter beside the
+          weight-gradient GEMM).
+        * ``async_tp`` (torch micro-pipeline TP): every all-gather and reduce-scatter as ring steps beside
+          the GEMM's chunks (peer copies on the copy engine), forward and backward.
+
+        Returns:
+            (forward compute delta, forward exposed, backward compute delta, backward exposed), ms: the
+            compute deltas are added to the GEMM times already counted (chunking and contention).
+        """
+        costs, e, n = self.costs, self.engine, self.p.tp_degree
+        ce = costs.copy_engine_contention()
+
+        def mm(m: float, nn: int, k: int, backward: bool = False) -> float:
+            return costs.gemm_ms(max(1, int(m)), nn, k, backward=backward, **gkw)
+
+        def dgrad(T: int, N: int, K: int) -> float:
+            return costs.gemm_ms(T, K, N, backward=True, **gkw)
+
+        def wgrad(T: int, N: int, K: int) -> float:
+            return costs.gemm_ms(K, N, T, backward=True, **gkw)
+
+        qkv, proj, fc1, fc2 = gemms
+        fx = fe = bx = be = 0.0
+        if e.tp_overlap_mechanism == "userbuffers":
+            sm_p = costs.sm_contention(e.tp_overlap_pipeline_sms)
+            sm_b = costs.sm_contention(e.tp_overlap_bulk_sms)
+            for T, N, K in (qkv, fc1):                      # forward all-gather: ring exchange
+                c, x = overlap.ring_exchange(mm(T / n, N, K), n, ag_fwd_ms, slowdown=ce)
+                fx, fe = fx + c, fe + x
+            for T, N, K in (proj, fc2):                     # forward reduce-scatter: pipelined
+                c, x = overlap.pipelined_reduce_scatter(mm(T, N, K), e.tp_overlap_pipeline_splits, rs_ms, slowdown=sm_p)
+                fx, fe = fx + c, fe + x
+            for T, N, K in (proj, fc2):                     # backward all-gather of dY: ring exchange
+                chunk = costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw) + costs.gemm_ms(
+                    K, N, max(1, T // n), backward=True, **gkw)
+                c, x = overlap.ring_exchange(chunk, n, ag_ms, slowdown=ce)
+                bx, be = bx + c, be + x
+            for T, N, K in (qkv, fc1):                      # backward bulk: re-gather | data grad, RS | weight grad
+                if e.sp_regathers_input_for_wgrad:
+                    c, x = overlap.bulk(dgrad(T, N, K), ag_ms, slowdown=sm_b)
+                else:
+                    c, x = dgrad(T, N, K), 0.0
+                bx, be = bx + c, be + x
+                c, x = overlap.bulk(wgrad(T, N, K), rs_ms, slowdown=sm_b)
+                bx, be = bx + c, be + x
+        else:                                               # async_tp: ring steps everywhere
+            for T, N, K in (qkv, fc1):
+                c, x = overlap.ring_exchange(mm(T / n, N, K), n, ag_fwd_ms, slowdown=ce)
+                fx, fe = fx + c, fe + x
+            for T, N, K in (proj, fc2):
+                c, x = overlap.ring_exchange(mm(T / n, N, K), n, rs_ms, slowdown=ce, last_exposed=True)
+                fx, fe = fx + c, fe + x
+            for T, N, K in (proj, fc2):                     # dY all-gather beside the data gradient
+                c, x = overlap.ring_exchange(costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw), n, ag_ms,
+                                             slowdown=ce)
+                bx, be = bx + c + wgrad(T, N, K), be + x
+            for T, N, K in (qkv, fc1):                      # data gradient's reduce-scatter
+                c, x = overlap.ring_exchange(costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw), n, rs_ms,
+                                             slowdown=ce, last_exposed=True)
+                bx, be = bx + c + wgrad(T, N, K), be + x
+        return fx - gemm_fwd, fe, bx - gemm_bwd, be
 
     def _memory_bound_ms(self, nbytes: float, op: str | None, compiled_op: str | None = None) -> float:
         """A memory-bound kernel of the layer moving ``nbytes``, ms.
@@ -342,6 +468,13 @@ class CostBuilder:
             n_rc = p.recomputed_layers(num_layers)
             for k, v in self.full_recompute_parts.items():
                 _add(cc.bwd_parts, k, v * n_rc)
+        else:
+            n_rc = num_layers if p.recompute == "full" else 0
+        # hidden TP / CP communication: each layer's forward and backward, and the forward re-run of the
+        # fully recomputed layers
+        cc.hidden_ms = (num_layers * (sum(self.hidden_fwd.values()) + sum(self.hidden_bwd.values()))
+                        + n_rc * sum(self.hidden_fwd.values()))
+        self._hidden = 0.0
         cc.fwd_flops = lflops * num_layers
         cc.params = num_layers * m.params_per_layer // t
         if self.fp8_params:
@@ -397,6 +530,7 @@ class CostBuilder:
                 ag_first_bwd = 0.0 if last or p.pp_degree > 1 else \
                     costs.placed_collective_ms("all_gather", layer_unit * BF16, place)
                 self._overlap(cc.bwd_parts, ag, pre, exposed_ms=min(ag, ag_first_bwd))
+        cc.hidden_ms += self._hidden
         return cc
 
     def _precision_costs(self, cc: ChunkCost) -> None:
@@ -439,6 +573,7 @@ class CostBuilder:
             hidden = min(comm_ms - min(exposed_ms, comm_ms), parts.get("compute", 0.0))
             _add(parts, "exposed_dp_comm", comm_ms - hidden)
             _add(parts, "compute", self.slowdown * hidden)
+            self._hidden = getattr(self, "_hidden", 0.0) + hidden
         else:
             _add(parts, "exposed_dp_comm", comm_ms)
 

@@ -51,6 +51,8 @@ class StepResult:
         breakdown_ms: step time attributed to :data:`BREAKDOWN_KEYS` (critical path of the busiest
             stage: compute + recompute + exposed communication + bubble + optimizer + reclaim ~ step).
         details: evaluator-specific provenance (calibration label, measured/interpolated op counts).
+        step_time_exposed_ms: the simulated step with every overlapped collective exposed, ms: an upper
+            bound that the overlap model cannot make optimistic (0 = not computed: real runs, old trials).
     """
 
     backend: str
@@ -66,6 +68,14 @@ class StepResult:
     breakdown_ms: Mapping[str, float] = field(default_factory=dict)
     infeasible_reason: str | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+    step_time_exposed_ms: float = 0.0
+
+    @property
+    def mfu_exposed(self) -> float:
+        """The MFU at :attr:`step_time_exposed_ms` (the pessimistic end of the range), or :attr:`mfu`."""
+        if self.step_time_exposed_ms > 0 and self.step_time_ms > 0:
+            return self.mfu * self.step_time_ms / self.step_time_exposed_ms
+        return self.mfu
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

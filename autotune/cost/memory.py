@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from autotune.cost.schedule import count_inflight
 from autotune.errors import ConfigError, PlanError
-from autotune.target.engines import EngineProfile, get_engine
+from autotune.target.engines import EngineProfile, engine_for_plan, get_engine
 from autotune.target.hardware import GIB, GPUSpec
 from autotune.target.models import ModelSpec
 from autotune.target.plan import (
@@ -311,7 +311,7 @@ def _layer_activation_terms(model: ModelSpec, plan: Plan, workload: Workload,
     else:
         terms["mlp_fc1"] = BF16_BYTES * s * b * f // t
         terms["mlp_act_output"] = BF16_BYTES * s * b * f // t      # GeLU output, input of fc2
-    eng = get_engine(engine)
+    eng = engine_for_plan(engine, plan)
     if eng.activation_accounting == "pytorch_eager":
         # autograd's saved set of autotune's eager block (runtime/model.py), beyond the minimal one:
         # each RMSNorm keeps its FP32 input copy (4 bytes where the input term counts 2) and its
@@ -346,7 +346,7 @@ def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int,
     param in fp8"): the FP8 weight and its transpose then are the parameter, 1 + 1 bytes in place of the
     BF16 weight's 2, which the weights term already counts.
     """
-    if not te_fp8(plan, engine) or get_engine(engine).fp8_param_gather:
+    if not te_fp8(plan, engine) or engine_for_plan(engine, plan).fp8_param_gather:
         return 0
     per_layer = sum(k * n for k, n in fp8_gemm_dims(model, plan.tp_degree).values())
     return TE_FP8_WEIGHT_COPY_BYTES * per_layer * num_layers
@@ -484,17 +484,28 @@ def inflight_microbatches(plan: Plan, stage: int,
 
 
 # ----------------------------------------------------------------------------- estimate
-def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None) -> float:
+#: suffix of a fragmentation key measured with full activation recomputation (``none+full_recompute``):
+#: recomputation frees and re-allocates every layer's activations inside backward, which leaves the caching
+#: allocator more cached blocks than plain training (docs/results/contention-h200x1-2026-12-01.md)
+FULL_RECOMPUTE_SUFFIX = "+full_recompute"
+
+
+def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None,
+                            full_recompute: bool = False) -> float:
+    """The allocator's fraction for ``policy``: ``<policy>+full_recompute`` when the plan fully recomputes
+    and the mapping has that key, else ``<policy>``, else :data:`DEFAULT_FRAGMENTATION`."""
     if fragmentation is not None:
-        unknown = sorted(set(fragmentation) - set(MEMORY_RECLAIM_POLICIES))
+        valid = set(MEMORY_RECLAIM_POLICIES) | {k + FULL_RECOMPUTE_SUFFIX for k in MEMORY_RECLAIM_POLICIES}
+        unknown = sorted(set(fragmentation) - valid)
         if unknown:
             raise ConfigError(f"fragmentation has unknown memory_reclaim policies {unknown}; valid: "
-                              f"{', '.join(MEMORY_RECLAIM_POLICIES)}")
-        if policy in fragmentation:
-            v = fragmentation[policy]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-                raise ConfigError(f"fragmentation[{policy!r}]={v!r} must be a fraction in [0, 1)")
-            return float(v)
+                              f"{', '.join(MEMORY_RECLAIM_POLICIES)} (each optionally with {FULL_RECOMPUTE_SUFFIX})")
+        for key in ((policy + FULL_RECOMPUTE_SUFFIX, policy) if full_recompute else (policy,)):
+            if key in fragmentation:
+                v = fragmentation[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                    raise ConfigError(f"fragmentation[{key!r}]={v!r} must be a fraction in [0, 1)")
+                return float(v)
     return DEFAULT_FRAGMENTATION[policy]
 
 
@@ -563,8 +574,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         ConfigError: a fragmentation key that is not a memory_reclaim policy, or a value outside [0, 1).
     """
     _check_tp(model, plan)
-    eng = get_engine(engine)
-    frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation)
+    eng = engine_for_plan(engine, plan)
+    frac = _fragmentation_fraction(plan.memory_reclaim, fragmentation, plan.recompute == "full")
     p, t = plan.pp_degree, plan.tp_degree
     g = plan.dp_degree * plan.cp_degree
     z = plan.zero_stage if g > 1 else 0

@@ -121,6 +121,10 @@ def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     elif p.precision == "fp8_rowwise":
         raise ConfigError("precision fp8_rowwise: Megatron-LM has no rowwise FP8 recipe (--fp8-recipe: tensorwise, "
                           "delayed, mxfp8, blockwise); export the plan for torchtitan or re-tune")
+    if p.fp8_param_gather and p.precision != "bf16":
+        a.append("--fp8-param-gather")              # arguments.py: keep the compute params in FP8
+    if p.grad_reduce_in_bf16:
+        a.append("--grad-reduce-in-bf16")           # arguments.py: BF16 main grads and gradient reductions
     return a
 
 

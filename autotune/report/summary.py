@@ -144,6 +144,11 @@ def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str,
                     f"{result.tflops_per_gpu:.0f} TFLOP/s per GPU"),
             ("HFU", f"{100 * result.hfu:.1f}%"),
         ]
+        if result.step_time_exposed_ms > result.step_time_ms:
+            # the range: overlaps at their modelled value .. every overlapped collective exposed
+            rows.insert(1, ("step time, all exposed",
+                            f"{result.step_time_exposed_ms:,.1f} ms (upper bound: every overlapped collective "
+                            f"on the critical path; MFU {100 * result.mfu_exposed:.1f}%)"))
     u8 = fp8_peak_utilization(result) if plan is not None and plan.fp8 and result.feasible else None
     if u8 is not None:
         rows.append(("FP8 peak utilisation", f"{100 * u8:.1f}% (model TFLOP/s / dense FP8 peak; MFU above "
@@ -166,23 +171,32 @@ def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
             for k in keys]
 
 
-def error_band_line(engine: str) -> str:
-    """How far to trust a prediction for ``engine``: its error against published runs
-    (``bench/published.py``) or, for ``native``, against real runs (``docs/fidelity.md``), read from
-    ``autotune/data/error_bands.yaml``; says so when the engine has no measured error yet."""
+def error_band_line(engine: str, gpu: str | None = None) -> str:
+    """How far to trust a prediction for ``engine``: its held-out (leave-one-source-out) error against
+    published runs (``bench/published.py --cross-validate``) or, for ``native``, against real runs
+    (``docs/fidelity.md``), read from ``autotune/data/error_bands.yaml``; with ``gpu``, the figure of that
+    hardware family when one was measured; says so when the engine has no measured error yet."""
     from autotune.target.engines import error_band
 
     b = error_band(engine)
     if b is None:
         return f"error band: none measured yet for engine {engine}"
     q = b.get("quantity", "step time")
+    fam = next((f for f in ("gb200", "b200", "h200", "h100", "a100") if gpu and str(gpu).startswith(f)), None)
+    g = (b.get("by_gpu") or {}).get(fam) if fam else None
+    if g:
+        return (f"error band ({engine}, {fam}): predicted {q} off by {g['mean_abs_error_pct']:.1f}% on average "
+                f"(signed {g['mean_signed_error_pct']:+.1f}%), worst {g['worst_error_pct']:+.1f}% (predicted / "
+                f"measured - 1), over {g['num_runs']} {b['against']}; all GPUs: {b['mean_abs_error_pct']:.1f}% "
+                f"over {b['num_runs']} ({b['source']}, {b.get('date', '?')})")
     return (f"error band ({engine}): predicted {q} off by {b['mean_abs_error_pct']:.1f}% on average, worst "
             f"{b['worst_error_pct']:+.1f}% (predicted / measured - 1), over {b['num_runs']} {b['against']} "
-            f"({b['source']}, {b.get('date', '?')})")
+            f"({b['source']}, {b.get('date', '?')})" + (f"; none measured on {gpu}" if gpu and fam and not g
+                                                        else ""))
 
 
 def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: ModelSpec | None = None,
-                     target: str | None = None, engine: str | None = None) -> str:
+                     target: str | None = None, engine: str | None = None, gpu: str | None = None) -> str:
     """The best-plan table: degrees, schedule, settings, step time, tokens/s/GPU, MFU, memory, breakdown,
     and (given ``engine``) the engine and the error band of its predictions."""
     head = [title]
@@ -193,7 +207,7 @@ def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: Model
     if eng:
         rows.append(("engine", str(eng)))
         if result.backend != "real":
-            rows.append(("trust", error_band_line(str(eng)).split(": ", 1)[1]))
+            rows.append(("trust", error_band_line(str(eng), gpu).split(": ", 1)[1]))
     d = result.details or {}
     if result.backend == "real":
         sim_ms = d.get("simulated_step_time_ms")
@@ -395,8 +409,8 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
 #: is renamed or removed or its meaning changes (adding fields keeps the version). See docs/json-schema.md.
 JSON_SCHEMA_VERSION = 1
 JSON_SCHEMA_NAME = "autotune.result"
-_PREDICTION_KEYS = ("backend", "feasible", "infeasible_reason", "step_time_ms", "mfu", "mfu_palm", "hfu",
-                    "tokens_per_s_per_gpu", "tflops_per_gpu", "peak_memory_bytes")
+_PREDICTION_KEYS = ("backend", "feasible", "infeasible_reason", "step_time_ms", "step_time_exposed_ms", "mfu",
+                    "mfu_palm", "hfu", "tokens_per_s_per_gpu", "tflops_per_gpu", "peak_memory_bytes")
 _STAGE_KEYS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "transient_bytes",
                "allocator_overhead_bytes")
 

@@ -170,18 +170,15 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         return prefs
 
     def _fit_settings(self, assignment: dict[str, Any]) -> Plan | None:
-        """The plan of ``assignment`` with the first (recompute, ZeRO stage) in preference order that fits."""
+        """The plan of ``assignment`` with the (recompute, ZeRO stage) of lowest estimated step time among those
+        that fit (per stage the least recomputation that fits; the preferred stage on a tie), or None."""
         c = self.bound.choices
         rec = [v for v in PREFERENCES["recompute"] if v in c["recompute"]]
         zero = [v for v in PREFERENCES["zero_stage"] if v in c["zero_stage"]]
-        first = (assignment["recompute"], assignment["zero_stage"])
         if rec and zero:
             # memory falls with more recomputation and a higher ZeRO stage (Korthikanti et al. 2022 Table 2;
             # Rajbhandari et al. 2020 Fig. 1): when the plan does not fit at its own settings nor at the
             # most saving ones (full recompute, the highest stage), no combination fits
-            plan = self._plan(assignment)
-            if plan is not None and self.screen.fits(plan):
-                return plan
             saving = next((q for z in sorted(zero, reverse=True)
                            if (q := self._plan({**assignment, "recompute": rec[-1], "zero_stage": z})) is not None),
                           None)
@@ -191,17 +188,25 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         # no higher ZeRO stage) is not screened
         rec_saving = {v: i for i, v in enumerate(PREFERENCES["recompute"])}   # its order is by saving
         failed: list[tuple[int, int]] = []
-        for r, z in [first] + [x for x in itertools.product(rec, zero) if x != first]:
+        # per ZeRO stage the first recompute level that fits is that stage's fastest (recomputation only
+        # adds work); the stages differ in exposed parameter gathers and gradient reductions, so the
+        # fastest of them is taken, the preferred one on a tie
+        best, best_ms = None, float("inf")
+        done_zero: set[int] = set()
+        for r, z in itertools.product(rec, zero):
             key = (rec_saving.get(r, 0), int(z))
-            if any(key[0] <= f[0] and key[1] <= f[1] for f in failed):
+            if z in done_zero or any(key[0] <= f[0] and key[1] <= f[1] for f in failed):
                 continue
             plan = self._plan({**assignment, "recompute": r, "zero_stage": z})
             if plan is None:
                 continue
             if self.screen.fits(plan):
-                return plan
+                done_zero.add(z)
+                if (e := self.screen.estimate_ms(plan)) < best_ms:
+                    best, best_ms = plan, e
+                continue
             failed.append(key)
-        return None
+        return best
 
     def _best_per_layout(self, assignment: dict[str, Any]) -> Plan | None:
         """The fitting plan of ``assignment`` (:meth:`_fit_settings`) with the :data:`PER_LAYOUT_KNOBS`
@@ -212,13 +217,19 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         if not PER_LAYOUT_KNOBS:
             return self._fit_settings(assignment)
         for k in PER_LAYOUT_KNOBS:
-            # branch and bound: at the preferred (recompute, ZeRO) a value is the fastest it gets
-            # (recomputation only adds work), so values are tried in that order, and one whose bound is
+            # branch and bound: without recomputation, at its fastest ZeRO stage, a value is the fastest it
+            # gets (recomputation only adds work), so values are tried in that order, and one whose bound is
             # not below the best fitting plan so far is not screened for memory at all
             bounds = []
+            zero = [z for z in PREFERENCES["zero_stage"] if z in self.bound.choices["zero_stage"]]
+            rec0 = next((r for r in PREFERENCES["recompute"] if r in self.bound.choices["recompute"]), None)
             for v in self.bound.choices[k]:
-                if (q0 := self._plan({**assignment, k: v})) is not None:
-                    bounds.append((self.screen.estimate_ms(q0), v != assignment[k], repr(v), v))
+                # the bound: the fastest ZeRO stage without recomputation (no memory check)
+                ests = [self.screen.estimate_ms(q0) for z in zero
+                        if (q0 := self._plan({**assignment, k: v, "zero_stage": z,
+                                              **({"recompute": rec0} if rec0 is not None else {})})) is not None]
+                if ests:
+                    bounds.append((min(ests), v != assignment[k], repr(v), v))
             for lower_ms, _, _, v in sorted(bounds, key=lambda x: x[:3]):
                 if lower_ms >= best_ms:
                     break

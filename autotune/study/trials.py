@@ -41,16 +41,60 @@ def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
     return sorted(trials, key=lambda t: (-float(t.value), t.number))
 
 
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The highest-MFU feasible COMPLETE trial, or None (never an infeasible or failed one)."""
-    f = feasible_trials(study)
+def mfu_exposed(t: FrozenTrial) -> float:
+    """A feasible trial's MFU at its step time with every overlapped collective exposed
+    (``user_attrs['step_time_exposed_ms']``: the pessimistic end of its range), or its MFU when not recorded."""
+    mfu, step = float(t.user_attrs.get("mfu", t.value or 0.0)), float(t.user_attrs.get("step_time_ms", 0.0))
+    exposed = float(t.user_attrs.get("step_time_exposed_ms", 0.0))
+    return mfu * step / exposed if exposed > step > 0 else mfu
+
+
+def robust_order(trials: Sequence[FrozenTrial], band_frac: float, k: int | None = None) -> list[FrozenTrial]:
+    """The first ``k`` (all) of ``trials`` (feasible) best first, by MFU, except that among the trials whose
+    MFU is within ``band_frac`` of the best remaining one (their predictions overlap within the error band)
+    the one with the highest MFU at its overlap-exposed bound (:func:`mfu_exposed`) comes first: its
+    advantage rests least on communication the model says is hidden. ``band_frac`` 0 = plain MFU order.
+    (docs/search.md, "Ranking within the error band".)"""
+    rest = sorted(trials, key=lambda t: (-float(t.value), t.number))
+    if band_frac <= 0:
+        return rest[:k] if k is not None else rest
+    out: list[FrozenTrial] = []
+    while rest and (k is None or len(out) < k):
+        lim = float(rest[0].value) * (1.0 - band_frac)
+        within = [t for t in rest if float(t.value) >= lim]
+        pick = max(within, key=lambda t: (mfu_exposed(t), float(t.value), -t.number))
+        out.append(pick)
+        rest.remove(pick)
+    return out
+
+
+def band_fraction(info: "StudyInfo | None") -> float:
+    """The held-out mean absolute error of ``info``'s engine on its GPU family (else over all GPUs), as a
+    fraction (autotune/data/error_bands.yaml; 0 when none was measured): the band within which two
+    predictions are not told apart."""
+    if info is None:
+        return 0.0
+    from autotune.target.engines import error_band
+
+    b = error_band(info.engine)
+    if not b:
+        return 0.0
+    fam = next((f for f in ("gb200", "b200", "h200", "h100", "a100") if str(info.gpu).startswith(f)), None)
+    g = (b.get("by_gpu") or {}).get(fam) if fam else None
+    return float((g or b).get("mean_abs_error_pct", 0.0)) / 100.0
+
+
+def best_trial(study: optuna.Study, band_frac: float = 0.0) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial (never an infeasible or failed one): the highest MFU, or with
+    ``band_frac`` > 0 the first of :func:`robust_order`; None when there is none."""
+    f = robust_order(feasible_trials(study), band_frac, k=1)
     return f[0] if f else None
 
 
-def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
-    """The ``k`` best distinct feasible plans (a plan evaluated twice counts once)."""
+def top_feasible_trials(study: optuna.Study, k: int, band_frac: float = 0.0) -> list[FrozenTrial]:
+    """The ``k`` best distinct feasible plans (a plan evaluated twice counts once), in :func:`robust_order`."""
     out, seen = [], set()
-    for t in feasible_trials(study):
+    for t in robust_order(feasible_trials(study), band_frac):
         key = json.dumps(t.user_attrs.get("plan"), sort_keys=True)
         if key in seen:
             continue
@@ -114,7 +158,8 @@ def trial_result(t: FrozenTrial) -> StepResult:
                       peak_memory_bytes=int(ua.get("peak_memory_bytes", 0)),
                       memory_per_stage_bytes=tuple(ua.get("memory_per_stage_bytes", ())),
                       breakdown_ms=dict(ua.get("breakdown_ms", {})),
-                      infeasible_reason=ua.get("infeasible_reason"), details=dict(ua.get("details", {})))
+                      infeasible_reason=ua.get("infeasible_reason"), details=dict(ua.get("details", {})),
+                      step_time_exposed_ms=float(ua.get("step_time_exposed_ms", 0.0)))
 
 
 def trial_plan(t: FrozenTrial) -> Plan:
@@ -150,7 +195,9 @@ class BestPlan:
 
 
 def best_plan(study: optuna.Study, info: StudyInfo) -> BestPlan | None:
-    t = best_trial(study)
+    """The study's best plan: :func:`best_trial` within the error band of ``info``'s engine and GPU
+    (:func:`band_fraction`), or None."""
+    t = best_trial(study, band_fraction(info))
     if t is None:
         return None
     return BestPlan(study=study.study_name, trial_number=t.number, plan=trial_plan(t), result=trial_result(t),
@@ -216,6 +263,7 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
              "tflops_per_gpu": result.tflops_per_gpu, "peak_memory_bytes": int(result.peak_memory_bytes),
              "memory_per_stage_bytes": [int(x) for x in result.memory_per_stage_bytes],
              "breakdown_ms": dict(result.breakdown_ms), "backend": result.backend,
+             "step_time_exposed_ms": float(result.step_time_exposed_ms),
              "details": _json_safe(result.details)}
     # readable in the dashboard's trial table: out-of-memory trials are not slow plans scoring 0.0
     attrs["outcome"] = "feasible" if result.feasible else "out_of_memory"

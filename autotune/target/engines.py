@@ -30,6 +30,8 @@ REAL_BACKEND_ENGINE = "native"
 GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
 SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
 CP_COMM_MODES = ("all_gather", "p2p")
+#: how TP communication overlap is implemented (EngineProfile.tp_overlap_mechanism)
+TP_OVERLAP_MECHANISMS = ("userbuffers", "async_tp")
 FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "residual", "cross_entropy", "fp8_cast")
 #: attention kernels the calibration has tables for: ``default`` (PyTorch SDPA's default dispatch, cuDNN
 #: on Hopper with torch >= 2.10, or an engine's cuDNN fused attention) and ``flash2`` (SDPA's flash
@@ -88,6 +90,18 @@ class EngineProfile:
         partial_recompute: it can fully recompute only the first N layers of each model chunk
             (``Plan.recompute_num_layers`` >= 1: Megatron-LM ``--recompute-method block``);
             partial_recompute_reason: why not, where it cannot.
+        tp_overlap_mechanism: how ``tp_comm_overlap`` hides TP communication (:data:`TP_OVERLAP_MECHANISMS`):
+            ``userbuffers`` (Transformer Engine: ring exchange for the all-gather side, a pipelined
+            reduce-scatter on ``tp_overlap_pipeline_sms`` SMs in ``tp_overlap_pipeline_splits`` chunks,
+            bulk overlap on ``tp_overlap_bulk_sms`` SMs in backward) or ``async_tp`` (torch's micro-pipeline
+            TP: every all-gather / reduce-scatter decomposed into tp ring steps beside tp GEMM chunks);
+            the timing rules are :mod:`autotune.cost.overlap`'s.
+        sp_regathers_input_for_wgrad: with sequence parallelism a column-parallel linear saves its input
+            sharded and all-gathers it again in backward for the weight gradient (one more all-gather per
+            such linear in backward).
+        grad_reduce_bf16: the engine can reduce gradients in BF16 (``Plan.grad_reduce_in_bf16``).
+        fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
+            FP8 (1-byte) activations: the input is quantized before it is gathered.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
         error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
 
@@ -129,11 +143,19 @@ class EngineProfile:
     compile_loss: bool = False
     partial_recompute: bool = False
     partial_recompute_reason: str = ""
+    tp_overlap_mechanism: str = "async_tp"
+    tp_overlap_pipeline_sms: int = 16
+    tp_overlap_pipeline_splits: int = 4
+    tp_overlap_bulk_sms: int = 16
+    sp_regathers_input_for_wgrad: bool = False
+    fp8_tp_all_gather: tuple[str, ...] = ()
+    grad_reduce_bf16: bool = False
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
                   ("cp_comm", CP_COMM_MODES), ("attention_kernel", ATTENTION_KERNELS),
-                  ("fp8_library", FP8_LIBRARIES), ("activation_accounting", ACTIVATION_ACCOUNTINGS))
+                  ("fp8_library", FP8_LIBRARIES), ("activation_accounting", ACTIVATION_ACCOUNTINGS),
+                  ("tp_overlap_mechanism", TP_OVERLAP_MECHANISMS))
         for f, valid in checks:
             if getattr(self, f) not in valid:
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not valid; "
@@ -172,7 +194,7 @@ class EngineProfile:
         if unknown:
             raise ConfigError(f"engine {name}: unknown field(s) {unknown}; valid: {sorted(known)}")
         kw = dict(d)
-        for f in ("zero_stages", "schedules", "fused_kernels", "precisions"):
+        for f in ("zero_stages", "schedules", "fused_kernels", "precisions", "fp8_tp_all_gather"):
             if f in kw:
                 kw[f] = tuple(kw[f])
         if "zero_stage_reasons" in kw:
@@ -247,6 +269,24 @@ def _error_bands() -> dict[str, dict[str, Any]]:
     if not f.is_file():
         return {}
     return dict((yaml.safe_load(f.read_text()) or {}).get("engines") or {})
+
+
+def engine_for_plan(engine: EngineProfile | str | None, plan: Any) -> EngineProfile:
+    """``engine`` as the plan runs it: with ``plan.grad_reduce_in_bf16`` its gradients are reduced and
+    buffered in BF16 (2 bytes), with ``plan.fp8_param_gather`` its FP8 linears keep FP8 parameters
+    (:attr:`EngineProfile.fp8_param_gather`). Unchanged when the plan asks for neither (or the plan is None).
+    Whether the engine can do it is :func:`check_plan_for_engine`'s question."""
+    e = get_engine(engine)
+    kw: dict[str, Any] = {}
+    if getattr(plan, "grad_reduce_in_bf16", False) and e.grad_reduce_bytes != 2:
+        kw["grad_reduce_bytes"] = 2
+    if getattr(plan, "fp8_param_gather", False) and not e.fp8_param_gather:
+        kw["fp8_param_gather"] = True
+    if not kw:
+        return e
+    import dataclasses
+
+    return dataclasses.replace(e, **kw)
 
 
 def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:

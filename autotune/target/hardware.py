@@ -55,6 +55,13 @@ class GPUSpec:
         default_intra_node: the fabric preset inside a node when ``--interconnect`` names none.
         arch: architecture, one of :data:`GPU_ARCHS` (``ampere``, ``hopper``, ``blackwell``; NVIDIA
             datasheets, CUDA compute capability 8.0 / 9.0 / 10.0); ``unknown`` when not given.
+        sm_count: streaming multiprocessors (0 = not known): how many SMs a communication kernel's share is of.
+        bf16_gemm_reference / fp8_gemm_reference: a published kernel benchmark of this GPU, ``(m, n, k,
+            achieved TFLOP/s)`` of one dense GEMM (cuBLAS), with its source in gpus.yaml; a GPU that was
+            never measured by autotune is scaled from the calibration GPU by the ratio of these rates
+            rather than by datasheet peaks (:class:`autotune.cost.op_costs.CalibratedCosts`).
+        gemm_reference_from: another catalog GPU whose references this one takes, scaled by the ratio of the
+            two datasheet peaks (the same silicon at other clocks and power: GB200 from B200).
     """
 
     name: str
@@ -66,6 +73,37 @@ class GPUSpec:
     cuda_context_gib: float = 1.0
     default_intra_node: str = "nvlink4"
     arch: str = "unknown"
+    sm_count: int = 0
+    bf16_gemm_reference: tuple[float, ...] | None = None
+    fp8_gemm_reference: tuple[float, ...] | None = None
+    gemm_reference_from: str | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("bf16_gemm_reference", "fp8_gemm_reference"):
+            v = getattr(self, f)
+            if v is None:
+                continue
+            try:
+                t = tuple(float(x) for x in v)
+            except (TypeError, ValueError):
+                t = ()
+            if len(t) != 4 or min(t) <= 0:
+                raise ConfigError(f"GPU {self.name}: {f} must be [m, n, k, TFLOP/s] with positive values, got {v!r}")
+            object.__setattr__(self, f, t)
+
+    def gemm_reference(self, precision: str = "bf16") -> tuple[float, ...] | None:
+        """The published ``(m, n, k, TFLOP/s)`` kernel benchmark for ``bf16`` or ``fp8``, following
+        ``gemm_reference_from`` (scaled by the datasheet peak ratio), or None."""
+        own = self.bf16_gemm_reference if precision == "bf16" else self.fp8_gemm_reference
+        if own is not None or not self.gemm_reference_from:
+            return own
+        base = get_gpu(self.gemm_reference_from)
+        ref = base.gemm_reference(precision)
+        if ref is None:
+            return None
+        mine, theirs = ((self.bf16_tflops, base.bf16_tflops) if precision == "bf16"
+                        else (self.fp8_tflops or 0.0, base.fp8_tflops or 1.0))
+        return ref[:3] + (ref[3] * mine / theirs,)
 
     @property
     def arch_rank(self) -> int:

@@ -145,6 +145,13 @@ class Plan:
             (FP8 needs a Hopper or newer GPU, ``mxfp8`` a Blackwell one: :func:`validate_precision`).
         compile: torch.compile per transformer block (torchtitan ``[compile] enable``): fused
             memory-bound kernels where the calibration profile measured them.
+        grad_reduce_in_bf16: reduce (and accumulate) DP gradients in BF16 instead of FP32 (Megatron-LM
+            ``--grad-reduce-in-bf16``: the main-grad buffer then holds BF16, megatron/core/distributed/
+            param_and_grad_buffer.py ``group_params_for_buffers``); half the reduction bytes and gradient
+            buffer. Engines that reduce only in FP32 refuse it (:func:`autotune.target.engines.check_plan_for_engine`).
+        fp8_param_gather: with an FP8 precision, keep the layers' linear weights as FP8 parameters
+            (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside Transformer Engine's FP8 copies, and
+            parameter all-gathers move 1 byte per such weight. Needs Transformer Engine (Megatron-LM).
 
     Raises:
         PlanError: wrong type or value for any field (names the field and the valid values).
@@ -171,6 +178,8 @@ class Plan:
     stage_layers: tuple[int, ...] | None = None
     precision: str = "bf16"
     compile: bool = False
+    grad_reduce_in_bf16: bool = False
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         for f in ("tp_degree", "pp_degree", "dp_degree", "cp_degree", "vpp_degree", "micro_batch_size",
@@ -185,7 +194,7 @@ class Plan:
             if getattr(self, f) > hi:   # bounds the simulated step graph (O(pp x vpp x m) nodes, graph.py)
                 raise PlanError(f"{f} must be an integer between 1 and {hi:,}, got {getattr(self, f)}")
         for f in ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
-                  "param_gather_overlap", "compile"):
+                  "param_gather_overlap", "compile", "grad_reduce_in_bf16", "fp8_param_gather"):
             if not isinstance(getattr(self, f), bool):
                 raise PlanError(f"{f} must be true or false, got {getattr(self, f)!r}")
         for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
@@ -460,6 +469,10 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
         warn.append(f"pipeline_schedule={p.pipeline_schedule} has no effect with pp_degree=1")
     if p.tp_comm_overlap and tp == 1:
         warn.append("tp_comm_overlap has no effect with tp_degree=1")
+    if p.fp8_param_gather and p.precision == "bf16":
+        warn.append("fp8_param_gather has no effect with precision=bf16")
+    if p.grad_reduce_in_bf16 and p.dp_degree * p.cp_degree == 1:
+        warn.append("grad_reduce_in_bf16 has no effect without data parallelism (dp x cp = 1)")
     if p.tp_comm_overlap and not p.async_collectives:
         warn.append("tp_comm_overlap has no effect with async_collectives=false (collectives block)")
     if dp_group == 1 and (p.zero_stage > 0 or p.dp_grad_reduce_overlap or p.param_gather_overlap):

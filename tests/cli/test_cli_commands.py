@@ -91,7 +91,14 @@ def test_retune_to_slower_fabric(tmp_path):
     m, w = get_model("8b"), Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
     res = retune(model=m, cluster=make_cluster("b200", 8, "pcie5+eth100"), workload=w, space="small",
                    storage=url, n_trials=3)
-    assert res.slow.result.mfu >= res.fast_on_slow.mfu
+    # the fast plan runs in the slow study too (a warm start), so the re-tuned best is never ranked below it:
+    # a higher MFU, or (issue 22, study/trials.py robust_order) an MFU within the engine's error band with
+    # a higher MFU at the overlap-exposed bound
+    from autotune.study.trials import band_fraction
+
+    slow, fos = res.slow.result, res.fast_on_slow
+    assert slow.mfu >= fos.mfu or (slow.mfu >= fos.mfu * (1 - band_fraction(res.slow.info))
+                                   and slow.mfu_exposed >= fos.mfu_exposed)
     assert res.fast.info.fabric_name == "nvlink5+ib-ndr400" and not res.tuned_fast_first
 
 

@@ -115,10 +115,20 @@ def test_fp8_gemm_interpolation_by_hand():
 
 def test_fp8_gemm_other_gpus():
     b200 = CalibratedCosts(profile=FIXTURE, gpu=get_gpu("b200"))
-    # tensorwise scaled by the FP8 datasheet peaks 4500 / 1979 (B200 / H200)
-    assert b200.gemm_tflops(8192, 6144, 4096, precision="fp8_tensorwise") == pytest.approx(1299 * 4500 / 1979)
-    # mxfp8: derived from datasheet ratios: BF16 rate (804.83 x 2250 / 989) x 4500 / 2250
-    assert b200.gemm_tflops(8192, 6144, 4096, precision="mxfp8") == pytest.approx(804.83 * 2250 / 989 * 2)
+    # B200 has a published cuBLAS BF16 benchmark (gpus.yaml: 8192^3 at 1420 TFLOP/s); the fixture's BF16 row
+    # at 8192^3 is 790.1, so B200 GEMMs are the fixture's x 1420 / 790.1 (not the datasheet 2250 / 989)
+    scale = 1420 / 790.1
+    assert b200.gemm_tflops(8192, 6144, 4096) == pytest.approx(804.83 * scale)
+    # FP8 gains as BF16 does, the FP8/BF16 datasheet ratios being 4500/2250 (B200) and 1979/989 (H200)
+    fp8_scale = scale * (4500 / 2250) / (1979 / 989)
+    assert b200.gemm_tflops(8192, 6144, 4096, precision="fp8_tensorwise") == pytest.approx(1299 * fp8_scale)
+    # mxfp8: no table: the BF16 rate (804.83 x scale) x the datasheet FP8/BF16 ratio 4500 / 2250
+    assert b200.gemm_tflops(8192, 6144, 4096, precision="mxfp8") == pytest.approx(804.83 * scale * 2)
+    # GB200 takes B200's reference scaled by the datasheet peaks, 2500 / 2250
+    gb200 = CalibratedCosts(profile=FIXTURE, gpu=get_gpu("gb200"))
+    assert gb200.gemm_tflops(8192, 6144, 4096) == pytest.approx(804.83 * 1420 * 2500 / 2250 / 790.1)
+    # H100 has no reference: the datasheet ratio (989 / 989 = 1)
+    assert CalibratedCosts(profile=FIXTURE, gpu=get_gpu("h100")).gemm_tflops(8192, 6144, 4096) == pytest.approx(804.83)
     a100 = CalibratedCosts(profile=FIXTURE, gpu=get_gpu("a100-80gb"))
     with pytest.raises(ValueError, match="needs an FP8 GPU"):
         a100.gemm_ms(8192, 6144, 4096, precision="fp8_tensorwise")
