@@ -70,8 +70,9 @@ def test_megatron_values_by_hand():
     # layout: 32 virtual stages, 3 + 30 x 4 + 3 = 126 layers, embedding first, loss last
     lay = val["--pipeline-model-parallel-layout"].split("|")
     assert len(lay) == 32 and lay[0] == "Ettt" and lay[-1] == "tttL" and sum(s.count("t") for s in lay) == 126
-    # --ddp-bucket-size counts parameters: bucket MiB x 2^20 bytes / 2 bytes per BF16 parameter
-    assert val["--ddp-bucket-size"] == str(p.bucket_size_mib * 2**20 // 2)
+    # --ddp-bucket-size counts parameters, and with --bf16 Megatron's grad buffer is FP32 (4 bytes):
+    # 64 MiB = 67,108,864 bytes / 4 = 16,777,216 parameters (test_megatron_bucket.py derives both sides)
+    assert p.bucket_size_mib == 64 and val["--ddp-bucket-size"] == "16777216"
     assert "--use-distributed-optimizer" in a and val["--fp8-recipe"] == "mxfp8"
     z3 = megatron_args(PLANS_405[2], M405, W405)
     assert z3[z3.index("--data-parallel-sharding-strategy") + 1] == "optim_grads_params"
