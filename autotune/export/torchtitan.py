@@ -75,7 +75,11 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload) -> dic
     p = plan
     if model.name not in FLAVORS:
         raise ConfigError(f"model {model.name!r}: the torchtitan export knows Llama 3.1 flavours only "
-                          f"({', '.join(FLAVORS)})")
+                          f"({', '.join(FLAVORS)}); torchtitan's llama3 model_registry has no other architecture")
+    from autotune.target.models import get_model
+    if model != get_model(model.name):
+        raise ConfigError(f"model {model.name!r}: its fields differ from Llama 3.1 {FLAVORS[model.name][0]} (the "
+                          "torchtitan flavour the export names); export for megatron")
     if p.precision == "fp8_tensorwise":
         raise ConfigError("precision fp8_tensorwise: torchtitan 0.3.0's Float8LinearConverter has the recipes "
                           "rowwise and rowwise_with_gw_hp only; re-tune with fp8_rowwise or export for megatron")

@@ -137,10 +137,15 @@ TT_PLANS = [
           num_micro_batches=64, precision="mxfp8", compile=True), "always"),
     (Plan(tp_degree=8, pp_degree=2, dp_degree=64, pipeline_schedule="1f1b", zero_stage=2, recompute="selective",
           micro_batch_size=1, num_micro_batches=32, precision="fp8_rowwise"), "never"),
+    # torchtitan has no empty_cache setting: the module's AutotuneTrainer (a Trainer subclass) does it
+    (Plan(tp_degree=8, pp_degree=2, dp_degree=64, pipeline_schedule="1f1b", zero_stage=2, recompute="selective",
+          micro_batch_size=1, num_micro_batches=32, precision="fp8_rowwise", memory_reclaim="empty_cache_per_step"),
+     "never"),
 ]
 
 
-@pytest.mark.parametrize("plan,reshard", TT_PLANS, ids=["zero3-interleaved-mxfp8", "zero2-1f1b-fp8"])
+@pytest.mark.parametrize("plan,reshard", TT_PLANS, ids=["zero3-interleaved-mxfp8", "zero2-1f1b-fp8",
+                                                        "zero2-empty-cache-per-step"])
 def test_torchtitan_config_loads_with_torchtitans_loader(plan, reshard, tmp_path, monkeypatch):
     if not _torchtitan_available():
         pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'autotune[torchtitan]' or set "
@@ -185,6 +190,14 @@ def test_torchtitan_config_loads_with_torchtitans_loader(plan, reshard, tmp_path
         assert conv.recipe_name == "rowwise" and conv.filter_fqns == ["lm_head"]
     else:
         assert conv.fqns == ["layers."]
+    # config.build() (torchtitan.train) builds the Config's _owner: the Trainer that empties the cache
+    from torchtitan.trainer import Trainer
+    owner = type(cfg)._owner
+    assert issubclass(owner, Trainer)
+    if plan.memory_reclaim == "empty_cache_per_step":
+        assert owner.__name__ == "AutotuneTrainer" and "train_step" in vars(owner)
+    else:
+        assert owner is Trainer
 
 
 @pytest.mark.parametrize("engine", ["megatron", "torchtitan", "native"])
