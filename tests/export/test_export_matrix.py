@@ -329,3 +329,28 @@ def test_megatron_bucket_equals_the_simulated_bucket():
         assert "--bf16" in args and "--grad-reduce-in-bf16" not in args
     # by hand: 64 MiB = 67,108,864 bytes = 16,777,216 FP32 gradients
     assert ddp_bucket_size(Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=64)) == 16_777_216
+
+
+def test_export_study_with_another_engine_is_refused(tmp_path):
+    # a megatron study's plan exported with --engine torchtitan used to write Megatron files with exit 0
+    import optuna
+    from click.testing import CliRunner
+
+    from autotune.cli.app import main
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "3", "--storage", url])
+    assert r.exit_code == 0, r.output
+    (name,) = optuna.get_all_study_names(url)
+    assert "/megatron/" in name
+    out = tmp_path / "launch"
+    r = CliRunner().invoke(main, ["export", "--study", name, "--storage", url, "--engine", "torchtitan",
+                                  "--launcher", "torchrun", "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --engine torchtitan") and "megatron" in lines[0]
+    assert not out.exists()
+    # the study's own engine (named or left out) exports
+    r = CliRunner().invoke(main, ["export", "--study", name, "--storage", url, "--engine", "megatron",
+                                  "-o", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 0, r.output
