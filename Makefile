@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml
 
 run: install
 	$(BIN)/autotune run --size 405b
+	@echo ""
+	@echo "autotune is installed in $(VENV). To use the README's commands (bare \`autotune\`):"
+	@echo "  . $(VENV)/bin/activate        # then: autotune show, autotune export --size 405b -o plan.yaml, ..."
+	@echo "or call it by path:  $(BIN)/autotune show"
 
 test: install
 	$(BIN)/python -m pytest -q
