@@ -421,7 +421,10 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     two-projection). Fields: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
     ``num_key_value_heads`` (default: the head count; 0 refused), ``intermediate_size``, ``vocab_size``,
     ``head_dim`` (default hidden/heads, which must divide), ``tie_word_embeddings``,
-    ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``sliding_window``. Integer fields must
+    ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``sliding_window``, ``hidden_act`` /
+    ``hidden_activation`` (kept as ``mlp_activation``), ``rope_scaling`` (or transformers 5's
+    ``rope_parameters``, which also holds ``rope_theta``) and the features of :func:`_hf_features`
+    (soft-capping, Gemma's embedding scale, ...), which launch files must reproduce. Integer fields must
     be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path or model_type>@
     <fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
 
