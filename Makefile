@@ -12,17 +12,22 @@ TORCH  ?= torch==2.13.0
 install: $(STAMP)
 
 # torch first, pinned: on these machines it resolves to the local CPU wheel (a bare `torch` requirement
-# would pull a multi-GB CUDA build); then the package in editable mode with its test and postgres extras
-# (psycopg 3 for the PostgreSQL tests). .ci/run starts PostgreSQL and a single-node Slurm around `make
+# would pull a multi-GB CUDA build); then the package in editable mode with its test, postgres and
+# torchtitan extras (psycopg 3 for the PostgreSQL tests; torchtitan + triton + torchao so the exported
+# torchtitan config is loaded by torchtitan's own ConfigManager, tests/export/test_export.py). .ci/run starts PostgreSQL and a single-node Slurm around `make
 # test` (.ci/services.sh); without them those tests skip, saying why.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[test,postgres]'
+	$(BIN)/pip install --quiet -e '.[test,postgres,torchtitan]'
 	touch $(STAMP)
 
 run: install
 	$(BIN)/autotune run --size 405b
+	@echo ""
+	@echo "autotune is installed in $(VENV). To use the README's commands (bare \`autotune\`):"
+	@echo "  . $(VENV)/bin/activate        # then: autotune show, autotune export --size 405b -o plan.yaml, ..."
+	@echo "or call it by path:  $(BIN)/autotune show"
 
 test: install
 	$(BIN)/python -m pytest -q

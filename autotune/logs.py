@@ -39,3 +39,34 @@ def quiet() -> Iterator[None]:
         plan_log.setLevel(prev_plan)
 
 
+
+
+class MfuProgressBar:
+    """Progress bar of a tuning run that names its number: ``best MFU 41.2% (trial 17)`` (Optuna's own bar
+    says ``Best value: 0.412`` with no name). Call it as an Optuna callback after each trial; only complete,
+    feasible trials (``user_attrs['feasible']`` not False) can be the best. ``close()`` when done.
+
+    Args:
+        total: trials expected (None: unknown); stream: where tqdm writes (stderr by default).
+    """
+
+    def __init__(self, total: int | None, stream=None) -> None:
+        from tqdm.auto import tqdm
+        self.best: tuple[float, int] | None = None
+        self.bar = tqdm(total=total, file=stream, unit="trial", dynamic_ncols=True)
+
+    @staticmethod
+    def text(best: tuple[float, int] | None) -> str:
+        """``best MFU 41.2% (trial 17)`` for (MFU as a fraction, trial number); ``no feasible plan yet``."""
+        return "no feasible plan yet" if best is None else f"best MFU {100 * best[0]:.1f}% (trial {best[1]})"
+
+    def __call__(self, study, trial) -> None:
+        from optuna.trial import TrialState
+        if trial.state == TrialState.COMPLETE and trial.value is not None and trial.user_attrs.get("feasible", True) \
+                is not False and (self.best is None or trial.value > self.best[0]):
+            self.best = (float(trial.value), trial.number)
+        self.bar.set_postfix_str(self.text(self.best), refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.cost.evaluator import BACKENDS, Evaluator, StepResult, make_evaluator
 from autotune.errors import ConfigError, PlanError, StorageError
 from autotune.files import plain
-from autotune.logs import quiet
+from autotune.logs import MfuProgressBar, quiet
 from autotune.search.seeding import TrialSeededSampler, worker_seed
 from autotune.search.space import BoundSearchSpace, Pruned, SearchSpace
 from autotune.signals import IN_OBJECTIVE, interrupted, trial_interrupt_handler
@@ -383,6 +383,7 @@ class Tuner:
 
             budget = n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials
             started = _time.monotonic()
+            bar = MfuProgressBar(n_trials) if show_progress_bar else None   # names MFU in %
             try:
                 while True:
                     left = None if budget is None else budget - len(mine)
@@ -392,7 +393,7 @@ class Tuner:
                         break
                     try:
                         worker_study.optimize(self.objective, n_trials=left, timeout=time_left, catch=(Exception,),
-                                              show_progress_bar=show_progress_bar, callbacks=[count])
+                                              callbacks=[count] + ([bar] if bar else []))
                         break
                     except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as e:
                         if not lost_enqueued_race(e):
@@ -407,6 +408,8 @@ class Tuner:
                 raise
             finally:
                 IN_OBJECTIVE.clear()
+                if bar:
+                    bar.close()
                 for sig, h in handlers.items():
                     signal.signal(sig, h)
             if interrupted():

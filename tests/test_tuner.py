@@ -317,3 +317,25 @@ def test_bad_heartbeat_creates_no_study(tmp_path, hb, storage, match):
 def test_real_backend_journal_heartbeat_message_says_why():
     with pytest.raises(ConfigError, match="killed worker's real trial would never be retried"):
         check_heartbeat(5, "journal:/nonexistent/x.log", "real")
+
+
+def test_progress_bar_names_mfu_in_percent(tmp_path):
+    # Optuna's bar said "Best value: 0.94"; ours names the number: best feasible MFU in % and its trial
+    import io
+
+    import optuna
+
+    from autotune.logs import MfuProgressBar
+
+    assert MfuProgressBar.text(None) == "no feasible plan yet"
+    assert MfuProgressBar.text((0.4123, 17)) == "best MFU 41.2% (trial 17)"
+    out = io.StringIO()
+    bar = MfuProgressBar(3, stream=out)
+    st = optuna.create_study(direction="maximize")
+    for value, feasible in ((0.30, True), (0.90, False), (0.35, True)):   # the 0.90 plan does not fit
+        t = st.ask()
+        t.set_user_attr("feasible", feasible)
+        bar(st, st.tell(t, value))
+    bar.close()
+    assert bar.best == (0.35, 2)
+    assert "best MFU 35.0% (trial 2)" in out.getvalue() and "3/3" in out.getvalue()

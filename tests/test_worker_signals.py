@@ -128,8 +128,8 @@ def test_sigint_right_after_start_of_a_background_job(tmp_path):
 
 def test_sigterm_to_the_parent_alone_stops_the_workers(tmp_path):
     # `kill -TERM PID` (not the group). Before: the workers never got it and ran on; the parent waited
-    # 30 s for them before terminating them. After: the parent forwards it at once, exit 143 within a
-    # few seconds (20 s allowed: a loaded machine, still well under the old 30 s wait).
+    # 30 s for them before terminating them. After: the parent forwards it at once, exit 143 before the
+    # 30 s grace of run_workers is over.
     url = f"sqlite:///{tmp_path}/s.db"
     p = _start(["--trials", "100000", "--storage", url], _env())
     db = tmp_path / "s.db"
@@ -154,7 +154,9 @@ def test_sigterm_to_the_parent_alone_stops_the_workers(tmp_path):
     out, err = _finish(p, timeout=120)
     took = time.monotonic() - t0
     assert p.returncode == 143, err
-    assert took < 20, f"took {took:.1f} s"
+    # before: the workers never got the signal and the parent waited its 30 s grace (workers.py) before
+    # terminating them; forwarded at once, the run ends before that grace is over, however loaded
+    assert took < 30, f"took {took:.1f} s: the workers were not sent the signal, the grace period ran out"
     assert "interrupted:" in err and "Traceback" not in err, err
 
 

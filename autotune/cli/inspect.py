@@ -10,11 +10,19 @@ from autotune.errors import ConfigError
 
 
 @main.command()
+@click.argument("study", required=False)
 @click.option("--storage", default=None, help="Optuna storage URL (default sqlite:///studies/autotune.db).")
 @click.option("--engine", default=None, help="Only studies of this engine (megatron, torchtitan, native).")
+@click.option("--top", "top", type=int, default=None,
+              help="The best N feasible plans of one study (STUDY, or the only study in the storage), each with "
+                   "its table and step-time breakdown.")
 @JSON_OPTION
-def show(storage, engine, as_json):
-    """List the best plan per model size and interconnect found in the storage (one row per study)."""
+def show(study, storage, engine, top, as_json):
+    """List the best plan per model size and interconnect found in the storage (one row per study);
+    with STUDY --top N, the best N feasible plans of that study.
+
+    Example: autotune show llama3.1-8b/b200x8/nvlink5+ib-ndr400/megatron/seq8192-gbs128 --top 5
+    """
     from pathlib import Path
 
     from autotune.report.summary import format_studies, short_plan
@@ -30,6 +38,9 @@ def show(storage, engine, as_json):
     if engine is not None:
         from autotune.target.engines import get_engine
         get_engine(engine)
+    if top is not None or study is not None:
+        _show_top(study, storage, ro_storage, 1 if top is None else top, as_json)
+        return
     with storage_errors(ro_storage):
         rows = []
         entries = []
@@ -68,6 +79,46 @@ def show(storage, engine, as_json):
         return
     click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
 
+
+
+def _show_top(study, storage, ro_storage, top, as_json) -> None:
+    """``show [STUDY] --top N``: the N best distinct feasible plans of one study, best first, each as the
+    best-plan table (degrees, settings, step time, MFU, memory, breakdown); ``--json``: one entry per plan,
+    ``label`` ``top1`` .. ``topN`` (docs/json-schema.md).
+
+    Raises:
+        ConfigError: N < 1; no STUDY while the storage holds other than one study; a study with no
+            feasible plan.
+    """
+    from autotune.report.summary import format_best_plan, json_document
+    from autotune.study.identity import list_studies, load_study
+    from autotune.study.storage_check import storage_errors
+    from autotune.study.trials import require_best_plan, top_feasible_trials, trial_plan, trial_result
+
+    if top < 1:
+        raise ConfigError(f"--top {top}: give a number of plans >= 1")
+    with storage_errors(ro_storage):
+        if study is None:
+            names = [i.name for i in list_studies(ro_storage)]
+            if len(names) != 1:
+                raise ConfigError(f"--top needs a STUDY: {storage} holds {len(names)} studies; name one "
+                                  f"(`autotune show` lists them in its last column)")
+            study = names[0]
+        st, info = load_study(study, ro_storage)
+        require_best_plan(st, info, storage)          # no feasible plan: the reason, exit 2
+        trials = top_feasible_trials(st, top)
+    if as_json:
+        entries = [json_entry(plan=trial_plan(t), result=trial_result(t), info=info, engine=info.engine,
+                              label=f"top{i}", study=info.name, trial=t.number) for i, t in enumerate(trials, 1)]
+        click.echo(json_document("show", entries, storage=storage))
+        return
+    n = len(st.get_trials(deepcopy=False))
+    click.echo(f"study {info.name}: the {len(trials)} best feasible plans of {n} trials"
+               + (f" (only {len(trials)} distinct feasible plans)" if len(trials) < top else ""))
+    for i, t in enumerate(trials, 1):
+        click.echo("")
+        click.echo(format_best_plan(plan=trial_plan(t), result=trial_result(t), model=info.model, engine=info.engine,
+                                    title=f"#{i}: trial {t.number}, MFU {100 * t.value:.1f}%"))
 
 
 @main.command()

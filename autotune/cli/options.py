@@ -489,10 +489,16 @@ def open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, glo
     from autotune.search.space import SearchSpace
     from autotune.study.identity import load_study, study_name
     from autotune.study.storage_check import readonly_url
-    from autotune.target.engines import resolve_engine
+    from autotune.target.engines import get_engine, resolve_engine
     storage = readonly_url(storage)
     if study:
-        return load_study(study, storage)
+        st, info = load_study(study, storage)
+        if engine is not None and get_engine(engine).name != info.engine:
+            # a study's plans were costed for its own engine; another engine's launch files would not
+            # launch what was predicted
+            raise ConfigError(f"--engine {engine}: study {study} was tuned for engine {info.engine}; export it "
+                              f"with --engine {info.engine} (or leave --engine out), or tune a study for {engine}")
+        return st, info
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
     loaded_space = SearchSpace.load(space)

@@ -9,8 +9,91 @@ from autotune.cli.options import JSON_OPTION, json_entry, make_say, target_line
 from autotune.errors import ConfigError
 
 
+#: command-line plan options -> Plan fields (autotune.target.plan.Plan); other fields: --set FIELD=VALUE
+PLAN_FLAGS = {"tp": "tp_degree", "pp": "pp_degree", "cp": "cp_degree", "vpp": "vpp_degree",
+              "mbs": "micro_batch_size", "schedule": "pipeline_schedule", "recompute": "recompute",
+              "zero": "zero_stage", "precision": "precision", "sp": "sequence_parallel"}
+
+
+def _plan_options(f):
+    opts = [
+        click.option("--size", help="Without PLAN_FILE: Llama 3.1 size (8b, 70b, 405b)."),
+        click.option("--model", "model_path", type=click.Path(dir_okay=False),
+                     help="Without PLAN_FILE: a Hugging Face config.json (instead of --size)."),
+        click.option("--gpu", help="Without PLAN_FILE: GPU (default b200)."),
+        click.option("--gpus", type=int, help="Without PLAN_FILE: GPU count (default per size, as `run`)."),
+        click.option("--seq-len", type=int, help="Without PLAN_FILE: sequence length (default 8192)."),
+        click.option("--global-batch", help="Without PLAN_FILE: global batch in tokens (16M, 4M, ...)."),
+        click.option("--tp", type=int, help="Tensor parallel degree (default 1)."),
+        click.option("--pp", type=int, help="Pipeline parallel degree (default 1)."),
+        click.option("--cp", type=int, help="Context parallel degree (default 1)."),
+        click.option("--vpp", type=int, help="Virtual stages per pipeline rank (needs --schedule interleaved_1f1b)."),
+        click.option("--mbs", type=int, help="Micro-batch size in sequences (default 1)."),
+        click.option("--schedule", help="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (default 1f1b)."),
+        click.option("--recompute", help="Activation recomputation: none, selective, full (default none)."),
+        click.option("--zero", type=int, help="ZeRO stage 0-3 (default 1)."),
+        click.option("--precision", help="bf16, fp8_tensorwise, fp8_rowwise, fp8_delayed, mxfp8 (default bf16)."),
+        click.option("--sp/--no-sp", "sp", default=None, help="Sequence parallelism (with --tp > 1)."),
+        click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
+                     help="Any other plan field, e.g. --set memory_reclaim=expandable_segments (YAML value)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, engine, backend, sets,
+                      **flags):
+    """A :class:`~autotune.target.plan.PlanDocument` from command-line degrees and target options: dp =
+    GPUs / (tp pp cp), micro-batches = global batch / (micro-batch x dp), both whole numbers.
+
+    Raises:
+        ConfigError: degrees that do not divide the GPU count or the batch, a malformed ``--set``, or any
+            plan field out of range (named, as a plan file's would be).
+    """
+    import yaml
+
+    from autotune.cli.options import resolve_target
+    from autotune.target.engines import resolve_engine
+    from autotune.target.plan import Plan, PlanDocument
+
+    if size is None and model_path is None:
+        raise ConfigError("without PLAN_FILE, give the model: --size 8b|70b|405b or --model config.json "
+                          "(and the plan: --tp, --pp, --cp, --mbs, ...)")
+    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    d = {PLAN_FLAGS[k]: v for k, v in flags.items() if v is not None}
+    for s in sets:
+        key, eq, text = s.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {s!r}: expected FIELD=VALUE, e.g. --set memory_reclaim=expandable_segments")
+        try:
+            d[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {s!r}: the value is not a YAML scalar") from None
+    if d.get("pipeline_schedule") == "interleaved_1f1b" and "vpp_degree" not in d:
+        raise ConfigError("--schedule interleaved_1f1b needs --vpp N (virtual stages per pipeline rank, >= 2)")
+    if "vpp_degree" in d and d["vpp_degree"] > 1 and "pipeline_schedule" not in d:
+        d["pipeline_schedule"] = "interleaved_1f1b"
+    tp, pp, cp, mbs = (int(d.get(k, 1)) for k in ("tp_degree", "pp_degree", "cp_degree", "micro_batch_size"))
+    n = cluster.num_gpus
+    if min(tp, pp, cp, mbs) < 1 or n % (tp * pp * cp):
+        raise ConfigError(f"--tp {tp} x --pp {pp} x --cp {cp} = {tp * pp * cp} must be >= 1 and divide the "
+                          f"{n} GPUs (dp = GPUs / (tp pp cp))")
+    dp = n // (tp * pp * cp)
+    if workload.global_batch_size % (mbs * dp):
+        raise ConfigError(f"global batch {workload.global_batch_size} sequences is not a multiple of --mbs {mbs} x "
+                          f"dp {dp}; change --mbs, the degrees or --global-batch")
+    d.setdefault("dp_degree", dp)
+    d.setdefault("num_micro_batches", workload.global_batch_size // (mbs * dp))
+    plan = Plan.from_dict(d, source="command-line plan")
+    eng = resolve_engine(engine, backend)
+    return PlanDocument(plan=plan, model=model, gpu=cluster.gpu.name, num_gpus=n, fabric=cluster.fabric.to_dict(),
+                        workload=workload, engine=eng.name)
+
+
 @main.command()
-@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=click.Path(dir_okay=False), required=False)
 @click.option("--backend", default="simulated", show_default=True, help="simulated, measured or real.")
 @click.option("--interconnect", default=None, help="Evaluate on another fabric than the file's.")
 @click.option("--engine", default=None, help="Evaluate for another engine than the file's (megatron, torchtitan, "
@@ -20,11 +103,15 @@ from autotune.errors import ConfigError
                    "per stream.")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
               help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: autotune[plot]).")
+@_plan_options
 @JSON_OPTION
-def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, as_json):
-    """Predict one plan file (model, cluster and workload from the file) and print its memory table.
+def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, as_json, size, model_path, gpu, gpus,
+             seq_len, global_batch, sets, **flags):
+    """Predict one plan file (model, cluster and workload from the file) and print its memory table; or,
+    without PLAN_FILE, a plan given by degrees with the target options (a quick memory and step-time check).
 
-    Example: autotune simulate plan.yaml
+    Examples: autotune simulate plan.yaml;
+    autotune simulate --size 70b --gpus 64 --tp 8 --pp 4 --vpp 5 --mbs 1 --recompute selective
     """
     import os
 
@@ -49,7 +136,19 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise ConfigError(f"{opt} {path!r}: directory {d} does not exist or is not writable")
-    doc = PlanDocument.load(plan_file)
+    given = [f"--{k}" for k, v in flags.items() if v is not None] + [
+        o for o, v in (("--size", size), ("--model", model_path), ("--gpu", gpu), ("--gpus", gpus),
+                       ("--seq-len", seq_len), ("--global-batch", global_batch), ("--set", sets)) if v]
+    if plan_file is not None and given:
+        raise ConfigError(f"{', '.join(given)}: the plan and target come from {plan_file}; give either PLAN_FILE or "
+                          "the command-line plan (--size/--model, --tp, --pp, ...), not both")
+    if plan_file is None:
+        doc = plan_from_options(size=size, model_path=model_path, gpu=gpu, gpus=gpus, interconnect=interconnect,
+                                seq_len=seq_len, global_batch=global_batch, engine=engine, backend=backend, sets=sets,
+                                **flags)
+        plan_file, interconnect = "(command line)", None     # the fabric is in doc already
+    else:
+        doc = PlanDocument.load(plan_file)
     fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)
     # the "has no effect" notes are printed here once, as warning: lines on stderr: validate_plan also

@@ -50,6 +50,30 @@ class LaunchCommand:
     use_torchrun: bool = True
 
 
+def native_unsupported_features(model, seq_len: int) -> list[str]:
+    """Features of ``model`` that autotune's runtime does not build (autotune/runtime/model.py: a Llama
+    block with RMSNorm before attention and MLP, SwiGLU, no biases, an untied LM head and RoPE with the
+    Llama 3 scaling of factor 8 always applied), as readable names; empty when ``autotune validate``
+    runs this very model."""
+    from autotune.target.models import LLAMA31_ROPE_SCALING
+
+    out = []
+    if not (model.gated_mlp and model.mlp_activation in ("silu", "swish")):
+        out.append(f"{'gated ' if model.gated_mlp else ''}{model.mlp_activation} MLP (the runtime has SwiGLU)")
+    if model.qkv_bias:
+        out.append("Q/K/V biases")
+    if model.tied_embeddings:
+        out.append("tied embeddings")
+    if model.rope_scaling != LLAMA31_ROPE_SCALING:
+        rs = "no RoPE scaling" if model.rope_scaling is None else f"RoPE scaling {model.rope_scaling.describe()}"
+        out.append(f"{rs} (the runtime applies Llama 3.1's llama3 scaling, factor 8)")
+    if model.norms_per_layer != 2:
+        out.append(f"{model.norms_per_layer} RMSNorms per layer")
+    if model.sliding_window is not None and seq_len > model.sliding_window:
+        out.append(f"sliding-window attention (window {model.sliding_window} < seq_len {seq_len})")
+    return out + list(model.features)
+
+
 def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> LaunchCommand:
     """The per-engine command of ``doc``.
 
@@ -76,6 +100,10 @@ def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> Launch
                              args=("--module", MODULE_NAME, "--config", CONFIG_FUNCTION), env=tuple(env.items()),
                              notes=("torchtitan >= 0.3.0 (pip install torchtitan); config: autotune_torchtitan.py",))
     if doc.engine == "native":
+        bad = native_unsupported_features(doc.model, doc.workload.seq_len)
+        if bad:
+            raise ConfigError(f"model {doc.model.name}: autotune's runtime (engine native) cannot run {'; '.join(bad)}; "
+                              "export the plan for megatron or torchtitan where they can")
         return LaunchCommand(program=("autotune",), args=("validate", plan_file), use_torchrun=False,
                              notes=("autotune's runtime on the local GPUs (autotune validate)",))
     raise ConfigError(f"engine {doc.engine!r}: valid engines are megatron, torchtitan, native")

@@ -13,7 +13,27 @@ in tests/data/megatron_args.txt, checked by tests/test_export.py). Facts used, e
   CUDA_DEVICE_MAX_CONNECTIONS to 1"; no longer needed from Blackwell, arch >= 10);
 * ``--empty-unused-memory-level 1``: ``torch.cuda.empty_cache()`` once per iteration
   (megatron/training/training.py; no per-micro-batch level exists);
-* ``--ddp-bucket-size`` counts parameters; BF16 -> bucket bytes / 2;
+* ``--ddp-bucket-size`` counts parameters ("Maximum number of parameters in each bucket",
+  megatron/core/distributed/distributed_data_parallel_config.py ``bucket_size``; buckets are filled with
+  params up to that many elements, param_and_grad_buffer.py ``_compute_default_per_buffer_param_layout``)
+  and the bucket's grad buffer has dtype ``torch.float if grad_reduce_in_fp32 else param.dtype``
+  (param_and_grad_buffer.py); with ``--bf16`` ``validate_args`` sets ``accumulate_allreduce_grads_in_fp32``
+  (-> ``grad_reduce_in_fp32``, training.py) unless ``--grad-reduce-in-bf16``. So a bucket of B bytes
+  reduced, as the simulator costs it (``bucket_size_mib`` MiB of the megatron profile's
+  ``grad_reduce_bytes`` = 4 per element, engines.yaml), is ``B / 4`` parameters. Megatron uses the
+  bucket size only with ``--overlap-grad-reduce`` (training.py ``resolve_ddp_bucket_size``: one bucket
+  otherwise);
+* ``--rotary-base`` is ``type=int``; RoPE scaling: ``--use-rope-scaling --rope-scaling-factor F``
+  applies the llama3 scaling with low/high frequency factors 1 / 4 and an original context of 8192
+  tokens (megatron/core/models/common/embeddings/rotary_pos_embedding.py ``_apply_scaling`` defaults;
+  no flag sets them), so only that llama3 variant is exported; ``--add-qkv-bias`` (Qwen2's Q/K/V
+  biases with ``--disable-bias-linear``); activations: ``--swiglu`` (gated SiLU), the default GeLU
+  (F.gelu) or ``--openai-gelu`` (tanh approximation) for a plain MLP, and no GeGLU, logit soft-capping,
+  post-norms or embedding scaling (no such flags): such models are refused (:func:`unsupported_features`);
+* ``async_collectives: false``: Megatron has no switch that makes every collective blocking; the
+  plan's meaning (no communication overlapped with compute) is launched by leaving out
+  ``--overlap-grad-reduce``, ``--overlap-param-gather`` and ``--tp-comm-overlap`` and, with PP, adding
+  ``--no-overlap-p2p-communication`` (dest ``overlap_p2p_comm``);
 * uneven pipeline splits: ``--pipeline-model-parallel-layout`` (E = embedding, t = transformer layer,
   L = loss, ``|`` between virtual stages in model order); even interleaved splits:
   ``--num-layers-per-virtual-pipeline-stage``;
@@ -24,8 +44,8 @@ in tests/data/megatron_args.txt, checked by tests/test_export.py). Facts used, e
 * FP8 (``_add_transformer_engine_args``): ``--fp8-format {e4m3,hybrid}``, ``--fp8-recipe
   {tensorwise,delayed,mxfp8,blockwise}``; delayed scaling with ``--fp8-amax-history-len 1024
   --fp8-amax-compute-algo max`` (NeMo's FP8 recipes).
-Architecture of Llama 3.1 (Meta's config.json: RMSNorm, SwiGLU, RoPE theta 500000 with Llama 3.1
-scaling, GQA, no biases, untied embeddings).
+Architecture from the :class:`ModelSpec` (Llama 3.1: RMSNorm, SwiGLU, RoPE theta 500000 with llama3
+scaling factor 8, GQA, no biases, untied embeddings), never from the model's name.
 """
 
 from __future__ import annotations
@@ -38,31 +58,86 @@ from autotune.target.plan import Plan, Workload
 BLACKWELL_ARCHS = ("blackwell",)
 
 
+#: llama3 RoPE scaling parameters Megatron-LM applies with --use-rope-scaling (rotary_pos_embedding.py
+#: ``_apply_scaling`` defaults: low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192)
+MEGATRON_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+#: (gated, activation) -> the flags of that MLP (arguments.py: --swiglu; default F.gelu; --openai-gelu)
+ACTIVATIONS = {(True, "silu"): ["--swiglu"], (True, "swish"): ["--swiglu"], (False, "gelu"): [],
+               (False, "gelu_new"): ["--openai-gelu"], (False, "gelu_pytorch_tanh"): ["--openai-gelu"]}
+
+
+def unsupported_features(model: ModelSpec, seq_len: int) -> list[str]:
+    """The features of ``model`` that ``pretrain_gpt.py``'s flags cannot express (see the module
+    docstring), as readable names; empty when the model can be launched as it is."""
+    out = []
+    if (model.gated_mlp, model.mlp_activation) not in ACTIVATIONS:
+        out.append(f"{'gated ' if model.gated_mlp else ''}{model.mlp_activation} MLP"
+                   + (" (GeGLU)" if model.gated_mlp and model.mlp_activation.startswith("gelu") else ""))
+    rs = model.rope_scaling
+    if rs is not None and not (rs.type == "llama3" and all(
+            getattr(rs, k) == v for k, v in MEGATRON_LLAMA3_SCALING.items())):
+        out.append(f"RoPE scaling {rs.describe()} (Megatron-LM has llama3 scaling with low/high frequency "
+                   "factors 1/4 and original context 8192 only)")
+    if float(model.rope_theta) != int(model.rope_theta):
+        out.append(f"rope_theta {model.rope_theta!r} (--rotary-base is an integer)")
+    if model.norms_per_layer != 2:
+        out.append(f"{model.norms_per_layer} RMSNorms per layer (post-attention / post-feed-forward norms)")
+    if model.sliding_window is not None and seq_len > model.sliding_window:
+        out.append(f"sliding-window attention (window {model.sliding_window} < seq_len {seq_len})")
+    out += list(model.features)
+    return out
+
+
 def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
-    """Model flags of ``pretrain_gpt.py`` for ``model`` (a dense Llama-style decoder).
+    """Model flags of ``pretrain_gpt.py`` for ``model`` (a dense decoder), from its fields.
+
+    A sliding window at least ``seq_len`` long attends to every earlier token, so it is full causal
+    attention and needs no flag (longer sequences are refused).
 
     Raises:
-        ConfigError: a model Megatron-LM's GPT cannot express here (non-gated MLP with a head_dim
-            other than hidden / heads is still expressed through ``--kv-channels``).
+        ConfigError: a model feature Megatron-LM cannot express (:func:`unsupported_features`), named.
     """
+    bad = unsupported_features(model, seq_len)
+    if bad:
+        raise ConfigError(f"model {model.name}: Megatron-LM's pretrain_gpt.py cannot express {'; '.join(bad)}; "
+                          "the export would launch a different model (export for another engine, or train it "
+                          "with an engine that has these features)")
     args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
             "--ffn-hidden-size", str(model.ffn_hidden_size), "--num-attention-heads", str(model.num_heads),
             "--kv-channels", str(model.head_dim)]
     if model.num_kv_heads != model.num_heads:
         args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
     args += ["--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, model.max_seq_len)),
-             "--position-embedding-type", "rope", "--rotary-base", f"{model.rope_theta:g}",
+             "--position-embedding-type", "rope", "--rotary-base", str(int(model.rope_theta)),
              "--normalization", "RMSNorm", "--norm-epsilon", f"{model.norm_eps:g}", "--disable-bias-linear",
              "--attention-dropout", "0", "--hidden-dropout", "0"]
-    if model.name.startswith("llama3.1"):
-        args.append("--use-rope-scaling")
-    if model.gated_mlp:
-        args.append("--swiglu")
+    if model.qkv_bias:
+        args.append("--add-qkv-bias")
+    if model.rope_scaling is not None:
+        args += ["--use-rope-scaling", "--rope-scaling-factor", f"{model.rope_scaling.factor:g}"]
+    args += ACTIVATIONS[model.gated_mlp, model.mlp_activation]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += ["--vocab-size", str(model.vocab_size), "--tokenizer-type", "NullTokenizer",
              "--make-vocab-size-divisible-by", "128"]
     return args
+
+
+def ddp_bucket_size(plan: Plan) -> int:
+    """``--ddp-bucket-size`` (parameters) for ``plan.bucket_size_mib``: the simulated bucket is
+    ``bucket_size_mib`` MiB of gradients as the megatron engine reduces them (``grad_reduce_bytes`` bytes
+    each, FP32 with --bf16: see the module docstring), so parameters = MiB x 2^20 / grad_reduce_bytes
+    (64 MiB -> 16,777,216 parameters).
+
+    Raises:
+        ConfigError: a bucket that is not a whole number of gradient elements.
+    """
+    from autotune.target.engines import get_engine
+
+    nbytes, per = plan.bucket_size_mib * 2**20, get_engine("megatron").grad_reduce_bytes
+    if nbytes % per:
+        raise ConfigError(f"bucket_size_mib {plan.bucket_size_mib}: not a whole number of {per}-byte gradients")
+    return nbytes // per
 
 
 def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
@@ -97,13 +172,16 @@ def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     elif p.zero_stage in (2, 3):
         a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
               "optim_grads" if p.zero_stage == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
-    if p.dp_grad_reduce_overlap:
+    overlap = p.async_collectives
+    if p.dp_grad_reduce_overlap and overlap:
         a.append("--overlap-grad-reduce")
-    if p.param_gather_overlap and p.zero_stage >= 1:
+    if p.param_gather_overlap and p.zero_stage >= 1 and overlap:
         a.append("--overlap-param-gather")
-    if p.tp_comm_overlap and p.tp_degree > 1:
+    if p.tp_comm_overlap and p.tp_degree > 1 and overlap:
         a.append("--tp-comm-overlap")
-    a += ["--ddp-bucket-size", str(p.bucket_size_mib * 2**20 // 2)]
+    if not overlap and p.pp_degree > 1:
+        a.append("--no-overlap-p2p-communication")
+    a += ["--ddp-bucket-size", str(ddp_bucket_size(p))]
     if p.memory_reclaim in ("empty_cache_per_step", "empty_cache_per_microbatch"):
         # torch.cuda.empty_cache() once per iteration after forward-backward (training.py, level >= 1);
         # Megatron-LM has no per-micro-batch setting, so per-micro-batch plans get the per-step one

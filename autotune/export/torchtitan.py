@@ -26,7 +26,17 @@ the release's own Llama 3.1 function (``torchtitan/models/llama3/config_registry
 * FP8: ``Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head"])`` (recipes in
   0.3.0: rowwise, rowwise_with_gw_hp; tensorwise is gone) or ``MXFP8LinearConverter.Config(fqns=
   ["layers."])`` (torchtitan/components/quantization/), passed to ``model_registry(flavor,
-  converters=...)``; the LM head stays BF16.
+  converters=...)``; the LM head stays BF16;
+* ``memory_reclaim`` ``empty_cache_per_step`` / ``empty_cache_per_microbatch``: torchtitan 0.3.0 has no
+  setting for it (``TrainingConfig.gc_freq`` runs Python's ``gc``, torchtitan/tools/utils.py
+  ``GarbageCollection``), so the module defines ``AutotuneTrainer``, a ``Trainer`` subclass (its
+  ``Config`` is built by ``config.build()`` through ``Configurable``'s ``_owner``,
+  torchtitan/config/configurable.py) that calls ``torch.cuda.empty_cache()`` after every
+  ``train_step`` or, per micro-batch without PP, after every ``forward_backward_step``
+  (torchtitan/trainer.py; with PP the schedule runs every micro-batch inside one call, so per step);
+  ``expandable_segments`` is the launch script's ``PYTORCH_CUDA_ALLOC_CONF``;
+* ``async_collectives: false`` cannot be launched (torchtitan's FSDP2 / TP collectives are always
+  asynchronous on their own streams) and is refused.
 """
 
 from __future__ import annotations
@@ -65,7 +75,11 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload) -> dic
     p = plan
     if model.name not in FLAVORS:
         raise ConfigError(f"model {model.name!r}: the torchtitan export knows Llama 3.1 flavours only "
-                          f"({', '.join(FLAVORS)})")
+                          f"({', '.join(FLAVORS)}); torchtitan's llama3 model_registry has no other architecture")
+    from autotune.target.models import get_model
+    if model != get_model(model.name):
+        raise ConfigError(f"model {model.name!r}: its fields differ from Llama 3.1 {FLAVORS[model.name][0]} (the "
+                          "torchtitan flavour the export names); export for megatron")
     if p.precision == "fp8_tensorwise":
         raise ConfigError("precision fp8_tensorwise: torchtitan 0.3.0's Float8LinearConverter has the recipes "
                           "rowwise and rowwise_with_gw_hp only; re-tune with fp8_rowwise or export for megatron")
@@ -74,6 +88,13 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload) -> dic
                           "Transformer Engine's); export for megatron")
     if p.zero_stage == 1:
         raise ConfigError("zero_stage 1: torchtitan has no optimizer-only sharding; valid: 0 (DDP), 2, 3 (FSDP)")
+    if not p.async_collectives:
+        raise ConfigError("async_collectives false: torchtitan has no setting that makes its FSDP2 / TP / PP "
+                          "collectives blocking; export for megatron, or re-tune with async_collectives true")
+    reclaim = None
+    if p.memory_reclaim in ("empty_cache_per_step", "empty_cache_per_microbatch"):
+        reclaim = "train_step" if p.memory_reclaim == "empty_cache_per_step" or p.pp_degree > 1 \
+            else "forward_backward_step"
     par = {"tensor_parallel_degree": p.tp_degree, "pipeline_parallel_degree": p.pp_degree,
            "context_parallel_degree": p.cp_degree,
            "data_parallel_shard_degree": p.dp_degree if p.zero_stage >= 2 else 1,
@@ -100,7 +121,7 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload) -> dic
             "activation_checkpoint": {"none": None, "selective": "selective", "full": "full"}[p.recompute],
             "compile": {"enable": bool(p.compile), "components": ["model", "loss"],
                         "enable_async_tensor_parallel": bool(p.tp_comm_overlap and p.tp_degree > 1 and p.compile)},
-            "converter": converter}
+            "converter": converter, "empty_cache_after": reclaim}
 
 
 def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *, header: str = "") -> str:
@@ -124,6 +145,27 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
     else:
         conv_src = f"[MXFP8LinearConverter.Config(fqns={conv['fqns']!r}, model_compile_enabled={compiled!r})]"
     doc = header.replace('"""', "'''")
+    hook = s["empty_cache_after"]
+    if hook is None:
+        trainer_src, make_config = "", f'{s["base_config"]}()'
+    else:
+        sig = "self, data_iterator" if hook == "train_step" else "self, *args, **kwargs"
+        call = "data_iterator" if hook == "train_step" else "*args, **kwargs"
+        trainer_src = "\n".join([
+            "", "",
+            "class AutotuneTrainer(Trainer):",
+            f"    # torchtitan's Trainer + torch.cuda.empty_cache() after every {hook} (memory_reclaim "
+            f"{plan.memory_reclaim})",
+            "    @dataclass(kw_only=True, slots=True)",
+            "    class Config(Trainer.Config):",
+            "        pass",
+            "",
+            f"    def {hook}({sig}):",
+            f"        out = super().{hook}({call})",
+            "        torch.cuda.empty_cache()",
+            "        return out",
+            ""])
+        make_config = "AutotuneTrainer.Config(**{f.name: getattr(base, f.name) for f in fields(base) if f.init})"
     return f'''"""torchtitan >= 0.3.0 config written by autotune (``autotune export --launcher ...``).
 {doc}
 Run: PYTHONPATH=<this directory> torchrun ... -m torchtitan.train --module {MODULE_NAME} --config {CONFIG_FUNCTION}
@@ -131,15 +173,20 @@ Starts from torchtitan's own {s["base_config"]}() (dataset, optimizer, checkpoin
 set hf_assets_path to your download) and sets the tuned plan.
 """
 
+from dataclasses import dataclass, fields
+
+import torch
 from torchtitan.components.quantization import Float8LinearConverter, MXFP8LinearConverter
 from torchtitan.config import CompileConfig, ParallelismConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.llama3 import model_registry
 from torchtitan.models.llama3.config_registry import {s["base_config"]}
-
+from torchtitan.trainer import Trainer
+{trainer_src}
 
 def {CONFIG_FUNCTION}():
-    config = {s["base_config"]}()
+    base = {s["base_config"]}()
+    config = {make_config}
     converters = {conv_src}
     config.model_spec = model_registry({s["flavor"]!r}, converters=converters)
     config.parallelism = ParallelismConfig(

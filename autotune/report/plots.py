@@ -140,7 +140,8 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
                         head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
                         fig.update_layout(title=f"{head}<br><sup>{title}</sup>")
                     p = out / f"{name}.html"
-                    fig.write_html(str(p), include_plotlyjs="cdn")
+                    # plotly.js inline (~3.5 MB a file): the plots open offline (air-gapped clusters)
+                    fig.write_html(str(p), include_plotlyjs=True)
                     written.append(p)
         if png:
             import matplotlib.pyplot as plt
@@ -148,15 +149,13 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
             axes = {"history": lambda: _mpl_history(hist, title),
                     "importances": lambda: mvis.plot_param_importances(study, target_name=METRIC),
                     "mfu_vs_memory": lambda: _mpl_memory(pts, title),
-                    "knobs": lambda: mvis.plot_slice(study, target=in_pct, target_name=pct)}
+                    "knobs": lambda: _mpl_knobs(study, pct)}
             for name, make in axes.items():
                 ax = _or_none(make)
                 if ax is None:
                     continue
                 first = ax.flat[0] if hasattr(ax, "flat") else ax
                 fig = first.get_figure()
-                if name == "knobs":
-                    fig.set_size_inches(max(8, 3 * (len(ax.flat) if hasattr(ax, "flat") else 1)), 4)
                 if name in ("importances", "knobs"):
                     head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
                     fig.suptitle(f"{head}\n{title}", fontsize=8)
@@ -165,6 +164,56 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
                 plt.close(fig)
                 written.append(p)
     return written
+
+
+#: columns of the knobs grid (PNG)
+KNOB_COLUMNS = 4
+
+
+def knob_points(study) -> dict[str, list[tuple[str, float]]]:
+    """knob name -> (value as text, MFU in %) of every complete trial that sampled it; knobs in name order,
+    each value list in trial order."""
+    from optuna.trial import TrialState
+    out: dict[str, list[tuple[str, float]]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for k, v in t.params.items():
+            out.setdefault(k, []).append((str(v), 100 * float(t.value or 0.0)))
+    return dict(sorted(out.items()))
+
+
+def _mpl_knobs(study, pct: str):
+    """MFU (%) by value of each knob: a grid of KNOB_COLUMNS columns, one panel per knob, values as
+    categories in sorted order (numbers numerically) with the tick labels rotated 45 degrees."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    pts = knob_points(study)
+    if not pts:
+        return None
+    cols = min(KNOB_COLUMNS, len(pts))
+    rows = math.ceil(len(pts) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+
+    def order(v: str):
+        try:
+            return (0, float(v), v)
+        except ValueError:
+            return (1, 0.0, v)
+
+    for ax, (knob, vals) in zip(axes.flat, pts.items()):
+        cats = sorted({v for v, _ in vals}, key=order)
+        idx = {c: i for i, c in enumerate(cats)}
+        ax.scatter([idx[v] for v, _ in vals], [m for _, m in vals], s=10, alpha=0.6)
+        ax.set_xticks(range(len(cats)))
+        ax.set_xticklabels(cats, rotation=45, ha="right", fontsize=7)
+        ax.set_title(knob, fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_ylabel(pct, fontsize=7)
+    for ax in list(axes.flat)[len(pts):]:
+        ax.set_visible(False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return axes
 
 
 def _plotly_history(hist, title: str):

@@ -331,15 +331,20 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         if p.zero_stage >= 2:
             meg_notes.append(f"# ZeRO-{p.zero_stage}: Megatron-FSDP (--use-megatron-fsdp) shards grads/params; "
                              "`autotune export --launcher torchrun -o DIR` writes its flags")
-    if p.dp_grad_reduce_overlap:
+    from autotune.export.megatron import ddp_bucket_size
+
+    if p.dp_grad_reduce_overlap and p.async_collectives:
         meg.append("--overlap-grad-reduce")
-    if p.param_gather_overlap:
+    if p.param_gather_overlap and p.async_collectives:
         meg.append("--overlap-param-gather")
-    if p.tp_comm_overlap:
+    if p.tp_comm_overlap and p.async_collectives:
         meg.append("--tp-comm-overlap")
-    meg.append(f"--ddp-bucket-size {p.bucket_size_mib * 2**20 // 2}")
-    meg_notes.append(f"# --ddp-bucket-size counts parameters: {p.bucket_size_mib * 2**20 // 2} BF16 parameters = "
-                     f"{p.bucket_size_mib} MiB")
+    if not p.async_collectives and p.pp_degree > 1:
+        meg.append("--no-overlap-p2p-communication")
+    bucket = ddp_bucket_size(p)
+    meg.append(f"--ddp-bucket-size {bucket}")
+    meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} FP32 main grads (--bf16 reduces them in "
+                     f"FP32) = {p.bucket_size_mib} MiB")
     if p.fp8:
         meg.append("--bf16")
     if p.precision == "fp8_tensorwise":

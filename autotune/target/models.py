@@ -23,6 +23,78 @@ from typing import Any, Mapping
 
 from autotune.errors import ConfigError
 
+#: HF ``rope_scaling`` / ``rope_parameters`` types (transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS``)
+ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling of a model (HF ``config.json`` ``rope_scaling``; transformers
+    ``modeling_rope_utils``). The cost model ignores it (it changes no FLOPs or bytes); launch files must
+    reproduce it (:mod:`autotune.export`).
+
+    Attributes:
+        type: ``rope_type`` (or the older ``type``): one of :data:`ROPE_SCALING_TYPES`.
+        factor: the scaling factor (dimensionless; Llama 3.1: 8, Llama 3.2: 32).
+        low_freq_factor, high_freq_factor, original_max_position_embeddings: the llama3 type's parameters
+            (Llama 3.1 / 3.2: 1, 4, 8192 tokens); None where the config has none.
+
+    Raises:
+        ConfigError: an unknown type, or a factor / parameter that is not a positive finite number.
+    """
+
+    type: str
+    factor: float = 1.0
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        from autotune.target.validate import require_int, require_number
+        if self.type not in ROPE_SCALING_TYPES:
+            raise ConfigError(f"rope_scaling type {str(self.type)[:40]!r} is not known; known: "
+                              f"{', '.join(ROPE_SCALING_TYPES)}")
+        object.__setattr__(self, "factor", require_number(self.factor, "rope_scaling factor", lo=0, lo_open=True))
+        for f in ("low_freq_factor", "high_freq_factor"):
+            if getattr(self, f) is not None:
+                object.__setattr__(self, f, require_number(getattr(self, f), f"rope_scaling {f}", lo=0,
+                                                           lo_open=True))
+        if self.original_max_position_embeddings is not None:
+            require_int(self.original_max_position_embeddings, "rope_scaling original_max_position_embeddings",
+                        hi=2**30)
+
+    def describe(self) -> str:
+        """``llama3 (factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192)``."""
+        parts = [f"{k} {v:g}" for k, v in asdict(self).items() if k != "type" and v is not None]
+        return f"{self.type} ({', '.join(parts)})"
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], *, source: str) -> "RopeScaling | None":
+        """From an HF ``rope_scaling`` / ``rope_parameters`` mapping or a plan file's ``rope_scaling``;
+        None for ``rope_type: default`` (no scaling).
+
+        Raises:
+            ConfigError: not a mapping, or an unknown / malformed type or value (naming ``source``).
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source}: expected a mapping, got {type(d).__name__}")
+        t = d.get("rope_type", d.get("type"))
+        if t == "default":
+            return None
+        if not isinstance(t, str):
+            raise ConfigError(f"{source}: rope_type must be a string ({', '.join(ROPE_SCALING_TYPES)}), got {t!r}")
+        try:
+            return cls(type=t, factor=d.get("factor", 1.0), low_freq_factor=d.get("low_freq_factor"),
+                       high_freq_factor=d.get("high_freq_factor"),
+                       original_max_position_embeddings=d.get("original_max_position_embeddings"))
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+
+#: ModelSpec fields added after plan files and study names existed: left out of :meth:`ModelSpec.to_dict`
+#: and :meth:`ModelSpec.fingerprint` at their defaults, so earlier files and study names are unchanged.
+_LATER_FIELDS = {"mlp_activation": "silu", "rope_scaling": None, "features": ()}
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -46,6 +118,12 @@ class ModelSpec:
         sliding_window: attention window in tokens where the architecture uses one (Mistral v0.1,
             Gemma 2, Phi-3), else None; the cost model computes full causal attention, so a sequence
             longer than the window is refused (:meth:`check_sequence`).
+        mlp_activation: the MLP's activation as HF names it (``silu``: SwiGLU when gated; ``gelu``,
+            ``gelu_pytorch_tanh``: GeGLU when gated, Gemma). Not costed differently; launch files use it.
+        rope_scaling: RoPE frequency scaling (:class:`RopeScaling`), None for plain RoPE.
+        features: other architecture features the cost model does not change for but a launch must
+            reproduce, as readable names (``embedding scaled by sqrt(hidden_size)``, ``attention logit
+            soft-capping 50``); an export for an engine that cannot express one is refused naming it.
 
     Raises:
         ConfigError: on a non-positive size or heads that do not divide (n_q % n_kv != 0).
@@ -67,6 +145,9 @@ class ModelSpec:
     qkv_bias: bool = False
     norms_per_layer: int = 2
     sliding_window: int | None = None
+    mlp_activation: str = "silu"
+    rope_scaling: RopeScaling | None = None
+    features: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from autotune.target.validate import (
@@ -92,6 +173,17 @@ class ModelSpec:
             require_bool(getattr(self, f), f"model {self.name!r}: {f}")
         require_number(self.rope_theta, f"model {self.name!r}: rope_theta", lo=0, lo_open=True)
         require_number(self.norm_eps, f"model {self.name!r}: norm_eps", lo=0, hi=1)
+        require_name(self.mlp_activation, f"model {self.name!r}: mlp_activation")
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_mapping(
+                self.rope_scaling, source=f"model {self.name!r}: rope_scaling"))
+        elif self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ConfigError(f"model {self.name!r}: rope_scaling must be a mapping (rope_type, factor, ...) or "
+                              f"null, got {type(self.rope_scaling).__name__}")
+        if isinstance(self.features, list):
+            object.__setattr__(self, "features", tuple(self.features))
+        if not isinstance(self.features, tuple) or not all(isinstance(f, str) and f for f in self.features):
+            raise ConfigError(f"model {self.name!r}: features must be a list of names, got {self.features!r}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"model {self.name!r}: num_heads={self.num_heads} is not a multiple of "
@@ -184,11 +276,18 @@ class ModelSpec:
         """8 hex digits of SHA-256 over the architecture fields (every field but ``name``): two configs
         with the same name but different shapes get different study names."""
         import hashlib
-        d = {k: v for k, v in asdict(self).items() if k != "name"}
+        d = {k: v for k, v in self.to_dict().items() if k != "name"}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data (YAML/JSON safe); the fields of :data:`_LATER_FIELDS` only where not at their default."""
+        d = asdict(self)
+        for k, default in _LATER_FIELDS.items():
+            if d[k] == default or (k == "features" and not d[k]):
+                del d[k]
+        if "features" in d:
+            d["features"] = list(d["features"])
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "model") -> "ModelSpec":
@@ -198,14 +297,26 @@ class ModelSpec:
         unknown = sorted(map(str, set(d) - known))
         if unknown:
             raise ConfigError(f"{source}: unknown model field(s) {unknown}; valid fields: {sorted(known)}")
+        d = dict(d)
+        if "rope_scaling" not in d:
+            # files and studies from before rope_scaling was recorded: a catalog Llama 3.1 (or its
+            # --layers proxy, ``<name>-<N>L``) had its published scaling then too
+            base = next((m for m in CATALOG.values() if d.get("name") == m.name
+                         or str(d.get("name", "")).startswith(m.name + "-")), None)
+            if base is not None:
+                d["rope_scaling"] = base.rope_scaling
         try:
-            return cls(**dict(d))
+            return cls(**d)
         except TypeError as e:
             raise ConfigError(f"{source}: {e}") from None
 
 
+#: Llama 3.1's RoPE scaling (config.json of meta-llama/Llama-3.1-*: rope_scaling {rope_type: llama3, factor 8,
+#: low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192})
+LLAMA31_ROPE_SCALING = RopeScaling(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=8192)
 LLAMA31_COMMON = dict(vocab_size=128256, head_dim=128, tied_embeddings=False, gated_mlp=True,
-                      rope_theta=500000.0, norm_eps=1e-5, max_seq_len=131072)
+                      rope_theta=500000.0, norm_eps=1e-5, max_seq_len=131072, rope_scaling=LLAMA31_ROPE_SCALING)
 
 #: Llama 3.1 configurations (Llama 3 paper Table 3; Hugging Face config.json of meta-llama/Llama-3.1-*).
 CATALOG: dict[str, ModelSpec] = {
@@ -266,6 +377,41 @@ def _safe_label(s: str) -> str:
     return out[:64] or "model"
 
 
+def _hf_features(raw: Mapping[str, Any], mtype: str | None, head_dim: int, p: Path) -> tuple[str, ...]:
+    """Architecture features of an HF config beyond the Llama baseline that no ModelSpec field holds
+    (see :attr:`ModelSpec.features`), from transformers' modeling files:
+
+    * Gemma / Gemma 2 scale the input embedding by sqrt(hidden_size) (GemmaModel ``normalizer``) and
+      keep RMSNorm weights as 1 + w (GemmaRMSNorm);
+    * Gemma 2: ``attn_logit_softcapping``, ``final_logit_softcapping`` (tanh soft-capping,
+      Gemma2Attention / Gemma2ForCausalLM) and ``query_pre_attn_scalar`` when it is not head_dim (the
+      attention scale is query_pre_attn_scalar^-0.5);
+    * ``partial_rotary_factor`` < 1 (RoPE on a fraction of each head).
+
+    Raises:
+        ConfigError: a soft-capping or scalar value that is not a positive number (named).
+    """
+    from autotune.target.validate import require_number
+
+    out: list[str] = []
+    if mtype in ("gemma", "gemma2"):
+        out += ["embedding scaled by sqrt(hidden_size) (Gemma)", "RMSNorm weight 1 + w (Gemma)"]
+    for key, what in (("attn_logit_softcapping", "attention logit soft-capping"),
+                      ("final_logit_softcapping", "final logit soft-capping")):
+        if raw.get(key) is not None:
+            out.append(f"{what} {require_number(raw[key], f'model config {p}: field {key}', lo=0, lo_open=True):g}")
+    q = raw.get("query_pre_attn_scalar")
+    if q is not None and require_number(q, f"model config {p}: field query_pre_attn_scalar", lo=0, lo_open=True) \
+            != head_dim:
+        out.append(f"attention scale query_pre_attn_scalar^-0.5 with query_pre_attn_scalar {q:g} (not head_dim "
+                   f"{head_dim})")
+    prf = raw.get("partial_rotary_factor")
+    if prf is not None and require_number(prf, f"model config {p}: field partial_rotary_factor", lo=0, hi=1,
+                                          lo_open=True) < 1:
+        out.append(f"partial rotary embedding (partial_rotary_factor {prf:g})")
+    return tuple(out)
+
+
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face ``config.json`` of a dense decoder, per ``model_type``.
 
@@ -275,7 +421,10 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     two-projection). Fields: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
     ``num_key_value_heads`` (default: the head count; 0 refused), ``intermediate_size``, ``vocab_size``,
     ``head_dim`` (default hidden/heads, which must divide), ``tie_word_embeddings``,
-    ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``sliding_window``. Integer fields must
+    ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``sliding_window``, ``hidden_act`` /
+    ``hidden_activation`` (kept as ``mlp_activation``), ``rope_scaling`` (or transformers 5's
+    ``rope_parameters``, which also holds ``rope_theta``) and the features of :func:`_hf_features`
+    (soft-capping, Gemma's embedding scale, ...), which launch files must reproduce. Integer fields must
     be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path or model_type>@
     <fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
 
@@ -352,8 +501,18 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     if sw is not None and uses_window:
         window = require_int(sw, f"model config {p}: field sliding_window", hi=2**30)
     max_pos = integer("max_position_embeddings", "n_positions", default=4096)
-    rope = require_number(field("rope_theta", default=10000.0), f"model config {p}: field rope_theta", lo=0,
-                          lo_open=True)
+    # transformers >= 5 writes rope_theta and the scaling inside rope_parameters
+    rope_params = raw.get("rope_parameters")
+    if rope_params is not None and not isinstance(rope_params, dict):
+        raise ConfigError(f"model config {p}: field rope_parameters must be a mapping, got {type(rope_params).__name__}")
+    rope_params = rope_params or {}
+    theta = rope_params.get("rope_theta") if rope_params.get("rope_theta") is not None else field("rope_theta",
+                                                                                                   default=10000.0)
+    rope = require_number(theta, f"model config {p}: field rope_theta", lo=0, lo_open=True)
+    scaling_raw = raw.get("rope_scaling") if raw.get("rope_scaling") is not None else (rope_params or None)
+    scaling = None if scaling_raw is None else RopeScaling.from_mapping(
+        scaling_raw, source=f"model config {p}: field {'rope_scaling' if raw.get('rope_scaling') else 'rope_parameters'}")
+    features = _hf_features(raw, mtype, head_dim, p)
     eps = require_number(field("rms_norm_eps", "layer_norm_eps", default=1e-5), f"model config {p}: field rms_norm_eps",
                          lo=0, hi=1)
     base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
@@ -362,5 +521,6 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
         num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
         tied_embeddings=tied, gated_mlp=bool(gated), rope_theta=rope, norm_eps=eps, max_seq_len=max_pos,
-        qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window)
+        qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
+        mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
     return replace(spec, name=f"{_safe_label(Path(str(base)).name)}@{spec.fingerprint()}")

@@ -408,11 +408,12 @@ def test_describe_names_every_term():
 def test_estimate_is_fast():
     p = Plan(tp_degree=8, pp_degree=8, vpp_degree=2, num_micro_batches=16, dp_degree=16,
              pipeline_schedule="interleaved_1f1b", stage_layers=(7,) + (8,) * 14 + (7,), zero_stage=1)
-    t0 = time.perf_counter()
+    # CPU time of this process, not wall time: another process keeping the cores busy does not count
+    t0 = time.process_time()
     for _ in range(2000):
         estimate_memory(M405, p, H200, W)
-    # ~0.08 ms per call measured; the tuner calls it thousands of times per study
-    assert time.perf_counter() - t0 < 2.0
+    # ~0.08 ms per call measured; the tuner calls it thousands of times per study (12x margin)
+    assert time.process_time() - t0 < 2.0
 
 
 def test_stage_memory_total_sums_terms():

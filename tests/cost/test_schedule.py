@@ -154,9 +154,9 @@ def test_p16_v8_matches_interval_recount(m):
 def test_large_m_is_fast_and_exact():
     # m = 2048, p = 16, v = 8: 32,768 chunk passes per rank; the count stays p + (p - 2r - 1)/v.
     plan = _plan(16, 2048, "interleaved_1f1b", 8)
-    t0 = time.perf_counter()
+    t0 = time.process_time()        # this process's CPU time: a concurrent load does not count
     got = count_inflight(plan, 3).num_inflight_microbatches
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert got == pytest.approx(16 + (16 - 7) / 8)
 
 

@@ -1,6 +1,12 @@
 """Write tests/data/megatron_args.txt: every option string of Megatron-LM's argument parser.
 
 Usage: python tests/data/extract_megatron_args.py PATH/TO/Megatron-LM COMMIT > tests/data/megatron_args.txt
+       python tests/data/extract_megatron_args.py PATH/TO/Megatron-LM COMMIT --facts > tests/data/megatron_arg_facts.jsonl
+
+``--facts``: one JSON object per option string with what the parser does with its value (facts, no
+code): ``action`` (store, store_true, store_false, store_const, append, ...), ``type`` (the name of the
+converter: int, float, str, or another callable's name), ``nargs``, ``choices`` (as strings) and
+``dest``; tests/export rebuild an argparse parser from them and parse every export with it.
 
 Builds the real parser (``megatron.training.arguments.add_megatron_arguments``, which also adds the
 options generated from config dataclasses by ``ArgumentGroupFactory``) with the CPU torch of this
@@ -68,10 +74,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_megatron_arguments(parser)
     names = sorted({s for s in parser._option_string_actions if s.startswith("--")})
+    if "--facts" in sys.argv[3:]:
+        _print_facts(parser, names, commit)
+        return
     print(f"# Option strings of Megatron-LM's parser (megatron/training/arguments.py add_megatron_arguments)")
     print(f"# NVIDIA/Megatron-LM commit {commit}; written by tests/data/extract_megatron_args.py")
     for n in names:
         print(n)
+
+
+def _print_facts(parser: argparse.ArgumentParser, names: list[str], commit: str) -> None:
+    import json
+    kinds = {argparse._StoreAction: "store", argparse._StoreTrueAction: "store_true",
+             argparse._StoreFalseAction: "store_false", argparse._StoreConstAction: "store_const",
+             argparse._AppendAction: "append", argparse._CountAction: "count"}
+    print(json.dumps({"comment": "facts of Megatron-LM's parser (megatron/training/arguments.py "
+                                 "add_megatron_arguments), written by tests/data/extract_megatron_args.py --facts",
+                      "commit": commit}))
+    for n in names:
+        a = parser._option_string_actions[n]
+        kind = next((v for k, v in kinds.items() if type(a) is k), type(a).__name__)
+        t = a.type
+        tname = None if t is None else getattr(t, "__name__", type(t).__name__)
+        print(json.dumps({"option": n, "action": kind, "type": tname,
+                          "nargs": a.nargs if a.nargs is None or isinstance(a.nargs, (int, str)) else str(a.nargs),
+                          "choices": None if a.choices is None else [str(c) for c in a.choices],
+                          "dest": a.dest}))
 
 
 if __name__ == "__main__":

@@ -70,8 +70,9 @@ def test_megatron_values_by_hand():
     # layout: 32 virtual stages, 3 + 30 x 4 + 3 = 126 layers, embedding first, loss last
     lay = val["--pipeline-model-parallel-layout"].split("|")
     assert len(lay) == 32 and lay[0] == "Ettt" and lay[-1] == "tttL" and sum(s.count("t") for s in lay) == 126
-    # --ddp-bucket-size counts parameters: bucket MiB x 2^20 bytes / 2 bytes per BF16 parameter
-    assert val["--ddp-bucket-size"] == str(p.bucket_size_mib * 2**20 // 2)
+    # --ddp-bucket-size counts parameters, and with --bf16 Megatron's grad buffer is FP32 (4 bytes):
+    # 64 MiB = 67,108,864 bytes / 4 = 16,777,216 parameters (test_megatron_bucket.py derives both sides)
+    assert p.bucket_size_mib == 64 and val["--ddp-bucket-size"] == "16777216"
     assert "--use-distributed-optimizer" in a and val["--fp8-recipe"] == "mxfp8"
     z3 = megatron_args(PLANS_405[2], M405, W405)
     assert z3[z3.index("--data-parallel-sharding-strategy") + 1] == "optim_grads_params"
@@ -136,10 +137,15 @@ TT_PLANS = [
           num_micro_batches=64, precision="mxfp8", compile=True), "always"),
     (Plan(tp_degree=8, pp_degree=2, dp_degree=64, pipeline_schedule="1f1b", zero_stage=2, recompute="selective",
           micro_batch_size=1, num_micro_batches=32, precision="fp8_rowwise"), "never"),
+    # torchtitan has no empty_cache setting: the module's AutotuneTrainer (a Trainer subclass) does it
+    (Plan(tp_degree=8, pp_degree=2, dp_degree=64, pipeline_schedule="1f1b", zero_stage=2, recompute="selective",
+          micro_batch_size=1, num_micro_batches=32, precision="fp8_rowwise", memory_reclaim="empty_cache_per_step"),
+     "never"),
 ]
 
 
-@pytest.mark.parametrize("plan,reshard", TT_PLANS, ids=["zero3-interleaved-mxfp8", "zero2-1f1b-fp8"])
+@pytest.mark.parametrize("plan,reshard", TT_PLANS, ids=["zero3-interleaved-mxfp8", "zero2-1f1b-fp8",
+                                                        "zero2-empty-cache-per-step"])
 def test_torchtitan_config_loads_with_torchtitans_loader(plan, reshard, tmp_path, monkeypatch):
     if not _torchtitan_available():
         pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'autotune[torchtitan]' or set "
@@ -184,6 +190,14 @@ def test_torchtitan_config_loads_with_torchtitans_loader(plan, reshard, tmp_path
         assert conv.recipe_name == "rowwise" and conv.filter_fqns == ["lm_head"]
     else:
         assert conv.fqns == ["layers."]
+    # config.build() (torchtitan.train) builds the Config's _owner: the Trainer that empties the cache
+    from torchtitan.trainer import Trainer
+    owner = type(cfg)._owner
+    assert issubclass(owner, Trainer)
+    if plan.memory_reclaim == "empty_cache_per_step":
+        assert owner.__name__ == "AutotuneTrainer" and "train_step" in vars(owner)
+    else:
+        assert owner is Trainer
 
 
 @pytest.mark.parametrize("engine", ["megatron", "torchtitan", "native"])

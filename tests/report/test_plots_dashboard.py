@@ -161,3 +161,35 @@ def test_plot_with_several_studies_says_how_to_name_one(tmp_path):
     name = err[0].split("`autotune plot ")[1].split()[0]
     r = CliRunner().invoke(main, ["plot", name, "--storage", url, "-o", str(tmp_path / "p")])
     assert r.exit_code == 0, r.output
+
+
+def test_knobs_png_is_a_grid_and_html_plots_are_self_contained(study_url, tmp_path):
+    # knobs.png was one row of panels (3315 x 414 px) with overlapping tick labels; now a grid of
+    # KNOB_COLUMNS columns: with k knobs, ceil(k / 4) rows of 3.2 x 2.8 in panels -> width/height
+    # = 4 x 3.2 / (rows x 2.8) at most 4.6 (one row), and below 2.3 from two rows on
+    pytest.importorskip("matplotlib", reason="matplotlib (autotune[plot]) not installed")
+    import math
+    import struct
+
+    from autotune.report.plots import KNOB_COLUMNS, knob_points
+
+    st = _study(study_url)
+    pts = knob_points(st)
+    complete = [t for t in st.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    for k, vals in pts.items():       # one point per complete trial that sampled the knob, MFU in %
+        assert len(vals) == sum(k in t.params for t in complete)
+    r = CliRunner().invoke(main, ["plot", "--storage", study_url, "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    w, h = struct.unpack(">II", (tmp_path / "knobs.png").read_bytes()[16:24])    # PNG IHDR width, height
+    rows = math.ceil(len(pts) / KNOB_COLUMNS)
+    assert rows >= 2 and w / h < 2.3, (w, h, len(pts))
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        return
+    for name in ("history", "importances", "mfu_vs_memory", "knobs"):
+        html = (tmp_path / f"{name}.html").read_text()
+        # plotly.js inline: no script loaded from a CDN, the library's own source is in the file
+        import re
+        assert not re.search(r"<script[^>]*\bsrc=", html), name
+        assert len(html) > 1_000_000 and "Plotly" in html, name

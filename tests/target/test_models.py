@@ -180,3 +180,38 @@ def test_hf_config_refused_by_name(tmp_path, cfg, match):
     p.write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=match):
         model_from_hf_config(p)
+
+
+def test_hf_features_rope_scaling_and_unchanged_study_names(tmp_path):
+    from autotune.target.models import RopeScaling
+
+    def load(cfg):
+        p = tmp_path / "config.json"
+        p.write_text(json.dumps(cfg))
+        return model_from_hf_config(p)
+
+    llama2 = dict(HF_CONFIGS["llama-2-7b"][0])
+    mistral = dict(HF_CONFIGS["mistral-7b-v0.1"][0])
+    # names (with their fingerprints) as the code before mlp_activation / rope_scaling / features were
+    # recorded gave them (commit d52b4a5): a config without those features keeps its study name
+    assert load(llama2).name == "llama@a1657e3f"
+    assert load(mistral).name == "mistral@43456069"
+    # Llama 3.2 style scaling is recorded, and changes the fingerprint (another architecture)
+    scaled = load(dict(llama2, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))
+    assert scaled.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192) and scaled.name != "llama@a1657e3f"
+    # transformers 5: rope_theta and the scaling inside rope_parameters; "default" is no scaling
+    v5 = load(dict(llama2, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
+    assert v5.rope_theta == 1e6 and v5.rope_scaling is None
+    # Gemma 2's features, by name
+    g2 = load(dict(HF_CONFIGS["gemma-2-9b"][0], attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                   query_pre_attn_scalar=256))
+    assert g2.mlp_activation == "gelu_pytorch_tanh" and g2.gated_mlp
+    assert "attention logit soft-capping 50" in g2.features and "final logit soft-capping 30" in g2.features
+    assert not any("query_pre_attn_scalar" in f for f in g2.features)     # 256 = head_dim: the usual scale
+    # the features survive a plan file / study round trip; the catalog's scaling fills old files in
+    assert ModelSpec.from_dict(g2.to_dict()) == g2
+    old = {k: v for k, v in get_model("8b").to_dict().items() if k != "rope_scaling"}
+    assert ModelSpec.from_dict(old) == get_model("8b")
+    with pytest.raises(ConfigError, match="rope_scaling type 'su' is not known"):
+        load(dict(llama2, rope_scaling={"type": "su", "factor": 2.0}))

@@ -1,0 +1,52 @@
+"""``autotune simulate`` with a plan from command-line degrees equals the same plan from a YAML file."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from autotune.cli.app import main
+from autotune.target.hardware import make_cluster
+from autotune.target.models import get_model
+from autotune.target.plan import Plan, PlanDocument, Workload
+
+
+def test_command_line_plan_equals_the_yaml_plan(tmp_path):
+    args = ["simulate", "--size", "70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "5", "--mbs", "1",
+            "--recompute", "selective", "--sp", "--set", "memory_reclaim=expandable_segments", "--json"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)["results"][0]
+    # by hand: 70b defaults (README): 64 GPUs, 4M tokens = 512 sequences of 8192; dp = 64 / (8 x 4) = 2;
+    # micro-batches = 512 / (1 x 2) = 256; vpp given -> interleaved schedule; engine megatron (default)
+    plan = Plan(tp_degree=8, pp_degree=4, dp_degree=2, vpp_degree=5, pipeline_schedule="interleaved_1f1b",
+                micro_batch_size=1, num_micro_batches=256, recompute="selective", sequence_parallel=True,
+                memory_reclaim="expandable_segments")
+    cl = make_cluster("b200", 64, None)
+    doc = PlanDocument(plan=plan, model=get_model("70b"), gpu="b200", num_gpus=64, fabric=cl.fabric.to_dict(),
+                       workload=Workload(seq_len=8192, global_batch_size=512), engine="megatron")
+    doc.save(tmp_path / "p.yaml")
+    r2 = CliRunner().invoke(main, ["simulate", str(tmp_path / "p.yaml"), "--json"])
+    assert r2.exit_code == 0, r2.output
+    want = json.loads(r2.output)["results"][0]
+    assert got["plan"] == want["plan"]
+    assert got["prediction"]["step_time_ms"] == want["prediction"]["step_time_ms"]
+    assert got["prediction"]["mfu"] == want["prediction"]["mfu"]
+    assert got["memory_per_stage"] == want["memory_per_stage"] and got["breakdown_ms"] == want["breakdown_ms"]
+
+
+def test_command_line_plan_errors_are_one_line():
+    cases = [
+        (["simulate", "--tp", "8"], "give the model"),
+        (["simulate", "--size", "8b", "--tp", "3"], "must be >= 1 and divide the 8 GPUs"),
+        (["simulate", "--size", "8b", "--mbs", "3"], "not a multiple of --mbs 3"),
+        (["simulate", "--size", "8b", "--set", "memory_reclaim"], "expected FIELD=VALUE"),
+        (["simulate", "--size", "8b", "--set", "no_such_field=1"], "no_such_field"),
+        (["simulate", "plan.yaml", "--tp", "2"], "give either PLAN_FILE or"),
+    ]
+    for args, words in cases:
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, (args, r.output)
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], (args, r.output)
