@@ -126,15 +126,16 @@ def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
 def ddp_bucket_size(plan: Plan) -> int:
     """``--ddp-bucket-size`` (parameters) for ``plan.bucket_size_mib``: the simulated bucket is
     ``bucket_size_mib`` MiB of gradients as the megatron engine reduces them (``grad_reduce_bytes`` bytes
-    each, FP32 with --bf16: see the module docstring), so parameters = MiB x 2^20 / grad_reduce_bytes
-    (64 MiB -> 16,777,216 parameters).
+    each, FP32 with --bf16: see the module docstring; BF16 with ``plan.grad_reduce_in_bf16``, Megatron-LM
+    --grad-reduce-in-bf16), so parameters = MiB x 2^20 / grad_reduce_bytes (64 MiB -> 16,777,216
+    parameters, or 33,554,432 with BF16 reduction).
 
     Raises:
         ConfigError: a bucket that is not a whole number of gradient elements.
     """
-    from autotune.target.engines import get_engine
+    from autotune.target.engines import engine_for_plan
 
-    nbytes, per = plan.bucket_size_mib * 2**20, get_engine("megatron").grad_reduce_bytes
+    nbytes, per = plan.bucket_size_mib * 2**20, engine_for_plan("megatron", plan).grad_reduce_bytes
     if nbytes % per:
         raise ConfigError(f"bucket_size_mib {plan.bucket_size_mib}: not a whole number of {per}-byte gradients")
     return nbytes // per

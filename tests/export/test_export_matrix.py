@@ -354,3 +354,25 @@ def test_export_study_with_another_engine_is_refused(tmp_path):
     r = CliRunner().invoke(main, ["export", "--study", name, "--storage", url, "--engine", "megatron",
                                   "-o", str(tmp_path / "p.yaml")])
     assert r.exit_code == 0, r.output
+
+
+def test_bf16_gradient_reduction_launches_twice_the_parameters_per_bucket():
+    # Plan.grad_reduce_in_bf16 (Megatron-LM --grad-reduce-in-bf16): the main-grad buffer and its reductions
+    # are BF16, 2 bytes per gradient, so the simulated 64 MiB bucket holds 64 x 2^20 / 2 = 33,554,432
+    # gradients, and the launch says so; the flag itself is exported too
+    from autotune.cost.chunk_costs import CostBuilder
+    from autotune.target.plan import Plan
+
+    plan = Plan(tp_degree=1, dp_degree=8, bucket_size_mib=64, grad_reduce_in_bf16=True)
+    assert ddp_bucket_size(plan) == 33_554_432
+    assert ddp_bucket_size(plan.replace(grad_reduce_in_bf16=False)) == 16_777_216
+    from autotune.cost.op_costs import CalibratedCosts
+    from autotune.cost.calibration import default_calibration
+    from autotune.target.hardware import make_cluster
+    from autotune.target.models import get_model
+    from autotune.target.plan import Workload
+
+    cluster = make_cluster("h100", 8, "nvlink4")
+    cb = CostBuilder(model=get_model("8b"), plan=plan, cluster=cluster, workload=Workload(seq_len=8192, global_batch_size=8),
+                     costs=CalibratedCosts(profile=default_calibration(), gpu=cluster.gpu), engine="megatron")
+    assert cb.grad_reduce_bytes == 2
