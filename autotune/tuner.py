@@ -34,6 +34,7 @@ from autotune.search.seeding import TrialSeededSampler, worker_seed
 from autotune.search.space import BoundSearchSpace, Pruned, SearchSpace
 from autotune.signals import IN_OBJECTIVE, interrupted, trial_interrupt_handler
 from autotune.study.identity import StudyInfo, check_identity, study_name
+from autotune.study.storage_check import user_url
 from autotune.study.storage import (
     DEFAULT_BACKEND,
     DEFAULT_STORAGE,
@@ -166,7 +167,7 @@ class Tuner:
                 except Exception as e:
                     if interrupted():       # the interrupt landed inside SQLite (see _INTERRUPT)
                         raise KeyboardInterrupt from None
-                    raise StorageError(f"cannot open study {self.name!r} in {self.storage}: {e}") from None
+                    raise StorageError(f"cannot open study {self.name!r} in {user_url(self.storage)}: {e}") from None
                 self._check_identity(study.user_attrs, lambda: len(study.get_trials(deepcopy=False)))
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)

@@ -6,7 +6,7 @@ import click
 
 from autotune.cli.app import main
 from autotune.cli.options import DEFAULT_STORAGE, JSON_OPTION, json_entry
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 
 
 @main.command()
@@ -24,7 +24,7 @@ def show(storage, engine, as_json):
     storage = storage if storage is not None else DEFAULT_STORAGE
     if storage == DEFAULT_STORAGE and not Path(sqlite_path(storage)[0]).exists():
         # the default storage before any `autotune run`: nothing to list, and nothing is created
-        click.echo(f"no autotune studies in {storage}; run `autotune run --size 8b`")
+        click.echo(f"no autotune studies in {redact(storage)}; run `autotune run --size 8b`")
         return
     ro_storage = readonly_url(storage)
     if engine is not None:
@@ -63,10 +63,10 @@ def show(storage, engine, as_json):
         return
     rows.sort(key=lambda r: (r["model"], r["gpus"], r["workload"], r["fabric"]))
     if not rows and others:
-        click.echo(f"no {engine} studies in {storage}; it holds studies of engine {', '.join(sorted(others))} "
+        click.echo(f"no {engine} studies in {redact(storage)}; it holds studies of engine {', '.join(sorted(others))} "
                    "(leave --engine out to list them)")
         return
-    click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
+    click.echo(format_studies(rows) if rows else f"no autotune studies in {redact(storage)}; run `autotune run --size 8b`")
 
 
 

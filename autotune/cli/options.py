@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 
 #: --size -> (default GPU count, default global batch in tokens); M = 2**20 tokens.
 SIZE_DEFAULTS = {"8b": (8, "1M"), "70b": (64, "4M"), "405b": (1024, "16M")}
@@ -138,7 +138,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
     if storage is not None:
         require_name(storage, "--storage")
         if is_readonly_url(storage):
-            raise ConfigError(f"--storage {storage} is read-only (mode=ro); this command adds trials, give a "
+            raise ConfigError(f"--storage {redact(storage)} is read-only (mode=ro); this command adds trials, give a "
                               "writable storage")
         from pathlib import Path
 
@@ -252,10 +252,10 @@ def interrupted_line(storage: str, study: str) -> str:
         bp = best_plan(st, info)
         best = (f"best so far: trial {bp.trial_number}, MFU {100 * bp.result.mfu:.1f}%, step "
                 f"{bp.result.step_time_ms:,.1f} ms" if bp else "no feasible plan yet")
-        return (f"interrupted: {n} trials saved in {study} ({storage})"
+        return (f"interrupted: {n} trials saved in {study} ({redact(storage)})"
                 + (f", {running} still running or waiting" if running else "") + f"; {best}")
     except Exception:  # noqa: BLE001 - the study may not exist yet
-        return f"interrupted: no trials saved in {study} ({storage})"
+        return f"interrupted: no trials saved in {study} ({redact(storage)})"
 
 
 def target_options(f):

@@ -25,7 +25,7 @@ from autotune.cli.options import (
     tune_options,
     warn_real_only_options,
 )
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 
 
 @main.command()
@@ -64,7 +64,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     def _open() -> Tuner:
         t = Tuner(**tuner_kwargs)
         say(f"tuning {target_line(model, cluster, workload)}")
-        say(f"study {t.name!r} in {storage}; search space {t.space.name!r}; backend {backend}; "
+        say(f"study {t.name!r} in {redact(storage)}; search space {t.space.name!r}; backend {backend}; "
             f"engine {t.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
             + (f", timeout {timeout:g} s" if timeout else ""))
         return t
@@ -135,7 +135,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
-               + (f" --storage {shlex.quote(storage)}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
+               + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
 
 

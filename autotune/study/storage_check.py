@@ -21,7 +21,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
-from autotune.errors import StorageError
+from autotune.errors import StorageError, redact
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 OPTUNA_TABLES = {"studies", "version_info", "trials"}
@@ -140,9 +140,11 @@ _USER_URLS: dict[str, str] = {}
 
 
 def user_url(url: str) -> str:
-    """The ``--storage`` value the user gave for ``url``: the URL passed to :func:`readonly_url` when ``url``
-    is the internal read-only URL it returned (``sqlite:///file:...?mode=ro&uri=true``), else ``url``."""
-    return _USER_URLS.get(url, url)
+    """The ``--storage`` value the user gave for ``url``, as messages show it: the URL passed to
+    :func:`readonly_url` when ``url`` is the internal read-only URL it returned
+    (``sqlite:///file:...?mode=ro&uri=true``), else ``url``; a password in it is shown as ``***``
+    (:func:`autotune.errors.redact`). For display only: never open a storage with it."""
+    return redact(_USER_URLS.get(url, url))
 
 
 def is_readonly_url(url: str) -> bool:
@@ -193,7 +195,7 @@ def readonly_url(url: str) -> str:
         raise StorageError(f"storage {url}: {p} holds no Optuna study tables (tables: "
                            f"{', '.join(sorted(tables)[:8]) or 'none'}); not an autotune storage, left untouched")
     ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
-    _USER_URLS.setdefault(ro, user_url(url))
+    _USER_URLS.setdefault(ro, _USER_URLS.get(url, url))
     return ro
 
 
