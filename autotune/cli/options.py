@@ -49,6 +49,7 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
         MAX_GLOBAL_BATCH_SEQUENCES,
         MAX_NUM_GPUS,
         MAX_SEQ_LEN,
+        MIN_SEQ_LEN,
         require_int,
         require_name,
     )
@@ -62,7 +63,7 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     if gpus is not None:
         require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)
     if seq_len is not None:
-        require_int(seq_len, "--seq-len", hi=MAX_SEQ_LEN)
+        require_int(seq_len, "--seq-len", lo=MIN_SEQ_LEN, hi=MAX_SEQ_LEN)
     if size and model_path:
         raise ConfigError("give either --size or --model, not both")
     if not size and not model_path:
@@ -100,7 +101,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
                        trial_timeout: float | None = None, layers: int | None = None) -> None:
     """Refuse out-of-range values of the tuning options (given ones only).
 
-    Bounds: 1 <= --trials <= MAX_TRIALS; 0 < --timeout <= 30 days; 0 <= --seed < 2**32 (numpy
+    Bounds: 1 <= --trials <= MAX_TRIALS; 1 s <= --timeout <= 30 days (``MIN_TIMEOUT_S``); 0 <= --seed < 2**32 (numpy
     RandomState, which Optuna's samplers seed); --top-k >= 1; --real-steps >= 1; --trial-timeout > 0;
     --layers >= 1; a writable --storage (``mode=ro`` is refused for commands that add trials).
 
@@ -112,6 +113,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         MAX_SEED,
         MAX_TIMEOUT_S,
         MAX_TRIALS,
+        MIN_TIMEOUT_S,
         require_int,
         require_name,
         require_number,
@@ -124,7 +126,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
     if trials is not None:
         require_int(trials, "--trials", hi=MAX_TRIALS)
     if timeout is not None:
-        require_number(timeout, "--timeout (seconds)", lo=0, hi=MAX_TIMEOUT_S, lo_open=True)
+        require_number(timeout, "--timeout (seconds)", lo=MIN_TIMEOUT_S, hi=MAX_TIMEOUT_S)
     if seed is not None:
         require_int(seed, "--seed", lo=0, hi=MAX_SEED)
     if top_k is not None:
@@ -426,7 +428,15 @@ def warn_real_only_options(backend: str | None) -> list[str]:
 
 
 def make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher="local", nodes=None, gpus_per_node=None,
-                       partition=None, account=None, time_limit=None):
+                       partition=None, account=None, time_limit=None, num_gpus=None):
+    """The real backend's evaluator options from the CLI (None for other backends); with ``--launcher slurm``
+    every Slurm option is checked here, before any study is created
+    (:func:`autotune.launchers.slurm.check_slurm_options`: nodes x GPUs per node = ``num_gpus``, the time
+    format, plain partition / account names, ``sbatch`` on PATH).
+
+    Raises:
+        click.UsageError: a real-backend option with another backend; ConfigError: a bad Slurm option.
+    """
     slurm_opts = {"nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition, "account": account,
                   "time": time_limit}
     if backend != "real":
@@ -439,19 +449,55 @@ def make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher=
     opts = {"layers": layers, "steps": real_steps, "timeout_s": trial_timeout}
     if launcher == "slurm":
         opts["launcher"] = {"kind": "slurm", **{k: v for k, v in slurm_opts.items() if v is not None}}
+        from autotune.launchers.slurm import check_slurm_options
+        check_slurm_options(opts["launcher"], num_gpus)
     elif any(v is not None for v in slurm_opts.values()):
         raise click.UsageError("--nodes/--gpus-per-node/--partition/--account/--time need --launcher slurm")
     return opts
 
 
-def check_worker_id(worker_id):
-    """--worker-id, else $SLURM_ARRAY_TASK_ID (a Slurm array task), else 0."""
-    import os
+def check_worker_id(worker_id, workers: int = 1):
+    """This worker's id: --worker-id, else $SLURM_ARRAY_TASK_ID (a Slurm array task), else 0.
 
+    Both must be non-negative integers with ``id + workers - 1 <= MAX_WORKER_ID`` (2**31 - 1); a
+    $SLURM_ARRAY_TASK_ID that is set but is not a plain decimal integer (``abc``, ``-4``, ``²``) is an error,
+    never worker 0.
+
+    Raises:
+        ConfigError: naming the option or variable, the value and the valid range.
+    """
+    import os
+    import re
+
+    from autotune.target.validate import MAX_WORKER_ID, require_int, show
+
+    hi = MAX_WORKER_ID - max(1, workers) + 1
     if worker_id is not None:
-        return worker_id
-    v = os.environ.get("SLURM_ARRAY_TASK_ID", "")
-    return int(v) if v.isdigit() else 0
+        return require_int(worker_id, "--worker-id", lo=0, hi=hi)
+    if "SLURM_ARRAY_TASK_ID" not in os.environ:
+        return 0
+    v = os.environ["SLURM_ARRAY_TASK_ID"]
+    if not re.fullmatch(r"[0-9]{1,12}", v.strip()):
+        raise ConfigError(f"$SLURM_ARRAY_TASK_ID={show(v)} is not a worker id: expected an integer between 0 and "
+                          f"{hi:,} (unset it, or give --worker-id N)")
+    return require_int(int(v.strip()), "$SLURM_ARRAY_TASK_ID", lo=0, hi=hi)
+
+
+def check_workers(workers) -> int:
+    """``--workers``: an integer from 1 to :func:`autotune.target.validate.max_workers` (8 per CPU core of
+    this host, at least 16): each worker is a process, so an unbounded count would exhaust memory.
+
+    Raises:
+        ConfigError: naming the value and the bound.
+    """
+    from autotune.target.validate import WORKERS_PER_CPU, max_workers, require_int
+
+    top = max_workers()
+    try:
+        return require_int(workers, "--workers", lo=1, hi=top)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (the bound is {WORKERS_PER_CPU} worker processes per CPU core of this host, at "
+                          "least 16; for more, start `autotune run --worker-id N` on other hosts)") from None
 
 
 def print_outcomes(outcomes, say=click.echo):
