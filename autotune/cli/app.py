@@ -82,10 +82,25 @@ class AutotuneGroup(click.Group):
         except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
             if debug_enabled_cli():
                 raise
+            fault = _storage_fault(e)
+            if fault is not None:      # disk full, read-only, damaged file, server gone: not a bug
+                click.echo(redact(f"error: {fault}"), err=True)
+                ctx.exit(2)
             msg = str(e).splitlines()[0] if str(e) else ""
             click.echo(redact(f"error: unexpected {type(e).__name__}: {msg}\n")
                        + "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+def _storage_fault(e: BaseException):
+    """The :class:`~autotune.errors.StorageError` for a storage exception that reached the CLI (named after
+    the storage opened last), else None."""
+    import sys
+    if "sqlalchemy" not in sys.modules and "optuna" not in sys.modules:
+        return None
+    from autotune.study.faults import storage_fault
+    from autotune.study.storage import LAST_URL
+    return storage_fault(e, LAST_URL[0])
 
 
 def _silence_stdout() -> None:

@@ -538,13 +538,18 @@ def open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, glo
     from autotune.target.engines import resolve_engine
     storage = readonly_url(storage)
     if study:
-        return load_study(study, storage)
+        from autotune.study.identity import check_own_trials
+        st, info = load_study(study, storage)
+        check_own_trials(st.get_trials(deepcopy=False), name=study, storage=storage)
+        return st, info
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
     loaded_space = SearchSpace.load(space)
     name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
     st, info = load_study(name, storage)
+    from autotune.study.identity import check_own_trials
+    check_own_trials(st.get_trials(deepcopy=False), name=name, storage=storage)
     # the name holds the fabric's and space's names only: a file reusing a name with other links or knobs
     # must not be given another study's plan (run and retune refuse it the same way)
     from autotune.study.identity import check_identity

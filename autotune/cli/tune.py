@@ -103,11 +103,13 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
 
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
-        study, info = load_study(tuner.name, storage)
-        trials_all = study.get_trials(deepcopy=False)
+        from autotune.study.faults import with_retries
+        # a server restarted while the workers ran: the parent's read is retried on a fresh connection
+        study, info = with_retries(lambda: load_study(tuner.name, storage), storage, what="reading the study")
+        trials_all = with_retries(lambda: study.get_trials(deepcopy=False), storage, what="reading the study")
         n_new = sum(o.n_new_trials for o in outcomes)
         say(f"{n_new} trials run by {workers} workers, {len(trials_all)} in the study")
-        best = require_best_plan(study, info, storage)
+        best = with_retries(lambda: require_best_plan(study, info, storage), storage, what="reading the study")
         if bad == workers:
             raise ConfigError(f"all {workers} workers stopped on an error (see above)")
         n_total, st = len(trials_all), {}

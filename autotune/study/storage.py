@@ -23,6 +23,8 @@ DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 DEFAULT_BACKEND = "simulated"
 
 _STORAGES: dict[tuple[str, int | None], optuna.storages.BaseStorage] = {}
+#: the storage URL this process opened last (what a storage fault the CLI catches is about)
+LAST_URL: list[str] = [DEFAULT_STORAGE]
 
 #: Errors of concurrent first use of one database (two processes creating Optuna's tables or the same
 #: study at once): SQLite "table ... already exists" / "UNIQUE constraint failed: alembic_version",
@@ -112,6 +114,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
             names the extra to install, server unreachable).
     """
     key = (url, heartbeat_interval_s)
+    LAST_URL[0] = url
     if key in _STORAGES:
         return _STORAGES[key]
     from autotune.study.storage_check import is_readonly_url
@@ -135,8 +138,14 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
                 raise StorageError(f"cannot open study storage {shown}: {Path(path) if Path(path).exists() else d} "
                                    "is not writable")
     if kind == "journal":
-        from autotune.study.storage_check import check_journal_file
+        from autotune.study.storage_check import check_journal_file, repair_journal
         check_journal_file(url)     # a directory or a foreign file is refused before Optuna appends to it
+        repaired = repair_journal(url)      # a torn last record (full disk, kill -9) is cut off, backed up
+        if repaired is not None:
+            import sys
+            sys.stderr.write(f"warning: journal {url[len('journal:'):]}: its last record was torn (a write cut "
+                             f"short) and was removed; {repaired[0]} whole records kept, the file as it was is "
+                             f"in {repaired[1]}\n")
         if heartbeat_interval_s is not None:
             raise StorageError(f"{shown}: Optuna's journal storage has no heartbeat, so a killed worker's real trial "
                                "would never be retried; use sqlite:///PATH or postgresql:// for --backend real")
@@ -151,9 +160,13 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            engine_kwargs = None
+            engine_kwargs: dict[str, Any] | None = None
             if kind == "sqlite":
                 engine_kwargs = {"connect_args": {"timeout": 60}}
+            elif kind != "journal":
+                # a pooled connection the server dropped (a restart) is tested and re-made before use
+                # (SQLAlchemy docs, "Dealing with Disconnects": pool_pre_ping), not handed to Optuna dead
+                engine_kwargs = {"pool_pre_ping": True}
             hb: dict[str, Any] = {}
             if heartbeat_interval_s is not None:
                 hb = {"heartbeat_interval": int(heartbeat_interval_s),
