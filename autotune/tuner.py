@@ -171,7 +171,8 @@ class Tuner:
                 except Exception as e:
                     if interrupted():       # the interrupt landed inside SQLite (see _INTERRUPT)
                         raise KeyboardInterrupt from None
-                    raise StorageError(f"cannot open study {self.name!r} in {user_url(self.storage)}: {e}") from None
+                    raise storage_fault(e, self.storage) or StorageError(
+                        f"cannot open study {self.name!r} in {user_url(self.storage)}: {e}") from None
                 self._check_identity(study.user_attrs, lambda: len(study.get_trials(deepcopy=False)))
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)

@@ -92,7 +92,8 @@ def is_storage_exception(e: BaseException) -> bool:
         seen.add(id(x))
         if isinstance(x, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error)):
             return True
-        if isinstance(x, OSError) and x.errno in {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}:
+        if isinstance(x, OSError) and x.errno in {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                                                  errno.EIO}:
             return True
         if isinstance(x, AssertionError) and "should not reach" in str(x).lower():
             return True         # optuna/storages/journal/_storage.py: a journal it cannot replay
@@ -116,6 +117,11 @@ def permanent_reason(e: BaseException) -> tuple[str, str] | None:
     """(what is wrong, the fix) for a permanent storage condition, else None."""
     texts = " | ".join(_texts(e))
     nos = _errnos(e)
+    from autotune.study.storage import LAST_URL
+    from autotune.study.storage_check import disk_full, journal_path, sqlite_path
+    where = journal_path(LAST_URL[0]) or (sqlite_path(LAST_URL[0]) or [None])[0]
+    if where and ("disk i/o error" in texts or errno.EIO in nos) and disk_full(where):
+        return PERMANENT[0][2], PERMANENT[0][3]      # SQLite reports a full disk as an I/O error at times
     for markers, errnos, what, fix in PERMANENT:
         if any(m in texts for m in markers) or nos & set(errnos):
             return what, fix

@@ -155,6 +155,16 @@ def is_readonly_url(url: str) -> bool:
     return sp is not None and sp[1].get("mode") == "ro"
 
 
+def disk_full(path: str | Path, *, min_free_bytes: int = 64 * 1024) -> bool:
+    """Whether the file system holding ``path`` has less than ``min_free_bytes`` (64 KiB: a few SQLite pages
+    or journal records) available to this user (``os.statvfs`` ``f_bavail x f_frsize``); False if unknown."""
+    try:
+        st = os.statvfs(Path(path).parent if not Path(path).is_dir() else Path(path))
+    except (OSError, AttributeError):
+        return False
+    return st.f_bavail * st.f_frsize < min_free_bytes
+
+
 def existing_readonly(url: str) -> str:
     """``url`` opened read-only when it names an existing SQLite file (:func:`readonly_url`: no WAL switch, no
     -wal/-shm files, nothing created), else ``url`` unchanged (a journal is only read until written to).
@@ -215,7 +225,11 @@ def readonly_url(url: str) -> str:
         finally:
             con.close()
     except sqlite3.Error as e:
-        raise StorageError(f"storage {url}: {p} cannot be read as SQLite: {e}") from None
+        if disk_full(p):
+            raise StorageError(f"storage {user_url(url)}: the disk (or quota) holding {p} is full ({e}); free space on "
+                               "that file system (or use --storage on another one) and run again; finished trials "
+                               "are kept") from None
+        raise StorageError(f"storage {user_url(url)}: {p} cannot be read as SQLite: {e}") from None
     if not OPTUNA_TABLES <= tables:
         raise StorageError(f"storage {url}: {p} holds no Optuna study tables (tables: "
                            f"{', '.join(sorted(tables)[:8]) or 'none'}); not an autotune storage, left untouched")
