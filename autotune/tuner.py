@@ -30,7 +30,7 @@ from autotune.cost.evaluator import BACKENDS, Evaluator, StepResult, make_evalua
 from autotune.errors import ConfigError, PlanError, StorageError
 from autotune.files import plain
 from autotune.logs import quiet
-from autotune.search.seeding import TrialSeededSampler, worker_seed
+from autotune.search.seeding import worker_seed
 from autotune.search.space import BoundSearchSpace, Pruned, SearchSpace
 from autotune.signals import IN_OBJECTIVE, interrupted, trial_interrupt_handler
 from autotune.study.identity import StudyInfo, check_identity, check_own_trials, study_name
@@ -45,10 +45,9 @@ from autotune.study.storage import (
     storage_kind,
 )
 from autotune.study.faults import classify, storage_fault, with_retries
-from autotune.study.stale import STALE_AFTER_S, fail_trials, reap_stale, wait_for_others, worker_stamp
+from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_trials, reap_stale, wait_for_others
 from autotune.study.trials import (
     BestPlan,
-    set_user_attrs,
     is_feasible,
     outcome_counts,
     record_result,
@@ -277,14 +276,12 @@ class Tuner:
             IN_OBJECTIVE.clear()
 
     def _objective(self, trial: optuna.Trial) -> float:
-        # the worker's host, pid and start go with the trial's first write (a dead worker's trial is then
-        # failed by the next run, autotune.study.stale); it also marks the trial as autotune's
         try:
             plan = self.bound.suggest(trial)
         except Pruned as e:
-            set_user_attrs(trial, {"worker": worker_stamp(), "pruned_reason": e.reason})
+            trial.set_user_attr("pruned_reason", e.reason)
             raise optuna.TrialPruned(e.reason) from None
-        set_user_attrs(trial, {"worker": worker_stamp(), "plan": plain(plan.to_dict())})
+        trial.set_user_attr("plan", plain(plan.to_dict()))
         if interrupted():       # noted while the storage write above ran (not raised into SQLAlchemy)
             raise KeyboardInterrupt
         if plan in self._cache:             # the sampler proposed a plan already evaluated in this run
@@ -352,7 +349,7 @@ class Tuner:
             show_progress_bar = sys.stdout.isatty()
         self._worker_seed = worker_seed(self.seed, worker_id)
         self._layout_sampler = None
-        sampler = TrialSeededSampler(self._seeded_sampler, self._worker_seed)
+        sampler = StampedSampler(self._seeded_sampler, self._worker_seed)    # host + pid in every trial
         with quiet():
             st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
             worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)

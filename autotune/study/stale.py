@@ -21,6 +21,8 @@ from typing import Any, Iterable, Mapping
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.search.seeding import TrialSeededSampler
+
 #: a RUNNING trial older than this (s) is stale whatever its host: a simulated or measured trial takes
 #: seconds; the real backend passes max(this, 3 x its trial timeout)
 STALE_AFTER_S = 3600.0
@@ -49,6 +51,17 @@ def worker_stamp() -> dict[str, Any]:
         _STAMP.clear()
         _STAMP.update(host=socket.gethostname(), pid=pid, proc_start=_proc_start(pid), started=time.time())
     return dict(_STAMP)
+
+
+class StampedSampler(TrialSeededSampler):
+    """:class:`TrialSeededSampler` that records :func:`worker_stamp` in ``user_attrs['worker']`` of each trial
+    as soon as Optuna has created it (``Study.ask`` calls ``before_trial`` right after ``create_new_trial``),
+    before the sampler runs: a worker killed at any point of a trial leaves a trial that names it."""
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        with contextlib.suppress(Exception):        # a failed stamp must not stop the trial (age bound instead)
+            study._storage.set_trial_user_attr(trial._trial_id, "worker", worker_stamp())
+        super().before_trial(study, trial)
 
 
 def _pid_gone(pid: int, proc_start: Any) -> bool:

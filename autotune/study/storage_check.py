@@ -155,6 +155,14 @@ def is_readonly_url(url: str) -> bool:
     return sp is not None and sp[1].get("mode") == "ro"
 
 
+def read_only_fs(path: str | Path) -> bool:
+    """Whether the file system holding ``path`` is mounted read-only (``os.statvfs`` ``ST_RDONLY``)."""
+    try:
+        return bool(os.statvfs(Path(path).parent if not Path(path).is_dir() else Path(path)).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
 def disk_full(path: str | Path, *, min_free_bytes: int = 64 * 1024) -> bool:
     """Whether the file system holding ``path`` has less than ``min_free_bytes`` (64 KiB: a few SQLite pages
     or journal records) available to this user (``os.statvfs`` ``f_bavail x f_frsize``); False if unknown."""
@@ -194,6 +202,9 @@ def readonly_url(url: str) -> str:
         except OSError as e:
             raise StorageError(f"storage {user_url(url)}: cannot be read: {e.strerror or e}") from None
         if copy is None:
+            if read_only_fs(journal_path(url)):
+                # Optuna's journal backend wants a writable file even to read it: read a copy
+                return readable_journal_copy(url, always=True)[0]
             return url
         import sys
         sys.stderr.write(f"warning: journal {journal_path(url)}: its last record is torn (a write cut short); read "
@@ -218,8 +229,11 @@ def readonly_url(url: str) -> str:
     if head != SQLITE_HEADER:
         raise StorageError(f"storage {url}: {p} is not an SQLite database; refused (left untouched)")
     abspath = os.path.abspath(p)
+    # on a read-only file system SQLite cannot make the -shm file a WAL database needs even to be read: the
+    # file is then opened immutable (SQLite "URI filenames": immutable=1, no locks, no -shm; nobody can write it)
+    extra = "&immutable=1" if read_only_fs(p) else ""
     try:
-        con = sqlite3.connect(f"file:{urllib.parse.quote(abspath)}?mode=ro", uri=True)
+        con = sqlite3.connect(f"file:{urllib.parse.quote(abspath)}?mode=ro{extra}", uri=True)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
@@ -233,7 +247,7 @@ def readonly_url(url: str) -> str:
     if not OPTUNA_TABLES <= tables:
         raise StorageError(f"storage {url}: {p} holds no Optuna study tables (tables: "
                            f"{', '.join(sorted(tables)[:8]) or 'none'}); not an autotune storage, left untouched")
-    ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
+    ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro{extra}&uri=true"
     _USER_URLS.setdefault(ro, _USER_URLS.get(url, url))
     return ro
 
@@ -356,9 +370,10 @@ def repair_journal(url: str) -> tuple[int, Path] | None:
     return kept, backup
 
 
-def readable_journal_copy(url: str) -> tuple[str, int] | None:
+def readable_journal_copy(url: str, *, always: bool = False) -> tuple[str, int] | None:
     """For a read-only command: a ``journal:`` URL of a temporary copy of the journal at ``url`` without its
-    torn last record, and the number of records kept; None when the journal is whole. The original file is
+    torn last record, and the number of records kept; None when the journal is whole (``always``: a copy of
+    the whole file then, for a journal on a read-only file system). The original file is
     not touched. The copy lives until the process ends.
 
     Raises:
@@ -373,7 +388,9 @@ def readable_journal_copy(url: str) -> tuple[str, int] | None:
         return None
     found = journal_torn_tail(path)
     if found is None:
-        return None
+        if not always:
+            return None
+        found = (Path(path).read_bytes().count(b"\n"), Path(path).stat().st_size)
     kept, offset = found
     with open(path, "rb") as fh:
         data = fh.read(offset)
