@@ -45,7 +45,7 @@ from autotune.study.storage import (
     storage_kind,
 )
 from autotune.study.faults import classify, storage_fault, with_retries
-from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_trials, reap_stale, wait_for_others
+from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_own_running, fail_trials, reap_stale, wait_for_others
 from autotune.study.trials import (
     BestPlan,
     is_feasible,
@@ -412,7 +412,7 @@ class Tuner:
                                 raise err from None
                             faults.append(_time.monotonic())
                             _time.sleep(min(5.0, 0.2 * 2 ** len(faults)))
-                            self._fail_running(worker_study, f"storage error, retried: {str(err)[:300]}")
+                            fail_own_running(worker_study, f"storage error, retried: {str(err)[:300]}")
                             continue
                         if not isinstance(e, (ValueError, optuna.exceptions.UpdateFinishedTrialError)) \
                                 or not lost_enqueued_race(e):

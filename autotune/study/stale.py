@@ -126,6 +126,18 @@ def reap_stale(study: optuna.Study, *, stale_after_s: float = STALE_AFTER_S,
     return fail_trials(study._storage, reasons) if reasons else 0
 
 
+def fail_own_running(study: optuna.Study, reason: str) -> int:
+    """Mark FAIL with ``reason`` the RUNNING trials stamped by this process (:func:`worker_stamp`): called
+    between trials (after a lost connection), when none of them can still be running; returns how many."""
+    me = worker_stamp()
+    with contextlib.suppress(Exception):
+        ts = study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+        mine = {t._trial_id: reason for t in ts if isinstance(w := t.user_attrs.get("worker"), Mapping)
+                and w.get("host") == me["host"] and w.get("pid") == me["pid"]}
+        return fail_trials(study._storage, mine)
+    return 0
+
+
 def count_stale_failed(trials: Iterable[FrozenTrial]) -> int:
     """How many FAIL trials were failed because their worker died (``fail_reason`` starts with "stale: ")."""
     return sum(1 for t in trials if t.state == TrialState.FAIL
