@@ -111,6 +111,8 @@ def plot(study, storage, out_dir):
                                   f"them): {shown}")
             study = names[0]
         st, _ = load_study(study, storage)
+        from autotune.files import check_output_path
+        check_output_path(out_dir, what="-o", directory=True)
         paths = write_study_plots(st, out_dir)
     click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
 

@@ -121,6 +121,10 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
 
     if space is not None:
         require_name(space, "--space")
+        import os as _os
+        if any(len(_os.fsencode(part)) > 255 for part in str(space).split("/")):
+            raise ConfigError(f"--space: a name of {len(_os.fsencode(str(space))):,} bytes; a space name or file "
+                              "name has at most 255 (search_spaces/NAME.yaml or a YAML path)")
     if backend is not None:
         require_name(backend, "--backend")
     if trials is not None:

@@ -173,6 +173,29 @@ case("show-storage-pg-password", lambda e: ["show", "--storage", "postgresql+psy
      "me:***@")
 
 
+# output paths: never written through a symbolic link (here to notes.txt, whose digest is checked), names
+# within NAME_MAX, a writable directory
+def _link(e, name, target="notes.txt"):
+    p = e["dir"] / name
+    if not p.is_symlink():
+        p.symlink_to(e["dir"] / target)
+    return str(p)
+
+
+case("export-o-symlink", lambda e: ["export", "--size", "8b", "--space", "small", "--storage", e["url"],
+                                    "-o", _link(e, "link.yaml")], "symbolic link")
+case("export-launcher-o-symlink-inside", lambda e: ["export", "--size", "8b", "--space", "small", "--storage",
+                                                    e["url"], "--launcher", "torchrun", "-o",
+                                                    _link(e, "ld/plan.yaml") if (e["dir"] / "ld").mkdir(exist_ok=True)
+                                                    is None else ""], "symbolic link")
+case("plot-o-symlink", lambda e: ["plot", "--storage", e["url"], "-o", _link(e, "plotlink", "sub.yaml")
+                                  if (e["dir"] / "sub.yaml").mkdir(exist_ok=True) is None else ""], "symbolic link")
+case("export-o-name-too-long", lambda e: ["export", "--size", "8b", "--space", "small", "--storage", e["url"],
+                                          "-o", str(e["dir"] / ("p" * 300 + ".yaml"))], "-o")
+case("plot-o-under-a-file", lambda e: ["plot", "--storage", e["url"], "-o", str(e["dir"] / "notes.txt" / "p")], "-o")
+case("run--space-5000-chars", run_args("--space", "s" * 5000), "--space")
+
+
 # ---- files: written per case into the env dir -----------------------------------------------------
 def file_case(cid, name, content, argv_for_path, field):
     def argv(e):
