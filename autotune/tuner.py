@@ -432,7 +432,7 @@ class Tuner:
             if interrupted():
                 self._fail_running(worker_study, "interrupted")
                 raise KeyboardInterrupt
-        trials = self._wait_for_others(study)
+        trials = self._wait_for_others(worker_study)     # its storage has the heartbeat, if any
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=outcome_counts(trials), best=best,

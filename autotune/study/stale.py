@@ -118,7 +118,13 @@ def fail_trials(storage: optuna.storages.BaseStorage, reasons: Mapping[int, str]
 def reap_stale(study: optuna.Study, *, stale_after_s: float = STALE_AFTER_S,
                trials: Iterable[FrozenTrial] | None = None) -> int:
     """Mark FAIL (with the reason of :func:`stale_reason`) every RUNNING trial of ``study`` whose worker is
-    dead; returns how many. Safe to run from several workers at once (a trial already failed is skipped)."""
+    dead; returns how many. Safe to run from several workers at once (a trial already failed is skipped).
+    Nothing is done on a storage with Optuna's heartbeat on (the real backend on RDB storages): Optuna fails
+    those trials itself and runs them once more (``RetryHeartbeatStaleTrialCallback``)."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    if is_heartbeat_enabled(study._storage):
+        return 0
     ts = list(trials) if trials is not None else study._storage.get_all_trials(
         study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
     now = time.time()
