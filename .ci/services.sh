@@ -32,6 +32,8 @@ pg_up() {
     echo "services: postgres did not start: $(tail -n 3 "$dir/server.log")"; return 1; }
   runuser -u postgres -- "$bin/createdb" -h 127.0.0.1 -p "$port" autotune_test || return 1
   export AUTOTUNE_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$port/autotune_test"
+  # how a test restarts the server (tests/test_workers_services.py, issue 25: a restart during --workers 4)
+  export AUTOTUNE_TEST_POSTGRES_RESTART="runuser -u postgres -- $bin/pg_ctl -D $dir/data -l $dir/server.log -m fast -w -t 60 restart"
   echo "services: PostgreSQL on 127.0.0.1:$port ($AUTOTUNE_TEST_POSTGRES_URL)"
 }
 

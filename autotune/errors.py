@@ -30,3 +30,27 @@ class NoFeasiblePlanError(AutotuneError):
 
 class NoGPUError(AutotuneError):
     """A command that needs an NVIDIA GPU ran on a machine without one."""
+
+
+#: ``scheme://user:password@host``: the password part of a URL's authority (RFC 3986 section 3.2.1,
+#: "userinfo"; SQLAlchemy URLs follow it: ``postgresql://user:pw@host/db``)
+_URL_PASSWORD = None
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***`` (``postgresql://me:s3cret@h/db`` ->
+    ``postgresql://me:***@h/db``); a URL without a password, and any other text, is unchanged.
+
+    Used for every storage URL the CLI prints (messages, ``run``'s study line, the export hint) and on
+    every ``error:`` line, so a PostgreSQL password never reaches a terminal or a log (issue 25).
+    """
+    import re
+
+    global _URL_PASSWORD
+    if _URL_PASSWORD is None:
+        # userinfo = user ":" password "@"; the password may hold any character but "@" and whitespace
+        # (a percent-encoded "@" is %40); the last "@" before the host ends it
+        _URL_PASSWORD = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^\s]*)@(?=[^@\s]*)")
+    if not isinstance(text, str) or "://" not in text:
+        return text
+    return _URL_PASSWORD.sub(lambda m: m.group("pre") + "***@" if m.group("pw") else m.group(0), text)

@@ -261,3 +261,63 @@ def plain(x: Any) -> Any:
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         return x.item()
     return x
+
+
+#: longest file name component and path autotune writes, bytes (Linux NAME_MAX 255 and PATH_MAX 4096,
+#: limits.h; most file systems refuse longer names with ENAMETOOLONG)
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def check_path_names(path: str | Path, *, what: str) -> Path:
+    """``path`` as a :class:`Path` if no name in it is longer than :data:`NAME_MAX` bytes and the whole is at
+    most :data:`PATH_MAX` (before any ``stat``, which raises ENAMETOOLONG on such a path).
+
+    Raises:
+        ConfigError: naming the option and the length.
+    """
+    import os
+
+    from autotune.errors import ConfigError
+
+    p = Path(path)
+    for part in p.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ConfigError(f"{what} {display_text(str(p), 80)}: a name of {len(os.fsencode(part)):,} bytes; at most "
+                              f"{NAME_MAX} per name")
+    if len(os.fsencode(str(p))) > PATH_MAX:
+        raise ConfigError(f"{what}: a path of {len(os.fsencode(str(p))):,} bytes; at most {PATH_MAX}")
+    return p
+
+
+def check_output_path(path: str | Path, *, what: str, directory: bool = False,
+                      names: tuple[str, ...] = ()) -> Path:
+    """Refuse an output path autotune would write through a symlink, into a place it cannot write, or
+    whose names are too long; returns it as a :class:`Path`. Nothing is created or written.
+
+    ``directory``: ``path`` is a directory to write ``names`` into (it may exist); else a file.
+    Checks: no component longer than :data:`NAME_MAX` bytes and the whole at most :data:`PATH_MAX`; the file
+    (or each ``directory/name``) and the directory are not symlinks (a link would write outside the target,
+    e.g. into a file the link points at); the nearest existing directory is writable.
+
+    Raises:
+        ConfigError: naming the option, the path and what is wrong.
+    """
+    import os
+
+    from autotune.errors import ConfigError
+
+    p = check_path_names(path, what=what)
+    shown = display_text(str(p), 120)
+    targets = [p / n for n in names] if directory else [p]
+    for t in ([p] if directory else []) + targets:
+        if t.is_symlink():
+            raise ConfigError(f"{what} {display_text(str(t), 120)} is a symbolic link (to "
+                              f"{display_text(os.readlink(t), 120)}); refused, nothing written through it: give "
+                              "a plain path")
+    d = p if directory else (p.parent if str(p.parent) else Path("."))
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if d.exists() and (not d.is_dir() or not os.access(d, os.W_OK | os.X_OK)):
+        raise ConfigError(f"{what} {shown}: {display_text(str(d), 120)} is not a writable directory; give a path "
+                          "you can write")
+    return p

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import optuna
 
 from autotune.cost.evaluator import StepResult
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 from autotune.logs import quiet
 from autotune.search.space import SearchSpace
 from autotune.study.identity import StudyInfo, list_studies, load_study
@@ -98,9 +98,9 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
         fast_cluster = make_cluster(cluster.gpu.name, cluster.num_gpus, None)
         if fast_cluster.fabric.name == cluster.fabric.name:
             raise ConfigError(f"retune needs a study on a faster fabric than {cluster.fabric.name} for the same "
-                              f"model, GPUs and workload in {storage}; run `autotune run --interconnect <fabric>` "
+                              f"model, GPUs and workload in {redact(storage)}; run `autotune run --interconnect <fabric>` "
                               "first")
-        say(f"no study on another fabric in {storage}; tuning {fast_cluster.fabric.name} first")
+        say(f"no study on another fabric in {redact(storage)}; tuning {fast_cluster.fabric.name} first")
         fast_tuner = Tuner(model=model, cluster=fast_cluster, workload=workload, space=space_obj, storage=storage,
                            backend=backend, seed=seed, evaluator_options=evaluator_options, engine=engine)
         fast_tuner.optimize(n_trials, timeout=timeout, show_progress_bar=show_progress_bar, worker_id=worker_id,

@@ -30,10 +30,11 @@ from autotune.cost.evaluator import BACKENDS, Evaluator, StepResult, make_evalua
 from autotune.errors import ConfigError, PlanError, StorageError
 from autotune.files import plain
 from autotune.logs import MfuProgressBar, quiet
-from autotune.search.seeding import TrialSeededSampler, worker_seed
+from autotune.search.seeding import worker_seed
 from autotune.search.space import BoundSearchSpace, Pruned, SearchSpace
 from autotune.signals import IN_OBJECTIVE, interrupted, trial_interrupt_handler
-from autotune.study.identity import StudyInfo, check_identity, study_name
+from autotune.study.identity import StudyInfo, check_identity, check_own_trials, study_name
+from autotune.study.storage_check import existing_readonly, user_url
 from autotune.study.storage import (
     DEFAULT_BACKEND,
     DEFAULT_STORAGE,
@@ -43,6 +44,8 @@ from autotune.study.storage import (
     retry_races,
     storage_kind,
 )
+from autotune.study.faults import classify, storage_fault, with_retries
+from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_own_running, fail_trials, reap_stale, wait_for_others
 from autotune.study.trials import (
     BestPlan,
     is_feasible,
@@ -152,6 +155,7 @@ class Tuner:
     def study(self) -> optuna.Study:
         """The Optuna study (created, or resumed if it exists)."""
         if self._study is None:
+            self.check_existing_study()     # read-only first: a foreign study is refused untouched
             st = open_storage(self.storage)
             with quiet():
                 sampler = self._sampler()
@@ -166,7 +170,8 @@ class Tuner:
                 except Exception as e:
                     if interrupted():       # the interrupt landed inside SQLite (see _INTERRUPT)
                         raise KeyboardInterrupt from None
-                    raise StorageError(f"cannot open study {self.name!r} in {self.storage}: {e}") from None
+                    raise storage_fault(e, self.storage) or StorageError(
+                        f"cannot open study {self.name!r} in {user_url(self.storage)}: {e}") from None
                 self._check_identity(study.user_attrs, lambda: len(study.get_trials(deepcopy=False)))
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)
@@ -197,14 +202,15 @@ class Tuner:
         Raises:
             ConfigError: a fingerprint differs; StorageError: the storage cannot be opened.
         """
-        st = open_storage(self.storage)
+        st = open_storage(existing_readonly(self.storage))
         with quiet():
             try:
                 study_id = st.get_study_id_from_name(self.name)
             except KeyError:
                 return
-            self._check_identity(st.get_study_user_attrs(study_id),
-                                 lambda: len(st.get_all_trials(study_id, deepcopy=False)))
+            trials = st.get_all_trials(study_id, deepcopy=False)
+            self._check_identity(st.get_study_user_attrs(study_id), lambda: len(trials))
+            check_own_trials(trials, name=self.name, storage=self.storage)
 
     def _sampler(self) -> optuna.samplers.BaseSampler:
         """The study's sampler (``self.sampler_name``):
@@ -343,10 +349,11 @@ class Tuner:
             show_progress_bar = sys.stdout.isatty()
         self._worker_seed = worker_seed(self.seed, worker_id)
         self._layout_sampler = None
-        sampler = TrialSeededSampler(self._seeded_sampler, self._worker_seed)
+        sampler = StampedSampler(self._seeded_sampler, self._worker_seed)    # host + pid in every trial
         with quiet():
             st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
             worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
+            reap_stale(worker_study, stale_after_s=self._stale_after_s())      # trials of dead workers: FAIL
             for params, attrs in self._pending:
                 worker_study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
             self._pending.clear()
@@ -384,6 +391,7 @@ class Tuner:
             budget = n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials
             started = _time.monotonic()
             bar = MfuProgressBar(n_trials) if show_progress_bar else None   # names MFU in %
+            faults: list[float] = []      # when transient storage errors happened (retried, see below)
             try:
                 while True:
                     left = None if budget is None else budget - len(mine)
@@ -395,8 +403,20 @@ class Tuner:
                         worker_study.optimize(self.objective, n_trials=left, timeout=time_left, catch=(Exception,),
                                               callbacks=[count] + ([bar] if bar else []))
                         break
-                    except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as e:
-                        if not lost_enqueued_race(e):
+                    except Exception as e:
+                        if classify(e) is not None and not interrupted():
+                            # a lost connection or a lock wait (server restart): this worker's trial in
+                            # flight is failed with the cause, and tuning goes on after a back-off, for a
+                            # bounded time; a permanent fault (disk full, read-only) is one clean line
+                            err = storage_fault(e, self.storage)
+                            if classify(e) != "transient" or (faults and _time.monotonic() - faults[0] > 120):
+                                raise err from None
+                            faults.append(_time.monotonic())
+                            _time.sleep(min(5.0, 0.2 * 2 ** len(faults)))
+                            fail_own_running(worker_study, f"storage error, retried: {str(err)[:300]}")
+                            continue
+                        if not isinstance(e, (ValueError, optuna.exceptions.UpdateFinishedTrialError)) \
+                                or not lost_enqueued_race(e):
                             raise
                         # another worker finished the same enqueued trial first: on SQLite two workers can
                         # both pop one WAITING trial (Optuna's pop relies on SELECT ... FOR UPDATE, which
@@ -415,7 +435,7 @@ class Tuner:
             if interrupted():
                 self._fail_running(worker_study, "interrupted")
                 raise KeyboardInterrupt
-        trials = self._wait_for_others(study)
+        trials = self._wait_for_others(worker_study)     # its storage has the heartbeat, if any
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=outcome_counts(trials), best=best,
@@ -425,42 +445,21 @@ class Tuner:
         """Mark FAIL (with ``user_attrs['fail_reason']``) the trials this tuner started that are still
         RUNNING in the storage, e.g. when a signal stopped the run between Optuna's ask and tell; other
         workers' trials are left alone. Storage errors here are ignored (the run is ending anyway)."""
-        ids = getattr(self, "_started", set())
-        if not ids:
-            return
         sig = interrupted()
         reason = f"{why} (signal {sig})" if sig else why
-        with contextlib.suppress(Exception):
-            for t in study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-                if t._trial_id in ids:
-                    with contextlib.suppress(Exception):
-                        study._storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
-                        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        fail_trials(study._storage, {i: reason for i in getattr(self, "_started", set())})
+
+    def _stale_after_s(self) -> float:
+        """A RUNNING trial older than this (s) is a dead worker's: :data:`STALE_AFTER_S`, for the real backend at
+        least 3 x its trial timeout."""
+        return max(STALE_AFTER_S, 3 * float(self._evaluator_options.get("timeout_s") or 0))
 
     def _wait_for_others(self, study: optuna.Study, poll_s: float = 0.5) -> list[FrozenTrial]:
-        """The study's trials, once it has a feasible one or no other worker's trial is still running.
-
-        A worker whose own trials found nothing feasible does not declare the study hopeless while other
-        workers' trials are still running (issue 11: 1 of 32 concurrent runs exited with "no feasible
-        plan" while 23 trials were running); it waits for them (their evaluators enforce their own
-        timeouts; a killed worker's trial is failed by the heartbeat, or stays RUNNING without one:
-        that is why the wait also ends when the running set stops changing for 10 minutes).
-        """
-        import time
-
-        last, since = None, time.monotonic()
-        while True:
-            trials = study.get_trials(deepcopy=False)
-            running = frozenset(t.number for t in trials if t.state == TrialState.RUNNING)
-            if not running or any(is_feasible(t) for t in trials):
-                return trials
-            if running != last:
-                last, since = running, time.monotonic()
-            elif time.monotonic() - since > 600:
-                return trials
-            if interrupted():       # noted while a finalizer ran (see safe_to_raise): stop waiting
-                raise KeyboardInterrupt
-            time.sleep(poll_s)
+        """The study's trials once it has a feasible one or no live worker's trial is running
+        (:func:`autotune.study.stale.wait_for_others`: dead workers' trials are failed, not waited for)."""
+        return with_retries(lambda: wait_for_others(study, is_done=lambda ts: any(is_feasible(t) for t in ts),
+                                                    interrupted=interrupted, stale_after_s=self._stale_after_s(),
+                                                    poll_s=poll_s), self.storage, what="reading the study")
 
     def _seeded_sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
         """:meth:`_sampler` built with ``seed`` instead of ``self.seed``.

@@ -75,6 +75,42 @@ def test_postgresql_url_opens_with_the_extra_driver(fresh_pg_url):
     assert isinstance(st, optuna.storages.RDBStorage) and st.engine.dialect.driver == "psycopg"
 
 
+@needs_pg
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("AUTOTUNE_TEST_POSTGRES_RESTART"),
+                    reason="no way to restart the server: set AUTOTUNE_TEST_POSTGRES_RESTART (.ci/services.sh does)")
+def test_postgresql_restart_during_four_workers_ends_with_the_best_plan(fresh_pg_url, tmp_path):
+    # issue 25: a server restart mid-run made the 4 in-flight trials FAIL without a reason and the parent exit 1
+    # (a stale pooled connection); now: exit 0, the best plan printed, every FAIL with its reason
+    import shlex
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "8b", "--trials", "60", "--workers", "4",
+                          "--storage", fresh_pg_url], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    import psycopg
+    for _ in range(1200):               # until the workers have finished some trials (polled)
+        time.sleep(0.25)
+        try:
+            with psycopg.connect(fresh_pg_url.replace("+psycopg", ""), connect_timeout=2) as c:
+                n = c.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+            if n >= 20:
+                break
+        except Exception:  # noqa: BLE001 - tables not made yet
+            pass
+    r = subprocess.run(shlex.split(os.environ["AUTOTUNE_TEST_POSTGRES_RESTART"]), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out, err = p.communicate(timeout=900)
+    assert p.returncode == 0, out[-2000:] + err[-2000:]
+    assert "best plan: trial" in out and "unexpected" not in err and "(a bug" not in err, err[-2000:]
+    _STORAGES.clear()
+    trials = _trials(fresh_pg_url)
+    fails = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    print(f"postgresql restart during 4 x 60: {len(trials)} trials, {len(fails)} failed: "
+          f"{sorted({str(t.user_attrs.get('fail_reason'))[:80] for t in fails})}")
+    assert [t.number for t in trials if not t.state.is_finished()] == []
+    assert all(t.user_attrs.get("fail_reason") for t in fails)
+
+
 @needs_slurm
 @pytest.mark.slow
 def test_real_trial_through_the_local_slurm(tmp_path):

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, redact
 
 
 def debug_enabled_cli() -> bool:
@@ -66,7 +66,7 @@ class AutotuneGroup(click.Group):
             return super().invoke(ctx)
         except click.UsageError as e:
             # one line, like every other refusal (click would print the usage text and "Error: ...")
-            click.echo("error: " + " ".join(e.format_message().split()), err=True)
+            click.echo(redact("error: " + " ".join(e.format_message().split())), err=True)
             ctx.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
@@ -77,15 +77,30 @@ class AutotuneGroup(click.Group):
             _silence_stdout()
             ctx.exit(141)
         except AutotuneError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(redact(f"error: {e}"), err=True)
             ctx.exit(2)
         except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
             if debug_enabled_cli():
                 raise
+            fault = _storage_fault(e)
+            if fault is not None:      # disk full, read-only, damaged file, server gone: not a bug
+                click.echo(redact(f"error: {fault}"), err=True)
+                ctx.exit(2)
             msg = str(e).splitlines()[0] if str(e) else ""
-            click.echo(f"error: unexpected {type(e).__name__}: {msg}\n"
-                       "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
+            click.echo(redact(f"error: unexpected {type(e).__name__}: {msg}\n")
+                       + "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+def _storage_fault(e: BaseException):
+    """The :class:`~autotune.errors.StorageError` for a storage exception that reached the CLI (named after
+    the storage opened last), else None."""
+    import sys
+    if "sqlalchemy" not in sys.modules and "optuna" not in sys.modules:
+        return None
+    from autotune.study.faults import storage_fault
+    from autotune.study.storage import LAST_URL
+    return storage_fault(e, LAST_URL[0])
 
 
 def _silence_stdout() -> None:

@@ -51,6 +51,8 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
         from autotune.export import launch_file_names, write_launch_files
 
         out_dir = output if output != "plan.yaml" else "launch"
+        from autotune.files import check_output_path
+        check_output_path(out_dir, what="-o", directory=True, names=tuple(launch_file_names(doc, launcher)))
         if Path(out_dir).exists() and not Path(out_dir).is_dir():
             raise ConfigError(f"-o {out_dir}: with --launcher, -o names a directory (new or existing), not a file")
         existed = [p for p in launch_file_names(doc, launcher) if (Path(out_dir) / p).exists()]
@@ -65,6 +67,10 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
     else:
         from pathlib import Path
 
+        from autotune.files import check_output_path, check_path_names
+        check_path_names(output, what="-o")
+        if not Path(output).is_dir():
+            check_output_path(output, what="-o")
         if Path(output).is_dir():
             raise ConfigError(f"-o {output}: is a directory; without --launcher -o names the plan YAML file "
                               f"(e.g. {Path(output) / 'plan.yaml'}), with --launcher torchrun|slurm a directory")

@@ -6,7 +6,7 @@ import click
 
 from autotune.cli.app import main
 from autotune.cli.options import DEFAULT_STORAGE, JSON_OPTION, json_entry
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 
 
 @main.command()
@@ -28,11 +28,12 @@ def show(study, storage, engine, top, as_json):
     from autotune.report.summary import format_studies, short_plan
     from autotune.study.identity import list_studies, load_study
     from autotune.study.storage_check import readonly_url, sqlite_path, storage_errors
+    from autotune.study.stale import count_stale_failed
     from autotune.study.trials import best_plan, failure_summary
     storage = storage if storage is not None else DEFAULT_STORAGE
     if storage == DEFAULT_STORAGE and not Path(sqlite_path(storage)[0]).exists():
         # the default storage before any `autotune run`: nothing to list, and nothing is created
-        click.echo(f"no autotune studies in {storage}; run `autotune run --size 8b`")
+        click.echo(f"no autotune studies in {redact(storage)}; run `autotune run --size 8b`")
         return
     ro_storage = readonly_url(storage)
     if engine is not None:
@@ -45,6 +46,7 @@ def show(study, storage, engine, top, as_json):
         rows = []
         entries = []
         others: set[str] = set()
+        stale_notes: list[str] = []
         for info in list_studies(ro_storage):
             if engine is not None and info.engine != engine:
                 others.add(info.engine)
@@ -52,6 +54,12 @@ def show(study, storage, engine, top, as_json):
             st, info = load_study(info.name, ro_storage)
             bp = best_plan(st, info)
             trials = st.get_trials(deepcopy=False)
+            n_stale = count_stale_failed(trials)
+            n_running = sum(1 for t in trials if t.state.name == "RUNNING")
+            if n_stale or n_running:
+                stale_notes.append(f"{info.name}: {n_stale} trial(s) of dead workers marked failed"
+                                   + (f", {n_running} running now (or left by a worker killed since; the next "
+                                      "`autotune run` on it fails those)" if n_running else ""))
             if as_json:
                 entries.append(json_entry(plan=bp.plan if bp else None, result=bp.result if bp else None, info=info,
                                       engine=info.engine, label="best", study=info.name,
@@ -70,14 +78,16 @@ def show(study, storage, engine, top, as_json):
     if as_json:
         from autotune.report.summary import json_document
         entries.sort(key=lambda e: (e["target"]["model"], e["target"]["num_gpus"], e["study"]))
-        click.echo(json_document("show", entries, storage=storage))
+        click.echo(json_document("show", entries, storage=redact(storage)))
         return
     rows.sort(key=lambda r: (r["model"], r["gpus"], r["workload"], r["fabric"]))
     if not rows and others:
-        click.echo(f"no {engine} studies in {storage}; it holds studies of engine {', '.join(sorted(others))} "
+        click.echo(f"no {engine} studies in {redact(storage)}; it holds studies of engine {', '.join(sorted(others))} "
                    "(leave --engine out to list them)")
         return
-    click.echo(format_studies(rows) if rows else f"no autotune studies in {storage}; run `autotune run --size 8b`")
+    click.echo(format_studies(rows) if rows else f"no autotune studies in {redact(storage)}; run `autotune run --size 8b`")
+    for note in stale_notes:
+        click.echo(note)
 
 
 
@@ -152,6 +162,8 @@ def plot(study, storage, out_dir):
                                   f"them): {shown}")
             study = names[0]
         st, _ = load_study(study, storage)
+        from autotune.files import check_output_path
+        check_output_path(out_dir, what="-o", directory=True)
         paths = write_study_plots(st, out_dir)
     click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
 

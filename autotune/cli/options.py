@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 
 #: --size -> (default GPU count, default global batch in tokens); M = 2**20 tokens.
 SIZE_DEFAULTS = {"8b": (8, "1M"), "70b": (64, "4M"), "405b": (1024, "16M")}
@@ -49,6 +49,7 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
         MAX_GLOBAL_BATCH_SEQUENCES,
         MAX_NUM_GPUS,
         MAX_SEQ_LEN,
+        MIN_SEQ_LEN,
         require_int,
         require_name,
     )
@@ -62,7 +63,7 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     if gpus is not None:
         require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)
     if seq_len is not None:
-        require_int(seq_len, "--seq-len", hi=MAX_SEQ_LEN)
+        require_int(seq_len, "--seq-len", lo=MIN_SEQ_LEN, hi=MAX_SEQ_LEN)
     if size and model_path:
         raise ConfigError("give either --size or --model, not both")
     if not size and not model_path:
@@ -100,7 +101,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
                        trial_timeout: float | None = None, layers: int | None = None) -> None:
     """Refuse out-of-range values of the tuning options (given ones only).
 
-    Bounds: 1 <= --trials <= MAX_TRIALS; 0 < --timeout <= 30 days; 0 <= --seed < 2**32 (numpy
+    Bounds: 1 <= --trials <= MAX_TRIALS; 1 s <= --timeout <= 30 days (``MIN_TIMEOUT_S``); 0 <= --seed < 2**32 (numpy
     RandomState, which Optuna's samplers seed); --top-k >= 1; --real-steps >= 1; --trial-timeout > 0;
     --layers >= 1; a writable --storage (``mode=ro`` is refused for commands that add trials).
 
@@ -112,6 +113,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         MAX_SEED,
         MAX_TIMEOUT_S,
         MAX_TRIALS,
+        MIN_TIMEOUT_S,
         require_int,
         require_name,
         require_number,
@@ -119,12 +121,16 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
 
     if space is not None:
         require_name(space, "--space")
+        import os as _os
+        if any(len(_os.fsencode(part)) > 255 for part in str(space).split("/")):
+            raise ConfigError(f"--space: a name of {len(_os.fsencode(str(space))):,} bytes; a space name or file "
+                              "name has at most 255 (search_spaces/NAME.yaml or a YAML path)")
     if backend is not None:
         require_name(backend, "--backend")
     if trials is not None:
         require_int(trials, "--trials", hi=MAX_TRIALS)
     if timeout is not None:
-        require_number(timeout, "--timeout (seconds)", lo=0, hi=MAX_TIMEOUT_S, lo_open=True)
+        require_number(timeout, "--timeout (seconds)", lo=MIN_TIMEOUT_S, hi=MAX_TIMEOUT_S)
     if seed is not None:
         require_int(seed, "--seed", lo=0, hi=MAX_SEED)
     if top_k is not None:
@@ -138,7 +144,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
     if storage is not None:
         require_name(storage, "--storage")
         if is_readonly_url(storage):
-            raise ConfigError(f"--storage {storage} is read-only (mode=ro); this command adds trials, give a "
+            raise ConfigError(f"--storage {redact(storage)} is read-only (mode=ro); this command adds trials, give a "
                               "writable storage")
         from pathlib import Path
 
@@ -252,10 +258,10 @@ def interrupted_line(storage: str, study: str) -> str:
         bp = best_plan(st, info)
         best = (f"best so far: trial {bp.trial_number}, MFU {100 * bp.result.mfu:.1f}%, step "
                 f"{bp.result.step_time_ms:,.1f} ms" if bp else "no feasible plan yet")
-        return (f"interrupted: {n} trials saved in {study} ({storage})"
+        return (f"interrupted: {n} trials saved in {study} ({redact(storage)})"
                 + (f", {running} still running or waiting" if running else "") + f"; {best}")
     except Exception:  # noqa: BLE001 - the study may not exist yet
-        return f"interrupted: no trials saved in {study} ({storage})"
+        return f"interrupted: no trials saved in {study} ({redact(storage)})"
 
 
 def target_options(f):
@@ -426,7 +432,15 @@ def warn_real_only_options(backend: str | None) -> list[str]:
 
 
 def make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher="local", nodes=None, gpus_per_node=None,
-                       partition=None, account=None, time_limit=None):
+                       partition=None, account=None, time_limit=None, num_gpus=None):
+    """The real backend's evaluator options from the CLI (None for other backends); with ``--launcher slurm``
+    every Slurm option is checked here, before any study is created
+    (:func:`autotune.launchers.slurm.check_slurm_options`: nodes x GPUs per node = ``num_gpus``, the time
+    format, plain partition / account names, ``sbatch`` on PATH).
+
+    Raises:
+        click.UsageError: a real-backend option with another backend; ConfigError: a bad Slurm option.
+    """
     slurm_opts = {"nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition, "account": account,
                   "time": time_limit}
     if backend != "real":
@@ -439,19 +453,55 @@ def make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher=
     opts = {"layers": layers, "steps": real_steps, "timeout_s": trial_timeout}
     if launcher == "slurm":
         opts["launcher"] = {"kind": "slurm", **{k: v for k, v in slurm_opts.items() if v is not None}}
+        from autotune.launchers.slurm import check_slurm_options
+        check_slurm_options(opts["launcher"], num_gpus)
     elif any(v is not None for v in slurm_opts.values()):
         raise click.UsageError("--nodes/--gpus-per-node/--partition/--account/--time need --launcher slurm")
     return opts
 
 
-def check_worker_id(worker_id):
-    """--worker-id, else $SLURM_ARRAY_TASK_ID (a Slurm array task), else 0."""
-    import os
+def check_worker_id(worker_id, workers: int = 1):
+    """This worker's id: --worker-id, else $SLURM_ARRAY_TASK_ID (a Slurm array task), else 0.
 
+    Both must be non-negative integers with ``id + workers - 1 <= MAX_WORKER_ID`` (2**31 - 1); a
+    $SLURM_ARRAY_TASK_ID that is set but is not a plain decimal integer (``abc``, ``-4``, ``²``) is an error,
+    never worker 0.
+
+    Raises:
+        ConfigError: naming the option or variable, the value and the valid range.
+    """
+    import os
+    import re
+
+    from autotune.target.validate import MAX_WORKER_ID, require_int, show
+
+    hi = MAX_WORKER_ID - max(1, workers) + 1
     if worker_id is not None:
-        return worker_id
-    v = os.environ.get("SLURM_ARRAY_TASK_ID", "")
-    return int(v) if v.isdigit() else 0
+        return require_int(worker_id, "--worker-id", lo=0, hi=hi)
+    if "SLURM_ARRAY_TASK_ID" not in os.environ:
+        return 0
+    v = os.environ["SLURM_ARRAY_TASK_ID"]
+    if not re.fullmatch(r"[0-9]{1,12}", v.strip()):
+        raise ConfigError(f"$SLURM_ARRAY_TASK_ID={show(v)} is not a worker id: expected an integer between 0 and "
+                          f"{hi:,} (unset it, or give --worker-id N)")
+    return require_int(int(v.strip()), "$SLURM_ARRAY_TASK_ID", lo=0, hi=hi)
+
+
+def check_workers(workers) -> int:
+    """``--workers``: an integer from 1 to :func:`autotune.target.validate.max_workers` (8 per CPU core of
+    this host, at least 16): each worker is a process, so an unbounded count would exhaust memory.
+
+    Raises:
+        ConfigError: naming the value and the bound.
+    """
+    from autotune.target.validate import WORKERS_PER_CPU, max_workers, require_int
+
+    top = max_workers()
+    try:
+        return require_int(workers, "--workers", lo=1, hi=top)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (the bound is {WORKERS_PER_CPU} worker processes per CPU core of this host, at "
+                          "least 16; for more, start `autotune run --worker-id N` on other hosts)") from None
 
 
 def print_outcomes(outcomes, say=click.echo):
@@ -492,12 +542,14 @@ def open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, glo
     from autotune.target.engines import get_engine, resolve_engine
     storage = readonly_url(storage)
     if study:
+        from autotune.study.identity import check_own_trials
         st, info = load_study(study, storage)
         if engine is not None and get_engine(engine).name != info.engine:
             # a study's plans were costed for its own engine; another engine's launch files would not
             # launch what was predicted
             raise ConfigError(f"--engine {engine}: study {study} was tuned for engine {info.engine}; export it "
                               f"with --engine {info.engine} (or leave --engine out), or tune a study for {engine}")
+        check_own_trials(st.get_trials(deepcopy=False), name=study, storage=storage)
         return st, info
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
@@ -505,6 +557,8 @@ def open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, glo
     name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
     st, info = load_study(name, storage)
+    from autotune.study.identity import check_own_trials
+    check_own_trials(st.get_trials(deepcopy=False), name=name, storage=storage)
     # the name holds the fabric's and space's names only: a file reusing a name with other links or knobs
     # must not be given another study's plan (run and retune refuse it the same way)
     from autotune.study.identity import check_identity

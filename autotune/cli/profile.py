@@ -44,7 +44,7 @@ import click
 import yaml
 
 from autotune.cost.calibration import default_calibration
-from autotune.errors import AutotuneError, ConfigError
+from autotune.errors import AutotuneError, ConfigError, redact
 from autotune.profiling.nccl_bench import FULL_SIZES, QUICK_SIZES, TIER_ENV, launch
 from autotune.profiling.store import (
     COPY_OP,
@@ -184,7 +184,7 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
     env = get_or_create_environment(session, info)
     report = ProfileReport(env_id=env.id)
     echo(f"autotune profile: {gpus}x {info.gpu_name} (driver {info.driver}, torch {info.torch}, CUDA {info.cuda}, "
-         f"NCCL {info.nccl}) on {info.hostname}; storage {storage}; {'quick' if quick else 'full'} profile")
+         f"NCCL {info.nccl}) on {info.hostname}; storage {redact(storage)}; {'quick' if quick else 'full'} profile")
     sys.stdout.flush()
     try:
         _kernels(session, env, quick=quick, force=force, report=report, sections=secs,

@@ -10,6 +10,7 @@ from autotune.cli.options import (
     JSON_OPTION,
     check_tune_options,
     check_worker_id,
+    check_workers,
     early_signals,
     interruptible,
     json_entry,
@@ -25,7 +26,7 @@ from autotune.cli.options import (
     tune_options,
     warn_real_only_options,
 )
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 
 
 @main.command()
@@ -49,22 +50,24 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
-    if workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    check_workers(workers)
+    wid = check_worker_id(worker_id, workers)
     from autotune.study.storage import check_heartbeat
     check_heartbeat(heartbeat_interval, storage, backend)   # before any study is created
     warn_real_only_options(backend)
-    wid = check_worker_id(worker_id)
     tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                         seed=seed, engine=engine,
                         evaluator_options=make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher,
-                                                             nodes, gpus_per_node, partition, account, time_limit))
+                                                             nodes, gpus_per_node, partition, account, time_limit,
+                                                             num_gpus=cluster.num_gpus))
     say = make_say(as_json)
 
     def _open() -> Tuner:
         t = Tuner(**tuner_kwargs)
+        for line in t.bound.forced_off:
+            click.echo(f"warning: {line}", err=True)
         say(f"tuning {target_line(model, cluster, workload)}")
-        say(f"study {t.name!r} in {storage}; search space {t.space.name!r}; backend {backend}; "
+        say(f"study {t.name!r} in {redact(storage)}; search space {t.space.name!r}; backend {backend}; "
             f"engine {t.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
             + (f", timeout {timeout:g} s" if timeout else ""))
         return t
@@ -90,17 +93,23 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             # opening the study, creating it and running the workers under one handler: a signal that
             # arrives between two of these steps is not lost (issue: Ctrl-C 0.8 s after start was ignored)
             t = _open()
+            # the backend first (no GPU for --backend real): a run that cannot evaluate anything must not
+            # leave an empty study behind, as Tuner.optimize checks for one worker
+            t.evaluator  # noqa: B018
+            t.close()
             t.study  # noqa: B018 - create the study once here, before the workers race for it
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval)
 
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
-        study, info = load_study(tuner.name, storage)
-        trials_all = study.get_trials(deepcopy=False)
+        from autotune.study.faults import with_retries
+        # a server restarted while the workers ran: the parent's read is retried on a fresh connection
+        study, info = with_retries(lambda: load_study(tuner.name, storage), storage, what="reading the study")
+        trials_all = with_retries(lambda: study.get_trials(deepcopy=False), storage, what="reading the study")
         n_new = sum(o.n_new_trials for o in outcomes)
         say(f"{n_new} trials run by {workers} workers, {len(trials_all)} in the study")
-        best = require_best_plan(study, info, storage)
+        best = with_retries(lambda: require_best_plan(study, info, storage), storage, what="reading the study")
         if bad == workers:
             raise ConfigError(f"all {workers} workers stopped on an error (see above)")
         n_total, st = len(trials_all), {}
@@ -136,7 +145,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
-               + (f" --storage {shlex.quote(storage)}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
+               + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
 
 
@@ -164,6 +173,8 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        top_k=top_k,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    check_workers(workers)
+    retune_wid = check_worker_id(worker_id, workers)
     warn_real_only_options(backend)
     from autotune.search.space import SearchSpace
     from autotune.study.identity import study_name
@@ -180,8 +191,9 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     r = interruptible(lambda: do_retune(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                   seed=seed, n_trials=trials, timeout=timeout, top_k=top_k, log_fn=say,
                   evaluator_options=make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher, nodes,
-                                                       gpus_per_node, partition, account, time_limit),
-                  engine=engine, workers=workers, worker_id=check_worker_id(worker_id),
+                                                       gpus_per_node, partition, account, time_limit,
+                                                       num_gpus=cluster.num_gpus),
+                  engine=engine, workers=workers, worker_id=retune_wid,
                   heartbeat_interval_s=heartbeat_interval),
                        storage=storage, study=slow_study)
     fast_name, slow_name = r.fast.info.fabric_name, cluster.fabric.name

@@ -58,6 +58,53 @@ class SlurmJob:
     command: list[str]
 
 
+#: sbatch(1) ``--time`` formats: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+#: "days-hours:minutes", "days-hours:minutes:seconds"; also "UNLIMITED" / "INFINITE".
+_TIME_RE = re.compile(r"(?:\d{1,7}|\d{1,7}:\d{1,2}|\d{1,7}:\d{1,2}:\d{1,2}|\d{1,5}-\d{1,2}"
+                      r"|\d{1,5}-\d{1,2}:\d{1,2}|\d{1,5}-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)")
+#: a Slurm partition or account name (slurm.conf(5) PartitionName / sacctmgr account names are plain words);
+#: a comma-separated list for --partition (sbatch(1): "a comma separated list of partitions")
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+def check_slurm_options(options: Mapping[str, Any], nproc: int | None = None, *, need_sbatch: bool = True) -> None:
+    """Refuse Slurm launcher options that would only fail inside a trial, before any study is written.
+
+    Checks: ``nodes`` / ``gpus_per_node`` integers >= 1 whose product is the plan's ``nproc`` GPUs
+    (:func:`job_geometry`); ``time`` in an sbatch(1) ``--time`` format (:data:`_TIME_RE`); ``partition``
+    (a comma-separated list) and ``account`` plain names (:data:`_NAME_RE`: letters, digits, ``_ . -``; a
+    newline, space, quote or ``$`` would change the job script); ``sbatch`` on PATH when ``need_sbatch``.
+
+    Raises:
+        ConfigError: naming the option, the value and what is valid.
+    """
+    import shutil
+
+    from autotune.files import display_text
+
+    for name, key in (("--nodes", "nodes"), ("--gpus-per-node", "gpus_per_node")):
+        v = options.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1 or v > 2**20):
+            raise ConfigError(f"{name} must be an integer between 1 and {2**20:,}, got {display_text(repr(v), 40)}")
+    if nproc is not None:
+        job_geometry(nproc, options)
+    t = options.get("time")
+    if t is not None and (not isinstance(t, str) or not _TIME_RE.fullmatch(t)):
+        raise ConfigError(f"--time {display_text(repr(t), 40)}: not a Slurm time limit; valid: MINUTES, MM:SS, "
+                          "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED (sbatch --time), e.g. 00:20:00")
+    for opt, key, many in (("--partition", "partition", True), ("--account", "account", False)):
+        v = options.get(key)
+        if v is None:
+            continue
+        parts = v.split(",") if isinstance(v, str) and many else [v]
+        if not all(isinstance(x, str) and _NAME_RE.fullmatch(x) for x in parts):
+            raise ConfigError(f"{opt} {display_text(repr(v), 60)}: not a plain Slurm name; valid: letters, digits, "
+                              "'_', '.', '-'" + (" (several partitions: a,b)" if many else ""))
+    if need_sbatch and shutil.which("sbatch") is None:
+        raise ConfigError("--launcher slurm: sbatch is not on PATH (run on a Slurm login node, or use "
+                          "--launcher local)")
+
+
 def job_geometry(nproc: int, options: Mapping[str, Any]) -> tuple[int, int]:
     """(nodes, processes per node) for ``nproc`` ranks: ``--nodes`` and/or ``--gpus-per-node`` from
     ``options``; with neither, one node with every rank.
@@ -76,7 +123,7 @@ def job_geometry(nproc: int, options: Mapping[str, Any]) -> tuple[int, int]:
     elif gpn is None:
         gpn = nproc // int(nodes)
     nodes, gpn = int(nodes), int(gpn)
-    if nodes * gpn != nproc:
+    if nodes * gpn != nproc or nodes < 1 or gpn < 1:
         raise ConfigError(f"--nodes {nodes} x --gpus-per-node {gpn} = {nodes * gpn} ranks, but the plan runs on "
                           f"{nproc} GPUs; pick nodes x GPUs per node = {nproc}")
     return nodes, gpn
@@ -89,10 +136,21 @@ def time_limit(timeout_s: float, given: str | None) -> str:
 
 def batch_script(worker_argv: Sequence[str], *, nodes: int, nproc_per_node: int, wd: Path, timeout_s: float,
                  options: Mapping[str, Any], gpus: bool, python: str = sys.executable) -> str:
-    """The ``job.sbatch`` text (see the module docstring); ``worker_argv`` = ``-m autotune.runtime.worker ...``."""
+    """The ``job.sbatch`` text (see the module docstring); ``worker_argv`` = ``-m autotune.runtime.worker ...``.
+
+    No user text reaches the script unchecked: ``partition``, ``account`` and ``time`` must pass
+    :func:`check_slurm_options` (plain names, a time format), the work directory must hold no newline or
+    ``"``; every command-line word is shell-quoted (``shlex.quote``).
+
+    Raises:
+        ConfigError: a hostile or malformed option value, or a work directory path with a newline.
+    """
+    check_slurm_options(options, need_sbatch=False)
+    if any(c in str(wd) for c in "\n\r\"\0"):
+        raise ConfigError(f"slurm launcher: work directory {str(wd)!r} holds a newline or quote; use a plain path")
     lines = ["#!/bin/bash", "#SBATCH --job-name=autotune-trial", f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1", f"#SBATCH --chdir={wd}", f"#SBATCH --output={wd}/stdout.log",
-             f"#SBATCH --error={wd}/stderr.log", f"#SBATCH --time={time_limit(timeout_s, options.get('time'))}"]
+             "#SBATCH --ntasks-per-node=1", f'#SBATCH --chdir="{wd}"', f'#SBATCH --output="{wd}/stdout.log"',
+             f'#SBATCH --error="{wd}/stderr.log"', f"#SBATCH --time={time_limit(timeout_s, options.get('time'))}"]
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={nproc_per_node}")
     for key in ("partition", "account"):
@@ -192,4 +250,4 @@ def _wait_gone(job_id: str, env: Mapping[str, str], limit_s: float = 60.0) -> tu
     return info, (info or {}).get("JobState", "UNKNOWN")
 
 
-__all__ = ["SlurmJob", "run_slurm_job", "batch_script", "job_geometry", "time_limit", "TERMINAL_STATES"]
+__all__ = ["SlurmJob", "run_slurm_job", "check_slurm_options", "batch_script", "job_geometry", "time_limit", "TERMINAL_STATES"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,7 +146,8 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         device: ``auto`` (CUDA if available), ``cuda`` or ``cpu`` (gloo).
         memory_limit_mib: cap each rank's memory this many MiB above what it holds after the model is
             built (see ``worker._apply_memory_limit``); None = no cap.
-        workdir: where the plan, result, phase files and logs go (default: a new temp dir, kept).
+        workdir: where the plan, result, phase files and logs go (default: a new temp dir, removed when the
+            run ends, whatever the outcome; ``workdir`` is then None in the result).
         profile: run one more step under ``torch.profiler`` after the timed ones; each rank's summary
             (:func:`autotune.runtime.trace.summarize`) is returned as ``profile`` (a list by rank).
         launcher: None or ``{"kind": "local"}``: torchrun here, in a new session (killed with its whole
@@ -169,7 +171,19 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
     n = doc.plan.num_gpus if nproc is None else nproc
     if n < 1:
         raise ConfigError(f"nproc must be >= 1, got {n}")
-    wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="autotune-run-"))
+    if workdir is None:
+        # a work directory of our own is removed when the run ends, whatever the outcome (issue 25: one
+        # /tmp/autotune-run-* was left per trial); what the caller needs from it is in the returned dict
+        tmp = Path(tempfile.mkdtemp(prefix="autotune-run-"))
+        try:
+            res = run_plan(doc, layers=layers, steps=steps, warmup=warmup, timeout_s=timeout_s, env=env, nproc=nproc,
+                           device=device, memory_limit_mib=memory_limit_mib, workdir=tmp, profile=profile,
+                           launcher=launcher, seed=seed)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        res["workdir"] = None
+        return res
+    wd = Path(workdir)
     wd.mkdir(parents=True, exist_ok=True)
     plan_path, out_path = wd / "plan.yaml", wd / "result.json"
     doc.save(plan_path)

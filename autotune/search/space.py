@@ -358,12 +358,15 @@ class BoundSearchSpace:
     engine: Any = None
     choices: dict[str, tuple[Any, ...]] = field(init=False)
     excluded: dict[str, dict[str, str]] = field(init=False)
+    #: warnings: a boolean knob the space asks to be on only, which the engine cannot run, searched off
+    forced_off: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         m, n, w = self.model, self.num_gpus, self.workload
         dims = {"heads": m.num_heads, "kv_heads": m.num_kv_heads, "hidden_size": m.hidden_size,
                 "ffn_hidden_size": m.ffn_hidden_size}
         excluded: dict[str, dict[str, str]] = {}
+        forced_off: list[str] = []
 
         def why_not(knob: str, v: Any) -> str | None:
             if knob == "tp_degree":
@@ -415,6 +418,8 @@ class BoundSearchSpace:
             if not keep and knob in _BOOL_KNOBS and self.engine is not None and all(
                     v is True for v in self.space.choices[knob]):
                 keep = [False]      # the engine cannot turn this setting on: search it switched off
+                forced_off.append(f"{self.space.source}: {knob}: [true] cannot run on engine {self.engine.name} "
+                                  f"({'; '.join(excluded.get(knob, {}).values())}); searched with {knob}=false")
             if not keep and knob != "vpp_degree":
                 raise ConfigError(
                     f"{self.space.source}: no value of {knob} {list(self.space.choices[knob])} is valid for "
@@ -430,6 +435,7 @@ class BoundSearchSpace:
             choices["vpp_degree"] = (1,)
         self.choices = choices
         self.excluded = excluded
+        self.forced_off = forced_off
         self._check_some_layout_divides()
 
     def _check_some_layout_divides(self) -> None:

@@ -171,3 +171,30 @@ def check_identity(attrs: Mapping[str, Any], *, name: str, storage: str, space: 
             "another name, or use another --storage")
 
 
+#: user_attrs one of which every trial autotune writes carries (:meth:`autotune.tuner.Tuner._objective`: the
+#: worker stamp with its first write, the plan, the reason of a pruned or failed trial; warm starts)
+AUTOTUNE_TRIAL_KEYS = ("worker", "plan", "pruned_reason", "fail_reason", "warm_start_from")
+
+
+def foreign_trials(trials) -> list[int]:
+    """Numbers of the finished COMPLETE or PRUNED trials that autotune did not write (none of
+    :data:`AUTOTUNE_TRIAL_KEYS` in their user_attrs): another tool's trials in an autotune study."""
+    from optuna.trial import TrialState
+
+    return [t.number for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and not any(k in t.user_attrs for k in AUTOTUNE_TRIAL_KEYS)]
+
+
+def check_own_trials(trials, *, name: str, storage: str) -> None:
+    """Refuse to tune on or export from a study holding trials another tool wrote (:func:`foreign_trials`):
+    their values are not MFUs of autotune plans, and one could become the "best plan".
+
+    Raises:
+        ConfigError: naming the study, the storage and up to 5 trial numbers.
+    """
+    bad = foreign_trials(trials)
+    if bad:
+        shown = ", ".join(str(n) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        raise ConfigError(f"study {name!r} in {user_url(storage)} holds {len(bad)} trial(s) not made by autotune "
+                          f"(trial {shown}: no plan or autotune attributes); refused, left untouched: delete them "
+                          "or use another --storage")

@@ -23,6 +23,8 @@ DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 DEFAULT_BACKEND = "simulated"
 
 _STORAGES: dict[tuple[str, int | None], optuna.storages.BaseStorage] = {}
+#: the storage URL this process opened last (what a storage fault the CLI catches is about)
+LAST_URL: list[str] = [DEFAULT_STORAGE]
 
 #: Errors of concurrent first use of one database (two processes creating Optuna's tables or the same
 #: study at once): SQLite "table ... already exists" / "UNIQUE constraint failed: alembic_version",
@@ -112,7 +114,8 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
             names the extra to install, server unreachable).
     """
     key = (url, heartbeat_interval_s)
-    if key in _STORAGES:
+    LAST_URL[0] = url
+    if key in _STORAGES and not (url.startswith("journal:") and _torn(url)):
         return _STORAGES[key]
     from autotune.study.storage_check import is_readonly_url
     shown = user_url(url)       # errors name the user's --storage, not the internal read-only URL
@@ -132,11 +135,24 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
             if not d.is_dir():
                 raise StorageError(f"cannot open study storage {shown}: directory {d} does not exist")
             if not os.access(d, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+                from autotune.study.storage_check import read_only_fs
+                if read_only_fs(d):
+                    raise StorageError(f"cannot open study storage {shown}: the file system holding {d} is read-only; "
+                                       "remount it read-write or use --storage on a writable one (`autotune show` "
+                                       "still reads it)")
                 raise StorageError(f"cannot open study storage {shown}: {Path(path) if Path(path).exists() else d} "
-                                   "is not writable")
+                                   "is not writable; give this user write permission or use another --storage")
     if kind == "journal":
-        from autotune.study.storage_check import check_journal_file
+        from autotune.study.storage_check import check_journal_file, repair_journal
         check_journal_file(url)     # a directory or a foreign file is refused before Optuna appends to it
+        repaired = repair_journal(url)      # a torn last record (full disk, kill -9) is cut off, backed up
+        if repaired is not None:
+            for k in [k for k in _STORAGES if k[0] == url]:
+                del _STORAGES[k]            # replayed up to the torn record: read the repaired file afresh
+            import sys
+            sys.stderr.write(f"warning: journal {url[len('journal:'):]}: its last record was torn (a write cut "
+                             f"short) and was removed; {repaired[0]} whole records kept, the file as it was is "
+                             f"in {repaired[1]}\n")
         if heartbeat_interval_s is not None:
             raise StorageError(f"{shown}: Optuna's journal storage has no heartbeat, so a killed worker's real trial "
                                "would never be retried; use sqlite:///PATH or postgresql:// for --backend real")
@@ -151,9 +167,13 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            engine_kwargs = None
+            engine_kwargs: dict[str, Any] | None = None
             if kind == "sqlite":
                 engine_kwargs = {"connect_args": {"timeout": 60}}
+            elif kind != "journal":
+                # a pooled connection the server dropped (a restart) is tested and re-made before use
+                # (SQLAlchemy docs, "Dealing with Disconnects": pool_pre_ping), not handed to Optuna dead
+                engine_kwargs = {"pool_pre_ping": True}
             hb: dict[str, Any] = {}
             if heartbeat_interval_s is not None:
                 hb = {"heartbeat_interval": int(heartbeat_interval_s),
@@ -172,6 +192,15 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
         raise StorageError(f"cannot open study storage {shown}: {cause}") from None
     _STORAGES[key] = storage
     return storage
+
+
+def _torn(url: str) -> bool:
+    """Whether the journal file of ``url`` ends with a torn record (then a cached storage is not reused)."""
+    from autotune.study.storage_check import journal_torn_tail
+    try:
+        return Path(url[len("journal:"):]).is_file() and journal_torn_tail(url[len("journal:"):]) is not None
+    except OSError:
+        return False
 
 
 def _missing_driver(url: str, kind: str, e: BaseException) -> str:

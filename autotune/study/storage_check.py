@@ -21,7 +21,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
-from autotune.errors import StorageError
+from autotune.errors import StorageError, redact
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 OPTUNA_TABLES = {"studies", "version_info", "trials"}
@@ -77,6 +77,8 @@ def check_journal_file(url: str, *, must_exist: bool = False) -> None:
     if not p.is_file():
         raise StorageError(f"--storage {url}: {p} is not a regular file; give an Optuna journal file path")
     try:
+        if journal_torn_tail(p) is not None:
+            return      # only the last record is torn (a full disk, a kill -9): read or repaired without it
         problem = _journal_problem(p)
         # another worker may be appending right now (Optuna writes and fsyncs a whole line under its lock,
         # optuna/storages/journal/_file.py append_logs): a cut last line is looked at again before refusing
@@ -140,15 +142,48 @@ _USER_URLS: dict[str, str] = {}
 
 
 def user_url(url: str) -> str:
-    """The ``--storage`` value the user gave for ``url``: the URL passed to :func:`readonly_url` when ``url``
-    is the internal read-only URL it returned (``sqlite:///file:...?mode=ro&uri=true``), else ``url``."""
-    return _USER_URLS.get(url, url)
+    """The ``--storage`` value the user gave for ``url``, as messages show it: the URL passed to
+    :func:`readonly_url` when ``url`` is the internal read-only URL it returned
+    (``sqlite:///file:...?mode=ro&uri=true``), else ``url``; a password in it is shown as ``***``
+    (:func:`autotune.errors.redact`). For display only: never open a storage with it."""
+    return redact(_USER_URLS.get(url, url))
 
 
 def is_readonly_url(url: str) -> bool:
     """Whether ``url`` asks for a read-only SQLite connection (``mode=ro`` in its query)."""
     sp = sqlite_path(url)
     return sp is not None and sp[1].get("mode") == "ro"
+
+
+def read_only_fs(path: str | Path) -> bool:
+    """Whether the file system holding ``path`` is mounted read-only (``os.statvfs`` ``ST_RDONLY``)."""
+    try:
+        return bool(os.statvfs(Path(path).parent if not Path(path).is_dir() else Path(path)).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def disk_full(path: str | Path, *, min_free_bytes: int = 64 * 1024) -> bool:
+    """Whether the file system holding ``path`` has less than ``min_free_bytes`` (64 KiB: a few SQLite pages
+    or journal records) available to this user (``os.statvfs`` ``f_bavail x f_frsize``); False if unknown."""
+    try:
+        st = os.statvfs(Path(path).parent if not Path(path).is_dir() else Path(path))
+    except (OSError, AttributeError):
+        return False
+    return st.f_bavail * st.f_frsize < min_free_bytes
+
+
+def existing_readonly(url: str) -> str:
+    """``url`` opened read-only when it names an existing SQLite file (:func:`readonly_url`: no WAL switch, no
+    -wal/-shm files, nothing created), else ``url`` unchanged (a journal is only read until written to).
+
+    Raises:
+        StorageError: as :func:`readonly_url`.
+    """
+    sp = sqlite_path(url)
+    if sp is not None and not is_readonly_url(url) and Path(sp[0]).is_file():
+        return readonly_url(url)
+    return url
 
 
 def readonly_url(url: str) -> str:
@@ -162,7 +197,20 @@ def readonly_url(url: str) -> str:
         raise StorageError("--storage must be a non-empty SQLAlchemy URL, e.g. sqlite:///studies/autotune.db")
     if journal_path(url) is not None:
         check_journal_file(url, must_exist=True)
-        return url
+        try:
+            copy = readable_journal_copy(url)
+        except OSError as e:
+            raise StorageError(f"storage {user_url(url)}: cannot be read: {e.strerror or e}") from None
+        if copy is None:
+            if read_only_fs(journal_path(url)):
+                # Optuna's journal backend wants a writable file even to read it: read a copy
+                return readable_journal_copy(url, always=True)[0]
+            return url
+        import sys
+        sys.stderr.write(f"warning: journal {journal_path(url)}: its last record is torn (a write cut short); read "
+                         f"without it ({copy[1]} whole records); `autotune repair {redact(url)}` removes it for good\n")
+        _USER_URLS[copy[0]] = _USER_URLS.get(url, url)
+        return copy[0]
     sp = sqlite_path(url)
     if sp is None:
         return url
@@ -181,19 +229,26 @@ def readonly_url(url: str) -> str:
     if head != SQLITE_HEADER:
         raise StorageError(f"storage {url}: {p} is not an SQLite database; refused (left untouched)")
     abspath = os.path.abspath(p)
+    # on a read-only file system SQLite cannot make the -shm file a WAL database needs even to be read: the
+    # file is then opened immutable (SQLite "URI filenames": immutable=1, no locks, no -shm; nobody can write it)
+    extra = "&immutable=1" if read_only_fs(p) else ""
     try:
-        con = sqlite3.connect(f"file:{urllib.parse.quote(abspath)}?mode=ro", uri=True)
+        con = sqlite3.connect(f"file:{urllib.parse.quote(abspath)}?mode=ro{extra}", uri=True)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
             con.close()
     except sqlite3.Error as e:
-        raise StorageError(f"storage {url}: {p} cannot be read as SQLite: {e}") from None
+        if disk_full(p):
+            raise StorageError(f"storage {user_url(url)}: the disk (or quota) holding {p} is full ({e}); free space on "
+                               "that file system (or use --storage on another one) and run again; finished trials "
+                               "are kept") from None
+        raise StorageError(f"storage {user_url(url)}: {p} cannot be read as SQLite: {e}") from None
     if not OPTUNA_TABLES <= tables:
         raise StorageError(f"storage {url}: {p} holds no Optuna study tables (tables: "
                            f"{', '.join(sorted(tables)[:8]) or 'none'}); not an autotune storage, left untouched")
-    ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro&uri=true"
-    _USER_URLS.setdefault(ro, user_url(url))
+    ro = f"sqlite:///file:{urllib.parse.quote(abspath)}?mode=ro{extra}&uri=true"
+    _USER_URLS.setdefault(ro, _USER_URLS.get(url, url))
     return ro
 
 
@@ -231,3 +286,116 @@ def storage_errors(url: str) -> Iterator[None]:
         cause = (str(root).splitlines() or [type(root).__name__])[0].strip() or type(root).__name__
         raise StorageError(f"storage {user_url(url)} cannot be read: {cause} (the database may be damaged; "
                            "nothing was changed)") from None
+
+
+# ------------------------------------------------------------------ torn journal records
+def journal_torn_tail(path: str | Path) -> tuple[int, int] | None:
+    """(whole records, byte offset where the torn tail starts) when the file's only problem is its last
+    line (no newline at its end, or not a JSON record: a write cut by a full disk or a kill -9), else None.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    import json
+
+    data = Path(path).read_bytes()
+    if not data:
+        return None
+    lines = data.split(b"\n")
+    tail = lines[-1]            # b"" when the file ends with a newline
+    whole = lines[:-1]
+
+    def good(raw: bytes) -> bool:
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return False
+        op = rec.get("op_code") if isinstance(rec, dict) else None
+        return (not isinstance(op, bool) and op in _JOURNAL_KEYS
+                and all(k in rec for k in _JOURNAL_KEYS[op]))
+
+    # at least one whole record before the torn one: a file of one cut line is not known to be a journal
+    if tail == b"":
+        if (len(whole) >= 2 and whole[-1].startswith(b"{") and not good(whole[-1])
+                and all(good(x) for x in whole[:-1])):
+            return len(whole) - 1, len(data) - len(whole[-1]) - 1   # a garbled last record with its newline
+        return None
+    if whole and all(good(x) for x in whole):
+        return len(whole), len(data) - len(tail)
+    return None
+
+
+def repair_journal(url: str) -> tuple[int, Path] | None:
+    """Cut a torn last record off the journal at ``url`` (``journal:PATH``); returns (records kept, backup
+    path) or None when there is nothing to repair. The whole file is first copied to
+    ``PATH.torn-<UTC time>.bak`` (kept), then the file is truncated to its whole records under Optuna's
+    journal lock (``JournalFileOpenLock``, optuna/storages/journal/_file.py), so no writer appends meanwhile.
+
+    Raises:
+        StorageError: the file cannot be read, copied or truncated (the file is left as it was).
+    """
+    import shutil
+
+    path = journal_path(url)
+    if not path:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        return None
+    try:
+        found = journal_torn_tail(p)
+        if found is None:
+            return None
+        from optuna.storages.journal import JournalFileOpenLock
+
+        lock = JournalFileOpenLock(str(p))
+        lock.acquire()
+        try:
+            found = journal_torn_tail(p)        # again, under the lock
+            if found is None:
+                return None
+            kept, offset = found
+            backup = p.with_name(f"{p.name}.torn-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.bak")
+            shutil.copy2(p, backup)
+            with open(p, "r+b") as fh:
+                fh.truncate(offset)
+                fh.flush()
+                import os
+                os.fsync(fh.fileno())
+        finally:
+            lock.release()
+    except OSError as e:
+        raise StorageError(f"storage {user_url(url)}: cannot repair the torn journal {p}: {e.strerror or e}; "
+                           "free space or fix permissions and run `autotune repair` again (the file is unchanged)") from None
+    return kept, backup
+
+
+def readable_journal_copy(url: str, *, always: bool = False) -> tuple[str, int] | None:
+    """For a read-only command: a ``journal:`` URL of a temporary copy of the journal at ``url`` without its
+    torn last record, and the number of records kept; None when the journal is whole (``always``: a copy of
+    the whole file then, for a journal on a read-only file system). The original file is
+    not touched. The copy lives until the process ends.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    import atexit
+    import os
+    import tempfile
+
+    path = journal_path(url)
+    if not path or not Path(path).is_file():
+        return None
+    found = journal_torn_tail(path)
+    if found is None:
+        if not always:
+            return None
+        found = (Path(path).read_bytes().count(b"\n"), Path(path).stat().st_size)
+    kept, offset = found
+    with open(path, "rb") as fh:
+        data = fh.read(offset)
+    fd, tmp = tempfile.mkstemp(prefix="autotune-journal-", suffix=".log")
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    atexit.register(lambda: Path(tmp).unlink(missing_ok=True))
+    return f"journal:{tmp}", kept

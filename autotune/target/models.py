@@ -367,6 +367,62 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe",
              "phimoe", "granitemoe", "jetmoe", "arctic", "grok-1", "llama4"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
+
+
+def _moe_key(raw: dict[str, Any]) -> str | None:
+    """The first key of ``raw`` that declares mixture-of-experts layers with a set value (not null, 0, false
+    or empty), or None. Families (HF transformers configuration_*.py of Mixtral, Qwen2-MoE, DeepSeek-V2/V3,
+    DBRX, Jamba, OLMoE, Granite-MoE, Llama 4): :data:`_MOE_KEYS`; any key naming experts (``n_shared_experts``,
+    ``num_experts_per_tok``, ``expert_interval``, ``shared_expert_intermediate_size``); ``moe_*``
+    (``moe_layer_freq``, ``moe_intermediate_size``); ``router_*`` (``router_aux_loss_coef``, DBRX
+    ``router_jitter_noise``: a router exists only in an MoE); ``first_k_dense_replace``, ``decoder_sparse_step``,
+    ``mlp_only_layers`` (which layers are dense in an MoE); ``ffn_config`` (DBRX's expert settings)."""
+    for k in _MOE_KEYS:
+        if raw.get(k):
+            return k
+    for k, v in raw.items():
+        if not v or not isinstance(k, str):
+            continue
+        low = k.lower()
+        if ("expert" in low or low.startswith(("moe_", "router_")) or
+                low in ("first_k_dense_replace", "decoder_sparse_step", "mlp_only_layers", "ffn_config")):
+            return k
+    return None
+
+
+#: RoPE scaling types HF transformers implements (``modeling_rope_utils.py`` ROPE_INIT_FUNCTIONS); ``type``
+#: is the older key of ``rope_type``. They change the rotary frequencies, not the FLOPs or memory, but a
+#: config naming another type (or a factor < 1) is a config autotune would misread, so it is refused.
+ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+#: head dims the attention kernels run: FlashAttention-2 supports head dims up to 256 that are multiples of
+#: 8 (flash-attention README "Head dim up to 256"; ``flash_api.cpp`` checks ``head_size % 8 == 0`` and
+#: ``head_size <= 256``); cuDNN's fused attention (Transformer Engine) has the same limits for training.
+MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 256, 8
+
+
+def _check_rope_scaling(rs: Any, where: str) -> None:
+    """Refuse a ``rope_scaling`` that is not null or a mapping of a known type with a factor >= 1
+    (HF ``_validate_linear_scaling_rope_parameters`` and siblings: ``factor`` must be a float >= 1).
+
+    Raises:
+        ConfigError: naming the field, the value and what is valid.
+    """
+    from autotune.files import display_text
+    from autotune.target.validate import require_number
+
+    if rs is None:
+        return
+    if not isinstance(rs, dict):
+        raise ConfigError(f"{where}: field rope_scaling must be a JSON object or null, got {type(rs).__name__}")
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_TYPES:
+        raise ConfigError(f"{where}: field rope_scaling type {display_text(repr(kind), 40)} is unknown; valid: "
+                          f"{', '.join(ROPE_SCALING_TYPES)}")
+    if kind != "default" or "factor" in rs:
+        if "factor" not in rs and kind != "longrope":
+            raise ConfigError(f"{where}: field rope_scaling factor is missing for type {kind!r} (a number >= 1)")
+        if "factor" in rs:
+            require_number(rs["factor"], f"{where}: field rope_scaling factor", lo=1.0, hi=2.0**20)
 _GATED_ACTS = {"silu", "swiglu", "swish"}
 
 
@@ -442,9 +498,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     mtype = raw.get("model_type")
     if mtype is not None and not isinstance(mtype, str):
         raise ConfigError(f"model config {p}: model_type must be a string, got {type(mtype).__name__}")
-    if mtype in MOE_TYPES or any(raw.get(k) for k in _MOE_KEYS):
-        what = f"model_type {mtype!r}" if mtype in MOE_TYPES else \
-            f"field {next(k for k in _MOE_KEYS if raw.get(k))!r}"
+    moe = _moe_key(raw)
+    if mtype in MOE_TYPES or moe:
+        what = f"model_type {mtype!r}" if mtype in MOE_TYPES else f"field {_safe_label(moe)!r}"
         raise ConfigError(f"model config {p}: {what}: mixture-of-experts models are not supported (dense decoders "
                           f"only: {', '.join(ARCHITECTURES)})")
     if mtype is not None and mtype not in ARCHITECTURES:
@@ -474,6 +530,13 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
             raise ConfigError(f"model config {p}: field num_attention_heads={heads} does not divide "
                               f"hidden_size={hidden} and there is no head_dim; give head_dim or a dividing head count")
         head_dim = hidden // heads
+    if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_MULTIPLE:
+        raise ConfigError(f"model config {p}: field head_dim={head_dim}"
+                          + ("" if "head_dim" in raw and raw["head_dim"] is not None else
+                             f" (hidden_size {hidden} / num_attention_heads {heads})")
+                          + f": the attention kernels run head dims that are multiples of {HEAD_DIM_MULTIPLE} up to "
+                          f"{MAX_HEAD_DIM} (FlashAttention-2, cuDNN)")
+    _check_rope_scaling(raw.get("rope_scaling"), f"model config {p}")
     if heads % kv:
         raise ConfigError(f"model config {p}: field num_key_value_heads={kv} does not divide "
                           f"num_attention_heads={heads} (grouped-query attention needs n_q % n_kv == 0)")

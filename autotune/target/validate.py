@@ -31,6 +31,33 @@ MAX_NUM_GPUS = 2**20
 MAX_TRIALS = 10**6
 #: Longest --timeout, seconds (30 days).
 MAX_TIMEOUT_S = 30 * 86400.0
+#: Shortest --timeout of ``run`` / ``retune``, seconds: a simulated trial of the 8B model takes 0.05-0.5 s on
+#: this project's 2-core machine (bench/bench_tuner.py), so under 1 s a run may end with no trial at all.
+MIN_TIMEOUT_S = 1.0
+#: Shortest --seq-len, tokens: FlashAttention's kernels work in tiles of 128 query rows (FlashAttention-2
+#: ``flash_fwd_launch_template.h`` kBlockM = 128 for head dims <= 128; FlashAttention-3 tile 128), and the
+#: cost model's attention rates were measured on sequences of whole tiles; shorter sequences are refused.
+MIN_SEQ_LEN = 128
+#: Worker ids (--worker-id, $SLURM_ARRAY_TASK_ID): below 2**31, the largest Slurm array index is
+#: ``MaxArraySize`` - 1 <= 4,000,000 (slurm.conf(5)), and a worker id seeds numpy's 32-bit RandomState.
+MAX_WORKER_ID = 2**31 - 1
+#: --workers on one host: at most this many per CPU core (each worker is a process of ~150-300 MB that is
+#: mostly busy in the simulator; beyond a few per core they only contend), see :func:`max_workers`.
+WORKERS_PER_CPU = 8
+#: --workers is always allowed up to this many, whatever the core count.
+MIN_MAX_WORKERS = 16
+
+
+def max_workers() -> int:
+    """The largest ``--workers`` on this host: max(:data:`MIN_MAX_WORKERS`, :data:`WORKERS_PER_CPU` x the CPU
+    cores this process may run on, ``os.sched_getaffinity``, else ``os.cpu_count()``)."""
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(MIN_MAX_WORKERS, WORKERS_PER_CPU * cpus)
 
 
 def show(v: Any) -> str:
