@@ -34,11 +34,16 @@ from autotune.errors import ConfigError, redact
 @study_options
 @tune_options
 @real_options
+@click.option("--engine-logs", "engine_logs", type=click.Path(file_okay=False), default=None,
+              help="--backend real --engine torchtitan: keep every trial's trainer log and job file in this folder.")
 @JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
         timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
-        gpus_per_node, partition, account, time_limit, as_json):
+        gpus_per_node, partition, account, time_limit, engine_logs, as_json):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
+
+    With --backend real --engine torchtitan every trial runs torchtitan's own trainer; the simulator
+    screens the space first and only plans predicted to fit, in the top of its ranking, are run.
 
     Example: autotune run --size 405b --trials 200
     """
@@ -61,6 +66,13 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                                              nodes, gpus_per_node, partition, account, time_limit,
                                                              num_gpus=cluster.num_gpus))
     say = make_say(as_json)
+    screen = None
+    if backend == "real" and engine is not None and engine != "native":
+        screen = _engine_screen(model, cluster, workload, space=space, engine=engine, seed=seed, trials=trials,
+                                layers=layers, workers=workers, launcher=launcher, say=say)
+        tuner_kwargs["evaluator_options"].update(only_plans=screen.plans, log_dir=engine_logs)
+    elif engine_logs is not None:
+        raise ConfigError("--engine-logs applies to --backend real with --engine torchtitan only")
 
     def _open() -> Tuner:
         t = Tuner(**tuner_kwargs)
@@ -115,6 +127,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         n_total, st = len(trials_all), {}
     else:
         tuner = interruptible(_open, storage=storage, study=name)
+        if screen is not None:
+            tuner.enqueue([_Queued(params, i) for i, (_, _, params) in enumerate(screen.kept)], source="screen")
         try:
             summary = interruptible(lambda: tuner.optimize(trials, timeout=timeout, worker_id=wid,
                                                             heartbeat_interval_s=heartbeat_interval),
@@ -147,6 +161,41 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
+
+
+class _Queued:
+    """A screened plan's Optuna params in the shape :meth:`autotune.tuner.Tuner.enqueue` reads."""
+
+    def __init__(self, params, number):
+        self.params, self.number = params, number
+
+
+def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, layers, workers, launcher, say):
+    """The simulator's screen before real engine trials (:func:`autotune.screen.screen_plans`); prints
+    its counts and the kept plans' predictions."""
+    from autotune.screen import screen_plans, torchtitan_run_key
+    from autotune.target.engines import resolve_engine
+
+    profile = resolve_engine(engine, "real")
+    if workers > 1:
+        raise ConfigError(f"--engine {profile.name} runs real trials one at a time on this host's GPUs; use --workers 1")
+    if launcher != "local":
+        raise ConfigError(f"--engine {profile.name} runs trials with torchrun on this host; --launcher {launcher} is "
+                          "wired for the native runtime only")
+    # a missing engine is one error before any simulation (the runner checks again when it starts)
+    from autotune.runners.torchtitan_runner import check_torchtitan
+    check_torchtitan()
+    run_key = torchtitan_run_key(model, workload, layers)
+    s = screen_plans(model=model, cluster=cluster, workload=workload, engine=profile, keep=trials, space=space,
+                     seed=seed, layers=layers, run_key=run_key)
+    say(s.summary())
+    for plan, r, _ in s.kept:
+        say(f"  kept: mb {plan.micro_batch_size} x {plan.num_micro_batches}, {plan.precision}, "
+            f"{'compile' if plan.compile else 'eager'}, recompute {plan.recompute}: predicted {r.step_time_ms:,.0f} ms, "
+            f"MFU {r.mfu:.1%}, {r.peak_memory_bytes / 2**30:.1f} GiB")
+    if not s.kept:
+        raise ConfigError("the simulator's screen kept no plan: none is predicted to fit (try --layers N or more GPUs)")
+    return s
 
 
 @main.command()

@@ -19,11 +19,17 @@ import click
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Wall-clock limit, s.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu runs with gloo (tests); auto uses the local CUDA GPUs.")
+@click.option("--engine", type=click.Choice(["native", "torchtitan"]), default="native", show_default=True,
+              help="native: autotune's own runtime; torchtitan: torchtitan's trainer with the plan as its job "
+                   "file (needs autotune[torchtitan-runner]).")
+@click.option("--engine-logs", "engine_logs", type=click.Path(file_okay=False), default=None,
+              help="--engine torchtitan: keep the trainer's log and job file in this folder.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the full result (per-rank memory, per-step times, versions) here.")
-def validate(plan_file, layers, steps, warmup, timeout_s, device, json_out):
+def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine_logs, json_out):
     """Launch PLAN_FILE with torchrun on the local GPUs and print measured step time, MFU and memory
-    beside the simulator's prediction for the same plan."""
+    beside the simulator's prediction for the same plan (with --engine torchtitan: torchtitan's trainer,
+    predicted with the torchtitan engine profile)."""
     from autotune.errors import AutotuneError
     from autotune.runtime.evaluator import RealEvaluator, TrialFailed
     from autotune.target.hardware import ClusterSpec, fabric_from_dict, get_gpu
@@ -47,15 +53,27 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, json_out):
     validate_plan(doc.plan, doc.model, doc.num_gpus, doc.workload, gpu=cluster.gpu)
     if device == "cpu":
         _check_host_memory(doc, cluster, layers)
-    ev = RealEvaluator(model=doc.model, cluster=cluster, workload=doc.workload, layers=layers, steps=steps,
-                       warmup=warmup, timeout_s=timeout_s, device=device)
+    if engine == "torchtitan":
+        if device == "cpu":
+            raise AutotuneError("--engine torchtitan runs on CUDA GPUs only; --device cpu is for the native runtime")
+        from autotune.runners.torchtitan_runner import TorchtitanEvaluator
+
+        ev = TorchtitanEvaluator(model=doc.model, cluster=cluster, workload=doc.workload, layers=layers, steps=steps,
+                                 warmup=max(warmup, 1), timeout_s=timeout_s, log_dir=engine_logs)
+    else:
+        if engine_logs is not None:
+            raise AutotuneError("--engine-logs applies to --engine torchtitan only")
+        ev = RealEvaluator(model=doc.model, cluster=cluster, workload=doc.workload, layers=layers, steps=steps,
+                           warmup=warmup, timeout_s=timeout_s, device=device)
     name = doc.model.name + (f" (proxy: {layers} of {doc.model.num_layers} layers)" if layers else "")
-    click.echo(f"validating {plan_file}: {name} on {doc.num_gpus} x {doc.gpu}, seq {doc.workload.seq_len}, "
+    click.echo(f"validating {plan_file} with engine {engine}: {name} on {doc.num_gpus} x {doc.gpu}, seq {doc.workload.seq_len}, "
                f"global batch {doc.workload.global_batch_size}; {warmup} warm-up + {steps} timed steps")
     try:
         r = ev.evaluate(doc.plan)
     except TrialFailed as e:
         raise AutotuneError(f"the run failed: {_one_line(str(e))}") from None
+    finally:
+        ev.close()
     d = dict(r.details)
     if json_out:
         try:
@@ -78,6 +96,7 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, json_out):
         ("peak allocated / GPU", ", ".join(f"{(x or 0) / gib:.1f}" for x in d.get("peak_allocated_bytes") or []) + " GiB"),
         ("peak reserved / GPU", ", ".join(f"{(x or 0) / gib:.1f}" for x in d.get("peak_reserved_bytes") or []) + " GiB"),
     ]
+    rows = [(k, v) for k, v in rows if v != " GiB"]     # engine runs report reserved memory only
     sim_ms = d.get("simulated_step_time_ms")
     if on_cpu:
         rows.append(("simulated step time", f"{sim_ms or 0:,.1f} ms on {doc.num_gpus} x {doc.gpu}: not compared "
@@ -86,9 +105,18 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, json_out):
         rows.append(("simulated step time", f"{sim_ms:,.1f} ms (error {d['simulated_error_pct']:+.1f}% vs measured)"))
     elif d.get("simulated_feasible") is False:
         rows.append(("simulated", "the memory model says this plan does not fit"))
-    rows.append(("simulated peak memory", f"{(d.get('simulated_peak_memory_bytes') or 0) / gib:.1f} GiB"))
+    rows.append(("simulated peak memory", f"{(d.get('simulated_peak_memory_bytes') or 0) / gib:.1f} GiB"
+                 + (f" (error {d['simulated_memory_error_pct']:+.1f}% vs measured reserved)"
+                    if d.get("simulated_memory_error_pct") is not None else "")))
+    if engine == "torchtitan":
+        rows.append(("warm-up / start-up", f"{d.get('warmup_s', 0):.1f} s for {max(warmup, 1)} warm-up steps "
+                                           f"(compilation included), {d.get('startup_s', 0):.1f} s before step 1"))
     for k, v in rows:
         click.echo(f"  {k:24s} {v}")
+    if engine == "torchtitan":
+        click.echo(f"  measured on {d.get('device_name') or '?'}, torchtitan {d.get('torchtitan_version') or '?'}, "
+                   f"{d.get('date', '?')}")
+        return
     click.echo(f"  measured on {d.get('device_name', '?')}, torch {d.get('torch_version', '?')}, CUDA "
                f"{d.get('cuda_version', '-')}, NCCL {d.get('nccl_version', '-')}, {d.get('date', '?')}")
 

@@ -136,12 +136,17 @@ BACKENDS: dict[str, tuple[str, str] | Callable[..., Evaluator]] = {
     "measured": ("autotune.profiling.measured", "MeasuredEvaluator"),
     "real": ("autotune.runtime.evaluator", "RealEvaluator"),
 }
+#: real-backend runners of engines other than the native runtime: engine name -> (module, class)
+ENGINE_RUNNERS: dict[str, tuple[str, str]] = {
+    "torchtitan": ("autotune.runners.torchtitan_runner", "TorchtitanEvaluator"),
+}
 
 
 # ------------------------------------------------------------------ evaluators
 def make_evaluator(backend: str, *, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                    **opts: Any) -> Evaluator:
-    """Build the evaluator for ``backend`` (``simulated``, ``measured`` or ``real``).
+    """Build the evaluator for ``backend`` (``simulated``, ``measured`` or ``real``); ``real`` with
+    ``engine`` in :data:`ENGINE_RUNNERS` builds that engine's runner.
 
     The implementation module is imported only here, so the CLI starts without torch.
 
@@ -150,6 +155,8 @@ def make_evaluator(backend: str, *, model: ModelSpec, cluster: ClusterSpec, work
         AutotuneError: the backend's module is not installed in this checkout (names the module).
     """
     entry = BACKENDS.get(backend)
+    if backend == "real" and opts.get("engine") in ENGINE_RUNNERS:
+        entry = ENGINE_RUNNERS[opts["engine"]]   # --engine torchtitan: its own trainer, not the native runtime
     if entry is None:
         raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
     if callable(entry):

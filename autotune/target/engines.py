@@ -11,7 +11,8 @@ these fields; :func:`check_plan_for_engine` refuses a plan the engine cannot run
 Engines: ``megatron`` (Megatron-LM / Megatron-Core with Transformer Engine), ``torchtitan`` and
 ``native`` (autotune's own runtime, the one ``--backend real`` launches). The default is
 :data:`DEFAULT_ENGINE` (``megatron``, what large runs launch with and what ``autotune export``'s flags
-target); ``--backend real`` always runs the native runtime.
+target); ``--backend real`` runs the native runtime, or with ``--engine torchtitan`` torchtitan's own
+trainer (:data:`REAL_ENGINES`, :mod:`autotune.runners.torchtitan_runner`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,16 @@ from autotune.errors import ConfigError, PlanError
 
 #: Engine used when none is named (simulated and measured backends).
 DEFAULT_ENGINE = "megatron"
-#: The engine the real backend runs (autotune's own runtime).
+#: The engine the real backend runs when none is named (autotune's own runtime).
 REAL_BACKEND_ENGINE = "native"
+#: Engines the real backend can launch: the native runtime (autotune/runtime/) and torchtitan's trainer
+#: (autotune/runners/torchtitan_runner.py, torchtitan 0.2.x job files).
+REAL_ENGINES = ("native", "torchtitan")
+#: Precisions a real engine runner adds to the profile's: the torchtitan runner launches torchtitan
+#: 0.2.2 (the last release that imports under torch 2.11, autotune/runners/torchtitan_job.py), whose
+#: torchtitan/components/quantization/float8.py still runs tensorwise scaling (``[quantize.linear.float8]``
+#: with no ``recipe_name``; the 0.3.0 profile in data/engines.yaml dropped it)
+REAL_RUNNER_PRECISIONS = {"torchtitan": ("fp8_tensorwise",)}
 
 GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
 SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
@@ -237,17 +246,23 @@ def get_engine(name: str | EngineProfile | None = None) -> EngineProfile:
 
 def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated") -> EngineProfile:
     """The engine a run uses: ``name``, or when None :data:`REAL_BACKEND_ENGINE` for the real backend
-    (it launches autotune's own runtime) and :data:`DEFAULT_ENGINE` otherwise.
+    (it launches autotune's own runtime) and :data:`DEFAULT_ENGINE` otherwise. With the real backend the
+    profile gains the precisions its runner's release adds (:data:`REAL_RUNNER_PRECISIONS`).
 
     Raises:
-        ConfigError: unknown engine, or an engine other than ``native`` with the real backend.
+        ConfigError: unknown engine, or with the real backend an engine not in :data:`REAL_ENGINES`.
     """
     if name is None:
         return get_engine(REAL_BACKEND_ENGINE if backend == "real" else DEFAULT_ENGINE)
     e = get_engine(name)
-    if backend == "real" and e.name != REAL_BACKEND_ENGINE:
-        raise ConfigError(f"--backend real runs autotune's own runtime (engine {REAL_BACKEND_ENGINE}); "
-                          f"--engine {e.name} can only be simulated (--backend simulated or measured)")
+    if backend == "real" and e.name not in REAL_ENGINES:
+        raise ConfigError(f"--backend real runs engines {', '.join(REAL_ENGINES)}; --engine {e.name} can only be "
+                          "simulated (--backend simulated or measured)")
+    extra = REAL_RUNNER_PRECISIONS.get(e.name, ()) if backend == "real" else ()
+    if any(p not in e.precisions for p in extra):
+        from dataclasses import replace
+
+        e = replace(e, precisions=tuple(e.precisions) + tuple(p for p in extra if p not in e.precisions))
     return e
 
 

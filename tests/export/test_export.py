@@ -148,7 +148,7 @@ TT_PLANS = [
                                                         "zero2-empty-cache-per-step"])
 def test_torchtitan_config_loads_with_torchtitans_loader(plan, reshard, tmp_path, monkeypatch):
     if not _torchtitan_available():
-        pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'autotune[torchtitan]' or set "
+        pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'torchtitan>=0.3.0' on a newer torch, or set "
                     "TORCHTITAN_PYTHONPATH); the structural check above ran instead")
     import torchtitan.models.llama3 as ll3
     from torchtitan.config.manager import ConfigManager

@@ -31,8 +31,13 @@ def test_catalog_and_default():
     # the real backend launches autotune's own runtime
     assert resolve_engine(None, "real").name == "native"
     assert resolve_engine(None, "simulated").name == "megatron"
-    with pytest.raises(ConfigError, match="--backend real runs autotune's own runtime"):
-        resolve_engine("torchtitan", "real")
+    # torchtitan's trainer is a real engine too (issue 23); megatron is not wired
+    with pytest.raises(ConfigError, match="--backend real runs engines native, torchtitan; --engine megatron"):
+        resolve_engine("megatron", "real")
+    tt_real, tt_sim = resolve_engine("torchtitan", "real"), resolve_engine("torchtitan", "simulated")
+    # the runner launches torchtitan 0.2.2, which still has tensorwise FP8; the 0.3 profile does not
+    assert "fp8_tensorwise" in tt_real.precisions and "fp8_tensorwise" not in tt_sim.precisions
+    assert set(tt_sim.precisions) < set(tt_real.precisions)
 
 
 def test_every_engine_fact_has_a_source_comment():

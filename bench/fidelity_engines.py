@@ -1,0 +1,81 @@
+"""Predict every recorded real engine run and print the error per engine (issue 23).
+
+Reads the per-trial records that ``bench/engine_smoke/dump_study.py`` wrote for ``autotune run --backend
+real --engine torchtitan`` (``docs/results/engines/*/trials.json``), re-simulates each plan now with the
+engine profile the runner uses (:func:`autotune.target.engines.resolve_engine` ``(engine, "real")``, the
+16-layer proxy the trials ran), and prints measured vs predicted step time and peak memory (measured:
+torchtitan's peak *reserved* memory of rank 0), with the mean absolute and worst error per engine.
+Nothing is fitted: the prediction is the shipped calibration's.
+
+    python bench/fidelity_engines.py [RESULTS_DIR ...]     # default: docs/results/engines/*/
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import sys
+from pathlib import Path
+
+from autotune.cost.simulator import SimulatedEvaluator
+from autotune.target.engines import resolve_engine
+from autotune.target.hardware import make_cluster
+from autotune.target.models import get_model
+from autotune.target.plan import Plan, Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def runs(dirs: list[str]) -> list[dict]:
+    out = []
+    for d in dirs:
+        f = Path(d) / "trials.json"
+        if not f.exists():
+            continue
+        for t in json.loads(f.read_text()):
+            if t.get("step_time_ms") and t.get("plan"):
+                out.append({**t, "source": str(f)})
+    return out
+
+
+def predict(t: dict) -> tuple[float, float]:
+    """(step ms, peak GiB) the simulator predicts now for a recorded trial (study name:
+    ``<model>/<gpu>x<n>/<fabric>/<engine>/seq<S>-gbs<B>/...``; layers from the trial's job)."""
+    model_name, gpus, _fabric, engine, wl = t["study"].split("/")[:5]
+    gpu, n = gpus.rsplit("x", 1)
+    seq, gbs = wl.split("-")
+    workload = Workload(seq_len=int(seq[3:]), global_batch_size=int(gbs[3:]))
+    job = Path(t["source"]).parent / "ttlogs" / (Path(t["log"]).stem + ".toml")   # the job file kept beside the log
+    m = re.search(r'flavor = "[^"]*_L(\d+)"', job.read_text()) if job.exists() else None
+    layers = int(m.group(1)) if m else None
+    model = get_model(model_name) if layers is None else get_model(model_name).truncated(layers)
+    ev = SimulatedEvaluator(model=model, cluster=make_cluster(gpu, int(n), None), workload=workload,
+                            engine=resolve_engine(engine, "real"))
+    r = ev.evaluate(Plan.from_dict(t["plan"]))
+    return r.step_time_ms, r.peak_memory_bytes / 2**30
+
+
+def main(argv: list[str]) -> None:
+    dirs = argv or sorted(glob.glob(str(ROOT / "docs/results/engines/*/")))
+    per: dict[str, list[tuple[float, float]]] = {}
+    print(f"{'engine':10} {'trial':>5} {'precision':14} {'compile':7} {'meas ms':>8} {'pred ms':>8} {'err':>6} "
+          f"{'meas GiB':>8} {'pred GiB':>8} {'err':>6}")
+    for t in runs(dirs):
+        engine = t["study"].split("/")[3]
+        pm, pg = predict(t)
+        mm, mg = t["step_time_ms"], t["peak_memory_bytes"] / 2**30
+        es, em = 100 * (pm - mm) / mm, 100 * (pg - mg) / mg
+        per.setdefault(engine, []).append((es, em))
+        p = t["plan"]
+        print(f"{engine:10} {t['trial']:>5} {p['precision']:14} {str(p['compile']):7} {mm:8.1f} {pm:8.1f} {es:+5.1f}% "
+              f"{mg:8.2f} {pg:8.2f} {em:+5.1f}%")
+    for engine, errs in per.items():
+        s = [abs(a) for a, _ in errs]
+        m = [abs(b) for _, b in errs]
+        print(f"{engine}: {len(errs)} runs; step time mean |error| {sum(s) / len(s):.1f}%, worst {max(s):.1f}%; "
+              f"peak memory mean |error| {sum(m) / len(m):.1f}%, worst {max(m):.1f}%")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
