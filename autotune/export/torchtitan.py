@@ -65,8 +65,11 @@ def module_fqns_per_model_part(plan: Plan, model: ModelSpec) -> list[list[str]]:
     return parts
 
 
-def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
+def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, truncated: bool = False) -> dict:
     """The values the config module sets, as plain data (what tests compare the loaded config with).
+
+    ``truncated``: ``model`` may be its Llama 3.1 flavour with fewer layers (a depth-truncated proxy that the
+    torchtitan runner registers as a flavour of its own, autotune/runners/torchtitan_flavors.py).
 
     Raises:
         ConfigError: a model torchtitan has no flavour for (only Llama 3.1 8B/70B/405B), or a
@@ -77,7 +80,12 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload) -> dic
         raise ConfigError(f"model {model.name!r}: the torchtitan export knows Llama 3.1 flavours only "
                           f"({', '.join(FLAVORS)}); torchtitan's llama3 model_registry has no other architecture")
     from autotune.target.models import get_model
-    if model != get_model(model.name):
+    ref = get_model(model.name)
+    if truncated and 1 <= model.num_layers <= ref.num_layers:
+        import dataclasses
+
+        ref = dataclasses.replace(ref, num_layers=model.num_layers)
+    if model != ref:
         raise ConfigError(f"model {model.name!r}: its fields differ from Llama 3.1 {FLAVORS[model.name][0]} (the "
                           "torchtitan flavour the export names); export for megatron")
     if p.precision == "fp8_tensorwise":

@@ -74,7 +74,8 @@ def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int
             raise ConfigError(f"layers={layers}: choose 1..{model.num_layers} for {model.name}")
         model = dataclasses.replace(model, num_layers=layers)
     tensorwise = plan.precision == "fp8_tensorwise"
-    s = torchtitan_settings(dataclasses.replace(plan, precision="bf16") if tensorwise else plan, model, workload)
+    s = torchtitan_settings(dataclasses.replace(plan, precision="bf16") if tensorwise else plan, model, workload,
+                            truncated=True)
     par = dict(s["parallelism"])
     sp = par.pop("enable_sequence_parallel")
     if par["tensor_parallel_degree"] > 1 and not sp:
