@@ -431,11 +431,10 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], skipped: list, errs: 
 
 
 def family(gpu: str) -> str:
-    """Hardware family of a row's GPU: a100, h100 (the 500 W H100 variant too), h200, b200, gb200."""
-    for f in ("gb200", "b200", "h200", "h100", "a100"):
-        if gpu.startswith(f):
-            return f
-    return gpu
+    """Hardware family of a row's GPU (:func:`autotune.target.hardware.gpu_family`): the 500 W H100 variant is h100."""
+    from autotune.target.hardware import gpu_family
+
+    return gpu_family(gpu) or gpu
 
 
 def _stats(errs: list[float]) -> tuple[int, float, float, float]:

@@ -71,14 +71,18 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
             d[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError:
             raise ConfigError(f"--set {s!r}: the value is not a YAML scalar") from None
+    for k in ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_size"):
+        v = d.get(k, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{k} must be an integer >= 1, got {v!r}")
     if d.get("pipeline_schedule") == "interleaved_1f1b" and "vpp_degree" not in d:
         raise ConfigError("--schedule interleaved_1f1b needs --vpp N (virtual stages per pipeline rank, >= 2)")
     if "vpp_degree" in d and d["vpp_degree"] > 1 and "pipeline_schedule" not in d:
         d["pipeline_schedule"] = "interleaved_1f1b"
     tp, pp, cp, mbs = (int(d.get(k, 1)) for k in ("tp_degree", "pp_degree", "cp_degree", "micro_batch_size"))
     n = cluster.num_gpus
-    if min(tp, pp, cp, mbs) < 1 or n % (tp * pp * cp):
-        raise ConfigError(f"--tp {tp} x --pp {pp} x --cp {cp} = {tp * pp * cp} must be >= 1 and divide the "
+    if n % (tp * pp * cp):
+        raise ConfigError(f"--tp {tp} x --pp {pp} x --cp {cp} = {tp * pp * cp} must divide the "
                           f"{n} GPUs (dp = GPUs / (tp pp cp))")
     dp = n // (tp * pp * cp)
     if workload.global_batch_size % (mbs * dp):

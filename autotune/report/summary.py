@@ -182,7 +182,9 @@ def error_band_line(engine: str, gpu: str | None = None) -> str:
     if b is None:
         return f"error band: none measured yet for engine {engine}"
     q = b.get("quantity", "step time")
-    fam = next((f for f in ("gb200", "b200", "h200", "h100", "a100") if gpu and str(gpu).startswith(f)), None)
+    from autotune.target.hardware import gpu_family
+
+    fam = gpu_family(gpu)
     g = (b.get("by_gpu") or {}).get(fam) if fam else None
     if g:
         return (f"error band ({engine}, {fam}): predicted {q} off by {g['mean_abs_error_pct']:.1f}% on average "

@@ -79,7 +79,9 @@ def band_fraction(info: "StudyInfo | None") -> float:
     b = error_band(info.engine)
     if not b:
         return 0.0
-    fam = next((f for f in ("gb200", "b200", "h200", "h100", "a100") if str(info.gpu).startswith(f)), None)
+    from autotune.target.hardware import gpu_family
+
+    fam = gpu_family(info.gpu)
     g = (b.get("by_gpu") or {}).get(fam) if fam else None
     return float((g or b).get("mean_abs_error_pct", 0.0)) / 100.0
 

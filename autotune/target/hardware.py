@@ -310,6 +310,15 @@ def get_gpu(name: str) -> GPUSpec:
     return GPUSpec(name=key, **gpus[key])
 
 
+def gpu_family(name: str | None) -> str | None:
+    """The catalog GPU whose name is the longest prefix of ``name`` (``h100-96gb-500w`` -> ``h100``; ``gb200``
+    stays ``gb200``), or None: the family an error band (autotune/data/error_bands.yaml ``by_gpu``) is kept for."""
+    if not name:
+        return None
+    key = str(name).strip().lower()
+    return next((n for n in sorted(_load_data("gpus.yaml")["gpus"], key=len, reverse=True) if key.startswith(n)), None)
+
+
 def known_fabrics() -> tuple[list[str], list[str]]:
     d = _load_data("fabrics.yaml")
     return list(d["intra_node"]), list(d["inter_node"])
