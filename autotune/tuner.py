@@ -72,6 +72,7 @@ class TuneSummary:
         states: count per outcome over the whole study: feasible, infeasible, pruned, failed.
         best: the best plan of the whole study.
         own_states: the same counts over this call's trials only; worker_id: this worker's index.
+        stop_reason: why the call ended before ``n_trials`` (the layout sampler's convergence stop), or None.
     """
 
     study: str
@@ -82,6 +83,7 @@ class TuneSummary:
     best: BestPlan
     own_states: Mapping[str, int] = field(default_factory=dict)
     worker_id: int = 0
+    stop_reason: str | None = None
 
 
 class Tuner:
@@ -302,7 +304,7 @@ class Tuner:
 
     def optimize(self, n_trials: int | None = 200, *, timeout: float | None = None,
                  show_progress_bar: bool | None = None, worker_id: int | None = None,
-                 heartbeat_interval_s: int | None = None) -> TuneSummary:
+                 heartbeat_interval_s: int | None = None, stop_when_converged: bool = True) -> TuneSummary:
         """Run ``n_trials`` more trials in this process (or until ``timeout`` seconds) and return the study's
         best plan.
 
@@ -317,6 +319,8 @@ class Tuner:
             worker_id: this worker's index (``--worker-id``; ``--workers N`` gives 0..N-1); None = 0.
             heartbeat_interval_s: real backend: Optuna heartbeat interval (s) for this process's trials
                 (RDB storages); None = :data:`REAL_HEARTBEAT_INTERVAL_S` for ``real``, off otherwise.
+            stop_when_converged: layout sampler: end early once :meth:`LayoutSampler.convergence` says the
+                search has converged (``TuneSummary.stop_reason`` says why); ``n_trials`` stays the bound.
 
         Returns:
             :class:`TuneSummary`: ``n_new_trials`` and ``own_states`` count this call's trials only;
@@ -343,7 +347,8 @@ class Tuner:
             show_progress_bar = sys.stdout.isatty()
         self._worker_seed = worker_seed(self.seed, worker_id)
         self._layout_sampler = None
-        sampler = TrialSeededSampler(self._seeded_sampler, self._worker_seed)
+        self.stop_reason: str | None = None
+        sampler = TrialSeededSampler(self._seeded_sampler, self._worker_seed, redraw=self.sampler_name != "layout")
         with quiet():
             st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
             worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
@@ -367,8 +372,11 @@ class Tuner:
                     ran[0] += 1
                     if ran[0] >= n_trials:
                         st_.stop()
+                ls = self._layout_sampler
+                if stop_when_converged and ls is not None and (why := ls.convergence(st_)) is not None:
+                    self.stop_reason = why
+                    st_.stop()
 
-            import signal
             import threading
 
             handlers = {}
@@ -416,7 +424,8 @@ class Tuner:
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=outcome_counts(trials), best=best,
-                           own_states=outcome_counts(mine), worker_id=worker_id or 0)
+                           own_states=outcome_counts(mine), worker_id=worker_id or 0,
+                           stop_reason=self.stop_reason)
 
     def _fail_running(self, study: optuna.Study, why: str) -> None:
         """Mark FAIL (with ``user_attrs['fail_reason']``) the trials this tuner started that are still
@@ -482,11 +491,8 @@ class Tuner:
             self.seed = saved
 
 
-
 REAL_MAX_ATTEMPTS_FACTOR = 20
 
 #: Heartbeat of real trials (s): a worker killed during a trial is noticed 2 x this later (Optuna's default
 #: grace period) by another worker, which fails the trial and runs its parameters once more.
 REAL_HEARTBEAT_INTERVAL_S = 30
-
-

@@ -30,6 +30,7 @@ class WorkerOutcome:
     own_states: Mapping[str, int] = field(default_factory=dict)
     error: str | None = None
     exitcode: int | None = None
+    stop_reason: str | None = None      #: why it ended before its --trials (the convergence stop), else None
 
 
 #: the signals a worker handles; the parent blocks them while it starts the workers (a blocked signal stays
@@ -85,7 +86,7 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
             if interrupted():
                 raise KeyboardInterrupt
             s = tuner.optimize(worker_id=worker_id, show_progress_bar=False, **optimize_kwargs)
-            outcome = WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states))
+            outcome = WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states), stop_reason=s.stop_reason)
         except KeyboardInterrupt:
             raise
         except NoFeasiblePlanError:
@@ -182,7 +183,8 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
                 p.kill()
                 p.join()
         raise
-    return [WorkerOutcome(r.worker_id, r.n_new_trials, r.own_states, r.error, procs[r.worker_id].exitcode)
+    return [WorkerOutcome(r.worker_id, r.n_new_trials, r.own_states, r.error, procs[r.worker_id].exitcode,
+                          r.stop_reason)
             for r in sorted(results.values(), key=lambda r: r.worker_id)]
 
 

@@ -465,6 +465,8 @@ def print_outcomes(outcomes, say=click.echo):
         if o.error:
             bad += 1
             line += f"; stopped: {o.error}"
+        elif getattr(o, "stop_reason", None):
+            line += f"; stopped early, {o.stop_reason}"
         say(line)
     return bad
 

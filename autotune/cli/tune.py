@@ -91,6 +91,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             # arrives between two of these steps is not lost (issue: Ctrl-C 0.8 s after start was ignored)
             t = _open()
             t.study  # noqa: B018 - create the study once here, before the workers race for it
+            if t.sampler_name == "layout":      # rank the layouts once, here; the workers read the ranking
+                t._sampler().layouts(t.study)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval)
 
@@ -119,6 +121,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             f"{summary.n_trials} in the study: {st.get('feasible', 0)} "
             f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
             f"{st.get('failed', 0)} failed")
+        if summary.stop_reason:
+            say(f"stopped early, {summary.stop_reason}")
         best = summary.best
         n_new, n_total = summary.n_new_trials, summary.n_trials
     if as_json:

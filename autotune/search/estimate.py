@@ -157,6 +157,12 @@ class PlanScreen:
         # optimizer step and the exposed parameter gather; no memory-dependent reclaim here (reserved = 0)
         return step_time_from_weights(plan, step_weights(cb, plan, self.model, m, chunks))
 
+    def remember(self, plan: Plan, *, fits: bool, estimate_ms: float) -> None:
+        """Record a screen result computed elsewhere (a layout ranking another worker stored), so
+        :meth:`fits` / :meth:`estimate_ms` return it without computing."""
+        self._fits[plan] = fits
+        self._est[plan] = estimate_ms
+
     def describe(self) -> dict[str, Any]:
         """How many plans were screened (for bench output)."""
         return {"memory_checks": len(self._fits), "estimates": len(self._est)}

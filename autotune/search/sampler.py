@@ -44,6 +44,8 @@ from autotune.target.plan import Plan
 
 log = logging.getLogger(__name__)
 
+#: study system attribute holding the shared layout ranking (:meth:`LayoutSampler.layouts`)
+RANKING_ATTR = "autotune:layout_ranking"
 #: the parallel layout: what :func:`enumerate_layouts` spans
 LAYOUT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size")
 #: knobs two of which may change in one neighbour move (dp, m and the split follow)
@@ -83,18 +85,23 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         num_initial: trials that go to the best-ranked layouts first.
         explore_every: after those, every n-th trial is the next-ranked layout (>= 2).
         jitter: relative width of the band inside which the estimate's order is drawn at random.
+        patience: :meth:`convergence` needs this many finished trials after the best one.
+        bound_slack: :meth:`convergence`'s margin on the estimate's bound (0.05: 5% below it).
 
     Raises:
         ValueError: ``explore_every`` < 2 or ``num_initial`` < 1.
     """
 
     def __init__(self, bound: BoundSearchSpace, screen: PlanScreen, *, seed: int | None = None,
-                 num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03) -> None:
+                 num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03, patience: int = 16,
+                 bound_slack: float = 0.05) -> None:
         if explore_every < 2 or num_initial < 1:
             raise ValueError(f"explore_every must be >= 2 and num_initial >= 1, got {explore_every}, {num_initial}")
         self.bound, self.screen = bound, screen
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.num_initial, self.explore_every, self.jitter = num_initial, explore_every, jitter
+        self.patience, self.bound_slack = patience, bound_slack
+        self._step_ms: dict[int, float] = {}
         self._random = optuna.samplers.RandomSampler(seed=self.seed)
         self._layouts: list[Plan] | None = None
         self._prefs: dict[str, Any] = {}
@@ -120,6 +127,9 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         except Exception as e:      # a screen that cannot cost some plan must not stop the study
             log.warning("layout sampler: %s: %s; sampling trial %d at random", type(e).__name__, e, trial.number)
             plan = None
+        if plan is None:
+            # nothing left by rank or by local search: a random plan, but only one the screen accepts
+            plan = self._random_fitting(trial.number)
         if plan is not None:
             self._chosen[trial.number] = plan_params(plan)
 
@@ -227,8 +237,69 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                     best, best_ms = q, e
         return best
 
-    def layouts(self) -> list[Plan]:
-        """One fitting plan per layout, best estimated step time first (computed once)."""
+    def layouts(self, study: optuna.Study | None = None) -> list[Plan]:
+        """One fitting plan per layout, best estimated step time first (computed once).
+
+        With ``study``: the ranking is shared through the study's storage (system attribute
+        :data:`RANKING_ATTR`, keyed by :meth:`ranking_key`): read from there when a worker stored it, else
+        computed and stored, so concurrent workers (``--workers N``, or processes on other hosts) rank once;
+        a stored ranking of another key (seed, space, calibration, code) is ignored and replaced.
+        """
+        if self._layouts is None and study is not None and self._load_ranking(study):
+            return self._layouts        # type: ignore[return-value]
+        if self._layouts is None:
+            self._compute_layouts()
+            if study is not None:
+                self._store_ranking(study)
+        return self._layouts            # type: ignore[return-value]
+
+    def ranking_key(self) -> str:
+        """What the layout ranking depends on besides the study's target: the seed, jitter, the space's
+        choices, the screen's op costs (provenance) and the source of :mod:`autotune.search` and
+        :mod:`autotune.cost` (SHA-256, first 16 hex digits)."""
+        import hashlib
+        from pathlib import Path
+
+        h = hashlib.sha256(repr((self.seed, self.jitter, sorted((k, tuple(map(repr, v)))
+                                                                for k, v in self.bound.choices.items()),
+                                 sorted(map(repr, dict(self.screen.costs.provenance()).items())))).encode())
+        pkg = Path(__file__).resolve().parent.parent
+        for d in ("search", "cost"):
+            for f in sorted((pkg / d).glob("*.py")):
+                h.update(f.read_bytes())
+        return h.hexdigest()[:16]
+
+    def _load_ranking(self, study: optuna.Study) -> bool:
+        try:
+            got = study._storage.get_study_system_attrs(study._study_id).get(RANKING_ATTR)
+            if not isinstance(got, dict) or got.get("key") != self.ranking_key():
+                return False
+            layouts = [Plan.from_dict(d) for d in got["layouts"]]
+            prefs = dict(got["prefs"])
+        except Exception as e:          # unreadable: rank here instead (the result is the same)
+            log.warning("layout sampler: stored ranking unreadable (%s: %s); ranking here", type(e).__name__, e)
+            return False
+        self._prefs = {k: (v if k not in self.bound.choices else
+                           next((c for c in self.bound.choices[k] if c == v), v)) for k, v in prefs.items()}
+        for q, e in zip(layouts, got["estimates_ms"]):
+            self.screen.remember(q, fits=True, estimate_ms=float(e))
+        self._layouts = layouts
+        self.ranking_source = "storage"
+        return True
+
+    def _store_ranking(self, study: optuna.Study) -> None:
+        from autotune.files import plain
+
+        doc = {"key": self.ranking_key(), "prefs": plain(self._prefs),
+               "layouts": [plain(q.to_dict()) for q in self._layouts or ()],
+               "estimates_ms": [self.screen.estimate_ms(q) for q in self._layouts or ()]}
+        try:
+            study._storage.set_study_system_attr(study._study_id, RANKING_ATTR, doc)
+        except Exception as e:          # a storage that refuses it: every worker ranks for itself
+            log.warning("layout sampler: cannot store the ranking (%s: %s)", type(e).__name__, e)
+
+    def _compute_layouts(self) -> None:
+        self.ranking_source = "computed"
         if self._layouts is None:
             self._prefs = self._default_prefs()
             ranked = self._rank_layouts()
@@ -250,7 +321,6 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                     self._plan_cache.clear()
                     ranked = self._rank_layouts()
             self._layouts = ranked
-        return self._layouts
 
     def _rank_layouts(self) -> list[Plan]:
         c = self.bound.choices
@@ -334,10 +404,12 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 value = float(t.value)
             if t.state.is_finished() or plan is not None:
                 self._history[t.number] = (plan, value)
+                if value is not None and value > 0 and isinstance(t.user_attrs.get("step_time_ms"), (int, float)):
+                    self._step_ms[t.number] = float(t.user_attrs["step_time_ms"])
 
     def next_plan(self, study: optuna.Study, number: int) -> Plan | None:
         """The plan trial ``number`` should evaluate (module docstring), or None to sample at random."""
-        layouts = self.layouts()
+        layouts = self.layouts(study)
         self._update_history(study)
         seen = {p for p, _ in self._history.values() if p is not None}
         seen.update(p for n, prm in self._chosen.items() if n != number
@@ -374,6 +446,59 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                     skip -= 1
         return next((q for q in layouts if q not in seen), None)
 
+    def convergence(self, study: optuna.Study) -> str | None:
+        """Why the search may stop now, or None to go on (the convergence stop of ``autotune run``).
+
+        Both must hold:
+
+        1. **No layout left that could beat the best.** A layout's bound is its estimate x ``r`` x
+           (1 - :attr:`bound_slack`), ``r`` = min(1, the lowest simulated / estimated step time over the
+           evaluated plans): the estimate corrected by its largest under-estimate seen so far (the
+           measured error, not an assumed one), less a margin. Every ranked layout whose bound is below the
+           best plan's step time has been tried (finished or running).
+        2. **Local search stopped improving.** At least :attr:`patience` trials have finished since the
+           best one (with the sampler's mix, ~3 / 4 of them local-search steps around the best plans).
+
+        The best plan is the highest MFU of the study's feasible trials (its ``step_time_ms`` user attribute;
+        MFU is inversely proportional to step time for one target). ``--trials`` stays the upper bound.
+        """
+        layouts = self.layouts(study)
+        self._update_history(study)
+        done = [n for n, (p, v) in self._history.items() if p is not None and v is not None and v > 0
+                and n in self._step_ms]
+        if not done:
+            return None
+        best_n = max(done, key=lambda n: (self._history[n][1], -n))
+        best_ms = self._step_ms[best_n]
+        finished = [n for n in study_finished_numbers(study)]
+        since = sum(1 for n in finished if n > best_n)
+        if since < self.patience:
+            return None
+        ratios = [self._step_ms[n] / e for n in done
+                  if 0 < (e := self.screen.estimate_ms(self._history[n][0])) < float("inf")]
+        r = min([1.0] + ratios)
+        scale = r * (1 - self.bound_slack)
+        seen = {p for p, _ in self._history.values() if p is not None}
+        left = [q for q in layouts if q not in seen and self.screen.estimate_ms(q) * scale < best_ms]
+        if left:
+            return None
+        could = sum(1 for q in layouts if self.screen.estimate_ms(q) * scale < best_ms)
+        return (f"converged: no better plan in the {since} trials since trial {best_n} (MFU "
+                f"{100 * self._history[best_n][1]:.2f}%), and all {could} of {len(layouts)} layouts whose "
+                f"estimate x {r:.2f} (the lowest simulated/estimated ratio seen) - {100 * self.bound_slack:g}% "
+                f"is below its {best_ms:.0f} ms step were tried")
+
+    def _random_fitting(self, number: int, tries: int = 200) -> Plan | None:
+        """A plan drawn at random (seeded by trial number) that is valid, fits in memory and is not in the
+        study yet; None after ``tries`` draws without one (Optuna's random sampler then draws)."""
+        rng = self._rng("random", number)
+        seen = {p for p, _ in self._history.values() if p is not None}
+        for _ in range(tries):
+            q = self._plan({k: rng.choice(list(v)) for k, v in self.bound.choices.items()})
+            if q is not None and q not in seen and self.screen.fits(q):
+                return q
+        return None
+
     def _canonical(self, plan: Plan) -> Plan:
         """One object per distinct plan (so sets of ids stand for sets of plans without re-hashing)."""
         return self._canon.setdefault(plan, plan)
@@ -399,6 +524,11 @@ class LayoutSampler(optuna.samplers.BaseSampler):
 
 
 _MISSING = object()
+
+
+def study_finished_numbers(study: optuna.Study) -> list[int]:
+    """Numbers of the study's finished trials (any state but RUNNING / WAITING)."""
+    return [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
 
 
 def make_sampler(bound: BoundSearchSpace, *, model: Any, cluster: Any, workload: Any, engine: Any = None,
