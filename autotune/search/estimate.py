@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from autotune.cost.calibration import default_calibration
@@ -151,6 +152,9 @@ class PlanScreen:
         cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
                          costs=self.costs, engine=self.engine)
         m = plan.num_micro_batches
+        # a chunk's DP buckets depend on its parameter count alone: once per chunk class, as chunk_costs does
+        # for the chunks (an instance-level memo of CostBuilder.dp_bucket_ms, the same numbers)
+        cb.dp_bucket_ms = functools.lru_cache(maxsize=None)(cb.dp_bucket_ms)    # type: ignore[method-assign]
         chunks = chunk_costs(cb, plan, self.model, cached=True)     # once per chunk class (graph.chunk_costs)
         # the step graph's own numbers (autotune.cost.graph.step_weights): node durations with their exposed
         # TP / CP / ZeRO-3 communication and blocking p2p, DP bucket groups with their ready delays, the

@@ -53,11 +53,14 @@ PAIR_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "micro_batch_size", "vpp_de
 #: settings knobs chosen per layout (each layout's plan takes the value of lowest estimated step time
 #: among those that fit) rather than once for all layouts: precision (see LayoutSampler._best_per_layout)
 PER_LAYOUT_KNOBS = ("precision",)
+#: DP settings chosen per layout after the precision (LayoutSampler._tune_dp), in this order
+DP_KNOBS = ("zero_stage", "bucket_size_mib")
 #: preferred value order per settings knob (the first one the space has is the layout's default):
 #: overlap everything (Megatron-LM defaults --overlap-grad-reduce/--overlap-param-gather with the
 #: distributed optimizer), SP with TP (Korthikanti et al. 2022, Sec. 4.2.2: no extra communication),
 #: ZeRO-1 (the distributed optimizer: same traffic as DP all-reduce, Rajbhandari et al. 2020 Sec. 5),
-#: no recomputation before selective before full (extra FLOPs 0 < attention core < one forward).
+#: no recomputation before selective before full (extra FLOPs 0 < attention core < one forward), no
+#: torch.compile before compile.
 PREFERENCES: Mapping[str, tuple[Any, ...]] = {
     "sequence_parallel": (True, False),
     "recompute": ("none", "selective", "full"),
@@ -67,7 +70,10 @@ PREFERENCES: Mapping[str, tuple[Any, ...]] = {
     "dp_grad_reduce_overlap": (True, False),
     "param_gather_overlap": (True, False),
     "memory_reclaim": ("expandable_segments", "none", "empty_cache_per_step", "empty_cache_per_microbatch"),
-    "compile": (True, False),
+    # no torch.compile first: engines that fuse the block's memory-bound kernels themselves (Megatron-LM
+    # with Transformer Engine) gain nothing from it, and a preference the coordinate-descent pass changes
+    # costs a second ranking pass (issue 26: 405B x 1,024 B200 switched to False every time)
+    "compile": (False, True),
 }
 
 
@@ -235,6 +241,31 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 q = self._fit_settings({**assignment, k: v})
                 if q is not None and (e := self.screen.estimate_ms(q)) < best_ms:
                     best, best_ms = q, e
+        return self._tune_dp(best) if best is not None else None
+
+    def _tune_dp(self, plan: Plan) -> Plan:
+        """``plan`` with the ZeRO stage, then the DP bucket size, of lowest estimated step time among those
+        that fit (its precision and recomputation kept): one coordinate-descent pass per layout. The DP
+        terms depend on the layout (bucket count and exposure per chunk, the DP group's links), so one
+        setting for all layouts (ZeRO 1 and the middle bucket) ordered ZeRO 0 / 1 the wrong way on slow
+        fabrics (issue 26)."""
+        if plan.dp_degree * plan.cp_degree == 1:     # no DP group: the ZeRO stage and buckets are inactive
+            return plan
+        a = self.assignment(plan)
+        best, best_ms = plan, self.screen.estimate_ms(plan)
+        for k in DP_KNOBS:
+            cands = []
+            for v in self.bound.choices[k]:
+                q = self._plan({**a, k: v})
+                if q is not None and q != best:
+                    cands.append((self.screen.estimate_ms(q), repr(v), q))
+            for e, _, q in sorted(cands, key=lambda x: x[:2]):
+                if e >= best_ms:
+                    break
+                if self.screen.fits(q):
+                    best, best_ms = q, e
+                    break
+            a = self.assignment(best)
         return best
 
     def layouts(self, study: optuna.Study | None = None) -> list[Plan]:
@@ -307,7 +338,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 best = ranked[0]
                 a = self.assignment(best)
                 for k in KNOBS:
-                    if k in LAYOUT_KNOBS or k in PER_LAYOUT_KNOBS or len(self.bound.choices[k]) < 2:
+                    if k in LAYOUT_KNOBS or k in PER_LAYOUT_KNOBS or k in DP_KNOBS or len(self.bound.choices[k]) < 2:
                         continue
                     cands = [self._plan({**a, k: v}) for v in self.bound.choices[k]]
                     cands = [p for p in cands if p is not None and self.screen.fits(p)]
@@ -315,7 +346,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                         pick = min(cands, key=lambda p: (self.screen.estimate_ms(p), p != best))
                         a[k] = getattr(pick, k)
                         best = pick
-                settings = [k for k in KNOBS if k not in LAYOUT_KNOBS and k not in PER_LAYOUT_KNOBS]
+                settings = [k for k in KNOBS if k not in LAYOUT_KNOBS and k not in PER_LAYOUT_KNOBS
+                            and k not in DP_KNOBS]
                 if any(self._prefs[k] != a[k] for k in settings):
                     self._prefs.update({k: a[k] for k in settings})
                     self._plan_cache.clear()
