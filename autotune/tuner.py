@@ -304,7 +304,7 @@ class Tuner:
 
     def optimize(self, n_trials: int | None = 200, *, timeout: float | None = None,
                  show_progress_bar: bool | None = None, worker_id: int | None = None,
-                 heartbeat_interval_s: int | None = None, stop_when_converged: bool = True) -> TuneSummary:
+                 heartbeat_interval_s: int | None = None, stop_when_converged: bool = False) -> TuneSummary:
         """Run ``n_trials`` more trials in this process (or until ``timeout`` seconds) and return the study's
         best plan.
 
@@ -320,7 +320,8 @@ class Tuner:
             heartbeat_interval_s: real backend: Optuna heartbeat interval (s) for this process's trials
                 (RDB storages); None = :data:`REAL_HEARTBEAT_INTERVAL_S` for ``real``, off otherwise.
             stop_when_converged: layout sampler: end early once :meth:`LayoutSampler.convergence` says the
-                search has converged (``TuneSummary.stop_reason`` says why); ``n_trials`` stays the bound.
+                search has converged (``TuneSummary.stop_reason`` says why; ``autotune run`` sets it); ``n_trials``
+                stays the bound.
 
         Returns:
             :class:`TuneSummary`: ``n_new_trials`` and ``own_states`` count this call's trials only;

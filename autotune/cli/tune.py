@@ -94,7 +94,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             if t.sampler_name == "layout":      # rank the layouts once, here; the workers read the ranking
                 t._sampler().layouts(t.study)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
-                                  first_worker_id=wid, heartbeat_interval_s=heartbeat_interval)
+                                  first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
+                                  stop_when_converged=True)
 
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
@@ -110,7 +111,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         tuner = interruptible(_open, storage=storage, study=name)
         try:
             summary = interruptible(lambda: tuner.optimize(trials, timeout=timeout, worker_id=wid,
-                                                            heartbeat_interval_s=heartbeat_interval),
+                                                            heartbeat_interval_s=heartbeat_interval,
+                                                            stop_when_converged=True),
                                      storage=storage, study=tuner.name)
         finally:
             tuner.close()

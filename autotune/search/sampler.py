@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 
 #: study system attribute holding the shared layout ranking (:meth:`LayoutSampler.layouts`)
 RANKING_ATTR = "autotune:layout_ranking"
+#: trial system attribute: the plan a trial's sampler picked, written before its parameters
+CLAIM_ATTR = "autotune:claimed_plan"
+#: picks per trial when earlier trials claimed the pick (LayoutSampler._claimed_earlier)
+CLAIM_RETRIES = 8
 #: the parallel layout: what :func:`enumerate_layouts` spans
 LAYOUT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size")
 #: knobs two of which may change in one neighbour move (dp, m and the split follow)
@@ -75,6 +79,13 @@ PREFERENCES: Mapping[str, tuple[Any, ...]] = {
     # costs a second ranking pass (issue 26: 405B x 1,024 B200 switched to False every time)
     "compile": (False, True),
 }
+
+
+def plain_plan(plan: Plan) -> dict[str, Any]:
+    """``plan.to_dict()`` as the ``plan`` user attribute stores it (JSON types)."""
+    from autotune.files import plain
+
+    return plain(plan.to_dict())
 
 
 def _plan_key(plan: Plan) -> str:
@@ -118,6 +129,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         self._canon: dict[Plan, Plan] = {}
         self._ranked: dict[Plan, list[Plan]] = {}
         self._layout_set: set[Plan] | None = None
+        self._lost: set[Plan] = set()      # plans this worker picked and found claimed by an earlier trial
 
     # ------------------------------------------------------------ Optuna sampler API
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -136,8 +148,29 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         if plan is None:
             # nothing left by rank or by local search: a random plan, but only one the screen accepts
             plan = self._random_fitting(trial.number)
+        for _ in range(CLAIM_RETRIES):
+            if plan is None or not self._claimed_earlier(study, trial, plan):
+                break
+            self._lost.add(plan)            # an earlier trial of another worker took it meanwhile
+            plan = self.next_plan(study, trial.number)
         if plan is not None:
             self._chosen[trial.number] = plan_params(plan)
+
+    def _claimed_earlier(self, study: optuna.Study, trial: FrozenTrial, plan: Plan) -> bool:
+        """Claim ``plan`` for ``trial`` in the storage (trial system attribute :data:`CLAIM_ATTR`), then
+        True if a trial of lower number holds the same claim or plan. Concurrent workers that picked the
+        same plan from the same history all write before they read (the storage orders the writes), so
+        every one but the lowest-numbered sees the clash and picks again; none is lost."""
+        storage = study._storage
+        d = plain_plan(plan)
+        try:
+            storage.set_trial_system_attr(trial._trial_id, CLAIM_ATTR, d)
+            others = storage.get_all_trials(study._study_id, deepcopy=False)
+        except Exception as e:          # a storage that refuses it: the trial-number rule alone
+            log.warning("layout sampler: cannot claim a plan (%s: %s)", type(e).__name__, e)
+            return False
+        return any(t.number < trial.number and (t.system_attrs.get(CLAIM_ATTR) == d or t.user_attrs.get("plan") == d)
+                   for t in others)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -426,6 +459,15 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                     except Exception:       # a plan stored by another version: only blocks nothing
                         plan = None
                     self._plan_cache["plan:" + key] = plan
+            elif (c := t.system_attrs.get(CLAIM_ATTR)) is not None and not t.state.is_finished():
+                # another worker's trial still being sampled: the plan it claimed (_claimed_earlier)
+                plan = self._plan_cache.get("claim:" + json.dumps(c, sort_keys=True))
+                if plan is None:
+                    try:
+                        plan = Plan.from_dict(c)
+                    except Exception:
+                        plan = None
+                    self._plan_cache["claim:" + json.dumps(c, sort_keys=True)] = plan
             elif t.params and t.state.is_finished():
                 # a running trial without its plan attribute is still being sampled by another worker: its
                 # params are partial, so it stays invisible (next_plan counts it among the concurrent ones)
@@ -443,7 +485,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         """The plan trial ``number`` should evaluate (module docstring), or None to sample at random."""
         layouts = self.layouts(study)
         self._update_history(study)
-        seen = {p for p, _ in self._history.values() if p is not None}
+        seen = {p for p, _ in self._history.values() if p is not None} | self._lost
         seen.update(p for n, prm in self._chosen.items() if n != number
                     for p in [self._plan({**self._prefs, **prm})] if p is not None)
         # Which trials take a layout, and which one, is a function of the trial number alone (trial numbers
