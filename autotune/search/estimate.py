@@ -3,20 +3,16 @@
 * :meth:`PlanScreen.fits`: the memory model the simulator itself applies
   (:func:`autotune.cost.memory.estimate_memory` with the evaluator's fragmentation and engine), so a plan
   this rejects would be recorded as infeasible by the simulated evaluator too.
-* :meth:`PlanScreen.estimate_ms`: a closed-form step time from the same per-chunk costs the step graph
-  is built from (:class:`autotune.cost.graph.CostBuilder`):
-
-      T = (m + (p - 1) / v) x t_mb + 2 (p - 1) t_p2p + t_opt + t_gather + t_dp_tail
-
-  with t_mb the busiest pipeline rank's forward + backward time of one micro-batch over its v chunks,
-  (p - 1) / v the pipeline bubble in micro-batch times (Narayanan et al. 2021, "Efficient Large-Scale
-  Language Model Training on GPU Clusters", Sec. 2.2.1-2.2.2: bubble fraction (p - 1) / m for 1F1B and
-  GPipe, (p - 1) / (v m) interleaved), t_p2p one boundary send/recv (:meth:`CostBuilder.p2p_ms`), t_opt
-  the optimizer step and t_gather the ZeRO-1/2 parameter all-gather of that rank
-  (:meth:`CostBuilder.optimizer_ms`, :meth:`CostBuilder.param_gather_ms`), and t_dp_tail the DP
-  gradient reduction left after the last backward (its last bucket when overlapped, all buckets
-  otherwise; :meth:`CostBuilder.dp_bucket_ms`). It is an estimate for ordering candidates, not a bound:
-  the graph simulation decides (docs/search.md gives its measured rank agreement).
+* :meth:`PlanScreen.estimate_ms`: a closed-form step time from the step graph's own numbers
+  (:func:`autotune.cost.graph.step_weights` over :class:`autotune.cost.graph.CostBuilder`'s per-chunk costs:
+  node durations with their exposed TP / CP / ZeRO-3 communication, blocking p2p, the DP bucket groups
+  with their ready delays, optimizer, exposed parameter gather), combined by
+  :func:`step_time_from_weights`: the pipeline's compute time with its bubble (Narayanan et al. 2021,
+  Sec. 2.2), the p2p round trip that bounds the steady state on slow links, and per pipeline rank the DP
+  bucket stream after that rank's last backwards. No formula of the cost model is re-derived here, so the
+  estimate follows cost-model changes. It is an estimate for ordering candidates, not a bound: the graph
+  simulation decides; its rank agreement per target is ``python bench/bench_search.py --rank-correlation``
+  (docs/search.md).
 """
 
 from __future__ import annotations
@@ -45,6 +41,10 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
       (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", Sec.
       2.2.1-2.2.2), d_p2p the p2p edge delay. Rank 0 ends last (1F1B, interleaved and GPipe all drain
       toward stage 0); rank r ends ``sum_{j<r} (b_j + d_p2p)`` earlier, b_j rank j's last backward node.
+    * Slow p2p links (1F1B and interleaved): past the first W / v micro-batches a micro-batch takes at least
+      ``(p t_mb + 2 (p - 1) v d_p2p) / W`` (W = p for 1F1B, 2 p - 1 interleaved: the chunk slots rank 0
+      runs between a chunk's forward and backward of one micro-batch, from the schedule's warm-up; the
+      chain between them is p forwards, p backwards and 2 (p - 1) hops); the excess over t_mb is added.
     * The end of each chunk's last backward on rank r, packing the schedule's final backwards from its end
       (:func:`autotune.cost.schedule.schedule_order`: interleaved 1F1B drains chunk v-1 .. 0 in groups of p
       micro-batches, so chunk c's last backward ends ``c p b_0..`` before the rank's end).
@@ -54,8 +54,9 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
       stream; then the optimizer step, the exposed parameter gather and the per-step reclaim
       (:func:`autotune.cost.graph._make_structure`'s end of step).
 
-    The step is the latest rank's end. This is the step graph's recurrence with every wait inside the
-    steady state replaced by the bubble term; tests/search/test_search.py compares it with the simulation.
+    The step is the latest rank's end: the step graph's recurrence with the waits inside the steady state
+    replaced by the bubble and round-trip terms. tests/search/test_search.py compares it with the
+    simulation on single plans; ``bench/bench_search.py --rank-correlation`` over every layout per target.
     """
     p, v, m = plan.pp_degree, plan.effective_vpp, w.num_micro_batches
     comp = w.compute
