@@ -1,6 +1,9 @@
-"""Search quality and speed of `autotune run` (issue 10): best MFU at 50 / 100 / 200 trials, seeds 0-4.
+"""Search quality and speed of `autotune run` (issues 10, 26): best MFU at 50 / 100 / 200 trials, seeds 0-4,
+trials to the reference optimum, and the run with the convergence stop (`autotune run`'s default).
 
-    python bench/bench_search.py                  # the table (4 targets x 5 seeds x 200 trials)
+    python bench/bench_search.py                  # the table (7 targets x 5 seeds x (200 trials + a stopped run))
+    python bench/bench_search.py --rank-correlation   # the screening estimate's rank correlation per target
+    python bench/bench_search.py --no-stop-runs   # the 200-trial runs only
     python bench/bench_search.py --reference      # recompute the long reference searches -> bench/search_reference.json
     python bench/bench_search.py --reference --jobs 2   # the same, two targets at a time (one per core)
     python bench/bench_search.py --targets 8b-h200x8 --seeds 0 1 --trials 200
@@ -8,6 +11,9 @@
 Each run is a fresh study (a temporary SQLite file) with the default space, engine and simulated
 backend, exactly what `autotune run` does. The 50- and 100-trial columns are the best of the run's first
 50 / 100 trials: the sampler does not read the budget, so these are the results of 50- and 100-trial runs.
+'to opt' is the number of trials until the first one at the reference MFU. The stopped run ('stop') is a
+second fresh study with ``Tuner.optimize(stop_when_converged=True)``: trials it ran, its best MFU, whether
+that is the 200-trial run's best ('same'), wall and CPU seconds.
 Wall and CPU seconds are for the whole 200-trial run (study setup included), on this machine, with the
 1-minute load average at the run's start: wall well above CPU means other processes shared the cores
 (the issue's budget, <= 30 s per run, is wall time on an otherwise idle 2-core machine).
