@@ -57,7 +57,6 @@ from autotune.target.plan import Plan, Workload
 
 log = logging.getLogger(__name__)
 
-
 METRIC_NAMES = ["MFU (causal)"]
 SAMPLERS = ("layout", "tpe")
 
@@ -134,7 +133,6 @@ class Tuner:
         self._study: optuna.Study | None = None
         self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
-    # ---- identity
     @property
     def info(self) -> StudyInfo:
         return StudyInfo(name=self.name, model=self.model, gpu=self.cluster.gpu.name, num_gpus=self.cluster.num_gpus,
@@ -347,7 +345,7 @@ class Tuner:
         if show_progress_bar is None:
             show_progress_bar = sys.stdout.isatty()
         self._worker_seed = worker_seed(self.seed, worker_id)
-        self._layout_sampler = None
+        self._layout_sampler = None     # built by TrialSeededSampler below (_seeded_sampler)
         self.stop_reason: str | None = None
         sampler = TrialSeededSampler(self._seeded_sampler, self._worker_seed, redraw=self.sampler_name != "layout")
         with quiet():
@@ -379,7 +377,6 @@ class Tuner:
                     st_.stop()
 
             import threading
-
             handlers = {}
             if threading.current_thread() is threading.main_thread():
                 # SIGINT (Ctrl-C) and SIGTERM (kill, scancel, run_workers stopping a worker) end the run at a
@@ -393,6 +390,8 @@ class Tuner:
             budget = n_trials * REAL_MAX_ATTEMPTS_FACTOR if count_run else n_trials
             started = _time.monotonic()
             try:
+                if self._layout_sampler is not None:    # rank (or read the ranking) before any trial exists
+                    self._layout_sampler.layouts(worker_study)  # a signal meanwhile: KeyboardInterrupt, no trial
                 while True:
                     left = None if budget is None else budget - len(mine)
                     time_left = None if timeout is None else timeout - (_time.monotonic() - started)

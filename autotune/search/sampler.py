@@ -39,6 +39,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.estimate import PlanScreen
+from autotune.signals import interrupted
 from autotune.search.space import KNOBS, BoundSearchSpace, Pruned, plan_params
 from autotune.target.plan import Plan
 
@@ -396,6 +397,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             for sched in scheds:
                 vpps = c["vpp_degree"] if sched == "interleaved_1f1b" else (self._prefs["vpp_degree"],)
                 for vpp, mbs in itertools.product(vpps, c["micro_batch_size"]):
+                    if interrupted():       # SIGINT / SIGTERM noted by the CLI or the tuner: stop ranking
+                        raise KeyboardInterrupt
                     a = {**self._prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
                          "pipeline_schedule": sched, "vpp_degree": vpp, "micro_batch_size": mbs}
                     if self._plan(a) is None:
@@ -504,6 +507,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             p = next((q for q in layouts[idx:] if q not in seen), None)
             if p is not None:
                 return p
+        if number >= n0 and (p := self._stalled_candidate(layouts, seen)) is not None:
+            return p
         skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen
                    and layout_index(n) is None)
         bases = [p for _, _, p in sorted(((v, n, p) for n, (p, v) in self._history.items()
@@ -538,20 +543,14 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         """
         layouts = self.layouts(study)
         self._update_history(study)
-        done = [n for n, (p, v) in self._history.items() if p is not None and v is not None and v > 0
-                and n in self._step_ms]
-        if not done:
+        state = self._bound_state()
+        if state is None:
             return None
-        best_n = max(done, key=lambda n: (self._history[n][1], -n))
-        best_ms = self._step_ms[best_n]
+        best_n, best_ms, r, scale = state
         finished = [n for n in study_finished_numbers(study)]
         since = sum(1 for n in finished if n > best_n)
         if since < self.patience:
             return None
-        ratios = [self._step_ms[n] / e for n in done
-                  if 0 < (e := self.screen.estimate_ms(self._history[n][0])) < float("inf")]
-        r = min([1.0] + ratios)
-        scale = r * (1 - self.bound_slack)
         seen = {p for p, _ in self._history.values() if p is not None}
         left = [q for q in layouts if q not in seen and self.screen.estimate_ms(q) * scale < best_ms]
         if left:
@@ -561,6 +560,31 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 f"{100 * self._history[best_n][1]:.2f}%), and all {could} of {len(layouts)} layouts whose "
                 f"estimate x {r:.2f} (the lowest simulated/estimated ratio seen) - {100 * self.bound_slack:g}% "
                 f"is below its {best_ms:.0f} ms step were tried")
+
+    def _bound_state(self) -> tuple[int, float, float, float] | None:
+        """(best trial number, its step time ms, r, r x (1 - bound_slack)) from the history
+        (:meth:`convergence`), or None before a feasible plan with its step time is known."""
+        done = [n for n, (p, v) in self._history.items() if p is not None and v is not None and v > 0
+                and n in self._step_ms]
+        if not done:
+            return None
+        best_n = max(done, key=lambda n: (self._history[n][1], -n))
+        ratios = [self._step_ms[n] / e for n in done
+                  if 0 < (e := self.screen.estimate_ms(self._history[n][0])) < float("inf")]
+        r = min([1.0] + ratios)
+        return best_n, self._step_ms[best_n], r, r * (1 - self.bound_slack)
+
+    def _stalled_candidate(self, layouts: list[Plan], seen: set[Plan]) -> Plan | None:
+        """When local search has not improved the best plan for ``patience // 2`` trials: the best-ranked
+        unseen layout that could still beat it (:meth:`convergence`'s bound), so that the layouts the stop
+        rule waits for are tried next instead of one every ``explore_every`` trials; else None."""
+        state = self._bound_state()
+        if state is None:
+            return None
+        best_n, best_ms, _, scale = state
+        if sum(1 for n in self._history if n > best_n) < max(1, self.patience // 2):
+            return None
+        return next((q for q in layouts if q not in seen and self.screen.estimate_ms(q) * scale < best_ms), None)
 
     def _random_fitting(self, number: int, tries: int = 200) -> Plan | None:
         """A plan drawn at random (seeded by trial number) that is valid, fits in memory and is not in the
