@@ -10,9 +10,8 @@ The study's name and identity are :mod:`autotune.study.identity`'s (``<model>/<g
 that does not fit is COMPLETE with value 0 and a positive memory constraint, so it is never the best); an
 unexpected exception marks the trial FAIL with ``user_attrs['fail_reason']`` and the study goes on.
 
-The best plan is the highest MFU among COMPLETE feasible trials. If there is none, :meth:`Tuner.optimize`
-raises :class:`~autotune.errors.NoFeasiblePlanError` ("N/N trials failed: <most common reason>"); the study
-stays saved.
+The best plan is :func:`~autotune.study.trials.best_plan`'s; with none, :meth:`Tuner.optimize` raises
+:class:`~autotune.errors.NoFeasiblePlanError` (the most common reason); the study stays saved.
 """
 from __future__ import annotations
 
@@ -60,7 +59,6 @@ from autotune.target.plan import Plan, Workload
 
 log = logging.getLogger(__name__)
 
-
 METRIC_NAMES = ["MFU (causal)"]
 SAMPLERS = ("layout", "tpe")
 
@@ -75,6 +73,7 @@ class TuneSummary:
         states: count per outcome over the whole study: feasible, infeasible, pruned, failed.
         best: the best plan of the whole study.
         own_states: the same counts over this call's trials only; worker_id: this worker's index.
+        stop_reason: why the call ended before ``n_trials`` (the layout sampler's convergence stop), or None.
     """
 
     study: str
@@ -85,6 +84,7 @@ class TuneSummary:
     best: BestPlan
     own_states: Mapping[str, int] = field(default_factory=dict)
     worker_id: int = 0
+    stop_reason: str | None = None
 
 
 class Tuner:
@@ -135,7 +135,6 @@ class Tuner:
         self._study: optuna.Study | None = None
         self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
-    # ---- identity
     @property
     def info(self) -> StudyInfo:
         return StudyInfo(name=self.name, model=self.model, gpu=self.cluster.gpu.name, num_gpus=self.cluster.num_gpus,
@@ -308,7 +307,7 @@ class Tuner:
 
     def optimize(self, n_trials: int | None = 200, *, timeout: float | None = None,
                  show_progress_bar: bool | None = None, worker_id: int | None = None,
-                 heartbeat_interval_s: int | None = None) -> TuneSummary:
+                 heartbeat_interval_s: int | None = None, stop_when_converged: bool = False) -> TuneSummary:
         """Run ``n_trials`` more trials in this process (or until ``timeout`` seconds) and return the study's
         best plan.
 
@@ -323,6 +322,9 @@ class Tuner:
             worker_id: this worker's index (``--worker-id``; ``--workers N`` gives 0..N-1); None = 0.
             heartbeat_interval_s: real backend: Optuna heartbeat interval (s) for this process's trials
                 (RDB storages); None = :data:`REAL_HEARTBEAT_INTERVAL_S` for ``real``, off otherwise.
+            stop_when_converged: layout sampler: end early once :meth:`LayoutSampler.convergence` says the
+                search has converged (``TuneSummary.stop_reason`` says why; ``autotune run`` sets it); ``n_trials``
+                stays the bound.
 
         Returns:
             :class:`TuneSummary`: ``n_new_trials`` and ``own_states`` count this call's trials only;
@@ -348,8 +350,10 @@ class Tuner:
         if show_progress_bar is None:
             show_progress_bar = sys.stdout.isatty()
         self._worker_seed = worker_seed(self.seed, worker_id)
-        self._layout_sampler = None
-        sampler = StampedSampler(self._seeded_sampler, self._worker_seed)    # host + pid in every trial
+        self._layout_sampler = None     # built by the sampler below (_seeded_sampler)
+        self.stop_reason: str | None = None
+        # host + pid stamped in every trial (study/stale.py); no random redraws under the layout sampler
+        sampler = StampedSampler(self._seeded_sampler, self._worker_seed, redraw=self.sampler_name != "layout")
         with quiet():
             st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
             worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
@@ -374,10 +378,12 @@ class Tuner:
                     ran[0] += 1
                     if ran[0] >= n_trials:
                         st_.stop()
+                ls = self._layout_sampler
+                if stop_when_converged and ls is not None and (why := ls.convergence(st_)) is not None:
+                    self.stop_reason = why
+                    st_.stop()
 
-            import signal
             import threading
-
             handlers = {}
             if threading.current_thread() is threading.main_thread():
                 # SIGINT (Ctrl-C) and SIGTERM (kill, scancel, run_workers stopping a worker) end the run at a
@@ -393,6 +399,8 @@ class Tuner:
             bar = MfuProgressBar(n_trials) if show_progress_bar else None   # names MFU in %
             faults: list[float] = []      # when transient storage errors happened (retried, see below)
             try:
+                if self._layout_sampler is not None:    # rank (or read the ranking) before any trial exists
+                    self._layout_sampler.layouts(worker_study)  # a signal meanwhile: KeyboardInterrupt, no trial
                 while True:
                     left = None if budget is None else budget - len(mine)
                     time_left = None if timeout is None else timeout - (_time.monotonic() - started)
@@ -439,7 +447,8 @@ class Tuner:
         best = require_best_plan(study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=outcome_counts(trials), best=best,
-                           own_states=outcome_counts(mine), worker_id=worker_id or 0)
+                           own_states=outcome_counts(mine), worker_id=worker_id or 0,
+                           stop_reason=self.stop_reason)
 
     def _fail_running(self, study: optuna.Study, why: str) -> None:
         """Mark FAIL (with ``user_attrs['fail_reason']``) the trials this tuner started that are still
@@ -469,8 +478,6 @@ class Tuner:
         fallback takes the per-trial seed; its ranking uses the study's seed in every worker.
         """
         if self.sampler_name == "layout":
-            # the layout ranking (and its seeded tie-breaking) is the study's, the same in every worker, so
-            # that trial n means the same layout everywhere; only the random fallback is per trial
             inst = getattr(self, "_layout_sampler", None)
             if inst is None:
                 inst = self._layout_sampler = self._sampler()
@@ -484,11 +491,8 @@ class Tuner:
             self.seed = saved
 
 
-
 REAL_MAX_ATTEMPTS_FACTOR = 20
 
 #: Heartbeat of real trials (s): a worker killed during a trial is noticed 2 x this later (Optuna's default
 #: grace period) by another worker, which fails the trial and runs its parameters once more.
 REAL_HEARTBEAT_INTERVAL_S = 30
-
-

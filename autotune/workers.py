@@ -30,6 +30,7 @@ class WorkerOutcome:
     own_states: Mapping[str, int] = field(default_factory=dict)
     error: str | None = None
     exitcode: int | None = None
+    stop_reason: str | None = None      #: why it ended before its --trials (the convergence stop), else None
 
 
 #: the signals a worker handles; the parent blocks them while it starts the workers (a blocked signal stays
@@ -85,7 +86,7 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
             if interrupted():
                 raise KeyboardInterrupt
             s = tuner.optimize(worker_id=worker_id, show_progress_bar=False, **optimize_kwargs)
-            outcome = WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states))
+            outcome = WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states), stop_reason=s.stop_reason)
         except KeyboardInterrupt:
             raise
         except NoFeasiblePlanError:
@@ -107,7 +108,7 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
 
 def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: int | None,
                 timeout: float | None = None, first_worker_id: int = 0,
-                heartbeat_interval_s: int | None = None) -> list[WorkerOutcome]:
+                heartbeat_interval_s: int | None = None, stop_when_converged: bool = False) -> list[WorkerOutcome]:
     """Start ``num_workers`` worker processes on one study, wait for all, return their outcomes by id.
 
     Args:
@@ -115,6 +116,8 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
             no ``evaluator`` object).
         num_workers: processes (>= 1); n_trials: trials per worker; timeout: s per worker.
         first_worker_id: ids are ``first_worker_id .. first_worker_id + num_workers - 1`` (seeds differ).
+        stop_when_converged: each worker ends early on the layout sampler's convergence stop
+            (:meth:`~autotune.tuner.Tuner.optimize`).
 
     On KeyboardInterrupt (SIGINT or SIGTERM, to the process group or to this process alone) the signal is
     forwarded to the children at once (a worker marks its in-flight trial FAIL on SIGINT or SIGTERM,
@@ -133,7 +136,8 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
 
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    opt = {"n_trials": n_trials, "timeout": timeout, "heartbeat_interval_s": heartbeat_interval_s}
+    opt = {"n_trials": n_trials, "timeout": timeout, "heartbeat_interval_s": heartbeat_interval_s,
+           "stop_when_converged": stop_when_converged}
     procs = {first_worker_id + i: ctx.Process(target=_worker_main, args=(dict(tuner_kwargs), opt,
                                                                           first_worker_id + i, out))
              for i in range(num_workers)}
@@ -182,7 +186,8 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
                 p.kill()
                 p.join()
         raise
-    return [WorkerOutcome(r.worker_id, r.n_new_trials, r.own_states, r.error, procs[r.worker_id].exitcode)
+    return [WorkerOutcome(r.worker_id, r.n_new_trials, r.own_states, r.error, procs[r.worker_id].exitcode,
+                          r.stop_reason)
             for r in sorted(results.values(), key=lambda r: r.worker_id)]
 
 

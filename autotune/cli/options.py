@@ -329,7 +329,7 @@ def json_entry(*, plan, result, info=None, model=None, cluster=None, workload=No
 
 def tune_options(f):
     opts = [
-        click.option("--trials", type=int, default=200, show_default=True, help="Trials to run (added to the study)."),
+        click.option("--trials", type=int, default=200, show_default=True, help="Trials to run at most (added to the study; `run` ends earlier once the search has converged: docs/search.md)."),
         click.option("--timeout", type=float, default=None, help="Stop after this many seconds."),
         click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed (the layout sampler orders near-equal estimates with it; same seed and history, same trials)."),
         click.option("--workers", type=int, default=1, show_default=True,
@@ -515,6 +515,8 @@ def print_outcomes(outcomes, say=click.echo):
         if o.error:
             bad += 1
             line += f"; stopped: {o.error}"
+        elif getattr(o, "stop_reason", None):
+            line += f"; stopped early, {o.stop_reason}"
         say(line)
     return bad
 

@@ -110,8 +110,11 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             t.evaluator  # noqa: B018
             t.close()
             t.study  # noqa: B018 - create the study once here, before the workers race for it
+            if t.sampler_name == "layout":      # rank the layouts once, here; the workers read the ranking
+                t._sampler().layouts(t.study)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
-                                  first_worker_id=wid, heartbeat_interval_s=heartbeat_interval)
+                                  first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
+                                  stop_when_converged=True)
 
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
@@ -131,7 +134,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             tuner.enqueue([_Queued(params, i) for i, (_, _, params) in enumerate(screen.kept)], source="screen")
         try:
             summary = interruptible(lambda: tuner.optimize(trials, timeout=timeout, worker_id=wid,
-                                                            heartbeat_interval_s=heartbeat_interval),
+                                                            heartbeat_interval_s=heartbeat_interval,
+                                                            stop_when_converged=True),
                                      storage=storage, study=tuner.name)
         finally:
             tuner.close()
@@ -142,6 +146,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             f"{summary.n_trials} in the study: {st.get('feasible', 0)} "
             f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
             f"{st.get('failed', 0)} failed")
+        if summary.stop_reason:
+            say(f"stopped early, {summary.stop_reason}")
         best = summary.best
         n_new, n_total = summary.n_new_trials, summary.n_trials
     if as_json:

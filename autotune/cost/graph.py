@@ -82,8 +82,10 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
             vs = c * P + r
             cc = chunks[vs]
             for phase in ("F", "B"):
-                parts = dict(cc.fwd_parts if phase == "F" else cc.bwd_parts)
+                parts = cc.fwd_parts if phase == "F" else cc.bwd_parts
                 sends = (phase == "F" and vs < n_virtual - 1) or (phase == "B" and vs > 0)
+                if (sends and blocking_p2p and p2p) or (phase == "B" and reclaim_mb):
+                    parts = dict(parts)     # shared with the chunk class (read-only) unless something is added
                 if sends and blocking_p2p and p2p:
                     _add(parts, "exposed_pp_comm", p2p)
                 if phase == "B" and reclaim_mb:

@@ -3,28 +3,26 @@
 * :meth:`PlanScreen.fits`: the memory model the simulator itself applies
   (:func:`autotune.cost.memory.estimate_memory` with the evaluator's fragmentation and engine), so a plan
   this rejects would be recorded as infeasible by the simulated evaluator too.
-* :meth:`PlanScreen.estimate_ms`: a closed-form step time from the same per-chunk costs the step graph
-  is built from (:class:`autotune.cost.graph.CostBuilder`):
-
-      T = (m + (p - 1) / v) x t_mb + 2 (p - 1) t_p2p + t_opt + t_gather + t_dp_tail
-
-  with t_mb the busiest pipeline rank's forward + backward time of one micro-batch over its v chunks,
-  (p - 1) / v the pipeline bubble in micro-batch times (Narayanan et al. 2021, "Efficient Large-Scale
-  Language Model Training on GPU Clusters", Sec. 2.2.1-2.2.2: bubble fraction (p - 1) / m for 1F1B and
-  GPipe, (p - 1) / (v m) interleaved), t_p2p one boundary send/recv (:meth:`CostBuilder.p2p_ms`), t_opt
-  the optimizer step and t_gather the ZeRO-1/2 parameter all-gather of that rank
-  (:meth:`CostBuilder.optimizer_ms`, :meth:`CostBuilder.param_gather_ms`), and t_dp_tail the DP
-  gradient reduction left after the last backward (its last bucket when overlapped, all buckets
-  otherwise; :meth:`CostBuilder.dp_bucket_ms`). It is an estimate for ordering candidates, not a bound:
-  the graph simulation decides (docs/search.md gives its measured rank agreement).
+* :meth:`PlanScreen.estimate_ms`: a closed-form step time from the step graph's own numbers
+  (:func:`autotune.cost.graph.step_weights` over :class:`autotune.cost.graph.CostBuilder`'s per-chunk costs:
+  node durations with their exposed TP / CP / ZeRO-3 communication, blocking p2p, the DP bucket groups
+  with their ready delays, optimizer, exposed parameter gather), combined by
+  :func:`step_time_from_weights`: the pipeline's compute time with its bubble (Narayanan et al. 2021,
+  Sec. 2.2), the p2p round trip that bounds the steady state on slow links, and per pipeline rank the DP
+  bucket stream after that rank's last backwards. No formula of the cost model is re-derived here, so the
+  estimate follows cost-model changes. It is an estimate for ordering candidates, not a bound: the graph
+  simulation decides; its rank agreement per target is ``python bench/bench_search.py --rank-correlation``
+  (docs/search.md).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from autotune.cost.calibration import default_calibration
-from autotune.cost.graph import CostBuilder, chunk_costs
+from autotune.cost.graph import CostBuilder, chunk_costs, step_weights
+from autotune.cost.chunk_costs import StepWeights
 from autotune.cost.memory import estimate_memory
 from autotune.cost.op_costs import CalibratedCosts, OpCosts
 from autotune.errors import PlanError
@@ -32,6 +30,74 @@ from autotune.target.engines import EngineProfile, check_plan_for_engine, get_en
 from autotune.target.hardware import ClusterSpec
 from autotune.target.models import ModelSpec
 from autotune.target.plan import Plan, Workload
+
+
+def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
+    """Closed-form step time (ms) of ``plan`` from its step graph's numbers ``w``
+    (:func:`autotune.cost.graph.step_weights`), without building or simulating the graph.
+
+    * Compute: ``F_0 = (m + (p - 1) / v) t_mb + 2 (p - 1) d_p2p``, t_mb the busiest rank's forward +
+      backward node durations over its v chunks, (p - 1) / v the pipeline bubble in micro-batch times
+      (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", Sec.
+      2.2.1-2.2.2), d_p2p the p2p edge delay. Rank 0 ends last (1F1B, interleaved and GPipe all drain
+      toward stage 0); rank r ends ``sum_{j<r} (b_j + d_p2p)`` earlier, b_j rank j's last backward node.
+    * Slow p2p links (1F1B and interleaved): past the first W / v micro-batches a micro-batch takes at least
+      ``(p t_mb + 2 (p - 1) v d_p2p) / W`` (W = p for 1F1B, 2 p - 1 interleaved: the chunk slots rank 0
+      runs between a chunk's forward and backward of one micro-batch, from the schedule's warm-up; the
+      chain between them is p forwards, p backwards and 2 (p - 1) hops); the excess over t_mb is added.
+    * The end of each chunk's last backward on rank r, packing the schedule's final backwards from its end
+      (:func:`autotune.cost.schedule.schedule_order`: interleaved 1F1B drains chunk v-1 .. 0 in groups of p
+      micro-batches, so chunk c's last backward ends ``c p b_0..`` before the rank's end).
+    * DP: the step graph's bucket groups (``w.dp_groups``, in the graph's stream order: chunk 0 first)
+      run one after the other on the DP stream, each from max(the previous group's end, its chunk's last
+      backward end + its ready delay) when ``w.overlap_dp``, else after the last backward on the compute
+      stream; then the optimizer step, the exposed parameter gather and the per-step reclaim
+      (:func:`autotune.cost.graph._make_structure`'s end of step).
+
+    The step is the latest rank's end: the step graph's recurrence with the waits inside the steady state
+    replaced by the bubble and round-trip terms. tests/search/test_search.py compares it with the
+    simulation on single plans; ``bench/bench_search.py --rank-correlation`` over every layout per target.
+    """
+    p, v, m = plan.pp_degree, plan.effective_vpp, w.num_micro_batches
+    comp = w.compute
+    busy = [sum(comp[r, "F", c][1] + comp[r, "B", c][1] for c in range(v)) for r in range(p)]
+    d = w.p2p_delay_ms
+    t_mb = max(busy)
+    extra = 0.0
+    if p > 1 and d > 0 and plan.pipeline_schedule != "gpipe":
+        # steady state: rank 0 runs a chunk's forward of a micro-batch W chunk slots (forward + backward)
+        # before that chunk's backward of it (1F1B: W = p, the warm-up p - 1 plus one; interleaved: the
+        # warm-up's 2 (p - 1) extra plus one, W = 2 p - 1), while the dependency chain between the two
+        # goes through p forwards, p backwards and 2 (p - 1) p2p hops: a slot is at least
+        # (p (c_f + c_b) + 2 (p - 1) d) / W (Narayanan et al. 2021 Sec. 2.2's in-flight counts; the loop
+        # the step graph's p2p edges close). Only micro-batches past the first W / v run in that state.
+        inflight = p if v == 1 else 2 * p - 1
+        loop = (p * t_mb + 2 * (p - 1) * v * d) / inflight
+        steady = m - inflight / v
+        if loop > t_mb and steady > 0:
+            extra = steady * (loop - t_mb)
+    end0 = (m + (p - 1) / v) * t_mb + 2 * (p - 1) * d + extra
+    step = 0.0
+    lag = 0.0
+    interleaved = v > 1 and plan.pipeline_schedule == "interleaved_1f1b"
+    for r in range(p):
+        f_end = end0 - lag
+        lag += comp[r, "B", 0][1] + d
+        if w.overlap_dp:
+            t = 0.0
+            back = 0.0          # chunk c's last backward ends `back` before the rank's end
+            for c in range(v):
+                groups = w.dp_groups.get((r, c), ())
+                for dur, _, delay in groups:
+                    t = max(t, f_end - back + delay) + dur
+                if interleaved:
+                    back += p * comp[r, "B", c][1]
+            tail = max(f_end, t)
+        else:
+            tail = f_end + sum(g[0] for c in range(v) for g in w.dp_groups.get((r, c), ()))
+        tail += w.opt_ms[r] + w.param_gather_ms[r] + (w.reclaim_ms[r] if w.reclaim_ms is not None else 0.0)
+        step = max(step, tail)
+    return step
 
 
 class PlanScreen:
@@ -86,25 +152,21 @@ class PlanScreen:
     def _estimate(self, plan: Plan) -> float:
         cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
                          costs=self.costs, engine=self.engine)
-        p, v, m = plan.pp_degree, plan.effective_vpp, plan.num_micro_batches
+        m = plan.num_micro_batches
+        # a chunk's DP buckets depend on its parameter count alone: once per chunk class, as chunk_costs does
+        # for the chunks (an instance-level memo of CostBuilder.dp_bucket_ms, the same numbers)
+        cb.dp_bucket_ms = functools.lru_cache(maxsize=None)(cb.dp_bucket_ms)    # type: ignore[method-assign]
         chunks = chunk_costs(cb, plan, self.model, cached=True)     # once per chunk class (graph.chunk_costs)
-        busy = [0.0] * p
-        params = [0] * p
-        chunk_params: list[list[int]] = [[] for _ in range(p)]
-        for vs in range(len(chunks)):
-            cc = chunks[vs]
-            r = vs % p
-            busy[r] += cc.fwd_ms + cc.bwd_ms
-            params[r] += cc.params
-            chunk_params[r].append(cc.params)
-        crit = max(range(p), key=lambda r: busy[r])
-        t = (m + (p - 1) / v) * busy[crit] + 2 * (p - 1) * cb.p2p_ms()
-        t += cb.optimizer_ms(params[crit]) + cb.param_gather_ms(params[crit])
-        buckets = [b for cp_ in chunk_params[crit] for b in cb.dp_bucket_ms(cp_)]
-        if buckets:
-            overlapped = plan.async_collectives and plan.dp_grad_reduce_overlap
-            t += buckets[-1] if overlapped else sum(buckets)
-        return t
+        # the step graph's own numbers (autotune.cost.graph.step_weights): node durations with their exposed
+        # TP / CP / ZeRO-3 communication and blocking p2p, DP bucket groups with their ready delays, the
+        # optimizer step and the exposed parameter gather; no memory-dependent reclaim here (reserved = 0)
+        return step_time_from_weights(plan, step_weights(cb, plan, self.model, m, chunks))
+
+    def remember(self, plan: Plan, *, fits: bool, estimate_ms: float) -> None:
+        """Record a screen result computed elsewhere (a layout ranking another worker stored), so
+        :meth:`fits` / :meth:`estimate_ms` return it without computing."""
+        self._fits[plan] = fits
+        self._est[plan] = estimate_ms
 
     def describe(self) -> dict[str, Any]:
         """How many plans were screened (for bench output)."""

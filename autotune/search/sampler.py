@@ -39,11 +39,18 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.estimate import PlanScreen
+from autotune.signals import interrupted
 from autotune.search.space import KNOBS, BoundSearchSpace, Pruned, plan_params
 from autotune.target.plan import Plan
 
 log = logging.getLogger(__name__)
 
+#: study system attribute holding the shared layout ranking (:meth:`LayoutSampler.layouts`)
+RANKING_ATTR = "autotune:layout_ranking"
+#: trial system attribute: the plan a trial's sampler picked, written before its parameters
+CLAIM_ATTR = "autotune:claimed_plan"
+#: picks per trial when earlier trials claimed the pick (LayoutSampler._claimed_earlier)
+CLAIM_RETRIES = 8
 #: the parallel layout: what :func:`enumerate_layouts` spans
 LAYOUT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size")
 #: knobs two of which may change in one neighbour move (dp, m and the split follow)
@@ -51,11 +58,14 @@ PAIR_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "micro_batch_size", "vpp_de
 #: settings knobs chosen per layout (each layout's plan takes the value of lowest estimated step time
 #: among those that fit) rather than once for all layouts: precision (see LayoutSampler._best_per_layout)
 PER_LAYOUT_KNOBS = ("precision",)
+#: DP settings chosen per layout after the precision (LayoutSampler._tune_dp), in this order
+DP_KNOBS = ("zero_stage", "bucket_size_mib")
 #: preferred value order per settings knob (the first one the space has is the layout's default):
 #: overlap everything (Megatron-LM defaults --overlap-grad-reduce/--overlap-param-gather with the
 #: distributed optimizer), SP with TP (Korthikanti et al. 2022, Sec. 4.2.2: no extra communication),
 #: ZeRO-1 (the distributed optimizer: same traffic as DP all-reduce, Rajbhandari et al. 2020 Sec. 5),
-#: no recomputation before selective before full (extra FLOPs 0 < attention core < one forward).
+#: no recomputation before selective before full (extra FLOPs 0 < attention core < one forward), no
+#: torch.compile before compile.
 PREFERENCES: Mapping[str, tuple[Any, ...]] = {
     "sequence_parallel": (True, False),
     "recompute": ("none", "selective", "full"),
@@ -65,8 +75,18 @@ PREFERENCES: Mapping[str, tuple[Any, ...]] = {
     "dp_grad_reduce_overlap": (True, False),
     "param_gather_overlap": (True, False),
     "memory_reclaim": ("expandable_segments", "none", "empty_cache_per_step", "empty_cache_per_microbatch"),
-    "compile": (True, False),
+    # no torch.compile first: engines that fuse the block's memory-bound kernels themselves (Megatron-LM
+    # with Transformer Engine) gain nothing from it, and a preference the coordinate-descent pass changes
+    # costs a second ranking pass (issue 26: 405B x 1,024 B200 switched to False every time)
+    "compile": (False, True),
 }
+
+
+def plain_plan(plan: Plan) -> dict[str, Any]:
+    """``plan.to_dict()`` as the ``plan`` user attribute stores it (JSON types)."""
+    from autotune.files import plain
+
+    return plain(plan.to_dict())
 
 
 def _plan_key(plan: Plan) -> str:
@@ -83,18 +103,23 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         num_initial: trials that go to the best-ranked layouts first.
         explore_every: after those, every n-th trial is the next-ranked layout (>= 2).
         jitter: relative width of the band inside which the estimate's order is drawn at random.
+        patience: :meth:`convergence` needs this many finished trials after the best one.
+        bound_slack: :meth:`convergence`'s margin on the estimate's bound (0.05: 5% below it).
 
     Raises:
         ValueError: ``explore_every`` < 2 or ``num_initial`` < 1.
     """
 
     def __init__(self, bound: BoundSearchSpace, screen: PlanScreen, *, seed: int | None = None,
-                 num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03) -> None:
+                 num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03, patience: int = 16,
+                 bound_slack: float = 0.05) -> None:
         if explore_every < 2 or num_initial < 1:
             raise ValueError(f"explore_every must be >= 2 and num_initial >= 1, got {explore_every}, {num_initial}")
         self.bound, self.screen = bound, screen
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.num_initial, self.explore_every, self.jitter = num_initial, explore_every, jitter
+        self.patience, self.bound_slack = patience, bound_slack
+        self._step_ms: dict[int, float] = {}
         self._random = optuna.samplers.RandomSampler(seed=self.seed)
         self._layouts: list[Plan] | None = None
         self._prefs: dict[str, Any] = {}
@@ -105,6 +130,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         self._canon: dict[Plan, Plan] = {}
         self._ranked: dict[Plan, list[Plan]] = {}
         self._layout_set: set[Plan] | None = None
+        self._lost: set[Plan] = set()      # plans this worker picked and found claimed by an earlier trial
 
     # ------------------------------------------------------------ Optuna sampler API
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -120,8 +146,32 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         except Exception as e:      # a screen that cannot cost some plan must not stop the study
             log.warning("layout sampler: %s: %s; sampling trial %d at random", type(e).__name__, e, trial.number)
             plan = None
+        if plan is None:
+            # nothing left by rank or by local search: a random plan, but only one the screen accepts
+            plan = self._random_fitting(trial.number)
+        for _ in range(CLAIM_RETRIES):
+            if plan is None or not self._claimed_earlier(study, trial, plan):
+                break
+            self._lost.add(plan)            # an earlier trial of another worker took it meanwhile
+            plan = self.next_plan(study, trial.number)
         if plan is not None:
             self._chosen[trial.number] = plan_params(plan)
+
+    def _claimed_earlier(self, study: optuna.Study, trial: FrozenTrial, plan: Plan) -> bool:
+        """Claim ``plan`` for ``trial`` in the storage (trial system attribute :data:`CLAIM_ATTR`), then
+        True if a trial of lower number holds the same claim or plan. Concurrent workers that picked the
+        same plan from the same history all write before they read (the storage orders the writes), so
+        every one but the lowest-numbered sees the clash and picks again; none is lost."""
+        storage = study._storage
+        d = plain_plan(plan)
+        try:
+            storage.set_trial_system_attr(trial._trial_id, CLAIM_ATTR, d)
+            others = storage.get_all_trials(study._study_id, deepcopy=False)
+        except Exception as e:          # a storage that refuses it: the trial-number rule alone
+            log.warning("layout sampler: cannot claim a plan (%s: %s)", type(e).__name__, e)
+            return False
+        return any(t.number < trial.number and (t.system_attrs.get(CLAIM_ATTR) == d or t.user_attrs.get("plan") == d)
+                   for t in others)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -236,10 +286,96 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 q = self._fit_settings({**assignment, k: v})
                 if q is not None and (e := self.screen.estimate_ms(q)) < best_ms:
                     best, best_ms = q, e
+        return self._tune_dp(best) if best is not None else None
+
+    def _tune_dp(self, plan: Plan) -> Plan:
+        """``plan`` with the ZeRO stage, then the DP bucket size, of lowest estimated step time among those
+        that fit (its precision and recomputation kept): one coordinate-descent pass per layout. The DP
+        terms depend on the layout (bucket count and exposure per chunk, the DP group's links), so one
+        setting for all layouts (ZeRO 1 and the middle bucket) ordered ZeRO 0 / 1 the wrong way on slow
+        fabrics (issue 26)."""
+        if plan.dp_degree * plan.cp_degree == 1:     # no DP group: the ZeRO stage and buckets are inactive
+            return plan
+        a = self.assignment(plan)
+        best, best_ms = plan, self.screen.estimate_ms(plan)
+        for k in DP_KNOBS:
+            cands = []
+            for v in self.bound.choices[k]:
+                q = self._plan({**a, k: v})
+                if q is not None and q != best:
+                    cands.append((self.screen.estimate_ms(q), repr(v), q))
+            for e, _, q in sorted(cands, key=lambda x: x[:2]):
+                if e >= best_ms:
+                    break
+                if self.screen.fits(q):
+                    best, best_ms = q, e
+                    break
+            a = self.assignment(best)
         return best
 
-    def layouts(self) -> list[Plan]:
-        """One fitting plan per layout, best estimated step time first (computed once)."""
+    def layouts(self, study: optuna.Study | None = None) -> list[Plan]:
+        """One fitting plan per layout, best estimated step time first (computed once).
+
+        With ``study``: the ranking is shared through the study's storage (system attribute
+        :data:`RANKING_ATTR`, keyed by :meth:`ranking_key`): read from there when a worker stored it, else
+        computed and stored, so concurrent workers (``--workers N``, or processes on other hosts) rank once;
+        a stored ranking of another key (seed, space, calibration, code) is ignored and replaced.
+        """
+        if self._layouts is None and study is not None and self._load_ranking(study):
+            return self._layouts        # type: ignore[return-value]
+        if self._layouts is None:
+            self._compute_layouts()
+            if study is not None:
+                self._store_ranking(study)
+        return self._layouts            # type: ignore[return-value]
+
+    def ranking_key(self) -> str:
+        """What the layout ranking depends on besides the study's target: the seed, jitter, the space's
+        choices, the screen's op costs (provenance) and the source of :mod:`autotune.search` and
+        :mod:`autotune.cost` (SHA-256, first 16 hex digits)."""
+        import hashlib
+        from pathlib import Path
+
+        h = hashlib.sha256(repr((self.seed, self.jitter, sorted((k, tuple(map(repr, v)))
+                                                                for k, v in self.bound.choices.items()),
+                                 sorted(map(repr, dict(self.screen.costs.provenance()).items())))).encode())
+        pkg = Path(__file__).resolve().parent.parent
+        for d in ("search", "cost"):
+            for f in sorted((pkg / d).glob("*.py")):
+                h.update(f.read_bytes())
+        return h.hexdigest()[:16]
+
+    def _load_ranking(self, study: optuna.Study) -> bool:
+        try:
+            got = study._storage.get_study_system_attrs(study._study_id).get(RANKING_ATTR)
+            if not isinstance(got, dict) or got.get("key") != self.ranking_key():
+                return False
+            layouts = [Plan.from_dict(d) for d in got["layouts"]]
+            prefs = dict(got["prefs"])
+        except Exception as e:          # unreadable: rank here instead (the result is the same)
+            log.warning("layout sampler: stored ranking unreadable (%s: %s); ranking here", type(e).__name__, e)
+            return False
+        self._prefs = {k: (v if k not in self.bound.choices else
+                           next((c for c in self.bound.choices[k] if c == v), v)) for k, v in prefs.items()}
+        for q, e in zip(layouts, got["estimates_ms"]):
+            self.screen.remember(q, fits=True, estimate_ms=float(e))
+        self._layouts = layouts
+        self.ranking_source = "storage"
+        return True
+
+    def _store_ranking(self, study: optuna.Study) -> None:
+        from autotune.files import plain
+
+        doc = {"key": self.ranking_key(), "prefs": plain(self._prefs),
+               "layouts": [plain(q.to_dict()) for q in self._layouts or ()],
+               "estimates_ms": [self.screen.estimate_ms(q) for q in self._layouts or ()]}
+        try:
+            study._storage.set_study_system_attr(study._study_id, RANKING_ATTR, doc)
+        except Exception as e:          # a storage that refuses it: every worker ranks for itself
+            log.warning("layout sampler: cannot store the ranking (%s: %s)", type(e).__name__, e)
+
+    def _compute_layouts(self) -> None:
+        self.ranking_source = "computed"
         if self._layouts is None:
             self._prefs = self._default_prefs()
             ranked = self._rank_layouts()
@@ -247,7 +383,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 best = ranked[0]
                 a = self.assignment(best)
                 for k in KNOBS:
-                    if k in LAYOUT_KNOBS or k in PER_LAYOUT_KNOBS or len(self.bound.choices[k]) < 2:
+                    if k in LAYOUT_KNOBS or k in PER_LAYOUT_KNOBS or k in DP_KNOBS or len(self.bound.choices[k]) < 2:
                         continue
                     cands = [self._plan({**a, k: v}) for v in self.bound.choices[k]]
                     cands = [p for p in cands if p is not None and self.screen.fits(p)]
@@ -255,13 +391,13 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                         pick = min(cands, key=lambda p: (self.screen.estimate_ms(p), p != best))
                         a[k] = getattr(pick, k)
                         best = pick
-                settings = [k for k in KNOBS if k not in LAYOUT_KNOBS and k not in PER_LAYOUT_KNOBS]
+                settings = [k for k in KNOBS if k not in LAYOUT_KNOBS and k not in PER_LAYOUT_KNOBS
+                            and k not in DP_KNOBS]
                 if any(self._prefs[k] != a[k] for k in settings):
                     self._prefs.update({k: a[k] for k in settings})
                     self._plan_cache.clear()
                     ranked = self._rank_layouts()
             self._layouts = ranked
-        return self._layouts
 
     def _rank_layouts(self) -> list[Plan]:
         c = self.bound.choices
@@ -272,6 +408,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             for sched in scheds:
                 vpps = c["vpp_degree"] if sched == "interleaved_1f1b" else (self._prefs["vpp_degree"],)
                 for vpp, mbs in itertools.product(vpps, c["micro_batch_size"]):
+                    if interrupted():       # SIGINT / SIGTERM noted by the CLI or the tuner: stop ranking
+                        raise KeyboardInterrupt
                     a = {**self._prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
                          "pipeline_schedule": sched, "vpp_degree": vpp, "micro_batch_size": mbs}
                     if self._plan(a) is None:
@@ -335,6 +473,15 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                     except Exception:       # a plan stored by another version: only blocks nothing
                         plan = None
                     self._plan_cache["plan:" + key] = plan
+            elif (c := t.system_attrs.get(CLAIM_ATTR)) is not None and not t.state.is_finished():
+                # another worker's trial still being sampled: the plan it claimed (_claimed_earlier)
+                plan = self._plan_cache.get("claim:" + json.dumps(c, sort_keys=True))
+                if plan is None:
+                    try:
+                        plan = Plan.from_dict(c)
+                    except Exception:
+                        plan = None
+                    self._plan_cache["claim:" + json.dumps(c, sort_keys=True)] = plan
             elif t.params and t.state.is_finished():
                 # a running trial without its plan attribute is still being sampled by another worker: its
                 # params are partial, so it stays invisible (next_plan counts it among the concurrent ones)
@@ -345,12 +492,14 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 value = float(t.value)
             if t.state.is_finished() or plan is not None:
                 self._history[t.number] = (plan, value)
+                if value is not None and value > 0 and isinstance(t.user_attrs.get("step_time_ms"), (int, float)):
+                    self._step_ms[t.number] = float(t.user_attrs["step_time_ms"])
 
     def next_plan(self, study: optuna.Study, number: int) -> Plan | None:
         """The plan trial ``number`` should evaluate (module docstring), or None to sample at random."""
-        layouts = self.layouts()
+        layouts = self.layouts(study)
         self._update_history(study)
-        seen = {p for p, _ in self._history.values() if p is not None}
+        seen = {p for p, _ in self._history.values() if p is not None} | self._lost
         seen.update(p for n, prm in self._chosen.items() if n != number
                     for p in [self._plan({**self._prefs, **prm})] if p is not None)
         # Which trials take a layout, and which one, is a function of the trial number alone (trial numbers
@@ -369,6 +518,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             p = next((q for q in layouts[idx:] if q not in seen), None)
             if p is not None:
                 return p
+        if number >= n0 and (p := self._stalled_candidate(layouts, seen)) is not None:
+            return p
         skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen
                    and layout_index(n) is None)
         bases = [p for _, _, p in sorted(((v, n, p) for n, (p, v) in self._history.items()
@@ -384,6 +535,78 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                         return q
                     skip -= 1
         return next((q for q in layouts if q not in seen), None)
+
+    def convergence(self, study: optuna.Study) -> str | None:
+        """Why the search may stop now, or None to go on (the convergence stop of ``autotune run``).
+
+        Both must hold:
+
+        1. **No layout left that could beat the best.** A layout's bound is its estimate x ``r`` x
+           (1 - :attr:`bound_slack`), ``r`` = min(1, the lowest simulated / estimated step time over the
+           evaluated plans): the estimate corrected by its largest under-estimate seen so far (the
+           measured error, not an assumed one), less a margin. Every ranked layout whose bound is below the
+           best plan's step time has been tried (finished or running).
+        2. **Local search stopped improving.** At least :attr:`patience` trials have finished since the
+           best one (with the sampler's mix, ~3 / 4 of them local-search steps around the best plans).
+
+        The best plan is the highest MFU of the study's feasible trials (its ``step_time_ms`` user attribute;
+        MFU is inversely proportional to step time for one target). ``--trials`` stays the upper bound.
+        """
+        layouts = self.layouts(study)
+        self._update_history(study)
+        state = self._bound_state()
+        if state is None:
+            return None
+        best_n, best_ms, r, scale = state
+        finished = [n for n in study_finished_numbers(study)]
+        since = sum(1 for n in finished if n > best_n)
+        if since < self.patience:
+            return None
+        seen = {p for p, _ in self._history.values() if p is not None}
+        left = [q for q in layouts if q not in seen and self.screen.estimate_ms(q) * scale < best_ms]
+        if left:
+            return None
+        could = sum(1 for q in layouts if self.screen.estimate_ms(q) * scale < best_ms)
+        return (f"converged: no better plan in the {since} trials since trial {best_n} (MFU "
+                f"{100 * self._history[best_n][1]:.2f}%), and all {could} of {len(layouts)} layouts whose "
+                f"estimate x {r:.2f} (the lowest simulated/estimated ratio seen) - {100 * self.bound_slack:g}% "
+                f"is below its {best_ms:.0f} ms step were tried")
+
+    def _bound_state(self) -> tuple[int, float, float, float] | None:
+        """(best trial number, its step time ms, r, r x (1 - bound_slack)) from the history
+        (:meth:`convergence`), or None before a feasible plan with its step time is known."""
+        done = [n for n, (p, v) in self._history.items() if p is not None and v is not None and v > 0
+                and n in self._step_ms]
+        if not done:
+            return None
+        best_n = max(done, key=lambda n: (self._history[n][1], -n))
+        ratios = [self._step_ms[n] / e for n in done
+                  if 0 < (e := self.screen.estimate_ms(self._history[n][0])) < float("inf")]
+        r = min([1.0] + ratios)
+        return best_n, self._step_ms[best_n], r, r * (1 - self.bound_slack)
+
+    def _stalled_candidate(self, layouts: list[Plan], seen: set[Plan]) -> Plan | None:
+        """When local search has not improved the best plan for ``patience // 2`` trials: the best-ranked
+        unseen layout that could still beat it (:meth:`convergence`'s bound), so that the layouts the stop
+        rule waits for are tried next instead of one every ``explore_every`` trials; else None."""
+        state = self._bound_state()
+        if state is None:
+            return None
+        best_n, best_ms, _, scale = state
+        if sum(1 for n in self._history if n > best_n) < max(1, self.patience // 2):
+            return None
+        return next((q for q in layouts if q not in seen and self.screen.estimate_ms(q) * scale < best_ms), None)
+
+    def _random_fitting(self, number: int, tries: int = 200) -> Plan | None:
+        """A plan drawn at random (seeded by trial number) that is valid, fits in memory and is not in the
+        study yet; None after ``tries`` draws without one (Optuna's random sampler then draws)."""
+        rng = self._rng("random", number)
+        seen = {p for p, _ in self._history.values() if p is not None}
+        for _ in range(tries):
+            q = self._plan({k: rng.choice(list(v)) for k, v in self.bound.choices.items()})
+            if q is not None and q not in seen and self.screen.fits(q):
+                return q
+        return None
 
     def _canonical(self, plan: Plan) -> Plan:
         """One object per distinct plan (so sets of ids stand for sets of plans without re-hashing)."""
@@ -410,6 +633,11 @@ class LayoutSampler(optuna.samplers.BaseSampler):
 
 
 _MISSING = object()
+
+
+def study_finished_numbers(study: optuna.Study) -> list[int]:
+    """Numbers of the study's finished trials (any state but RUNNING / WAITING)."""
+    return [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
 
 
 def make_sampler(bound: BoundSearchSpace, *, model: Any, cluster: Any, workload: Any, engine: Any = None,

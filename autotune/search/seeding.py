@@ -45,10 +45,17 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
     a study (Optuna assigns them in the storage), so seeding each trial's draw from its number gives every
     concurrent trial its own stream; the history the sampler models comes from the storage every time.
     ``make`` must return a sampler whose only state across trials is its RNG (TPE, random, QMC ...).
+
+    ``redraw=False``: no redraws, for a sampler that never repeats a plan itself
+    (:class:`autotune.search.LayoutSampler`). Its parameters arrive one at a time while other workers'
+    trials are RUNNING with partial parameters, so the repeat test matched those partial sets and replaced
+    screened proposals by random draws (issue 26: 0-4 repeated, 1-8 unfit, 0-5 invalid plans per
+    ``--workers 4`` run, none in 80 single-worker runs).
     """
 
-    def __init__(self, make: Callable[[int | None], optuna.samplers.BaseSampler], seed: int | None) -> None:
-        self._make, self._seed = make, seed
+    def __init__(self, make: Callable[[int | None], optuna.samplers.BaseSampler], seed: int | None,
+                 redraw: bool = True) -> None:
+        self._make, self._seed, self._redraw = make, seed, redraw
         self._inner = make(seed)
         self._view: _SnapshotStudy | None = None
         self._index: tuple[Any, Any] | None = None
@@ -122,6 +129,8 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
         s = self._study(study)
         out = self._inner.sample_relative(s, trial, search_space)
+        if not self._redraw:
+            return out
         # a model-based proposal that repeats a trial of this or another worker (TPE's argmax is the same for
         # every worker that sees the same history) is redrawn at random, up to REDRAWS times
         for attempt in range(REDRAWS):
@@ -135,6 +144,8 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
                            param_distribution: Any) -> Any:
         s = self._study(study)
         v = self._inner.sample_independent(s, trial, param_name, param_distribution)
+        if not self._redraw:
+            return v
         # a value that completes another trial's parameters (e.g. the same invalid tp x pp x cp again) is
         # redrawn at random, up to REDRAWS times; if every draw repeats, the repeat stands
         for attempt in range(REDRAWS):

@@ -1,0 +1,129 @@
+"""Issue 26: the convergence stop of ``autotune run``, the layout ranking shared through the storage, and
+workers that draw no repeated, unfit or invalid plan."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import optuna
+import pytest
+
+from autotune.cost.simulator import SimulatedEvaluator
+from autotune.search import PlanScreen, make_sampler
+from autotune.search.sampler import RANKING_ATTR
+from autotune.search.space import Pruned, SearchSpace
+from autotune.study.trials import is_feasible
+from autotune.target.hardware import make_cluster
+from autotune.target.models import get_model
+from autotune.target.plan import Plan, Workload
+from autotune.tuner import Tuner
+
+MODEL = get_model("8b")
+CLUSTER = make_cluster("b200", 8, "nvlink5+ib-ndr400")
+W = Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
+
+
+@pytest.fixture(scope="module")
+def exhaustive_optimum():
+    """The small space's best simulated MFU, by BruteForceSampler over every combination (as
+    tests/test_tuner.py does), with the engine the tuner uses by default (megatron)."""
+    ev = SimulatedEvaluator(model=MODEL, cluster=CLUSTER, workload=W, engine="megatron")
+    bound = SearchSpace.load("small").bind(model=MODEL, num_gpus=8, workload=W, engine=ev.engine)
+
+    def objective(trial):
+        try:
+            plan = bound.suggest(trial)
+        except Pruned:
+            raise optuna.TrialPruned()
+        r = ev.evaluate(plan)
+        return r.mfu if r.feasible else 0.0
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        bf = optuna.create_study(direction="maximize", sampler=optuna.samplers.BruteForceSampler(seed=0))
+    bf.optimize(objective)
+    assert len(bf.trials) >= 100      # the whole space was enumerated
+    return bf.best_value
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stop_rule_ends_early_at_the_exhaustive_optimum(tmp_path, exhaustive_optimum, seed):
+    t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=f"sqlite:///{tmp_path}/s.db",
+              seed=seed)
+    s = t.optimize(200, show_progress_bar=False, stop_when_converged=True)
+    trials = t.study.get_trials(deepcopy=False)
+    assert s.stop_reason is not None and s.stop_reason.startswith("converged")
+    assert len(trials) < 200
+    # the same optimum as enumerating the whole space (BruteForceSampler above)
+    assert s.best.result.mfu == pytest.approx(exhaustive_optimum, rel=1e-9)
+
+    # the stop condition, recomputed from the stored trials with a fresh screen and a fresh ranking:
+    # (1) every layout whose estimate x r x 0.95 is below the best step time (r = the lowest simulated /
+    # estimated step ratio over the evaluated plans, capped at 1) was evaluated; (2) >= 16 trials after the best
+    screen = PlanScreen(model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine)
+    feas = [x for x in trials if is_feasible(x)]
+    plans = {x.number: Plan.from_dict(x.user_attrs["plan"]) for x in trials if "plan" in x.user_attrs}
+    best = max(feas, key=lambda x: (x.value, -x.number))
+    best_ms = best.user_attrs["step_time_ms"]
+    r = min([1.0] + [x.user_attrs["step_time_ms"] / screen.estimate_ms(plans[x.number]) for x in feas])
+    layouts = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=seed).layouts()
+    must = [q for q in layouts if screen.estimate_ms(q) * r * 0.95 < best_ms]
+    assert must and set(must) <= set(plans.values())
+    assert sum(1 for x in trials if x.number > best.number) >= 16
+
+
+def test_without_the_stop_every_trial_runs(tmp_path):
+    # Tuner.optimize keeps its old behaviour unless asked: --trials trials exactly
+    t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=f"sqlite:///{tmp_path}/s.db")
+    s = t.optimize(30, show_progress_bar=False)
+    assert s.stop_reason is None and s.n_new_trials == 30
+
+
+def test_ranking_is_shared_through_the_storage(tmp_path):
+    logging.disable(logging.WARNING)
+    try:
+        t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=f"sqlite:///{tmp_path}/s.db")
+        first = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=0)
+        ranked = first.layouts(t.study)                 # computed here and stored
+        assert first.ranking_source == "computed"
+        stored = t.study._storage.get_study_system_attrs(t.study._study_id)[RANKING_ATTR]
+        assert stored["key"] == first.ranking_key() and len(stored["layouts"]) == len(ranked)
+
+        # a second worker reads it: the same plans in the same order, without screening one plan itself
+        other = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=0)
+        got = other.layouts(t.study)
+        assert other.ranking_source == "storage"
+        assert got == ranked
+        fresh = other.screen.describe()
+        assert fresh == {"memory_checks": len(ranked), "estimates": len(ranked)}    # only the stored results
+        # and the order is the one a ranking computed from scratch gives (no storage)
+        alone = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=0)
+        assert alone.layouts() == ranked
+
+        # another seed is another ranking: not read, computed and stored in place of the first
+        seed1 = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=1)
+        seed1.layouts(t.study)
+        assert seed1.ranking_source == "computed"
+        assert t.study._storage.get_study_system_attrs(t.study._study_id)[RANKING_ATTR]["key"] == seed1.ranking_key()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_four_workers_draw_no_repeated_unfit_or_invalid_plan(tmp_path):
+    from autotune.workers import run_workers
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    kw = dict(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=storage, seed=0)
+    t = Tuner(**kw)
+    t._sampler().layouts(t.study)           # what `autotune run --workers 4` does before starting them
+    outcomes = run_workers(kw, 4, n_trials=12)
+    assert all(o.error is None for o in outcomes), outcomes
+    trials = t.study.get_trials(deepcopy=False)
+    assert len(trials) == 48
+    plans = [json.dumps(x.user_attrs["plan"], sort_keys=True) for x in trials]
+    assert len(set(plans)) == 48                                 # no plan twice
+    assert all(x.state == optuna.trial.TrialState.COMPLETE for x in trials)     # none pruned (invalid) or failed
+    assert all(is_feasible(x) for x in trials)                   # none that does not fit
