@@ -39,11 +39,16 @@ def test_command_line_plan_equals_the_yaml_plan(tmp_path):
 def test_command_line_plan_errors_are_one_line():
     cases = [
         (["simulate", "--tp", "8"], "give the model"),
-        (["simulate", "--size", "8b", "--tp", "3"], "must be >= 1 and divide the 8 GPUs"),
+        (["simulate", "--size", "8b", "--tp", "3"], "= 3 must divide the 8 GPUs"),
         (["simulate", "--size", "8b", "--mbs", "3"], "not a multiple of --mbs 3"),
         (["simulate", "--size", "8b", "--set", "memory_reclaim"], "expected FIELD=VALUE"),
         (["simulate", "--size", "8b", "--set", "no_such_field=1"], "no_such_field"),
         (["simulate", "plan.yaml", "--tp", "2"], "give either PLAN_FILE or"),
+        # QA 2026-12-02: these reached int() comparisons first ("unexpected TypeError", exit 1)
+        (["simulate", "--size", "8b", "--set", "vpp_degree=abc"], "vpp_degree must be an integer >= 1, got 'abc'"),
+        (["simulate", "--size", "8b", "--set", "tp_degree=[8]"], "tp_degree must be an integer >= 1, got [8]"),
+        (["simulate", "--size", "8b", "--set", "vpp_degree=null"], "vpp_degree must be an integer >= 1, got None"),
+        (["simulate", "--size", "8b", "--mbs", "0"], "micro_batch_size must be an integer >= 1, got 0"),
     ]
     for args, words in cases:
         r = CliRunner().invoke(main, args)

@@ -213,5 +213,5 @@ def test_hf_features_rope_scaling_and_unchanged_study_names(tmp_path):
     assert ModelSpec.from_dict(g2.to_dict()) == g2
     old = {k: v for k, v in get_model("8b").to_dict().items() if k != "rope_scaling"}
     assert ModelSpec.from_dict(old) == get_model("8b")
-    with pytest.raises(ConfigError, match="rope_scaling type 'su' is not known"):
+    with pytest.raises(ConfigError, match="rope_scaling type 'su' is unknown"):
         load(dict(llama2, rope_scaling={"type": "su", "factor": 2.0}))
