@@ -56,9 +56,10 @@ def _trials(url):
 def test_four_workers_on_a_fresh_postgresql_database(fresh_pg_url, tmp_path):
     # issue 11: 4 workers x 20 trials -> 80 trials in one study, each worker reports its own 20; the
     # database is new, so the 4 processes race to create Optuna's tables and the study
+    # --no-early-stop: every worker runs its 20 trials (issue 26's convergence stop would end them earlier)
     r = subprocess.run([sys.executable, "-m", "autotune", "run", "--size", "8b", "--trials", "20", "--workers", "4",
-                        "--storage", fresh_pg_url], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                       timeout=900)
+                        "--no-early-stop", "--storage", fresh_pg_url], cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     for wid in range(4):
         assert re.search(rf"^worker {wid}: 20 trials run", r.stdout, re.M), r.stdout
@@ -85,7 +86,7 @@ def test_postgresql_restart_during_four_workers_ends_with_the_best_plan(fresh_pg
     import shlex
     import time
     p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "8b", "--trials", "60", "--workers", "4",
-                          "--storage", fresh_pg_url], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                          "--no-early-stop", "--storage", fresh_pg_url], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     import psycopg
     for _ in range(1200):               # until the workers have finished some trials (polled)

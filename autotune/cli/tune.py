@@ -36,10 +36,12 @@ from autotune.errors import ConfigError, redact
 @real_options
 @click.option("--engine-logs", "engine_logs", type=click.Path(file_okay=False), default=None,
               help="--backend real --engine torchtitan: keep every trial's trainer log and job file in this folder.")
+@click.option("--no-early-stop", "no_early_stop", is_flag=True,
+              help="Run all --trials trials (no convergence stop: docs/search.md).")
 @JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
         timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
-        gpus_per_node, partition, account, time_limit, engine_logs, as_json):
+        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, as_json):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     With --backend real --engine torchtitan every trial runs torchtitan's own trainer; the simulator
@@ -114,7 +116,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                 t._sampler().layouts(t.study)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
-                                  stop_when_converged=True)
+                                  stop_when_converged=not no_early_stop)
 
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
@@ -135,7 +137,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         try:
             summary = interruptible(lambda: tuner.optimize(trials, timeout=timeout, worker_id=wid,
                                                             heartbeat_interval_s=heartbeat_interval,
-                                                            stop_when_converged=True),
+                                                            stop_when_converged=not no_early_stop),
                                      storage=storage, study=tuner.name)
         finally:
             tuner.close()
