@@ -434,6 +434,12 @@ class CalibratedCosts(OpCosts):
         the share of SMs lost: sm_count / (sm_count - num_sms)."""
         if num_sms <= 0:
             return 1.0
+        v = self._cache.get(("sm", num_sms))      # asked once per CostBuilder, i.e. per evaluated plan
+        if v is None:
+            v = self._cache[("sm", num_sms)] = self._sm_contention(num_sms)
+        return v
+
+    def _sm_contention(self, num_sms: int) -> float:
         table = self.profile.overlap_sm_slowdown
         mine = self.gpu.sm_count
         try:

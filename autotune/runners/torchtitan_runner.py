@@ -13,7 +13,7 @@ One trial (:meth:`TorchtitanEvaluator.evaluate`):
 3. ``python -m torch.distributed.run --standalone --nproc-per-node N -m torchtitan.train --job.config_file
    F`` runs ``warmup + steps`` training steps in its own session (:func:`run_job`), stdout and stderr
    into one log, with a wall-clock limit; on timeout, Ctrl-C or SIGTERM its whole process group and
-   every descendant are killed (:func:`autotune.runtime.launch._kill_tree`, as for native trials);
+   every descendant are killed (:func:`autotune.runtime.launch.run_in_session`, as for native trials);
 4. the log is classified (:func:`classify`) and parsed (:mod:`autotune.runners.torchtitan_log`):
    ``ok``: a feasible :class:`~autotune.cost.evaluator.StepResult` whose step time is the median over
    the steps after ``warmup`` (from torchtitan's per-step ``tps``), MFU by autotune's formula
@@ -47,11 +47,10 @@ from typing import Any, Mapping, Sequence
 
 from autotune.cost.evaluator import Evaluator, StepResult
 from autotune.errors import AutotuneError, ConfigError, PlanError
-from autotune.launchers.process import sigterm_as_interrupt
 from autotune.runners.torchtitan_job import TORCHTITAN_VERSION, job_toml
 from autotune.runners.torchtitan_log import parse_facts, parse_steps
 from autotune.runtime.evaluator import TrialFailed, local_gpu_count, tier_env
-from autotune.runtime.launch import FIXED_ENV, _die_with_parent, _kill_tree
+from autotune.runtime.launch import FIXED_ENV, run_in_session
 from autotune.target.engines import check_plan_for_engine, resolve_engine
 from autotune.target.hardware import ClusterSpec
 from autotune.target.models import ModelSpec
@@ -92,19 +91,8 @@ def run_job(argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float, cw
     this process (re-raised after the cleanup), the process group and every descendant are killed."""
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=str(cwd),
-                                start_new_session=True, preexec_fn=_die_with_parent)
-        timed_out = False
-        try:
-            with sigterm_as_interrupt():
-                rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_tree(proc)
-            rc = proc.returncode
-        except BaseException:
-            _kill_tree(proc, grace_s=2.0)
-            raise
+        rc, timed_out = run_in_session(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                       timeout_s=timeout_s)
     return {"returncode": rc, "timed_out": timed_out, "wall_s": time.monotonic() - t0}
 
 

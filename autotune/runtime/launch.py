@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from autotune.errors import ConfigError
 from autotune.launchers.process import read_phases, sigterm_as_interrupt
@@ -128,6 +128,32 @@ def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(lines[-n:])
 
 
+def run_in_session(argv: Sequence[str], *, stdout: Any, stderr: Any, env: Mapping[str, str], cwd: str | Path,
+                   timeout_s: float, on_timeout: Callable[[], None] | None = None) -> tuple[int | None, bool]:
+    """Run ``argv`` in a session of its own (``start_new_session``; it gets SIGTERM if this thread dies,
+    :func:`_die_with_parent`) and wait up to ``timeout_s`` seconds. On a timeout ``on_timeout`` runs first
+    (while the ranks are still alive), then the session and every descendant are killed; on Ctrl-C /
+    SIGTERM of this process (SIGTERM raised as an interrupt meanwhile) they are killed and the interrupt is
+    re-raised: torchrun runs in its own session, so the terminal's signal never reaches it.
+
+    Returns:
+        (return code, timed out).
+    """
+    proc = subprocess.Popen(list(argv), stdout=stdout, stderr=stderr, env=dict(env), cwd=str(cwd),
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    try:
+        with sigterm_as_interrupt():
+            return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        if on_timeout is not None:
+            on_timeout()
+        _kill_tree(proc)
+        return proc.returncode, True
+    except BaseException:
+        _kill_tree(proc, grace_s=2.0)
+        raise
+
+
 def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5, warmup: int = 2,
              timeout_s: float = 900.0, env: Optional[Mapping[str, str]] = None, nproc: Optional[int] = None,
              device: str = "auto", memory_limit_mib: Optional[float] = None, seed: int = 0,
@@ -215,23 +241,11 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
     elif launcher is not None and launcher.get("kind", "local") != "local":
         raise ConfigError(f"unknown launcher {launcher.get('kind')!r}; known: local, slurm")
     else:
+        at_kill: list[dict[int, str]] = []
         with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-            proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=worker_env(doc, env), cwd=str(wd),
-                                    start_new_session=True, preexec_fn=_die_with_parent)
-            timed_out = False
-            try:
-                with sigterm_as_interrupt():
-                    rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                phases_at_kill = read_phases(wd)
-                _kill_tree(proc)
-                rc = proc.returncode
-            except BaseException:
-                # Ctrl-C / SIGTERM of this process: torchrun runs in its own session, so the terminal's
-                # signal never reached it; end its whole process group and every descendant, then go on
-                _kill_tree(proc, grace_s=2.0)
-                raise
+            rc, timed_out = run_in_session(cmd, stdout=so, stderr=se, env=worker_env(doc, env), cwd=wd,
+                                           timeout_s=timeout_s, on_timeout=lambda: at_kill.append(read_phases(wd)))
+        phases_at_kill = at_kill[0] if at_kill else {}
     wall = time.monotonic() - t0
     phases = phases_at_kill if timed_out else read_phases(wd)
     res: dict[str, Any] = {"status": "failed", "reason": None, "returncode": rc, "wall_s": wall,
