@@ -1,7 +1,7 @@
 """Every export of a model x engine x precision x ZeRO x schedule matrix, checked against the engine.
 
 Megatron-LM: a parser rebuilt from the recorded facts of Megatron-LM's own parser
-(tests/data/megatron_arg_facts.jsonl: action, type, nargs and choices of every option at the commit
+(autotune/data/megatron_arg_facts.jsonl: action, type, nargs and choices of every option at the commit
 engines.yaml cites, written by tests/data/extract_megatron_args.py --facts) parses every exported
 argument list: unknown flags, a value of the wrong type (``--rotary-base 1e+06`` for an int) or outside
 the choices fail here as they fail in ``pretrain_gpt.py``. torchtitan: the settings' fields against
@@ -27,7 +27,8 @@ from autotune.target.models import get_model, model_from_hf_config
 from autotune.target.plan import Plan, PlanDocument, Workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-FACTS = [json.loads(ln) for ln in (DATA / "megatron_arg_facts.jsonl").read_text().splitlines()[1:]]
+FACTS_FILE = Path(__file__).resolve().parents[2] / "autotune" / "data" / "megatron_arg_facts.jsonl"
+FACTS = [json.loads(ln) for ln in FACTS_FILE.read_text().splitlines()[1:]]
 TYPES = {"int": int, "float": float, "str": str}
 
 
