@@ -73,6 +73,8 @@ def detect_format(path: str | Path) -> str:
         ConfigError: the file does not exist.
     """
     p = Path(path)
+    if not p.is_file() and str(path).partition(":")[0].lower().endswith(".py"):
+        p = Path(str(path).partition(":")[0])     # FILE.py:FUNCTION (a torchtitan config function)
     if not p.is_file():
         raise ConfigError(f"{path}: no such file (a Megatron-LM argument list, a torchtitan .toml job file or "
                           "a torchtitan .py config module)")
