@@ -107,15 +107,25 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
                    "per stream.")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
               help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: autotune[plot]).")
+@click.option("--from-megatron", "from_megatron", type=click.Path(dir_okay=False), default=None,
+              help="Predict your own Megatron-LM launch: a file of pretrain_gpt.py arguments (one per line or "
+                   "shell-style lines; \\ continuations and # comments allowed). Needs --gpus (world size); "
+                   "--gpu, --interconnect as usual.")
+@click.option("--from-torchtitan", "from_torchtitan", default=None, metavar="CONFIG",
+              help="Predict your own torchtitan launch: a 0.2.x TOML job file or a 0.3.0 config module "
+                   "(FILE.py[:FUNCTION], loaded with torchtitan's ConfigManager). Needs --gpus.")
 @_plan_options
 @JSON_OPTION
-def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, as_json, size, model_path, gpu, gpus,
-             seq_len, global_batch, sets, **flags):
+def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, from_megatron, from_torchtitan, as_json,
+             size, model_path, gpu, gpus, seq_len, global_batch, sets, **flags):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table; or,
-    without PLAN_FILE, a plan given by degrees with the target options (a quick memory and step-time check).
+    without PLAN_FILE, a plan given by degrees with the target options (a quick memory and step-time check);
+    or your own launch (--from-megatron ARGS_FILE, --from-torchtitan CONFIG): every setting it has is
+    modelled, listed as ignored or approximated, or refused by name.
 
     Examples: autotune simulate plan.yaml;
-    autotune simulate --size 70b --gpus 64 --tp 8 --pp 4 --vpp 5 --mbs 1 --recompute selective
+    autotune simulate --size 70b --gpus 64 --tp 8 --pp 4 --vpp 5 --mbs 1 --recompute selective;
+    autotune simulate --from-megatron my_args.sh --gpus 512 --gpu h100
     """
     import os
 
@@ -146,7 +156,26 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
     if plan_file is not None and given:
         raise ConfigError(f"{', '.join(given)}: the plan and target come from {plan_file}; give either PLAN_FILE or "
                           "the command-line plan (--size/--model, --tp, --pp, ...), not both")
-    if plan_file is None:
+    imported = None
+    launch = [(o, v) for o, v in (("--from-megatron", from_megatron), ("--from-torchtitan", from_torchtitan)) if v]
+    if launch:
+        other = [o for o, _ in launch[1:]] + ([plan_file] if plan_file else []) + \
+            [g for g in given if g not in ("--gpu", "--gpus")]
+        if other:
+            raise ConfigError(f"{launch[0][0]} {launch[0][1]}: the plan and model come from that file; leave out "
+                              f"{', '.join(other)} (give --gpus, --gpu, --interconnect, --engine, --backend)")
+        from autotune.cli.compare import print_import_report, read_launch
+        imported = read_launch(launch[0][1], launch[0][0][len("--from-"):], gpus)
+        from autotune.cli.options import DEFAULT_GPU
+        from autotune.target.hardware import make_cluster
+        cl = make_cluster(gpu or DEFAULT_GPU, imported.num_gpus, interconnect)
+        doc = PlanDocument(plan=imported.plan, model=imported.model, gpu=cl.gpu.name, num_gpus=cl.num_gpus,
+                           fabric=cl.fabric.to_dict(), workload=imported.workload, engine=imported.engine)
+        plan_file, interconnect = f"{imported.source} ({imported.fmt})", None
+        if not as_json:
+            print_import_report(imported, click.echo)
+            click.echo("")
+    elif plan_file is None:
         doc = plan_from_options(size=size, model_path=model_path, gpu=gpu, gpus=gpus, interconnect=interconnect,
                                 seq_len=seq_len, global_batch=global_batch, engine=engine, backend=backend, sets=sets,
                                 **flags)
@@ -206,7 +235,9 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, a
         click.echo(json_document("simulate", [json_entry(plan=doc.plan, result=result, model=doc.model, cluster=cluster,
                                                      workload=doc.workload, engine=eng.name, label=str(plan_file),
                                                      study=doc.study, trial=doc.trial_id, memory=mem,
-                                                     extra={"stored_prediction_holds": same})]))
+                                                     extra={"stored_prediction_holds": same,
+                                                            **({"imported": imported.to_json()} if imported
+                                                               else {})})]))
         return
     click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
                                 target=target_line(doc.model, cluster, doc.workload), engine=eng.name,

@@ -254,6 +254,37 @@ def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engi
     return _table(rows, header, right=True) + "\n" + "\n".join(foot)
 
 
+def format_comparison(tuned: tuple[str, Plan, StepResult, str], yours: tuple[str, Plan, StepResult, str]) -> str:
+    """A tuned plan beside the user's own (``autotune run --compare-to``): each ``(label, plan, result,
+    engine)``; the plans' settings, how the numbers were obtained, step time, tokens/s, MFU and memory
+    ("does not fit" where a plan does not), then the MFU difference in percentage points (tuned - yours) or
+    that the user's plan does not fit, and the engines' error bands."""
+    cols = [(f"{t[0]} ({t[3]})", t[1], t[2]) for t in (tuned, yours)]
+    per = [dict(plan_rows(p)) for _, p, _ in cols]
+    labels = list(dict.fromkeys([k for d in per for k in d]))
+    rows = [[k] + [d.get(k, "-") for d in per] for k in labels]
+
+    def num(r: StepResult, text: str) -> str:
+        return text if r.feasible else "does not fit"
+
+    rows.append(["numbers"] + [backend_word(r.backend) for _, _, r in cols])
+    rows.append(["step time"] + [num(r, f"{r.step_time_ms:,.1f} ms") for _, _, r in cols])
+    rows.append(["tokens/s per GPU"] + [num(r, f"{r.tokens_per_s_per_gpu:,.0f}") for _, _, r in cols])
+    rows.append(["MFU (causal)"] + [num(r, f"{100 * r.mfu:.1f}%") for _, _, r in cols])
+    rows.append(["peak memory per GPU"] + [f"{r.peak_memory_bytes / GIB:.1f} GiB" for _, _, r in cols])
+    out = [_table(rows, [""] + [c[0] for c in cols], right=True)]
+    mine, res = yours[2], tuned[2]
+    if not mine.feasible:
+        out.append(f"your plan does not fit in memory: {mine.infeasible_reason or 'over the GPU memory'}; the tuned "
+                   f"plan runs at MFU {100 * res.mfu:.1f}%")
+    else:
+        out.append(f"MFU: tuned {100 * res.mfu:.1f}% vs yours {100 * mine.mfu:.1f}%: "
+                   f"{100 * (res.mfu - mine.mfu):+.1f} percentage points (step {res.step_time_ms:,.1f} ms vs "
+                   f"{mine.step_time_ms:,.1f} ms)")
+    out += [error_band_line(e) for e in dict.fromkeys((tuned[3], yours[3]))]
+    return "\n".join(out)
+
+
 def format_studies(rows: Sequence[Mapping[str, Any]]) -> str:
     """One row per study: model, GPUs, fabric, engine, backend (how the best MFU was obtained,
     :func:`backend_word` of ``r['backend']``), workload, trials, best MFU, step time, degrees; then one

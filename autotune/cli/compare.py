@@ -1,0 +1,99 @@
+"""A user's own launch (a Megatron-LM argument list or a torchtitan config) in the CLI: the target it implies
+(``simulate --from-megatron`` / ``--from-torchtitan``, ``run --compare-to``), its prediction, and the tuned
+plan beside it."""
+
+from __future__ import annotations
+
+import click
+
+from autotune.errors import ConfigError
+
+IMPORT_FORMATS = ("megatron", "torchtitan")
+COMPARE_OPTIONS = [
+    click.option("--compare-to", "compare_to", type=click.Path(dir_okay=False), default=None,
+                 help="After tuning, print the tuned plan beside your own launch: a Megatron-LM argument list or a "
+                      "torchtitan config (.toml 0.2.x job file, .py[:FUNCTION] 0.3.0 module); without --size/--model "
+                      "the run tunes that launch's model, sequence length and global batch."),
+    click.option("--compare-format", "compare_format", type=click.Choice(IMPORT_FORMATS), default=None,
+                 help="Format of --compare-to (default: .toml / .py are torchtitan, anything else Megatron-LM)."),
+]
+
+
+def compare_options(f):
+    for o in reversed(COMPARE_OPTIONS):
+        f = o(f)
+    return f
+
+
+def read_launch(path: str, fmt: str | None, gpus: int | None):
+    """The :class:`~autotune.export.launch_import.ImportedLaunch` of ``path`` for ``--gpus``.
+
+    Raises:
+        ConfigError: see :func:`autotune.export.launch_import.import_launch`.
+    """
+    from autotune.export.launch_import import import_launch
+    from autotune.target.validate import MAX_NUM_GPUS, require_int
+    if gpus is not None:
+        require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)
+    return import_launch(path, fmt, num_gpus=gpus)
+
+
+def imported_target(imp, *, size, model_path, gpu, gpus, interconnect, seq_len, global_batch):
+    """(model, cluster, workload) of a run compared with ``imp``: ``imp``'s model and workload, or the
+    command line's where given, which must then be the same (a comparison on two targets would mislead).
+
+    Raises:
+        ConfigError: a --size/--model, --seq-len or --global-batch that differs from the launch's, naming both.
+    """
+    import dataclasses
+
+    from autotune.cli.options import DEFAULT_GPU, resolve_target
+    from autotune.target.hardware import make_cluster
+
+    if size or model_path:
+        model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                                  interconnect=interconnect, seq_len=seq_len or imp.workload.seq_len,
+                                                  global_batch=global_batch or str(imp.workload.global_batch_tokens))
+        if dataclasses.replace(model, name=imp.model.name) != imp.model:
+            diff = [f.name for f in dataclasses.fields(model) if f.name != "name"
+                    and getattr(model, f.name) != getattr(imp.model, f.name)]
+            raise ConfigError(f"--compare-to {imp.source}: its model ({imp.model.name}) differs from the run's "
+                              f"({model.name}) in {', '.join(diff)}; leave --size/--model out to tune the launch's model")
+    else:
+        model = imp.model
+        cluster = make_cluster(gpu or DEFAULT_GPU, gpus, interconnect)
+        from autotune.cli.options import parse_tokens
+        from autotune.target.plan import Workload
+        workload = imp.workload
+        if seq_len is not None or global_batch is not None:
+            workload = Workload.from_tokens(seq_len=seq_len or imp.workload.seq_len,
+                                            global_batch_tokens=parse_tokens(global_batch) if global_batch
+                                            else imp.workload.global_batch_tokens)
+    if (workload.seq_len, workload.global_batch_size) != (imp.workload.seq_len, imp.workload.global_batch_size):
+        raise ConfigError(f"--compare-to {imp.source}: it trains seq {imp.workload.seq_len} x "
+                          f"{imp.workload.global_batch_size} sequences per step, the run seq {workload.seq_len} x "
+                          f"{workload.global_batch_size}; leave --seq-len/--global-batch out to use the launch's")
+    return model, cluster, workload
+
+
+def evaluate_imported(imp, *, model, cluster, workload, backend: str):
+    """The user's plan on the run's target, with its own engine (the one it launches): its StepResult and the
+    plan's warnings (settings with no effect)."""
+    from autotune.cost.evaluator import make_evaluator
+    from autotune.target.plan import validate_plan
+
+    warnings = validate_plan(imp.plan, model, cluster.num_gpus, workload, gpus_per_node=cluster.gpus_per_node,
+                             gpu=cluster.gpu)
+    ev = make_evaluator(backend, model=model, cluster=cluster, workload=workload, engine=imp.engine)
+    try:
+        return ev.evaluate(imp.plan), warnings
+    finally:
+        ev.close()
+
+
+def print_import_report(imp, say) -> None:
+    """``read FILE (...)`` then the ``ignored:`` and ``approximated:`` lines, through ``say``."""
+    say(f"read {imp.source} ({imp.fmt}, engine {imp.engine}): {len(imp.modelled)} settings modelled, "
+        f"{len(imp.ignored)} ignored, {len(imp.approximated)} approximated")
+    for line in imp.report_lines():
+        say(line)
