@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import main
+from autotune.cli.compare import compare_options
 from autotune.cli.options import (
     DEFAULT_STORAGE,
     JSON_OPTION,
@@ -38,10 +39,11 @@ from autotune.errors import ConfigError, redact
               help="--backend real --engine torchtitan: keep every trial's trainer log and job file in this folder.")
 @click.option("--no-early-stop", "no_early_stop", is_flag=True,
               help="Run all --trials trials (no convergence stop: docs/search.md).")
+@compare_options
 @JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
         timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
-        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, as_json):
+        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, compare_to, compare_format, as_json):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     With --backend real --engine torchtitan every trial runs torchtitan's own trainer; the simulator
@@ -53,8 +55,21 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     from autotune.report.summary import format_best_plan
     from autotune.tuner import Tuner
 
-    model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
-                                              interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    imported = None
+    if compare_to is not None:
+        # the user's launch is read (and refused) before any trial runs; its target is the run's
+        from autotune.cli.compare import imported_target, read_launch
+        imported = read_launch(compare_to, compare_format, gpus)
+        model, cluster, workload = imported_target(imported, size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                                   interconnect=interconnect, seq_len=seq_len,
+                                                   global_batch=global_batch)
+        engine = engine if engine is not None else imported.engine
+    elif compare_format is not None:
+        raise ConfigError("--compare-format applies to --compare-to FILE")
+    else:
+        model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
+                                                  interconnect=interconnect, seq_len=seq_len,
+                                                  global_batch=global_batch)
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     check_workers(workers)
@@ -152,23 +167,57 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             say(f"stopped early, {summary.stop_reason}")
         best = summary.best
         n_new, n_total = summary.n_new_trials, summary.n_trials
+    yours = _compare(imported, best, model=model, cluster=cluster, workload=workload, backend=backend,
+                     engine=tuner.engine.name) if imported is not None else None
     if as_json:
         from autotune.report.summary import json_document
-        click.echo(json_document("run", [json_entry(plan=best.plan, result=best.result, model=model, cluster=cluster,
-                                                workload=workload, engine=tuner.engine.name, label="best",
-                                                study=best.study, trial=best.trial_number)],
-                                 trials={"new": n_new, "total": n_total, "states": dict(st)}))
+        entries = [json_entry(plan=best.plan, result=best.result, model=model, cluster=cluster, workload=workload,
+                              engine=tuner.engine.name, label="best", study=best.study, trial=best.trial_number)]
+        extra = {}
+        if yours is not None:
+            entries.append(json_entry(plan=imported.plan, result=yours[0], model=model, cluster=cluster,
+                                      workload=workload, engine=imported.engine, label="yours",
+                                      extra={"imported": imported.to_json()}))
+            extra["mfu_gain_points"] = (100 * (yours[2].mfu - yours[0].mfu)) if yours[0].feasible else None
+        click.echo(json_document("run", entries, trials={"new": n_new, "total": n_total, "states": dict(st)}, **extra))
         return
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
                                 target=target_line(model, cluster, workload), engine=tuner.engine.name,
                                 gpu=cluster.gpu.name))
+    if yours is not None:
+        from autotune.cli.compare import print_import_report
+        from autotune.report.summary import format_comparison
+        click.echo("")
+        print_import_report(imported, click.echo)
+        for w in yours[1]:
+            click.echo(f"warning: your plan: {w}", err=True)
+        click.echo(format_comparison(("tuned", best.plan, yours[2], tuner.engine.name),
+                                     ("yours", imported.plan, yours[0], imported.engine)))
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
+
+
+def _compare(imported, best, *, model, cluster, workload, backend, engine):
+    """(the user's StepResult, its plan warnings, the tuned plan's StepResult on the same footing): both
+    predicted by the run's backend, or by the simulator after real trials (a user's plan is not launched)."""
+    from autotune.cli.compare import evaluate_imported
+    from autotune.cost.evaluator import make_evaluator
+
+    how = backend if backend in ("simulated", "measured") else "simulated"
+    mine, warnings = evaluate_imported(imported, model=model, cluster=cluster, workload=workload, backend=how)
+    tuned = best.result
+    if how != backend:
+        ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
+        try:
+            tuned = ev.evaluate(best.plan)
+        finally:
+            ev.close()
+    return mine, warnings, tuned
 
 
 class _Queued:
