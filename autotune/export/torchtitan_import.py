@@ -217,6 +217,8 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     name = get("model.name", "llama3")
     if name != "llama3":
         raise ConfigError(f"{source}: model.name {name!r}: autotune simulates torchtitan's llama3 (Llama 3.1) models")
+    flavor = get("model.flavor", "debugmodel")
+    _flavor_model(flavor, source)            # the model first: nothing else matters for another model
     ignored: list = []
     approx: list = []
     ac_mode = get("activation_checkpoint.mode", "selective")
@@ -252,7 +254,7 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     if compile_on and "model" not in comps:
         approx.append("compile of the loss only: costed as eager (compile: false)")
         compile_on = False
-    s = {"flavor": get("model.flavor", "debugmodel"), "head": "output",
+    s = {"flavor": flavor, "head": "output",
          "par": {"tp": get("parallelism.tensor_parallel_degree", 1), "pp": get("parallelism.pipeline_parallel_degree", 1),
                  "cp": get("parallelism.context_parallel_degree", 1),
                  "replicate": get("parallelism.data_parallel_replicate_degree", 1),
@@ -345,6 +347,9 @@ def import_python_config(spec: str, *, num_gpus: int) -> ImportedLaunch:
     seen: dict = {}
     sys.path.insert(0, str(path.resolve().parent))
     old = sys.modules.pop(mod, None)
+    import logging
+    quiet = logging.root.manager.disable
+    logging.disable(logging.WARNING)         # torchtitan's notes on paths the config names (assets, checkpoints)
     try:
         with _recording_registry(seen):
             cfg = ConfigManager().parse_args(["--module", mod, "--config", fn])
@@ -354,6 +359,7 @@ def import_python_config(spec: str, *, num_gpus: int) -> ImportedLaunch:
         raise ConfigError(f"{source}: torchtitan's ConfigManager could not load {fn}(): {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
     finally:
+        logging.disable(quiet)
         sys.path.remove(str(path.resolve().parent))
         sys.modules.pop(mod, None)
         if old is not None:

@@ -1,0 +1,269 @@
+"""Importing a user's own launch (autotune/export/megatron_import.py, torchtitan_import.py): a Megatron-LM
+argument list for Llama 3.1 70B round-trips through import -> predict -> export with every modelled flag
+unchanged; torchtitan job files and config modules round-trip through their writers; errors name the flag."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.export import launch_command
+from autotune.export.launch_import import import_launch
+from autotune.export.megatron_import import (
+    NOT_MODELLED,
+    RUN,
+    import_megatron_args,
+    parse_megatron_args,
+    read_args_file,
+)
+from autotune.target.hardware import make_cluster
+from autotune.target.models import get_model
+from autotune.target.plan import Plan, PlanDocument, Workload
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "launches"
+ARGS_70B = DATA / "llama3.1-70b_megatron_args.sh"
+
+
+def _export_args(imp, gpu="h100"):
+    """The argv tokens `autotune export --launcher` writes for the imported plan (the Megatron code path)."""
+    cl = make_cluster(gpu, imp.num_gpus, None)
+    doc = PlanDocument(plan=imp.plan, model=imp.model, gpu=gpu, num_gpus=imp.num_gpus, fabric=cl.fabric.to_dict(),
+                       workload=imp.workload, study="s", trial_id=0, engine="megatron")
+    return list(launch_command(doc).args)
+
+
+def test_llama31_70b_megatron_args_round_trip():
+    imp = import_megatron_args(ARGS_70B, num_gpus=512)
+    # the model: every field of meta-llama/Llama-3.1-70B's config.json as the file gives it -> the catalog model
+    assert imp.model == get_model("70b")
+    # by hand from the file: dp = 512 / (TP 8 x PP 4 x CP 2) = 8; micro-batches = 512 / (1 x 8) = 64;
+    # VPP = 80 layers / PP 4 / 5 layers per virtual stage = 4; bucket 33,554,432 FP32 grads x 4 B = 128 MiB
+    p = imp.plan
+    assert (p.tp_degree, p.pp_degree, p.cp_degree, p.dp_degree, p.vpp_degree) == (8, 4, 2, 8, 4)
+    assert (p.micro_batch_size, p.num_micro_batches, p.pipeline_schedule) == (1, 64, "interleaved_1f1b")
+    assert (p.sequence_parallel, p.recompute, p.zero_stage, p.precision) == (True, "selective", 1, "fp8_tensorwise")
+    assert (p.dp_grad_reduce_overlap, p.param_gather_overlap, p.tp_comm_overlap, p.async_collectives) == (True,) * 4
+    assert p.bucket_size_mib == 33554432 * 4 // 2**20 == 128
+    assert imp.workload == Workload(seq_len=8192, global_batch_size=512)
+    # predict: the simulator takes it as it is
+    from autotune.cost.evaluator import make_evaluator
+    cl = make_cluster("h100", 512, None)
+    ev = make_evaluator("simulated", model=imp.model, cluster=cl, workload=imp.workload, engine="megatron")
+    r = ev.evaluate(imp.plan)
+    ev.close()
+    assert r.feasible and r.step_time_ms > 0 and 0 < r.mfu < 1
+    # every option of the file is modelled, or ignored as a run setting (and the vocabulary padding); none
+    # is dropped unseen
+    tokens, _ = read_args_file(ARGS_70B)
+    given = set(parse_megatron_args(tokens, "f"))
+    ignored = {s.split()[0]: why for s, why in imp.ignored}
+    assert given == set(imp.modelled) | set(ignored)
+    assert not set(imp.modelled) & set(ignored)
+    assert {o for o, why in ignored.items() if why != RUN} == {"--make-vocab-size-divisible-by"}
+    assert not imp.approximated
+    # export: the flags `autotune export` writes carry, for every modelled option (the set comes from the
+    # mapping, imp.modelled), the value the user gave (both parsed by the same recorded parser facts)
+    exported = parse_megatron_args(_export_args(imp), "export")
+    assert len(imp.modelled) >= 35
+    for opt, val in imp.modelled.items():
+        assert opt in exported, opt
+        assert exported[opt] == val, (opt, exported[opt], val)
+
+
+def test_exported_args_import_back_to_the_same_target(tmp_path):
+    imp = import_megatron_args(ARGS_70B, num_gpus=512)
+    f = tmp_path / "exported.txt"
+    f.write_text(" \\\n".join(_export_args(imp)) + "\n")
+    again = import_megatron_args(f, num_gpus=512)
+    assert (again.model, again.plan, again.workload) == (imp.model, imp.plan, imp.workload)
+
+
+def _write(tmp_path, text, name="args.txt"):
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+BASE = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+        "--group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 131072 "
+        "--position-embedding-type rope --rotary-base 500000 --use-rope-scaling --normalization RMSNorm --swiglu "
+        "--disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 "
+        "--vocab-size 128256 --bf16 --micro-batch-size 1 --global-batch-size 128 --cross-entropy-loss-fusion ")
+
+
+def test_llama31_8b_fields_give_the_catalog_model_and_defaults_follow_megatron(tmp_path):
+    imp = import_megatron_args(_write(tmp_path, BASE), num_gpus=8)
+    assert imp.model == get_model("8b")          # kv-channels default 4096 / 32 = 128, rope factor default 8
+    p = imp.plan
+    # no degrees: TP = PP = CP = 1, DP 8; 128 / (1 x 8) = 16 micro-batches; no --use-distributed-optimizer: ZeRO 0
+    assert (p.dp_degree, p.num_micro_batches, p.zero_stage, p.dp_grad_reduce_overlap) == (8, 16, 0, False)
+    # no --overlap-grad-reduce: one bucket per buffer, costed as a whole rank's FP32 grads (8.03e9 x 4 B / 2^20)
+    import math
+    assert p.bucket_size_mib == math.ceil(get_model("8b").num_params * 4 / 2**20)
+    assert any("one bucket" in a for a in imp.approximated)
+
+
+@pytest.mark.parametrize("extra,bucket,note", [
+    # Megatron's default bucket with --overlap-grad-reduce: max(4e7, 1e6 x DP x CP) = 4e7 parameters
+    # = 4e7 x 4 B / 2^20 = 152.59 MiB -> 153 MiB, said so
+    ("--use-distributed-optimizer --overlap-grad-reduce", 153, "default"),
+    # BF16 reduction: 2 bytes per parameter; 33,554,432 x 2 / 2^20 = 64 MiB exactly, modelled
+    ("--overlap-grad-reduce --grad-reduce-in-bf16 --ddp-bucket-size 33554432", 64, None),
+])
+def test_bucket_units(tmp_path, extra, bucket, note):
+    imp = import_megatron_args(_write(tmp_path, BASE + extra), num_gpus=8)
+    assert imp.plan.bucket_size_mib == bucket
+    if note:
+        assert any(note in a and "152.59" in a for a in imp.approximated)
+    else:
+        assert imp.modelled["--ddp-bucket-size"] == (33554432,) and not imp.approximated
+
+
+def test_uneven_layout_and_embedding_accounting(tmp_path):
+    # layout: E + 3 layers | 4 | (4 | 4)*... written with Megatron's repetition grammar; 32 layers over PP 4 x VPP 2
+    lay = "Ettt|tttt|(tttt|)*5,ttttt L"
+    imp = import_megatron_args(_write(tmp_path, BASE + "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 "
+                                      f"--pipeline-model-parallel-layout '{lay.replace(' ', '')}'"), num_gpus=8)
+    assert imp.plan.stage_layers == (3, 4, 4, 4, 4, 4, 4, 5) and imp.plan.vpp_degree == 2
+    exported = parse_megatron_args(_export_args(imp), "export")
+    assert exported["--pipeline-model-parallel-layout"] == ("Ettt|tttt|tttt|tttt|tttt|tttt|tttt|tttttL",)
+    # --account-for-embedding/loss: (32 + 2) units over PP 2 = 17 each; the first and last lose one layer
+    imp2 = import_megatron_args(_write(tmp_path, BASE + "--pipeline-model-parallel-size 2 "
+                                       "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"),
+                                num_gpus=8)
+    assert imp2.plan.stage_layers == (16, 16)
+
+
+def test_approximations_are_listed(tmp_path):
+    imp = import_megatron_args(_write(tmp_path, BASE + "--tensor-model-parallel-size 2 --recompute-granularity full "
+                                      "--recompute-method uniform --recompute-num-layers 2 --fp8-format e4m3 "
+                                      "--fp8-recipe tensorwise --manual-gc"), num_gpus=8)
+    assert imp.plan.recompute == "full" and imp.plan.recompute_num_layers == 0
+    assert imp.plan.precision == "fp8_tensorwise"
+    text = "\n".join(imp.report_lines())
+    assert "uniform --recompute-num-layers 2" in text and "--fp8-format e4m3" in text
+    assert ("--manual-gc", NOT_MODELLED) in imp.ignored
+    assert "--fp8-format" not in imp.modelled and "--recompute-num-layers" not in imp.modelled
+
+
+@pytest.mark.parametrize("extra,words", [
+    ("--tensor-parallel-size 8", ["--tensor-parallel-size", "did you mean --tensor-model-parallel-size"]),
+    ("--rotary-base 1e+06", ["--rotary-base", "int"]),
+    ("--normalization rmsnorm", ["--normalization", "LayerNorm, RMSNorm"]),
+    ("--num-experts 8", ["--num-experts 8", "mixture-of-experts"]),
+    ("--qk-layernorm", ["--qk-layernorm", "Q/K layer norms"]),
+    ("--fp8-format hybrid --fp8-recipe blockwise", ["--fp8-recipe blockwise"]),
+    ("--tensor-model-parallel-size 3", ["TP 3", "does not divide --gpus 8"]),
+    ("--tensor-model-parallel-size $TP", ["shell variable"]),
+    ("--bf16=yes", ["--bf16 is a switch"]),
+    ("--recompute-granularity full", ["--recompute-method"]),
+])
+def test_bad_files_are_one_error_naming_the_flag(tmp_path, extra, words):
+    with pytest.raises(ConfigError) as e:
+        import_megatron_args(_write(tmp_path, BASE + extra), num_gpus=8)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_megatron_defaults_are_refused_by_name(tmp_path):
+    # Megatron-LM's own defaults without the Llama flags: LayerNorm, learned positions, linear biases, FP32
+    for drop, word in (("--normalization RMSNorm", "LayerNorm"), ("--position-embedding-type rope", "learned_absolute"),
+                       ("--disable-bias-linear", "biases"), ("--bf16", "--bf16")):
+        with pytest.raises(ConfigError, match=word):
+            import_megatron_args(_write(tmp_path, BASE.replace(drop, "")), num_gpus=8)
+    with pytest.raises(ConfigError, match="--gpus"):
+        import_launch(_write(tmp_path, BASE), None, num_gpus=None)
+
+
+# ---- torchtitan ----
+M70, W70 = get_model("70b"), Workload(seq_len=8192, global_batch_size=512)
+TT_PLAN = Plan(tp_degree=8, pp_degree=4, dp_degree=16, vpp_degree=5, pipeline_schedule="interleaved_1f1b",
+               sequence_parallel=True, zero_stage=3, micro_batch_size=1, num_micro_batches=32, recompute="selective",
+               precision="fp8_rowwise", compile=True, tp_comm_overlap=True)
+
+
+def test_torchtitan_toml_round_trip(tmp_path):
+    from autotune.export.torchtitan import torchtitan_settings
+    from autotune.runners.torchtitan_job import job_toml
+    f = _write(tmp_path, job_toml(TT_PLAN, M70, W70, steps=10, hf_assets_path="/tok"), "job.toml")
+    imp = import_launch(f, None, num_gpus=512)
+    assert imp.engine == "torchtitan" and imp.model == M70 and imp.workload == W70
+    # the settings a torchtitan export of the imported plan writes are those of the plan that wrote the file
+    assert torchtitan_settings(imp.plan, imp.model, imp.workload) == torchtitan_settings(TT_PLAN, M70, W70)
+    assert any(s.startswith("training.steps") for s, _ in imp.ignored)
+
+
+def test_torchtitan_toml_defaults_and_refusals(tmp_path):
+    from autotune.export.torchtitan_import import import_toml
+    base = '[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "full"\n'
+    imp = import_toml(_write(tmp_path, base, "a.toml"), num_gpus=8)
+    # 0.2.x defaults: seq 2048, local batch 8, data_parallel_shard_degree -1 -> 8 (FSDP, reshard default =
+    # always without PP -> ZeRO-3), global -1 -> 8 x 8 = 64 sequences
+    assert imp.workload == Workload(seq_len=2048, global_batch_size=64)
+    assert (imp.plan.dp_degree, imp.plan.zero_stage, imp.plan.micro_batch_size) == (8, 3, 8)
+    for extra, word in (('[parallelism]\ndata_parallel_shard_degree = 2\ndata_parallel_replicate_degree = 4\n', "HSDP"),
+                        ('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBVZeroBubble"\n',
+                         "ZBVZeroBubble")):
+        with pytest.raises(ConfigError, match=word):
+            import_toml(_write(tmp_path, base + extra, "b.toml"), num_gpus=8)
+    # the default selective_ac_option "2" (every 2nd layer fully recomputed) is not a mode autotune models
+    with pytest.raises(ConfigError, match="selective_ac_option '2'"):
+        import_toml(_write(tmp_path, base.replace('"full"', '"selective"'), "c.toml"), num_gpus=8)
+    with pytest.raises(ConfigError, match="flavour 'debugmodel'"):
+        import_toml(_write(tmp_path, '[model]\nname = "llama3"\n', "d.toml"), num_gpus=8)
+
+
+def test_torchtitan_default_split_is_torchtitans():
+    from autotune.export.torchtitan_import import stage_split
+    # by hand: 80 layers + 1 + 1 = 82 units over 8 stages: 10 each, the first 2 get 11; stage 0 gives one to
+    # the embedding, stage 7 one to the output -> 10, 11, 10, 10, 10, 10, 10, 9
+    assert stage_split(80, 8) == (10, 11, 10, 10, 10, 10, 10, 9)
+    try:
+        pp = importlib.import_module("torchtitan.distributed.pipeline_parallel")
+    except Exception:      # noqa: BLE001 - torchtitan not importable: the hand derivation above stands
+        return
+    for layers, stages in ((80, 8), (126, 16), (32, 4), (80, 3)):
+        parts = pp._generate_llm_fqn_per_model_part(stages, layers, 1, 1)
+        assert stage_split(layers, stages) == tuple(sum(f.startswith("layers.") for f in part) for part in parts)
+
+
+def _torchtitan_available() -> bool:
+    try:
+        importlib.import_module("torchtitan.config.manager")
+        importlib.import_module("torchtitan.models.llama3.config_registry")
+        return True
+    except Exception:       # noqa: BLE001 - any import failure means: not installed here
+        return False
+
+
+def test_torchtitan_config_module_round_trip(tmp_path):
+    if not _torchtitan_available():
+        pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'autotune[torchtitan]')")
+    from autotune.export import write_launch_files
+    from autotune.export.torchtitan import torchtitan_settings
+    for plan in (TT_PLAN, dataclasses.replace(TT_PLAN, pp_degree=2, vpp_degree=1, dp_degree=32, pipeline_schedule="1f1b",
+                                              num_micro_batches=16, zero_stage=2, precision="mxfp8",
+                                              memory_reclaim="empty_cache_per_step")):
+        cl = make_cluster("b200", 512, None)
+        doc = PlanDocument(plan=plan, model=M70, gpu="b200", num_gpus=512, fabric=cl.fabric.to_dict(), workload=W70,
+                           study="s", trial_id=0, engine="torchtitan")
+        d = tmp_path / plan.precision
+        write_launch_files(doc, d, "torchrun")
+        imp = import_launch(d / "autotune_torchtitan.py", None, num_gpus=512)
+        assert imp.fmt == "torchtitan 0.3 config" and imp.model == M70 and imp.workload == W70
+        assert torchtitan_settings(imp.plan, imp.model, imp.workload) == torchtitan_settings(plan, M70, W70)
+        assert imp.plan.memory_reclaim == plan.memory_reclaim
+
+
+def test_torchtitan_config_module_needs_torchtitan(tmp_path, monkeypatch):
+    import sys
+    f = _write(tmp_path, "def autotune_plan():\n    raise SystemExit('must not run')\n", "cfg.py")
+    monkeypatch.setitem(sys.modules, "torchtitan.config.manager", None)     # import fails
+    with pytest.raises(ConfigError, match=r"autotune\[torchtitan\]"):
+        import_launch(f, None, num_gpus=8)
