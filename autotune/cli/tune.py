@@ -187,6 +187,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                 target=target_line(model, cluster, workload), engine=tuner.engine.name,
                                 gpu=cluster.gpu.name))
     if yours is not None:
+        import os
+
         from autotune.cli.compare import print_import_report
         from autotune.report.summary import format_comparison
         click.echo("")
@@ -194,7 +196,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         for w in yours[1]:
             click.echo(f"warning: your plan: {w}", err=True)
         click.echo(format_comparison(("tuned", best.plan, yours[2], tuner.engine.name),
-                                     ("yours", imported.plan, yours[0], imported.engine)))
+                                     (f"yours: {os.path.basename(imported.source)}", imported.plan, yours[0],
+                                      imported.engine)))
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"

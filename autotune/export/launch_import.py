@@ -87,7 +87,8 @@ def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None, gp
     Raises:
         ConfigError: an unknown format, a missing GPU count, or anything the format's reader refuses.
     """
-    fmt = fmt or detect_format(path)
+    detected = detect_format(path)          # also: the file exists
+    fmt = fmt or detected
     if fmt not in FORMATS:
         raise ConfigError(f"format {fmt!r}: valid formats are {', '.join(FORMATS)}")
     if num_gpus is None:
