@@ -614,9 +614,11 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
     else:
         r.ignore("--ddp-bucket-size", "no effect without --overlap-grad-reduce (one bucket per gradient buffer)")
         r.ignore("--ddp-num-buckets", "no effect without --overlap-grad-reduce (one bucket per gradient buffer)")
-        bucket = max(1, min(2**20, math.ceil(model.num_params * per / tp / 2**20)))
-        r.approx.append(f"no --overlap-grad-reduce: Megatron-LM reduces each gradient buffer as one bucket; costed "
-                        f"with a {bucket:,} MiB bucket (a whole pipeline rank's gradients)")
+        # the same bytes in buckets of Megatron's default size: the memory model stages two buckets
+        # (cost/memory.py), which Megatron's in-place reduction of the whole buffer does not need
+        bucket = max(1, round(max(40_000_000, 1_000_000 * dp * cp) * per / 2**20))
+        r.approx.append(f"no --overlap-grad-reduce: Megatron-LM reduces each gradient buffer at once after the "
+                        f"backward; costed in {bucket} MiB buckets (its default bucket size), the same bytes")
     try:
         workload = Workload(seq_len=seq, global_batch_size=gbs)
         plan = Plan(tp_degree=tp, pp_degree=pp, cp_degree=cp, dp_degree=dp, vpp_degree=vpp, micro_batch_size=mbs,

@@ -101,10 +101,10 @@ def test_llama31_8b_fields_give_the_catalog_model_and_defaults_follow_megatron(t
     p = imp.plan
     # no degrees: TP = PP = CP = 1, DP 8; 128 / (1 x 8) = 16 micro-batches; no --use-distributed-optimizer: ZeRO 0
     assert (p.dp_degree, p.num_micro_batches, p.zero_stage, p.dp_grad_reduce_overlap) == (8, 16, 0, False)
-    # no --overlap-grad-reduce: one bucket per buffer, costed as a whole rank's FP32 grads (8.03e9 x 4 B / 2^20)
-    import math
-    assert p.bucket_size_mib == math.ceil(get_model("8b").num_params * 4 / 2**20)
-    assert any("one bucket" in a for a in imp.approximated)
+    # no --overlap-grad-reduce: the buffer is reduced at once, costed in buckets of Megatron's default size,
+    # max(4e7, 1e6 x DP 8) = 4e7 parameters x 4 B / 2^20 = 152.59 -> 153 MiB
+    assert p.bucket_size_mib == 153
+    assert any("reduces each gradient buffer at once" in a for a in imp.approximated)
 
 
 @pytest.mark.parametrize("extra,bucket,note", [
