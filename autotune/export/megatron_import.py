@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, PlanError
-from autotune.export.launch_import import ImportedLaunch, catalog_name, label_from_path
+from autotune.export.imported import ImportedLaunch, catalog_name, label_from_path
 
 FACTS_FILE = Path(__file__).resolve().parents[1] / "data" / "megatron_arg_facts.jsonl"
 MEGATRON_COMMIT = "d98e8a64ddf3"
@@ -66,8 +66,8 @@ REFUSED = {
     "--heterogeneous-layers-config-path": ("heterogeneous layers", None),
     "--heterogeneous-layers-config-encoded-json": ("heterogeneous layers", None),
     "--fp16": ("FP16 training (autotune models BF16 with FP32 main weights: --bf16)", None),
-    "--use-torch-fsdp2": ("torch FSDP2 inside Megatron-LM (the megatron profile models DDP, the distributed "
-                          "optimizer and Megatron-FSDP)", None),
+    "--use-torch-fsdp2": (("torch FSDP2 inside Megatron-LM (the megatron profile models DDP, the distributed "
+                           "optimizer and Megatron-FSDP)"), None),
 }
 
 #: run settings that change no step's time or memory (optimizer hyper-parameters, data, logging,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, PlanError
-from autotune.export.launch_import import ImportedLaunch
+from autotune.export.imported import ImportedLaunch
 
 SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}
 SINGLE_STAGE = ("GPipe", "1F1B")

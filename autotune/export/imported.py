@@ -1,0 +1,77 @@
+"""What a user's launch file means to autotune (:class:`ImportedLaunch`), shared by the readers
+(:mod:`autotune.export.megatron_import`, :mod:`autotune.export.torchtitan_import`; the dispatcher is
+:mod:`autotune.export.launch_import`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.target.models import ModelSpec
+from autotune.target.plan import Plan, Workload
+
+
+@dataclass(frozen=True)
+class ImportedLaunch:
+    """A user's launch as autotune sees it.
+
+    Attributes:
+        source: the file it was read from.
+        engine: the engine it launches (``megatron`` or ``torchtitan``; the engine profile it is costed with).
+        fmt: the file's format (``megatron args``, ``torchtitan 0.2 TOML``, ``torchtitan 0.3 config``).
+        model, plan, workload: the target and plan (``plan.dp_degree`` = GPUs / (TP PP CP)).
+        num_gpus: the world size it runs on (from the command line: a launch file does not hold it).
+        modelled: the file's settings that set a model / plan / workload field, as the file gives them
+            (Megatron: option -> value tokens, ``()`` for a switch; torchtitan: ``section.field`` -> value).
+        ignored: ``(setting, why)`` for each setting that is not modelled.
+        approximated: lines saying which settings are costed as a nearby value autotune has.
+    """
+
+    source: str
+    engine: str
+    fmt: str
+    model: ModelSpec
+    plan: Plan
+    workload: Workload
+    num_gpus: int
+    modelled: dict = field(default_factory=dict)
+    ignored: tuple[tuple[str, str], ...] = ()
+    approximated: tuple[str, ...] = ()
+
+    def report_lines(self) -> list[str]:
+        """``ignored: ...`` lines (grouped by reason) and ``approximated: ...`` lines, for the terminal."""
+        by_reason: dict[str, list[str]] = {}
+        for setting, why in self.ignored:
+            by_reason.setdefault(why, []).append(setting)
+        out = [f"ignored ({why}): {', '.join(s)}" for why, s in by_reason.items()]
+        return out + [f"approximated: {a}" for a in self.approximated]
+
+    def to_json(self) -> dict:
+        """Plain data for ``--json`` (format, modelled settings, ignored and approximated ones)."""
+        return {"source": self.source, "format": self.fmt, "engine": self.engine,
+                "modelled": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.modelled.items()},
+                "ignored": [{"setting": s, "why": w} for s, w in self.ignored],
+                "approximated": list(self.approximated)}
+
+
+def label_from_path(path: str | Path) -> str:
+    """A model name for a non-catalog architecture read from ``path``: its file stem, reduced to
+    ``[A-Za-z0-9._-]``."""
+    import re
+    out = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-.")
+    return out[:64] or "imported-model"
+
+
+def catalog_name(model: ModelSpec) -> ModelSpec:
+    """``model`` named as the catalog model whose every architecture field it has (Llama 3.1 8B/70B/405B),
+    else unchanged: a launch of Llama 3.1 70B is tuned and exported as ``llama3.1-70b``."""
+    import dataclasses
+
+    from autotune.target.models import CATALOG
+    for m in CATALOG.values():
+        if dataclasses.replace(model, name=m.name) == m:
+            return m
+    return model
+
+
+__all__ = ["ImportedLaunch", "catalog_name", "label_from_path"]
