@@ -520,6 +520,15 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
         tpo = r.switch("--tp-comm-overlap")
     else:
         r.ignore("--tp-comm-overlap", "no effect at TP 1")
+    # validate_args: "--overlap-param-gather only supported with distributed optimizer, megatron fsdp ..."
+    # and "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled"
+    if opg and zero == 0:
+        raise ConfigError(f"{src}: --overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
+                          "(validate_args)")
+    if opg and not ogr:
+        raise ConfigError(f"{src}: --overlap-param-gather needs --overlap-grad-reduce (validate_args)")
+    if tpo and not sp:
+        raise ConfigError(f"{src}: --tp-comm-overlap needs --sequence-parallel (validate_args)")
     async_coll = True
     if r.has("--no-overlap-p2p-communication"):
         if pp == 1:
