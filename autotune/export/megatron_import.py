@@ -388,6 +388,10 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
                          "--pipeline-model-parallel-layout") if r.has(o)]
     if len(given) > 1:
         raise ConfigError(f"{src}: {' and '.join(given)}: give at most one of them (validate_args)")
+    uneven = [o for o in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers") if r.has(o)]
+    if uneven and given:
+        raise ConfigError(f"{src}: {uneven[0]} with {given[0]}: an uneven interleaved split is not modelled this way; "
+                          "give it as --pipeline-model-parallel-layout")
     emb = int(r.switch("--account-for-embedding-in-pipeline-split", modelled=False))
     loss = int(r.switch("--account-for-loss-in-pipeline-split", modelled=False))
     vpp, stage_layers = 1, None

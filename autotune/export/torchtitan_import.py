@@ -107,6 +107,14 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
     for k in ("tp", "pp", "cp", "replicate"):
         if not isinstance(p[k], int) or isinstance(p[k], bool) or p[k] < 1:
             raise ConfigError(f"{source}: {p['names'][k]} {p[k]!r}: must be an integer >= 1")
+    for k, lo in (("pp_mbs", 1), ("first_less", 0), ("last_less", 0), ("layers_per_stage", 1)):
+        v = p[k]
+        if (v is not None or k != "layers_per_stage") and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+            name = {"pp_mbs": "pipeline_parallel_microbatch_size",
+                    "first_less": "pipeline_parallel_first_stage_less_layers",
+                    "last_less": "pipeline_parallel_last_stage_less_layers",
+                    "layers_per_stage": "pipeline_parallel_layers_per_stage"}[k]
+            raise ConfigError(f"{source}: {name} {v!r}: must be an integer >= {lo}")
     if p["ep"] != 1:
         raise ConfigError(f"{source}: expert_parallel_degree {p['ep']}: expert parallelism (autotune simulates dense "
                           "decoders)")

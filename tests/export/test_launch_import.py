@@ -303,3 +303,20 @@ def test_every_megatron_export_of_the_matrix_imports_to_the_same_launch(tmp_path
             assert _meant(megatron_args(imp.plan, imp.model, imp.workload)) == _meant(args), plan
             n += 1
     assert n == 2 * (16 + 2)
+
+
+def test_uneven_interleaved_first_last_and_bad_torchtitan_values_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="--pipeline-model-parallel-layout"):
+        import_megatron_args(_write(tmp_path, BASE + "--pipeline-model-parallel-size 2 "
+                                    "--num-layers-per-virtual-pipeline-stage 4 --decoder-first-pipeline-num-layers 6"),
+                             num_gpus=8)
+    # first / last without VPP: 32 - 6 - 10 = 16 layers over the 2 middle stages of PP 4
+    imp = import_megatron_args(_write(tmp_path, BASE + "--pipeline-model-parallel-size 4 "
+                                      "--decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 10"),
+                               num_gpus=8)
+    assert imp.plan.stage_layers == (6, 8, 8, 10)
+    from autotune.export.torchtitan_import import import_toml
+    f = _write(tmp_path, '[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "none"\n'
+                         '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 0\n', "z.toml")
+    with pytest.raises(ConfigError, match="pipeline_parallel_microbatch_size 0"):
+        import_toml(f, num_gpus=8)
