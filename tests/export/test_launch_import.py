@@ -320,3 +320,28 @@ def test_uneven_interleaved_first_last_and_bad_torchtitan_values_are_named(tmp_p
                          '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 0\n', "z.toml")
     with pytest.raises(ConfigError, match="pipeline_parallel_microbatch_size 0"):
         import_toml(f, num_gpus=8)
+
+
+def test_a_users_own_torchtitan_config_function(tmp_path):
+    if not _torchtitan_available():
+        pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'autotune[torchtitan]')")
+    f = _write(tmp_path, "from torchtitan.models.llama3.config_registry import llama3_70b\n\n\n"
+                         "def helper():\n    return 1\n\n\n"
+                         "def my_run():\n    c = llama3_70b()\n    c.parallelism.tensor_parallel_degree = 8\n"
+                         "    c.parallelism.pipeline_parallel_degree = 4\n"
+                         "    c.parallelism.pipeline_parallel_schedule = 'Interleaved1F1B'\n"
+                         "    c.training.local_batch_size = 16\n    c.training.global_batch_size = 512\n"
+                         "    c.training.seq_len = 8192\n    c.training.disable_cuda_graphs = True\n    return c\n",
+               "my_tt.py")
+    with pytest.raises(ConfigError, match="name the config function"):       # two functions: which one?
+        import_launch(f, None, num_gpus=512)
+    imp = import_launch(f"{f}:my_run", None, num_gpus=512)
+    p = imp.plan
+    # by hand: DP shard -1 -> 512 / (8 x 4) = 16 (FSDP; reshard "default" with PP = never -> ZeRO-2);
+    # Interleaved1F1B without a split: 2 stages per rank = 8, torchtitan's default split of 80 layers;
+    # pipeline micro-batch 1 -> 512 / (1 x 16) = 32 micro-batches; llama3_70b(): FullAC, BF16, no compile
+    assert (p.dp_degree, p.zero_stage, p.vpp_degree, p.num_micro_batches) == (16, 2, 2, 32)
+    assert p.layers_per_virtual_stage(80) == (10, 11, 10, 10, 10, 10, 10, 9)
+    assert (p.recompute, p.precision, p.compile) == ("full", "bf16", False)
+    # local batch 16 < 512 / 16: 2 accumulation steps of 16 micro-batches each, said so
+    assert any("2 steps of 16 micro-batches" in a for a in imp.approximated)
