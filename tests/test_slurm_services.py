@@ -105,3 +105,38 @@ def test_refused_slurm_options_submit_nothing_and_create_nothing(tmp_path, args,
     assert r.returncode == 2 and lines and lines[-1].startswith("error: ") and names in lines[-1], r.stderr
     assert "Traceback" not in r.stderr and "(a bug" not in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [] and _job_ids() == before
+
+
+def test_exported_slurm_script_from_a_hostile_directory_runs_it_verbatim(tmp_path):
+    # `autotune export --launcher slurm -o DIR`: DIR (any path) is in the script as HERE, shell-quoted; the job
+    # (launch_slurm.sbatch -> srun -> launch_torchrun.sh -> `autotune validate "$HERE/plan.yaml" "$@"`) runs a
+    # stub `autotune` first on PATH (sbatch exports the environment) that echoes its argv
+    from click.testing import CliRunner
+
+    from autotune.cli.app import main
+    canary = tmp_path / "CANARY"
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--gpus", "8", "--engine", "native", "--space", "small",
+                                  "--trials", "3", "--storage", url])
+    assert r.exit_code == 0, r.output
+    out = Path(f"{tmp_path}/o 'q' \"dq\" $(touch {canary}) `touch {canary}`; touch {canary} & #h %j \\b ü*?\nnl")
+    r = CliRunner().invoke(main, ["export", "--size", "8b", "--gpus", "8", "--engine", "native", "--space", "small",
+                                  "--storage", url, "--launcher", "slurm", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "autotune").write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                                   "json.dump({'argv': sys.argv[1:], 'cwd': os.getcwd(), 'rank': os.environ.get("
+                                   "'NODE_RANK')}, open(os.environ['ECHO_OUT'], 'w'), ensure_ascii=False)\n")
+    (stub / "autotune").chmod(0o755)
+    values = _hostile(canary)
+    env = dict(_env(), PATH=f"{stub}{os.pathsep}{os.environ['PATH']}", ECHO_OUT=str(tmp_path / "echo.json"))
+    # --gpus-per-node=0 on the command line overrides the script's 8 (this CPU-only Slurm has no GPU gres);
+    # the job's own output goes to a plain path of the test
+    p = subprocess.run(["sbatch", "--parsable", "--wait", "--gpus-per-node=0", f"--output={tmp_path / 'job.out'}",
+                        str(out / "launch_slurm.sbatch"), *values], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr + (tmp_path / "job.out").read_text()
+    got = json.loads((tmp_path / "echo.json").read_text(encoding="utf-8"))
+    assert got["argv"] == ["validate", str(out / "plan.yaml"), *values] and got["rank"] == "0", got
+    assert [p for p in tmp_path.rglob("*") if p.name == "CANARY"] == []        # no injected command ran
