@@ -163,7 +163,7 @@ def batch_script(worker_argv: Sequence[str], *, nodes: int, nproc_per_node: int,
     for key in ("partition", "account"):
         if options.get(key):
             lines.append(f"#SBATCH --{key}={options[key]}")
-    lines += ["set -u", f"cd -- {shlex.quote(str(wd))}", "exec >stdout.log 2>stderr.log",
+    lines += ["set -u", f"cd -- {shlex.quote(str(wd))} || exit 1", "exec >stdout.log 2>stderr.log",
               'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               f"port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))",
               "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 "

@@ -361,7 +361,7 @@ def test_slurm_options_are_checked_and_the_script_holds_no_hostile_text(tmp_path
     # one); the work directory and the worker argv are shell-quoted in the script body
     assert "#SBATCH --partition=gpu,debug\n" in text and "#SBATCH --account=proj_1\n" in text
     assert not [ln for ln in text.splitlines() if ln.startswith("#SBATCH") and str(tmp_path) in ln]
-    assert f"cd -- {tmp_path}\n" in text and f"'{tmp_path / 'p q.yaml'}'" in text
+    assert f"cd -- {tmp_path} || exit 1\n" in text and f"'{tmp_path / 'p q.yaml'}'" in text
 
 
 # ---- temporary directories of a trial
