@@ -34,24 +34,11 @@ from autotune.search.space import BoundSearchSpace, Pruned, SearchSpace
 from autotune.signals import IN_OBJECTIVE, interrupted, trial_interrupt_handler
 from autotune.study.identity import StudyInfo, check_identity, check_own_trials, study_name
 from autotune.study.storage_check import existing_readonly, user_url
-from autotune.study.storage import (
-    DEFAULT_BACKEND,
-    DEFAULT_STORAGE,
-    check_heartbeat,
-    lost_enqueued_race,
-    open_storage,
-    retry_races,
-    storage_kind,
-)
-from autotune.study.faults import classify, storage_fault, with_retries
+from autotune.study.storage import (DEFAULT_BACKEND, DEFAULT_STORAGE, check_heartbeat, lost_enqueued_race, open_storage,
+                                    retry_races, storage_kind)
+from autotune.study.faults import StorageFault, classify, stop_reason, storage_fault, storage_guarded, with_retries
 from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_own_running, fail_trials, reap_stale, wait_for_others
-from autotune.study.trials import (
-    BestPlan,
-    is_feasible,
-    outcome_counts,
-    record_result,
-    require_best_plan,
-)
+from autotune.study.trials import BestPlan, is_feasible, outcome_counts, record_result, require_best_plan
 from autotune.target.engines import resolve_engine
 from autotune.target.hardware import ClusterSpec, fabric_fingerprint
 from autotune.target.models import ModelSpec
@@ -357,7 +344,7 @@ class Tuner:
         with quiet():
             st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
             worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
-            reap_stale(worker_study, stale_after_s=self._stale_after_s())      # trials of dead workers: FAIL
+            reap_stale(worker_study, stale_after_s=self._stale_after_s(), url=self.storage)  # dead workers': FAIL
             for params, attrs in self._pending:
                 worker_study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
             self._pending.clear()
@@ -408,7 +395,10 @@ class Tuner:
                             or (count_run and ran[0] >= n_trials):
                         break
                     try:
-                        worker_study.optimize(self.objective, n_trials=left, timeout=time_left, catch=(Exception,),
+                        # a permanent storage fault inside a trial ends the run with the trial RUNNING, not
+                        # told FAIL without its reason (faults.StorageFault); it is failed just below
+                        worker_study.optimize(storage_guarded(self.objective, self.storage), n_trials=left,
+                                              timeout=time_left, catch=(Exception,),
                                               callbacks=[count] + ([bar] if bar else []))
                         break
                     except Exception as e:
@@ -431,8 +421,10 @@ class Tuner:
                         # SQLite ignores), and telling it again fails. That trial is recorded once, by
                         # the other worker; this one goes on with its remaining trials.
                         continue
-            except BaseException:
-                self._fail_running(worker_study, "interrupted" if interrupted() else "stopped on an error")
+            except BaseException as e:
+                self._fail_running(worker_study, stop_reason(e, interrupted()))     # or noted for the next run
+                if isinstance(e, StorageFault):
+                    raise e.error from None
                 raise
             finally:
                 IN_OBJECTIVE.clear()
@@ -453,10 +445,11 @@ class Tuner:
     def _fail_running(self, study: optuna.Study, why: str) -> None:
         """Mark FAIL (with ``user_attrs['fail_reason']``) the trials this tuner started that are still
         RUNNING in the storage, e.g. when a signal stopped the run between Optuna's ask and tell; other
-        workers' trials are left alone. Storage errors here are ignored (the run is ending anyway)."""
+        workers' trials are left alone. A reason the storage refuses (a full disk) is kept in a note that the next
+        run on this storage writes (:func:`autotune.study.stale.note_unwritten`)."""
         sig = interrupted()
         reason = f"{why} (signal {sig})" if sig else why
-        fail_trials(study._storage, {i: reason for i in getattr(self, "_started", set())})
+        fail_trials(study._storage, {i: reason for i in getattr(self, "_started", set())}, url=self.storage)
 
     def _stale_after_s(self) -> float:
         """A RUNNING trial older than this (s) is a dead worker's: :data:`STALE_AFTER_S`, for the real backend at

@@ -117,9 +117,14 @@ def test_postgresql_restart_during_four_workers_ends_with_the_best_plan(fresh_pg
 def test_real_trial_through_the_local_slurm(tmp_path):
     # a real CPU (gloo, 2 ranks) trial of the tiny Llama as a Slurm job; its result lands in the study like
     # a local one (COMPLETE, feasible, measured step time, backend real) and names its job
+    # the trial's work directory (under $TMPDIR) is hostile: the job must get its paths verbatim (issue 25)
+    tmp = tmp_path / f"t 'q' $(touch {tmp_path}/CANARY) `touch {tmp_path}/CANARY`; #%j \\ ü"
+    tmp.mkdir(parents=True)
     url = f"sqlite:///{tmp_path}/s.db"
-    w = start_worker(url, launcher="slurm", heartbeat_s=5, env={"TMPDIR": str(tmp_path)}, log=tmp_path / "w.log")
+    w = start_worker(url, launcher="slurm", heartbeat_s=5, env={"TMPDIR": str(tmp)}, log=tmp_path / "w.log")
     assert w.wait(timeout=300) == 0, (tmp_path / "w.log").read_text()[-2000:]
+    assert not (tmp_path / "CANARY").exists() and list(tmp.glob("autotune-run-*")) == []  # no injection ran;
+    # the trial's work directory is removed (torch leaves torchelastic_* / torchinductor_* of its own there)
     (t,) = _trials(url)
     assert t.state.name == "COMPLETE" and t.user_attrs["feasible"] is True and t.user_attrs["backend"] == "real"
     assert t.user_attrs["step_time_ms"] > 0

@@ -28,7 +28,7 @@ def show(study, storage, engine, top, as_json):
     from autotune.report.summary import format_studies, short_plan
     from autotune.study.identity import list_studies, load_study
     from autotune.study.storage_check import readonly_url, sqlite_path, storage_errors
-    from autotune.study.stale import count_stale_failed
+    from autotune.study.stale import FAULT_PREFIX, count_stale_failed, pending_notes
     from autotune.study.trials import best_plan, failure_summary
     storage = storage if storage is not None else DEFAULT_STORAGE
     if storage == DEFAULT_STORAGE and not Path(sqlite_path(storage)[0]).exists():
@@ -47,6 +47,7 @@ def show(study, storage, engine, top, as_json):
         entries = []
         others: set[str] = set()
         stale_notes: list[str] = []
+        waiting = {t["trial_id"]: t for t in pending_notes(storage)}    # reasons a full disk could not take
         for info in list_studies(ro_storage):
             if engine is not None and info.engine != engine:
                 others.add(info.engine)
@@ -56,10 +57,21 @@ def show(study, storage, engine, top, as_json):
             trials = st.get_trials(deepcopy=False)
             n_stale = count_stale_failed(trials)
             n_running = sum(1 for t in trials if t.state.name == "RUNNING")
-            if n_stale or n_running:
+            noted = [(t, waiting[t._trial_id]) for t in trials if t.state.name == "RUNNING" and t._trial_id in waiting]
+            n_fault = count_stale_failed(trials, FAULT_PREFIX)
+            if n_stale or n_running > len(noted):
                 stale_notes.append(f"{info.name}: {n_stale} trial(s) of dead workers marked failed"
-                                   + (f", {n_running} running now (or left by a worker killed since; the next "
-                                      "`autotune run` on it fails those)" if n_running else ""))
+                                   + (f", {n_running - len(noted)} running now (or left by a worker killed since; "
+                                      "the next `autotune run` on it fails those)" if n_running > len(noted) else ""))
+            if n_fault:
+                why = next(str(t.user_attrs["fail_reason"]) for t in trials if t.state.name == "FAIL"
+                           and str(t.user_attrs.get("fail_reason", "")).startswith(FAULT_PREFIX))
+                stale_notes.append(f"{info.name}: {n_fault} trial(s) stopped by a storage fault, e.g. "
+                                   f"{why.removeprefix(FAULT_PREFIX)}")
+            for t, n in noted:
+                stale_notes.append(f"{info.name}: trial {t.number} stopped by a storage fault recorded at "
+                                   f"{n['recorded_at']} ({n['reason'].removeprefix(FAULT_PREFIX)}); the next `autotune run` "
+                                   "on this storage marks it failed with that reason")
             if as_json:
                 entries.append(json_entry(plan=bp.plan if bp else None, result=bp.result if bp else None, info=info,
                                       engine=info.engine, label="best", study=info.name,

@@ -138,25 +138,32 @@ def batch_script(worker_argv: Sequence[str], *, nodes: int, nproc_per_node: int,
                  options: Mapping[str, Any], gpus: bool, python: str = sys.executable) -> str:
     """The ``job.sbatch`` text (see the module docstring); ``worker_argv`` = ``-m autotune.runtime.worker ...``.
 
-    No user text reaches the script unchecked: ``partition``, ``account`` and ``time`` must pass
-    :func:`check_slurm_options` (plain names, a time format), the work directory must hold no newline or
-    ``"``; every command-line word is shell-quoted (``shlex.quote``).
+    No user text reaches the script unquoted: ``partition``, ``account`` and ``time`` must pass
+    :func:`check_slurm_options` (plain names, a time format: nothing sbatch's ``#SBATCH`` parser or bash could
+    read as more than one word). The work directory ``wd`` is in no ``#SBATCH`` line: Slurm would mangle it
+    there (sbatch's ``#SBATCH`` parser drops backslashes and ends a value at an unquoted ``#``; slurmd expands
+    ``%j``-style patterns and drops backslashes in the ``--output``/``--error`` path, its working directory
+    included, sbatch(1) "filename pattern"; seen on slurm-wlm 22.05 with a directory holding ``%j`` and a backslash).
+    sbatch is run in ``wd`` (its default ``--chdir`` is the submit directory), Slurm's own output goes to
+    ``/dev/null``, and the script itself ``cd``s to ``wd`` and sends its output to ``stdout.log`` /
+    ``stderr.log`` there. Every word of the script body (``wd``, the Python path, the worker's arguments with
+    their paths) is quoted for bash with ``shlex.quote``, so spaces, quotes, ``$(...)``, backticks, ``;``,
+    globs, ``%``, backslashes, newlines and non-ASCII text arrive verbatim (tests/test_slurm_services.py submits such
+    a job to a real Slurm).
 
     Raises:
-        ConfigError: a hostile or malformed option value, or a work directory path with a newline.
+        ConfigError: a hostile or malformed option value.
     """
     check_slurm_options(options, need_sbatch=False)
-    if any(c in str(wd) for c in "\n\r\"\0"):
-        raise ConfigError(f"slurm launcher: work directory {str(wd)!r} holds a newline or quote; use a plain path")
     lines = ["#!/bin/bash", "#SBATCH --job-name=autotune-trial", f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1", f'#SBATCH --chdir="{wd}"', f'#SBATCH --output="{wd}/stdout.log"',
-             f'#SBATCH --error="{wd}/stderr.log"', f"#SBATCH --time={time_limit(timeout_s, options.get('time'))}"]
+             "#SBATCH --ntasks-per-node=1", "#SBATCH --output=/dev/null", "#SBATCH --error=/dev/null",
+             f"#SBATCH --time={time_limit(timeout_s, options.get('time'))}"]
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={nproc_per_node}")
     for key in ("partition", "account"):
         if options.get(key):
             lines.append(f"#SBATCH --{key}={options[key]}")
-    lines += ["set -u",
+    lines += ["set -u", f"cd -- {shlex.quote(str(wd))} || exit 1", "exec >stdout.log 2>stderr.log",
               'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               f"port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))",
               "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 "
@@ -172,7 +179,10 @@ def _scontrol_job(job_id: str, env: Mapping[str, str]) -> dict[str, str] | None:
     p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=dict(env))
     if p.returncode != 0:
         return None
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", p.stdout))
+    out: dict[str, str] = {}
+    for m in re.finditer(r"(\w+)=(\S*)", p.stdout):
+        out.setdefault(*m.groups())     # the first: JobState and ExitCode come before WorkDir, Command, StdOut,
+    return out                          # whose user text could hold " JobState=COMPLETED"
 
 
 def _returncode(info: Mapping[str, str] | None) -> int | None:
@@ -197,9 +207,9 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
     script = wd / "job.sbatch"
     script.write_text(batch_script(worker_argv, nodes=nodes, nproc_per_node=gpn, wd=wd, timeout_s=timeout_s,
                                    options=options, gpus=gpus))
-    cmd = ["sbatch", "--parsable", str(script)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=dict(env), timeout=120)
+    cmd = ["sbatch", "--parsable", script.name]
+    try:        # run in the work directory: the job's working directory and its log files' (batch_script)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=dict(env), timeout=120, cwd=wd)
     except FileNotFoundError:
         raise AutotuneError("--launcher slurm: sbatch is not on PATH (run on a Slurm login node, or use "
                             "--launcher local)") from None

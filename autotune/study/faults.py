@@ -21,7 +21,7 @@ import logging
 import random
 import sqlite3
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from autotune.errors import AutotuneError, StorageError
 from autotune.study.storage_check import _root_cause, user_url
@@ -172,4 +172,49 @@ def with_retries(fn: Callable[[], T], url: str, *, what: str = "storage call", r
             raise err from None
 
 
-__all__ = ["classify", "storage_fault", "with_retries", "is_storage_exception", "RETRY_FOR_S"]
+class StorageFault(BaseException):
+    """A permanent storage fault met inside a trial (:func:`storage_guarded`), raised past Optuna's ``catch``:
+    Optuna would tell the trial FAIL, and on a full disk that in-place state update can succeed where the
+    reason's insert cannot (a FAIL without a reason, which no later run may amend: Optuna refuses to update a
+    finished trial). Left RUNNING, the trial is failed with its reason by the worker, or by the next run
+    (:mod:`autotune.study.stale` notes). ``error``: the :class:`StorageError` line."""
+
+    def __init__(self, error: StorageError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def storage_guarded(objective: Callable[[Any], T], url: str) -> Callable[[Any], T]:
+    """``objective`` whose permanent storage errors become :class:`StorageFault` when the storage is at fault:
+    the trial's ``fail_reason`` is written first, and only a storage that refuses that write too is blamed
+    (a trial that met a full ``/tmp`` of its own, with a working storage, stays an ordinary failed trial)."""
+    def run(trial: Any) -> T:
+        try:
+            return objective(trial)
+        except Exception as e:
+            if classify(e) != "permanent":
+                raise
+            try:
+                trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}"[:2000])
+            except Exception as e2:       # noqa: BLE001 - classified below
+                err = storage_fault(e2, url) if classify(e2) == "permanent" else None
+                if err is None:
+                    raise
+                raise StorageFault(err) from None
+            raise
+    return run
+
+
+def stop_reason(e: BaseException, signal_no: int = 0) -> str:
+    """The ``fail_reason`` of a trial stopped because its run ended on ``e``: ``interrupted`` (a signal),
+    ``storage fault: <the StorageError line>`` (:data:`autotune.study.stale.FAULT_PREFIX`), else ``stopped on an
+    error: <type>: <message>``."""
+    from autotune.study.stale import FAULT_PREFIX
+    if signal_no or isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(e, (StorageFault, StorageError)):
+        return FAULT_PREFIX + str(e.error if isinstance(e, StorageFault) else e)
+    return f"stopped on an error: {type(e).__name__}: {e}"[:2000]
+
+
+__all__ = ["StorageFault", "storage_guarded", "stop_reason", "classify", "storage_fault", "with_retries", "is_storage_exception", "RETRY_FOR_S"]

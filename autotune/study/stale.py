@@ -7,15 +7,25 @@ raises ``ProcessLookupError``; a pid reused by another process is told apart by 
 ``/proc/<pid>/stat`` field 22, proc(5)), or when it started more than ``stale_after_s`` ago (another host's
 worker, which cannot be looked at: the bound is well above any trial's duration). Works on every storage
 (SQLite, PostgreSQL, journal); Optuna's own heartbeat (RDB storages only) is used besides for real trials.
+
+A trial stopped by a permanent storage fault (a full disk) often cannot be marked FAIL then: on a full disk
+SQLite cannot insert its reason, nor a journal append a record. Its reason is then kept in a note outside the
+storage (:func:`note_unwritten`, in :func:`notes_dir`, one small JSON file per process) and written by the next
+run on that storage once it can (:func:`apply_notes`, before the stale trials are reaped); ``show`` reports a
+note not written yet (:func:`pending_notes`). Where the note cannot be written either, the trial is failed as
+a dead worker's (its worker is gone), so no trial stays RUNNING.
 """
 
 from __future__ import annotations
 
 import contextlib
-
+import datetime
+import hashlib
+import json
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import optuna
@@ -28,6 +38,8 @@ from autotune.search.seeding import TrialSeededSampler
 STALE_AFTER_S = 3600.0
 #: the ``fail_reason`` prefix of a trial failed because its worker died (``show`` counts them)
 STALE_PREFIX = "stale: "
+#: the ``fail_reason`` prefix of a trial stopped by a permanent storage fault (``show`` counts them)
+FAULT_PREFIX = "storage fault: "
 
 _STAMP: dict[str, Any] = {}
 
@@ -100,28 +112,124 @@ def stale_reason(t: FrozenTrial, *, stale_after_s: float = STALE_AFTER_S, now: f
     return None
 
 
-def fail_trials(storage: optuna.storages.BaseStorage, reasons: Mapping[int, str]) -> int:
+def _fail_one(storage: optuna.storages.BaseStorage, tid: int, reason: str) -> bool | None:
+    """Mark trial ``tid`` FAIL with ``reason`` if it is RUNNING: True when marked, False when it was not
+    RUNNING (finished meanwhile by a live worker), None when the storage refused the write."""
+    try:
+        if storage.get_trial(tid).state != TrialState.RUNNING:
+            return False
+        storage.set_trial_user_attr(tid, "fail_reason", reason)
+        return bool(storage.set_trial_state_values(tid, TrialState.FAIL))
+    except Exception:           # noqa: BLE001 - a storage that cannot take the write (the caller notes it)
+        return None
+
+
+def fail_trials(storage: optuna.storages.BaseStorage, reasons: Mapping[int, str], *,
+                url: str | None = None) -> int:
     """Mark each trial id of ``reasons`` FAIL with ``user_attrs['fail_reason']`` = its reason, if it is still
     RUNNING (a trial finished meanwhile by a live worker is left alone); returns how many were marked.
-    Storage errors are ignored per trial."""
-    n = 0
+    Storage errors are ignored per trial; with ``url``, the reasons the storage refused are kept in a note
+    (:func:`note_unwritten`) that the next run on ``url`` writes."""
+    done = {tid: _fail_one(storage, tid, reason) for tid, reason in reasons.items()}
+    unwritten = {tid: reasons[tid] for tid, ok in done.items() if ok is None}
+    if url is not None and unwritten:
+        note_unwritten(storage, url, unwritten)
+    return sum(1 for ok in done.values() if ok)
+
+
+def notes_dir() -> Path:
+    """Where reasons a storage could not take wait (:func:`note_unwritten`): ``$AUTOTUNE_STATE_DIR``, else
+    ``$XDG_STATE_HOME/autotune``, else ``~/.local/state/autotune`` (XDG Base Directory Specification 0.8:
+    "state data that should persist between (application) restarts")."""
+    if os.environ.get("AUTOTUNE_STATE_DIR"):
+        return Path(os.environ["AUTOTUNE_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "autotune"
+
+
+def storage_key(url: str) -> str:
+    """A storage's identity for its notes: SHA-256 (16 hex digits) of the resolved file of a SQLite or
+    journal URL (any spelling of one file gives one key), else of the URL without its password."""
+    from autotune.errors import redact
+    from autotune.study.storage_check import journal_path, sqlite_path
+
+    sp = sqlite_path(url)
+    path = journal_path(url) if sp is None else sp[0]
+    ident = f"file:{Path(path).expanduser().resolve()}" if path else redact(url)
+    return hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def note_unwritten(storage: optuna.storages.BaseStorage, url: str, reasons: Mapping[int, str]) -> Path | None:
+    """Keep ``reasons`` (trial id -> reason) that ``storage`` could not take in a note of this process,
+    ``<notes_dir>/unwritten-<storage_key>-<pid>.json``, with each trial's number and start (read when the
+    storage still answers) so that a later run fails the same trial only; returns the note's path, or None
+    where it could not be written (then the trials end as a dead worker's)."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    trials = []
     for tid, reason in reasons.items():
+        entry: dict[str, Any] = {"trial_id": tid, "reason": reason}
         with contextlib.suppress(Exception):
-            if storage.get_trial(tid).state != TrialState.RUNNING:
-                continue
-            storage.set_trial_user_attr(tid, "fail_reason", reason)
-            if storage.set_trial_state_values(tid, TrialState.FAIL):
-                n += 1
+            t = storage.get_trial(tid)
+            entry.update(number=t.number, start=t.datetime_start.isoformat() if t.datetime_start else None)
+        trials.append(entry)
+    from autotune.errors import redact
+    p = notes_dir() / f"unwritten-{storage_key(url)}-{os.getpid()}.json"
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps({"storage": redact(url), "recorded_at": now, "trials": trials}))
+        tmp.replace(p)
+    except OSError:
+        return None
+    return p
+
+
+def pending_notes(url: str) -> list[dict[str, Any]]:
+    """The trials of ``url`` whose reason waits in a note (:func:`note_unwritten`): dicts with ``trial_id``,
+    ``number``, ``reason`` and ``recorded_at``."""
+    out = []
+    for p in sorted(notes_dir().glob(f"unwritten-{storage_key(url)}-*.json")):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            d = json.loads(p.read_text())
+            out += [dict(t, recorded_at=d["recorded_at"], note=str(p)) for t in d["trials"]]
+    return out
+
+
+def apply_notes(storage: optuna.storages.BaseStorage, url: str) -> int:
+    """Write the reasons that wait in notes for ``url`` (:func:`pending_notes`): each noted trial that is
+    still RUNNING (same number and start) is marked FAIL with ``<reason> (recorded at <time>; written by a
+    later run)``; a note is removed once none of its trials waits. Returns how many trials were marked."""
+    n, keep, notes = 0, set(), pending_notes(url)
+    for t in notes:
+        try:
+            ft = storage.get_trial(int(t["trial_id"]))
+        except Exception:           # noqa: BLE001 - no such trial (another file now), or unreadable: dropped
+            continue
+        start = ft.datetime_start.isoformat() if ft.datetime_start else None
+        if ft.state != TrialState.RUNNING or t.get("number", ft.number) != ft.number or \
+                t.get("start", start) != start:
+            continue
+        ok = _fail_one(storage, ft._trial_id, f"{t['reason']} (recorded at {t['recorded_at']}; written by a later run)")
+        n += bool(ok)
+        if ok is None:
+            keep.add(t["note"])
+    for p in {t["note"] for t in notes} - keep:
+        with contextlib.suppress(OSError):
+            os.unlink(p)
     return n
 
 
 def reap_stale(study: optuna.Study, *, stale_after_s: float = STALE_AFTER_S,
-               trials: Iterable[FrozenTrial] | None = None) -> int:
+               trials: Iterable[FrozenTrial] | None = None, url: str | None = None) -> int:
     """Mark FAIL (with the reason of :func:`stale_reason`) every RUNNING trial of ``study`` whose worker is
     dead; returns how many. Safe to run from several workers at once (a trial already failed is skipped).
-    Nothing is done on a storage with Optuna's heartbeat on (the real backend on RDB storages): Optuna fails
-    those trials itself and runs them once more (``RetryHeartbeatStaleTrialCallback``)."""
+    With ``url``, the reasons waiting in notes for that storage are written first (:func:`apply_notes`).
+    Nothing else is done on a storage with Optuna's heartbeat on (the real backend on RDB storages): Optuna
+    fails those trials itself and runs them once more (``RetryHeartbeatStaleTrialCallback``)."""
     from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    if url is not None:
+        apply_notes(study._storage, url)
 
     if is_heartbeat_enabled(study._storage):
         return 0
@@ -144,10 +252,11 @@ def fail_own_running(study: optuna.Study, reason: str) -> int:
     return 0
 
 
-def count_stale_failed(trials: Iterable[FrozenTrial]) -> int:
-    """How many FAIL trials were failed because their worker died (``fail_reason`` starts with "stale: ")."""
+def count_stale_failed(trials: Iterable[FrozenTrial], prefix: str = STALE_PREFIX) -> int:
+    """How many FAIL trials were failed because their worker died (``fail_reason`` starts with "stale: "), or
+    with ``prefix`` :data:`FAULT_PREFIX`, because a storage fault stopped their worker."""
     return sum(1 for t in trials if t.state == TrialState.FAIL
-               and str(t.user_attrs.get("fail_reason", "")).startswith(STALE_PREFIX))
+               and str(t.user_attrs.get("fail_reason", "")).startswith(prefix))
 
 
 def wait_for_others(study: optuna.Study, *, is_done, interrupted, stale_after_s: float = STALE_AFTER_S,

@@ -141,33 +141,48 @@ def _integrity(db: Path) -> tuple[str, dict[str, int]]:
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_full_disk_is_one_clean_line_and_loses_nothing(tiny_fs, kind):
+def test_full_disk_is_one_clean_line_and_loses_nothing(tiny_fs, tmp_path, kind):
     url = f"sqlite:///{tiny_fs / 'a.db'}" if kind == "sqlite" else f"journal:{tiny_fs / 'j.log'}"
-    r = subprocess.run([sys.executable, "-m", "autotune", *RUN, "--trials", "3", "--storage", url], env=_env(),
+    env = dict(_env(), AUTOTUNE_STATE_DIR=str(tmp_path / "state"))     # where unwritable reasons wait (not full)
+    r = subprocess.run([sys.executable, "-m", "autotune", *RUN, "--trials", "3", "--storage", url], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    fill = _fill(tiny_fs, 60)                               # ~60 KiB left: fills during the run
+    # ~200 KiB left: the run below (seed 5, the same writes every time) fills it with a trial in flight, whose
+    # FAIL reason the full disk cannot take (SQLite cannot insert it, the journal cannot append it)
+    fill = _fill(tiny_fs, 200)
     # each command in its own process, as a user runs them (SQLite's locks and pooled connections are per process)
     r = subprocess.run([sys.executable, "-m", "autotune", "run", "--size", "8b", "--seed", "5", "--trials", "300",
-                        "--storage", url], env=_env(), capture_output=True, text=True)
+                        "--storage", url], env=env, capture_output=True, text=True)
     line = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr and "(a bug" not in r.stderr, r.stderr
     assert line.startswith("error: ") and "disk (or quota) is full" in line and url in line, line
+    assert len(list((tmp_path / "state").glob("unwritten-*.json"))) == 1        # the reason waits in a note
     fill.unlink()
-    # afterwards: the 3 first trials readable, the next run succeeds and leaves nothing RUNNING
-    r = subprocess.run([sys.executable, "-m", "autotune", *RUN, "--trials", "2", "--storage", url], env=_env(),
+    r = subprocess.run([sys.executable, "-m", "autotune", "show", "--storage", url], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "stopped by a storage fault recorded at" in r.stdout, r.stdout + r.stderr
+    # afterwards: the next run (on another study of the storage) writes the reason, succeeds, leaves nothing
+    # RUNNING, and every FAIL has its reason
+    r = subprocess.run([sys.executable, "-m", "autotune", *RUN, "--trials", "2", "--storage", url], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     st = optuna.load_study(study_name=next(s.study_name for s in optuna.get_all_study_summaries(
         _storage(url)) if "space=small" in s.study_name), storage=_storage(url))
     states = [t.state for t in st.get_trials()]
     assert states.count(optuna.trial.TrialState.COMPLETE) >= 5
+    reasons = []
     for s in optuna.get_all_study_summaries(_storage(url)):
         trials = optuna.load_study(study_name=s.study_name, storage=_storage(url)).get_trials()
-        assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING] or "space=small" not in s.study_name
-        for t in trials:
-            if t.state == optuna.trial.TrialState.FAIL:
-                assert t.user_attrs.get("fail_reason") or t.system_attrs.get("fail_reason") or kind == "sqlite"
+        assert [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING] == []
+        fails = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+        assert all(t.user_attrs.get("fail_reason") for t in fails), [t.number for t in fails]
+        reasons += [t.user_attrs["fail_reason"] for t in fails]
+    assert [x for x in reasons if x.startswith("storage fault: ") and "disk (or quota) is full" in x
+            and "(recorded at " in x], reasons
+    assert list((tmp_path / "state").glob("unwritten-*.json")) == []           # written: the note is gone
+    r = subprocess.run([sys.executable, "-m", "autotune", "show", "--storage", url], env=env, capture_output=True,
+                       text=True)
+    assert "1 trial(s) stopped by a storage fault, e.g. storage " in r.stdout, r.stdout
     if kind == "sqlite":
         assert _integrity(tiny_fs / "a.db")[0] == "ok"
 
@@ -342,9 +357,11 @@ def test_slurm_options_are_checked_and_the_script_holds_no_hostile_text(tmp_path
     text = batch_script(["-m", "autotune.runtime.worker", "--plan", str(tmp_path / "p q.yaml")], nodes=2,
                         nproc_per_node=8, wd=tmp_path, timeout_s=60,
                         options={"partition": "gpu,debug", "account": "proj_1", "time": "00:20:00"}, gpus=True)
-    # every #SBATCH value is a checked plain word or a quoted path; the worker argv is shell-quoted
+    # every #SBATCH value is a checked plain word (no path: Slurm would expand %j and drop backslashes in
+    # one); the work directory and the worker argv are shell-quoted in the script body
     assert "#SBATCH --partition=gpu,debug\n" in text and "#SBATCH --account=proj_1\n" in text
-    assert f'#SBATCH --chdir="{tmp_path}"' in text and f"'{tmp_path / 'p q.yaml'}'" in text
+    assert not [ln for ln in text.splitlines() if ln.startswith("#SBATCH") and str(tmp_path) in ln]
+    assert f"cd -- {tmp_path} || exit 1\n" in text and f"'{tmp_path / 'p q.yaml'}'" in text
 
 
 # ---- temporary directories of a trial
@@ -377,3 +394,46 @@ def test_space_setting_the_engine_cannot_run_is_warned(tmp_path):
                                   "--storage", f"sqlite:///{tmp_path / 'a.db'}"])
     assert r.exit_code == 0, r.output
     assert "warning:" in r.stderr and "tp_comm_overlap: [true] cannot run on engine native" in r.stderr, r.stderr
+
+
+# ---- a reason the storage cannot take waits in a note, and the next run writes it
+def test_unwritable_reason_is_noted_and_written_by_the_next_run(tmp_path, monkeypatch):
+    from autotune.study.stale import apply_notes, fail_trials, pending_notes
+    monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path / "state"))
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    st = optuna.create_study(storage=url)
+    t1, t2 = st.ask(), st.ask()
+    storage = st._storage
+
+    class Full:     # the storage as a full disk leaves it: reads work, every write is refused
+        def __getattr__(self, name):
+            if name.startswith("set_"):
+                def refuse(*a, **k):
+                    raise sqlite3.OperationalError("database or disk is full")
+                return refuse
+            return getattr(storage, name)
+    assert fail_trials(Full(), {t1._trial_id: "storage fault: disk full"}, url=url) == 0
+    (note,) = pending_notes(url)
+    assert (note["trial_id"], note["number"], note["reason"]) == (t1._trial_id, t1.number, "storage fault: disk full")
+    assert pending_notes(f"sqlite:///{tmp_path}/../{tmp_path.name}/./a.db")     # one file, any spelling
+    assert not pending_notes(f"sqlite:///{tmp_path / 'b.db'}")                   # not another file's
+    assert apply_notes(Full(), url) == 0 and len(pending_notes(url)) == 1   # still full: the note is kept
+    assert apply_notes(storage, url) == 1 and pending_notes(url) == []
+    ft = storage.get_trial(t1._trial_id)
+    assert ft.state == optuna.trial.TrialState.FAIL
+    assert ft.user_attrs["fail_reason"] == f"storage fault: disk full (recorded at {note['recorded_at']}; " \
+                                           "written by a later run)"
+    assert storage.get_trial(t2._trial_id).state == optuna.trial.TrialState.RUNNING   # not noted: untouched
+
+
+def test_a_full_tmp_of_the_trial_with_a_working_storage_is_an_ordinary_failed_trial(tmp_path):
+    import errno
+
+    from autotune.study.faults import storage_guarded
+    st = optuna.create_study(storage=f"sqlite:///{tmp_path / 'a.db'}")
+
+    def objective(trial):      # the evaluator met a full /tmp (not the storage's file system)
+        raise OSError(errno.ENOSPC, "No space left on device", "/tmp/autotune-run-x/plan.yaml")
+    st.optimize(storage_guarded(objective, "sqlite:///a.db"), n_trials=1, catch=(Exception,))
+    (t,) = st.trials
+    assert t.state == optuna.trial.TrialState.FAIL and "No space left on device" in t.user_attrs["fail_reason"]
