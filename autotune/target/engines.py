@@ -12,7 +12,7 @@ Engines: ``megatron`` (Megatron-LM / Megatron-Core with Transformer Engine), ``t
 ``native`` (autotune's own runtime, the one ``--backend real`` launches). The default is
 :data:`DEFAULT_ENGINE` (``megatron``, what large runs launch with and what ``autotune export``'s flags
 target); ``--backend real`` runs the native runtime, or with ``--engine torchtitan`` torchtitan's own
-trainer (:data:`REAL_ENGINES`, :mod:`autotune.runners.torchtitan_runner`).
+trainer or ``--engine megatron`` Megatron-LM's ``pretrain_gpt.py`` (:data:`REAL_ENGINES`, :mod:`autotune.runners`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from autotune.errors import ConfigError, PlanError
 DEFAULT_ENGINE = "megatron"
 #: The engine the real backend runs when none is named (autotune's own runtime).
 REAL_BACKEND_ENGINE = "native"
-#: Engines the real backend can launch: the native runtime (autotune/runtime/) and torchtitan's trainer
-#: (autotune/runners/torchtitan_runner.py, torchtitan 0.2.x job files).
-REAL_ENGINES = ("native", "torchtitan")
+#: Engines the real backend can launch: the native runtime (autotune/runtime/), torchtitan's trainer
+#: (autotune/runners/torchtitan_runner.py, torchtitan 0.2.x job files) and Megatron-LM's pretrain_gpt.py
+#: (autotune/runners/megatron_runner.py).
+REAL_ENGINES = ("native", "torchtitan", "megatron")
 #: Precisions a real engine runner adds to the profile's: the torchtitan runner launches torchtitan
 #: 0.2.2 (the last release that imports under torch 2.11, autotune/runners/torchtitan_job.py), whose
 #: torchtitan/components/quantization/float8.py still runs tensorwise scaling (``[quantize.linear.float8]``
