@@ -138,3 +138,37 @@ def test_cli_run_without_checkout_is_one_error_line(monkeypatch):
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == [f"error: --engine megatron needs Megatron-LM's training scripts: "
                                                 f"{mr.INSTALL_HINT}"]
+
+
+def test_cli_run_screens_then_runs_and_validate_replays(tmp_path, monkeypatch):
+    """`autotune run --backend real --engine megatron` end to end with the fake trainer replaying the recorded
+    log: the local implementation's note, the screen (FP8 plans refused by the builder), export, validate."""
+    import functools
+
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    ck = tmp_path / "Megatron-LM"
+    (ck / "megatron" / "core").mkdir(parents=True)
+    (ck / "pretrain_gpt.py").write_text("")
+    monkeypatch.setenv(mr.CHECKOUT_ENV, str(ck))
+    monkeypatch.setattr(mr, "has_transformer_engine", lambda: False)
+    fake = _fake(tmp_path, f"print(open({str(RECORDED)!r}).read())\n")
+    monkeypatch.setattr(mr.MegatronEvaluator, "__init__",
+                        functools.partialmethod(mr.MegatronEvaluator.__init__, command=fake))
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    res = CliRunner().invoke(main, ["run", "--backend", "real", "--engine", "megatron", "--size", "8b", "--gpu", "h200",
+                                    "--gpus", "1", "--layers", "16", "--global-batch", "16K", "--trials", "2",
+                                    "--real-steps", "7", "--storage", db, "--engine-logs", str(tmp_path / "logs")])
+    assert res.exit_code == 0, res.output
+    assert "note: Megatron-LM ran with --transformer-impl local" in res.output
+    assert "simulator screen:" in res.output and "2 kept for real runs" in res.output
+    assert len(list((tmp_path / "logs").glob("trial*.log"))) == 2
+    study = res.output.split("export --study ")[1].split()[0].strip("'")
+    res = CliRunner().invoke(main, ["export", "--study", study, "--storage", db, "-o", str(tmp_path / "plan.yaml")])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["validate", "--engine", "megatron", "--layers", "16", "--steps", "8",
+                                    "--warmup", "2", str(tmp_path / "plan.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "transformer impl" in res.output and "note: Megatron-LM ran with --transformer-impl local" in res.output
