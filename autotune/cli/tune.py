@@ -190,10 +190,9 @@ def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, lay
 
     profile = resolve_engine(engine, "real")
     if workers > 1:
-        raise ConfigError(f"--engine {profile.name} runs real trials one at a time on this host's GPUs; use --workers 1")
-    if launcher != "local":
-        raise ConfigError(f"--engine {profile.name} runs trials with torchrun on this host; --launcher {launcher} is "
-                          "wired for the native runtime only")
+        raise ConfigError(f"--engine {profile.name} runs its screened trials one at a time; use --workers 1")
+    # --launcher slurm: each trial is a batch job (autotune.runners.engine_runner); the engine must be
+    # installed on the nodes as here (the same Python runs the job)
     # a missing engine is one error before any simulation (the runner checks again when it starts)
     runner = importlib.import_module(ENGINE_RUNNERS[profile.name][0])
     runner.check_engine()

@@ -14,7 +14,13 @@ One trial (:meth:`EngineRunner.evaluate`):
 2. ``python -m torch.distributed.run --standalone --nproc-per-node N <entry point>`` runs ``warmup +
    steps`` steps in its own session (:func:`run_job`), stdout and stderr into one log, with a wall-clock
    limit; on timeout, Ctrl-C or SIGTERM its whole process group and every descendant are killed
-   (:func:`autotune.runtime.launch.run_in_session`, as for native trials);
+   (:func:`autotune.runtime.launch.run_in_session`, as for native trials). With ``launcher={"kind":
+   "slurm", ...}`` the same entry point runs as a Slurm batch job instead
+   (:func:`autotune.launchers.slurm.run_slurm_job`, as native trials: ``srun`` starts one torchrun per
+   node joined by a c10d rendezvous; the trial timeout counts from RUNNING; ``scancel`` on timeout or
+   interrupt); its stdout and stderr logs are read as one. The trial folders then have to be on a file
+   system the nodes share: they are made under ``$AUTOTUNE_WORKDIR`` when set, else the temp folder (a
+   single-node cluster);
 3. the log is classified (:func:`classify_run`): ``ok``: a feasible result whose step time is the
    median over the steps after ``warmup``, MFU by autotune's formula (:func:`autotune.cost.simulator.
    make_result`), peak memory = the engine's peak *reserved* bytes (rank 0); the warm-up steps' time
@@ -176,7 +182,9 @@ class EngineRunner(Evaluator):
         predict: also simulate each plan (the engine's profile) and store prediction and error.
         env: extra environment for the trainer.
         engine: must be the subclass's :attr:`ENGINE` (or None).
-        launcher: None / ``{"kind": "local"}`` only (Slurm is not wired for engine runs yet).
+        launcher: None / ``{"kind": "local"}``: torchrun on this host; ``{"kind": "slurm", "nodes": ..,
+            "gpus_per_node": .., "partition": .., "account": .., "time": ..}``: a Slurm batch job per trial
+            (module docstring).
         only_plans: when given, plans not in it are refused (``PlanError``: "screened out").
         log_dir: keep every trial's log and job text here (``trial<N>-<plan>.log`` / ``.<suffix>``).
         command: the launcher argv prefix instead of ``python -m torch.distributed.run`` (tests pass a
@@ -202,9 +210,9 @@ class EngineRunner(Evaluator):
         name = self.ENGINE
         if engine not in (None, name):
             raise ConfigError(f"{type(self).__name__} runs engine {name}, not {engine}")
-        if (launcher or {}).get("kind", "local") != "local":
-            raise ConfigError(f"--engine {name} runs trials with torchrun on this host; --launcher slurm is "
-                              "wired for the native runtime only (autotune/launchers/slurm.py)")
+        kind = (launcher or {}).get("kind", "local")
+        if kind not in ("local", "slurm"):
+            raise ConfigError(f"unknown launcher {kind!r}; known: local, slurm")
         if steps < 1 or warmup < 1 or not timeout_s > 0:
             raise ConfigError(f"{name} trials need steps >= 1, warmup >= 1 and timeout_s > 0; got steps={steps}, "
                               f"warmup={warmup}, timeout_s={timeout_s}")
@@ -218,9 +226,14 @@ class EngineRunner(Evaluator):
         self.log_dir = Path(log_dir) if log_dir else None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.launcher = dict(launcher) if kind == "slurm" else None
+        if self.launcher is not None:
+            from autotune.launchers.slurm import check_slurm_options
+
+            check_slurm_options(self.launcher, cluster.num_gpus, need_sbatch=command is None)
         if command is None:
             self.engine_version: str | None = self.check_engine()
-            n = local_gpu_count()
+            n = local_gpu_count() if self.launcher is None else cluster.num_gpus   # Slurm: the nodes' GPUs
             if cluster.num_gpus > n:
                 raise AutotuneError(f"--engine {name} runs plans on this host's GPUs: --gpus {cluster.num_gpus} "
                                     f"but {n} CUDA GPU(s) are visible")
@@ -252,7 +265,10 @@ class EngineRunner(Evaluator):
 
     def _tmpdir(self) -> Path:
         if self._tmp is None:
-            self._tmp = Path(tempfile.mkdtemp(prefix=f"autotune-{self.ENGINE}-"))
+            base = os.environ.get("AUTOTUNE_WORKDIR") if self.launcher is not None else None
+            if base:
+                Path(base).mkdir(parents=True, exist_ok=True)
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"autotune-{self.ENGINE}-", dir=base or None))
         return self._tmp
 
     def simulate(self, plan: Plan) -> StepResult | None:
@@ -295,10 +311,13 @@ class EngineRunner(Evaluator):
                 raise PlanError(f"{self.ENGINE} job: {e}") from None
             job, log = wd / f"job.{launch.job_suffix}", wd / "train.log"
             job.write_text(launch.job_text)
-            argv = [*self.command, "--standalone", f"--nproc-per-node={self.cluster.num_gpus}", *launch.entry]
             env = self.base_env()
             env.update(launch.env)
-            run = run_job(argv, env=env, timeout_s=self.timeout_s, cwd=wd, log_path=log)
+            if self.launcher is not None:
+                run = self._run_slurm(launch, env, wd, log)
+            else:
+                argv = [*self.command, "--standalone", f"--nproc-per-node={self.cluster.num_gpus}", *launch.entry]
+                run = run_job(argv, env=env, timeout_s=self.timeout_s, cwd=wd, log_path=log)
             log_text = log.read_text(errors="replace")
             self._n += 1
             kept = None
@@ -315,6 +334,20 @@ class EngineRunner(Evaluator):
                          timed_out=run["timed_out"], timeout_s=self.timeout_s, total_steps=total)
         return self.result(plan, model, c, parsed, run, warnings=warnings, kept_log=kept, launch=launch)
 
+    def _run_slurm(self, launch: Launch, env: Mapping[str, str], wd: Path, log: Path) -> dict[str, Any]:
+        """The trial as a Slurm batch job (:func:`autotune.launchers.slurm.run_slurm_job`); its stdout and
+        stderr logs are written into ``log`` one after the other. Returns :func:`run_job`'s keys plus
+        ``slurm_job_id`` and ``slurm_state``."""
+        from autotune.launchers.slurm import run_slurm_job
+
+        t0 = time.monotonic()
+        job = run_slurm_job(launch.entry, nproc_per_node=self.cluster.num_gpus, wd=wd, env=env,
+                            timeout_s=self.timeout_s, options=self.launcher, gpus=True)
+        parts = [(wd / n).read_text(errors="replace") for n in ("stdout.log", "stderr.log") if (wd / n).exists()]
+        log.write_text("\n".join(parts))
+        return {"returncode": job.returncode, "timed_out": job.timed_out, "wall_s": time.monotonic() - t0,
+                "slurm_job_id": job.job_id, "slurm_state": job.state}
+
     def result(self, plan: Plan, model: ModelSpec, c: dict, parsed: ParsedRun, run: dict, *, warnings: list[str],
                kept_log: str | None, launch: Launch) -> StepResult:
         """The trial's :class:`StepResult` from the classification ``c`` and the parsed log."""
@@ -327,6 +360,8 @@ class EngineRunner(Evaluator):
                                    "device_name": parsed.facts.get("device"), "log": kept_log,
                                    "job": launch.job_text, **launch.facts,
                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if "slurm_job_id" in run:
+            details.update(launcher="slurm", slurm_job_id=run["slurm_job_id"], slurm_state=run["slurm_state"])
         if c["reason"]:
             details["note"] = c["reason"]
         if sim is not None:
