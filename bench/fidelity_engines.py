@@ -1,11 +1,15 @@
 """Predict every recorded real engine run and print the error per engine (issue 23).
 
 Reads the per-trial records that ``bench/engine_smoke/dump_study.py`` wrote for ``autotune run --backend
-real --engine torchtitan`` (``docs/results/engines/*/trials.json``), re-simulates each plan now with the
-engine profile the runner uses (:func:`autotune.target.engines.resolve_engine` ``(engine, "real")``, the
-16-layer proxy the trials ran), and prints measured vs predicted step time and peak memory (measured:
-torchtitan's peak *reserved* memory of rank 0), with the mean absolute and worst error per engine.
-Nothing is fitted: the prediction is the shipped calibration's.
+real --engine torchtitan|megatron`` (``docs/results/engines/*/trials.json``), re-simulates each plan now with
+the engine profile the runner uses (:func:`autotune.target.engines.resolve_engine` ``(engine, "real")``, the
+depth the trials ran: the job file kept beside each log), and prints measured vs predicted step time and
+peak memory (measured: the engine's peak *reserved* memory of rank 0), with the mean absolute and worst
+error per engine. Megatron-LM runs with ``--transformer-impl local`` (no Transformer Engine on the host)
+are listed as their own group, ``megatron (local impl)``: the ``megatron`` profile describes Transformer
+Engine with fused attention, so their error is reported, not used as the profile's fidelity. Trials that
+ran out of memory or failed have no step time and are counted apart. Nothing is fitted: the prediction
+is the shipped calibration's.
 
     python bench/fidelity_engines.py [RESULTS_DIR ...]     # default: docs/results/engines/*/
 """
@@ -27,7 +31,9 @@ from autotune.target.plan import Plan, Workload
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def runs(dirs: list[str]) -> list[dict]:
+def runs(dirs: list[str], skipped: list[dict] | None = None) -> list[dict]:
+    """Trials with a measured step time from every ``trials.json`` under ``dirs``; the others (out of memory,
+    failed) go to ``skipped`` when given."""
     out = []
     for d in dirs:
         f = Path(d) / "trials.json"
@@ -36,6 +42,8 @@ def runs(dirs: list[str]) -> list[dict]:
         for t in json.loads(f.read_text()):
             if t.get("step_time_ms") and t.get("plan"):
                 out.append({**t, "source": str(f)})
+            elif skipped is not None:
+                skipped.append({**t, "source": str(f)})
     return out
 
 
@@ -46,9 +54,13 @@ def predict(t: dict) -> tuple[float, float]:
     gpu, n = gpus.rsplit("x", 1)
     seq, gbs = wl.split("-")
     workload = Workload(seq_len=int(seq[3:]), global_batch_size=int(gbs[3:]))
-    job = Path(t["source"]).parent / "ttlogs" / (Path(t["log"]).stem + ".toml")   # the job file kept beside the log
-    m = re.search(r'flavor = "[^"]*_L(\d+)"', job.read_text()) if job.exists() else None
-    layers = int(m.group(1)) if m else None
+    stem, root = Path(t["log"]).stem, Path(t["source"]).parent
+    m = None
+    for job in (root / "ttlogs" / f"{stem}.toml", root / "mglogs" / f"{stem}.args"):   # the job kept beside the log
+        if job.exists():
+            m = re.search(r'flavor = "[^"]*_L(\d+)"|--num-layers (\d+)', job.read_text())
+            break
+    layers = int(m.group(1) or m.group(2)) if m else None
     model = get_model(model_name) if layers is None else get_model(model_name).truncated(layers)
     ev = SimulatedEvaluator(model=model, cluster=make_cluster(gpu, int(n), None), workload=workload,
                             engine=resolve_engine(engine, "real"))
@@ -59,22 +71,26 @@ def predict(t: dict) -> tuple[float, float]:
 def main(argv: list[str]) -> None:
     dirs = argv or sorted(glob.glob(str(ROOT / "docs/results/engines/*/")))
     per: dict[str, list[tuple[float, float]]] = {}
-    print(f"{'engine':10} {'trial':>5} {'precision':14} {'compile':7} {'meas ms':>8} {'pred ms':>8} {'err':>6} "
+    print(f"{'engine':22} {'trial':>5} {'precision':14} {'compile':7} {'meas ms':>8} {'pred ms':>8} {'err':>6} "
           f"{'meas GiB':>8} {'pred GiB':>8} {'err':>6}")
-    for t in runs(dirs):
-        engine = t["study"].split("/")[3]
+    skipped: list[dict] = []
+    for t in runs(dirs, skipped):
+        engine = t["study"].split("/")[3] + (" (local impl)" if t.get("transformer_impl") == "local" else "")
         pm, pg = predict(t)
         mm, mg = t["step_time_ms"], t["peak_memory_bytes"] / 2**30
         es, em = 100 * (pm - mm) / mm, 100 * (pg - mg) / mg
         per.setdefault(engine, []).append((es, em))
         p = t["plan"]
-        print(f"{engine:10} {t['trial']:>5} {p['precision']:14} {str(p['compile']):7} {mm:8.1f} {pm:8.1f} {es:+5.1f}% "
+        print(f"{engine:22} {t['trial']:>5} {p['precision']:14} {str(p['compile']):7} {mm:8.1f} {pm:8.1f} {es:+5.1f}% "
               f"{mg:8.2f} {pg:8.2f} {em:+5.1f}%")
     for engine, errs in per.items():
         s = [abs(a) for a, _ in errs]
         m = [abs(b) for _, b in errs]
         print(f"{engine}: {len(errs)} runs; step time mean |error| {sum(s) / len(s):.1f}%, worst {max(s):.1f}%; "
               f"peak memory mean |error| {sum(m) / len(m):.1f}%, worst {max(m):.1f}%")
+    for t in skipped:
+        print(f"not timed: {t['study'].split('/')[3]} trial {t['trial']} ({Path(t['source']).parent.name}): "
+              f"{str(t.get('reason'))[:120]}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ from autotune.errors import ConfigError, redact
 @tune_options
 @real_options
 @click.option("--engine-logs", "engine_logs", type=click.Path(file_okay=False), default=None,
-              help="--backend real --engine torchtitan: keep every trial's trainer log and job file in this folder.")
+              help="--backend real --engine torchtitan|megatron: keep every trial's trainer log and job file in "
+                   "this folder.")
 @click.option("--no-early-stop", "no_early_stop", is_flag=True,
               help="Run all --trials trials (no convergence stop: docs/search.md).")
 @compare_options
@@ -46,8 +47,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, compare_to, compare_format, as_json):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
-    With --backend real --engine torchtitan every trial runs torchtitan's own trainer; the simulator
-    screens the space first and only plans predicted to fit, in the top of its ranking, are run.
+    With --backend real --engine torchtitan (or megatron) every trial runs that engine's own trainer; the
+    simulator screens the space first and only plans predicted to fit, in the top of its ranking, are run.
 
     Example: autotune run --size 405b --trials 200
     """
@@ -89,7 +90,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                 layers=layers, workers=workers, launcher=launcher, say=say)
         tuner_kwargs["evaluator_options"].update(only_plans=screen.plans, log_dir=engine_logs)
     elif engine_logs is not None:
-        raise ConfigError("--engine-logs applies to --backend real with --engine torchtitan only")
+        raise ConfigError("--engine-logs applies to --backend real with --engine torchtitan or megatron only")
 
     def _open() -> Tuner:
         t = Tuner(**tuner_kwargs)
@@ -233,19 +234,23 @@ class _Queued:
 def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, layers, workers, launcher, say):
     """The simulator's screen before real engine trials (:func:`autotune.screen.screen_plans`); prints
     its counts and the kept plans' predictions."""
-    from autotune.screen import screen_plans, torchtitan_run_key
+    import importlib
+
+    from autotune.cost.evaluator import ENGINE_RUNNERS
+    from autotune.screen import screen_plans
     from autotune.target.engines import resolve_engine
 
     profile = resolve_engine(engine, "real")
     if workers > 1:
-        raise ConfigError(f"--engine {profile.name} runs real trials one at a time on this host's GPUs; use --workers 1")
-    if launcher != "local":
-        raise ConfigError(f"--engine {profile.name} runs trials with torchrun on this host; --launcher {launcher} is "
-                          "wired for the native runtime only")
+        raise ConfigError(f"--engine {profile.name} runs its screened trials one at a time; use --workers 1")
+    # --launcher slurm: each trial is a batch job (autotune.runners.engine_runner); the engine must be
+    # installed on the nodes as here (the same Python runs the job)
     # a missing engine is one error before any simulation (the runner checks again when it starts)
-    from autotune.runners.torchtitan_runner import check_torchtitan
-    check_torchtitan()
-    run_key = torchtitan_run_key(model, workload, layers)
+    runner = importlib.import_module(ENGINE_RUNNERS[profile.name][0])
+    runner.check_engine()
+    if (note := getattr(runner, "run_note", lambda: None)()):
+        say(f"note: {note}")
+    run_key = runner.run_key(model, workload, layers)
     s = screen_plans(model=model, cluster=cluster, workload=workload, engine=profile, keep=trials, space=space,
                      seed=seed, layers=layers, run_key=run_key)
     say(s.summary())

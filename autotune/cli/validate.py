@@ -19,17 +19,18 @@ import click
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Wall-clock limit, s.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu runs with gloo (tests); auto uses the local CUDA GPUs.")
-@click.option("--engine", type=click.Choice(["native", "torchtitan"]), default="native", show_default=True,
+@click.option("--engine", type=click.Choice(["native", "torchtitan", "megatron"]), default="native", show_default=True,
               help="native: autotune's own runtime; torchtitan: torchtitan's trainer with the plan as its job "
-                   "file (needs autotune[torchtitan-runner]).")
+                   "file (needs autotune[torchtitan-runner]); megatron: Megatron-LM's pretrain_gpt.py with the "
+                   "plan's flags (needs autotune[megatron-runner] and AUTOTUNE_MEGATRON_LM).")
 @click.option("--engine-logs", "engine_logs", type=click.Path(file_okay=False), default=None,
-              help="--engine torchtitan: keep the trainer's log and job file in this folder.")
+              help="--engine torchtitan|megatron: keep the trainer's log and job file in this folder.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the full result (per-rank memory, per-step times, versions) here.")
 def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine_logs, json_out):
     """Launch PLAN_FILE with torchrun on the local GPUs and print measured step time, MFU and memory
-    beside the simulator's prediction for the same plan (with --engine torchtitan: torchtitan's trainer,
-    predicted with the torchtitan engine profile)."""
+    beside the simulator's prediction for the same plan (with --engine torchtitan or megatron: that
+    engine's trainer, predicted with its engine profile)."""
     from autotune.errors import AutotuneError
     from autotune.runtime.evaluator import RealEvaluator, TrialFailed
     from autotune.target.hardware import ClusterSpec, fabric_from_dict, get_gpu
@@ -53,16 +54,16 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine
     validate_plan(doc.plan, doc.model, doc.num_gpus, doc.workload, gpu=cluster.gpu)
     if device == "cpu":
         _check_host_memory(doc, cluster, layers)
-    if engine == "torchtitan":
+    if engine != "native":
         if device == "cpu":
-            raise AutotuneError("--engine torchtitan runs on CUDA GPUs only; --device cpu is for the native runtime")
-        from autotune.runners.torchtitan_runner import TorchtitanEvaluator
+            raise AutotuneError(f"--engine {engine} runs on CUDA GPUs only; --device cpu is for the native runtime")
+        from autotune.cost.evaluator import make_evaluator
 
-        ev = TorchtitanEvaluator(model=doc.model, cluster=cluster, workload=doc.workload, layers=layers, steps=steps,
-                                 warmup=max(warmup, 1), timeout_s=timeout_s, log_dir=engine_logs)
+        ev = make_evaluator("real", model=doc.model, cluster=cluster, workload=doc.workload, engine=engine,
+                            layers=layers, steps=steps, warmup=max(warmup, 1), timeout_s=timeout_s, log_dir=engine_logs)
     else:
         if engine_logs is not None:
-            raise AutotuneError("--engine-logs applies to --engine torchtitan only")
+            raise AutotuneError("--engine-logs applies to --engine torchtitan or megatron only")
         ev = RealEvaluator(model=doc.model, cluster=cluster, workload=doc.workload, layers=layers, steps=steps,
                            warmup=warmup, timeout_s=timeout_s, device=device)
     name = doc.model.name + (f" (proxy: {layers} of {doc.model.num_layers} layers)" if layers else "")
@@ -108,14 +109,18 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine
     rows.append(("simulated peak memory", f"{(d.get('simulated_peak_memory_bytes') or 0) / gib:.1f} GiB"
                  + (f" (error {d['simulated_memory_error_pct']:+.1f}% vs measured reserved)"
                     if d.get("simulated_memory_error_pct") is not None else "")))
-    if engine == "torchtitan":
+    if engine != "native":
         rows.append(("warm-up / start-up", f"{d.get('warmup_s', 0):.1f} s for {max(warmup, 1)} warm-up steps "
                                            f"(compilation included), {d.get('startup_s', 0):.1f} s before step 1"))
+    if d.get("transformer_impl"):
+        rows.append(("transformer impl", d["transformer_impl"]))
     for k, v in rows:
         click.echo(f"  {k:24s} {v}")
-    if engine == "torchtitan":
-        click.echo(f"  measured on {d.get('device_name') or '?'}, torchtitan {d.get('torchtitan_version') or '?'}, "
+    if engine != "native":
+        click.echo(f"  measured on {d.get('device_name') or '?'}, {engine} {d.get('engine_version') or '?'}, "
                    f"{d.get('date', '?')}")
+        if d.get("fidelity_note"):
+            click.echo(f"  note: {d['fidelity_note']}")
         return
     click.echo(f"  measured on {d.get('device_name', '?')}, torch {d.get('torch_version', '?')}, CUDA "
                f"{d.get('cuda_version', '-')}, NCCL {d.get('nccl_version', '-')}, {d.get('date', '?')}")

@@ -139,6 +139,7 @@ BACKENDS: dict[str, tuple[str, str] | Callable[..., Evaluator]] = {
 #: real-backend runners of engines other than the native runtime: engine name -> (module, class)
 ENGINE_RUNNERS: dict[str, tuple[str, str]] = {
     "torchtitan": ("autotune.runners.torchtitan_runner", "TorchtitanEvaluator"),
+    "megatron": ("autotune.runners.megatron_runner", "MegatronEvaluator"),
 }
 
 

@@ -39,6 +39,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
+from autotune.cost import torchtitan_block
 from autotune.cost.schedule import count_inflight
 from autotune.errors import ConfigError, PlanError
 from autotune.target.engines import EngineProfile, engine_for_plan, get_engine
@@ -391,8 +392,13 @@ def _selective_bytes(terms: Mapping[str, int], mode: str, model: ModelSpec, plan
 
 def _compiled_layer_bytes(eager_bytes: int, plan: Plan, engine: EngineProfile | str | None) -> int:
     """A layer's saved bytes under ``plan.compile`` for an engine with eager-autograd accounting: the
-    eager count x :data:`COMPILED_OVER_EAGER` (measured); unchanged otherwise or with full recompute."""
-    if not getattr(plan, "compile", False) or get_engine(engine).activation_accounting != "pytorch_eager":
+    eager count x :data:`COMPILED_OVER_EAGER` (measured); unchanged otherwise or with full recompute. For
+    the ``torchtitan_block`` accounting (eager or compiled) the count x the measured factor of
+    :data:`autotune.cost.torchtitan_block.TORCHTITAN_BLOCK_SAVED`."""
+    accounting = get_engine(engine).activation_accounting
+    if accounting == "torchtitan_block" and plan.recompute != "full":
+        return math.ceil(eager_bytes * torchtitan_block.block_factors(plan)[0])
+    if not getattr(plan, "compile", False) or accounting != "pytorch_eager":
         return eager_bytes
     if plan.recompute == "full":
         return eager_bytes
@@ -450,6 +456,15 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     if mode == "selective":
         return _compiled_layer_bytes(
             _selective_bytes(terms, get_engine(engine).selective_recompute, model, plan, workload), plan, engine)
+    return _block_input_bytes(terms, plan, engine)
+
+
+def _block_input_bytes(terms: Mapping[str, int], plan: Plan, engine: EngineProfile | str | None) -> int:
+    """The layer input's bytes (all a fully recomputed layer keeps; also the embedding output): the BF16
+    count, x 2 for torchtitan under autocast, whose residual stream is FP32
+    (:func:`autotune.cost.torchtitan_block.residual_bytes`)."""
+    if get_engine(engine).activation_accounting == "torchtitan_block":
+        return terms["attn_norm_input"] * torchtitan_block.residual_bytes(plan) // BF16_BYTES
     return terms["attn_norm_input"]
 
 
@@ -599,7 +614,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         layer_act = _compiled_layer_bytes(_selective_bytes(terms, eng.selective_recompute, model, plan, workload),
                                           plan, eng)
     else:
-        layer_act = terms["attn_norm_input"]
+        layer_act = _block_input_bytes(terms, plan, eng)
     # the plan's no-recompute twin, for the layers that keep everything (only built when recomputing:
     # estimate_memory screens every layout of a search)
     none_plan = plan.replace(recompute="none", recompute_num_layers=0) if plan.recompute == "full" else plan
@@ -611,7 +626,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         none_act = _compiled_layer_bytes(full_layer_act, none_plan, eng)
         chunk_act = tuple(plan.recomputed_layers(lc) * layer_act + (lc - plan.recomputed_layers(lc)) * none_act
                           for lc in per_virtual)
-    embed_out = BF16_BYTES * s * b * h // (t if sp else 1)
+    embed_out = _block_input_bytes({"attn_norm_input": BF16_BYTES * s * b * h // (t if sp else 1)}, plan, eng)
     vocab_shard = _ceil_div(V, t)
     layer_params = _ceil_div(model.params_per_layer, t)
 
@@ -698,6 +713,13 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             # (ZeRO-3 under a deferring pipeline: set_reshard_after_backward(False) keeps each layer's
             # gathered BF16 parameters from its first backward on, torch/distributed/pipelining/stage.py)
             copies = BF16_BYTES * params
+        if eng.activation_accounting == "torchtitan_block" and torchtitan_block.param_mode(plan) == "autocast":
+            # torchtitan under autocast: the BF16 weight casts its matmuls save (measured fraction per layer,
+            # torchtitan_block.TORCHTITAN_BLOCK_SAVED; none under full recompute, whose forward keeps only the
+            # block input) and the LM head's (a BF16 linear for every precision: filter_fqns ["output"]);
+            # the embedding lookup casts nothing
+            kept_copies = torchtitan_block.block_factors(plan)[1] if plan.recompute != "full" else 0.0
+            copies = BF16_BYTES * (math.ceil(kept_copies * n * layer_params) + (vocab_shard * h if r == p - 1 else 0))
         # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
         copies += te_fp8_weight_copy_bytes(model, plan, min(n, 1) if z == 3 else n, eng)
         if r == p - 1:

@@ -12,7 +12,7 @@ Engines: ``megatron`` (Megatron-LM / Megatron-Core with Transformer Engine), ``t
 ``native`` (autotune's own runtime, the one ``--backend real`` launches). The default is
 :data:`DEFAULT_ENGINE` (``megatron``, what large runs launch with and what ``autotune export``'s flags
 target); ``--backend real`` runs the native runtime, or with ``--engine torchtitan`` torchtitan's own
-trainer (:data:`REAL_ENGINES`, :mod:`autotune.runners.torchtitan_runner`).
+trainer or ``--engine megatron`` Megatron-LM's ``pretrain_gpt.py`` (:data:`REAL_ENGINES`, :mod:`autotune.runners`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,24 @@ from autotune.errors import ConfigError, PlanError
 DEFAULT_ENGINE = "megatron"
 #: The engine the real backend runs when none is named (autotune's own runtime).
 REAL_BACKEND_ENGINE = "native"
-#: Engines the real backend can launch: the native runtime (autotune/runtime/) and torchtitan's trainer
-#: (autotune/runners/torchtitan_runner.py, torchtitan 0.2.x job files).
-REAL_ENGINES = ("native", "torchtitan")
+#: Engines the real backend can launch: the native runtime (autotune/runtime/), torchtitan's trainer
+#: (autotune/runners/torchtitan_runner.py, torchtitan 0.2.x job files) and Megatron-LM's pretrain_gpt.py
+#: (autotune/runners/megatron_runner.py).
+REAL_ENGINES = ("native", "torchtitan", "megatron")
 #: Precisions a real engine runner adds to the profile's: the torchtitan runner launches torchtitan
 #: 0.2.2 (the last release that imports under torch 2.11, autotune/runners/torchtitan_job.py), whose
 #: torchtitan/components/quantization/float8.py still runs tensorwise scaling (``[quantize.linear.float8]``
 #: with no ``recipe_name``; the 0.3.0 profile in data/engines.yaml dropped it)
 REAL_RUNNER_PRECISIONS = {"torchtitan": ("fp8_tensorwise",)}
+#: Other facts of the release a real engine runner launches that differ from the profile's commit
+#: (applied by :func:`resolve_engine` for the real backend):
+#: torchtitan 0.2.2: ``train.py`` ``train_step`` calls ``self.optimizers.zero_grad()``, torch's default
+#: ``set_to_none=True`` (0.3.0's ``trainer.py`` passes ``set_to_none=training.disable_cuda_graphs``, False
+#: by default, so the profile keeps them), and its block's saved set was measured
+#: (``torchtitan_block``: :mod:`autotune.cost.torchtitan_block`).
+REAL_RUNNER_OVERRIDES: dict[str, dict[str, Any]] = {
+    "torchtitan": {"frees_grads_between_steps": True, "activation_accounting": "torchtitan_block"},
+}
 
 GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
 SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
@@ -52,7 +62,7 @@ FP8_LIBRARIES = ("transformer_engine", "torchao")
 #: what a layer saves for backward: ``minimal`` (the tensors the backward needs, each once: fused
 #: kernels, Korthikanti et al. 2022's count) or ``pytorch_eager`` (autograd's saved set of autotune's
 #: eager block, measured: :mod:`autotune.cost.memory`)
-ACTIVATION_ACCOUNTINGS = ("minimal", "pytorch_eager")
+ACTIVATION_ACCOUNTINGS = ("minimal", "pytorch_eager", "torchtitan_block")
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,9 @@ class EngineProfile:
         attention_kernel: the attention kernel it runs (:data:`ATTENTION_KERNELS`).
         fp8_library: what runs its FP8 linears (:data:`FP8_LIBRARIES`); decides what an FP8 linear saves
             for backward and whether FP8 weight copies are cached (:mod:`autotune.cost.memory`).
-        activation_accounting: what a layer saves (:data:`ACTIVATION_ACCOUNTINGS`).
+        activation_accounting: what a layer saves (:data:`ACTIVATION_ACCOUNTINGS`: ``minimal``, the derived
+            set; ``pytorch_eager``, the native block under autograd; ``torchtitan_block``, torchtitan 0.2.x's
+            block as measured, :mod:`autotune.cost.torchtitan_block`).
         frees_grads_between_steps: gradients are set to None after the optimizer step (except under
             DDP, whose gradients are bucket views), so a step whose activations peak before any
             backward holds no gradients at that peak.
@@ -247,7 +259,8 @@ def get_engine(name: str | EngineProfile | None = None) -> EngineProfile:
 def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated") -> EngineProfile:
     """The engine a run uses: ``name``, or when None :data:`REAL_BACKEND_ENGINE` for the real backend
     (it launches autotune's own runtime) and :data:`DEFAULT_ENGINE` otherwise. With the real backend the
-    profile gains the precisions its runner's release adds (:data:`REAL_RUNNER_PRECISIONS`).
+    profile gains the precisions its runner's release adds (:data:`REAL_RUNNER_PRECISIONS`) and that
+    release's other facts (:data:`REAL_RUNNER_OVERRIDES`).
 
     Raises:
         ConfigError: unknown engine, or with the real backend an engine not in :data:`REAL_ENGINES`.
@@ -258,11 +271,16 @@ def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated")
     if backend == "real" and e.name not in REAL_ENGINES:
         raise ConfigError(f"--backend real runs engines {', '.join(REAL_ENGINES)}; --engine {e.name} can only be "
                           "simulated (--backend simulated or measured)")
-    extra = REAL_RUNNER_PRECISIONS.get(e.name, ()) if backend == "real" else ()
-    if any(p not in e.precisions for p in extra):
-        from dataclasses import replace
+    if backend != "real":
+        return e
+    from dataclasses import replace
 
+    extra = REAL_RUNNER_PRECISIONS.get(e.name, ())
+    if any(p not in e.precisions for p in extra):
         e = replace(e, precisions=tuple(e.precisions) + tuple(p for p in extra if p not in e.precisions))
+    overrides = REAL_RUNNER_OVERRIDES.get(e.name, {})
+    if any(getattr(e, k) != v for k, v in overrides.items()):
+        e = replace(e, **overrides)
     return e
 
 

@@ -1,5 +1,5 @@
-"""Per-trial table of a ``--backend real --engine torchtitan`` study: measured vs the torchtitan profile's
-prediction (step time, peak memory), as JSON and a short text table (issue 23).
+"""Per-trial table of a ``--backend real --engine torchtitan|megatron`` study: measured vs the engine
+profile's prediction (step time, peak memory), as JSON and a short text table (issue 23).
 
     python bench/engine_smoke/dump_study.py STORAGE_URL OUT.json
 """
@@ -26,7 +26,10 @@ def rows(storage: str) -> list[dict]:
                         "simulated_mfu": d.get("simulated_mfu"), "step_times_ms": d.get("step_times_ms"),
                         "warmup_s": d.get("warmup_s"), "startup_s": d.get("startup_s"), "wall_s": d.get("wall_s"),
                         "torchtitan_mfu_pct": d.get("torchtitan_mfu_pct"), "device_name": d.get("device_name"),
-                        "torchtitan_version": d.get("torchtitan_version"), "date": d.get("date"),
+                        "torchtitan_version": d.get("torchtitan_version"), "engine_version": d.get("engine_version"),
+                        "transformer_impl": d.get("transformer_impl"),
+                        "megatron_tflops_per_gpu": d.get("megatron_tflops_per_gpu"), "losses": d.get("losses"),
+                        "date": d.get("date"),
                         "log": d.get("log"), "reason": a.get("infeasible_reason") or a.get("fail_reason")
                         or a.get("pruned_reason")})
     return out

@@ -31,13 +31,16 @@ def test_catalog_and_default():
     # the real backend launches autotune's own runtime
     assert resolve_engine(None, "real").name == "native"
     assert resolve_engine(None, "simulated").name == "megatron"
-    # torchtitan's trainer is a real engine too (issue 23); megatron is not wired
-    with pytest.raises(ConfigError, match="--backend real runs engines native, torchtitan; --engine megatron"):
-        resolve_engine("megatron", "real")
+    # torchtitan's trainer and Megatron-LM's pretrain_gpt.py are real engines too (issue 23)
+    assert resolve_engine("megatron", "real") == resolve_engine("megatron", "simulated")
     tt_real, tt_sim = resolve_engine("torchtitan", "real"), resolve_engine("torchtitan", "simulated")
     # the runner launches torchtitan 0.2.2, which still has tensorwise FP8; the 0.3 profile does not
     assert "fp8_tensorwise" in tt_real.precisions and "fp8_tensorwise" not in tt_sim.precisions
     assert set(tt_sim.precisions) < set(tt_real.precisions)
+    # 0.2.2 sets gradients to None between steps and its block's saved set was measured; the 0.3 profile
+    # keeps gradients (zero_grad(set_to_none=disable_cuda_graphs), False by default)
+    assert (tt_real.frees_grads_between_steps, tt_real.activation_accounting) == (True, "torchtitan_block")
+    assert (tt_sim.frees_grads_between_steps, tt_sim.activation_accounting) == (False, "minimal")
 
 
 def test_every_engine_fact_has_a_source_comment():
