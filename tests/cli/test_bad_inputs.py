@@ -247,7 +247,14 @@ def set_path(d, path, value):
         d[keys[-1]] = value
 
 
-DELETE = object()
+class _Delete:
+    """The field is removed from the file (a stable repr keeps the test ids equal across pytest-xdist workers)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 NAN, INF = float("nan"), float("inf")
 PLAN_MUTATIONS = [
     ("schema_version", 2), ("schema_version", "1"), ("schema_version", DELETE),
