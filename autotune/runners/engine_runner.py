@@ -87,6 +87,18 @@ class ParsedRun:
     per_step: dict[str, list] = field(default_factory=dict)
 
 
+
+def _installed(dist: str) -> str | None:
+    """The installed version of ``dist`` from its package metadata (no import: the engine, not this process,
+    runs torch), or None when it is not installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def run_job(argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float, cwd: str | Path,
             log_path: str | Path) -> dict[str, Any]:
     """Run ``argv`` in a new session with stdout and stderr into ``log_path``; wait up to ``timeout_s``
@@ -358,6 +370,7 @@ class EngineRunner(Evaluator):
                                    "returncode": run["returncode"], "layers": self.layers or self.model.num_layers,
                                    "engine_version": parsed.facts.get("engine_version", self.engine_version),
                                    "device_name": parsed.facts.get("device"), "log": kept_log,
+                                   "torch_version": parsed.facts.get("torch_version", _installed("torch")),
                                    "job": launch.job_text, **launch.facts,
                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if "slurm_job_id" in run:
