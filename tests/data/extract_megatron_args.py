@@ -5,8 +5,8 @@ Usage: python tests/data/extract_megatron_args.py PATH/TO/Megatron-LM COMMIT > t
 
 ``--facts``: one JSON object per option string with what the parser does with its value (facts, no
 code): ``action`` (store, store_true, store_false, store_const, append, ...), ``type`` (the name of the
-converter: int, float, str, or another callable's name), ``nargs``, ``choices`` (as strings) and
-``dest``; tests/export rebuild an argparse parser from them and parse every export with it.
+converter: int, float, str, or another callable's name), ``nargs``, ``choices`` (as strings: the
+strings the command line accepts) and ``dest``; tests/export rebuild an argparse parser from them and parse every export with it.
 
 Builds the real parser (``megatron.training.arguments.add_megatron_arguments``, which also adds the
 options generated from config dataclasses by ``ArgumentGroupFactory``) with the CPU torch of this
@@ -98,8 +98,21 @@ def _print_facts(parser: argparse.ArgumentParser, names: list[str], commit: str)
         tname = None if t is None else getattr(t, "__name__", type(t).__name__)
         print(json.dumps({"option": n, "action": kind, "type": tname,
                           "nargs": a.nargs if a.nargs is None or isinstance(a.nargs, (int, str)) else str(a.nargs),
-                          "choices": None if a.choices is None else [str(c) for c in a.choices],
+                          "choices": _choice_strings(a),
                           "dest": a.dest}))
+
+
+def _choice_strings(a: argparse.Action) -> list[str] | None:
+    """The strings the command line accepts for ``a``. An enum-typed option (Megatron's
+    ArgumentGroupFactory ``_get_enum_kwargs``: ``type=enum_type_handler`` converting by
+    ``config_type[cli_arg]``, ``choices=list(config_type)``) takes the member NAMES (``fused``, ``SIGTERM``;
+    aliases such as ``SIGIOT`` too, since ``Enum[name]`` resolves them), not ``str(member)``."""
+    import enum
+    if a.choices is None:
+        return None
+    if a.choices and all(isinstance(c, enum.Enum) for c in a.choices):
+        return list(type(a.choices[0]).__members__)
+    return [str(c) for c in a.choices]
 
 
 if __name__ == "__main__":

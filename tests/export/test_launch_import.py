@@ -345,3 +345,19 @@ def test_a_users_own_torchtitan_config_function(tmp_path):
     assert (p.recompute, p.precision, p.compile) == ("full", "bf16", False)
     # local batch 16 < 512 / 16: 2 accumulation steps of 16 micro-batches each, said so
     assert any("2 steps of 16 micro-batches" in a for a in imp.approximated)
+
+
+def test_enum_options_take_the_member_names_megatron_converts():
+    # Megatron's ArgumentGroupFactory._get_enum_kwargs: type=enum_type_handler = lambda s: config_type[s] (the
+    # member NAME), choices=list(config_type); argparse checks the converted member against the choices. So
+    # `--attention-backend fused` (Megatron-LM's own examples) and `--exit-signal SIGTERM` parse; the str() of a
+    # member (`AttnBackend.fused`, and `15` for signal.Signals.SIGTERM, an IntEnum) is not a member name.
+    assert parse_megatron_args(["--attention-backend", "fused"], "f") == {"--attention-backend": ("fused",)}
+    assert parse_megatron_args(["--exit-signal", "SIGTERM"], "f") == {"--exit-signal": ("SIGTERM",)}
+    # Enum["SIGIOT"] resolves the alias of SIGABRT (Python's signal module): accepted as Megatron accepts it
+    assert parse_megatron_args(["--exit-signal", "SIGIOT"], "f")["--exit-signal"] == ("SIGIOT",)
+    for opt, bad, listed in (("--attention-backend", "AttnBackend.fused", "flash, fused, unfused, local, auto"),
+                             ("--exit-signal", "15", "SIGTERM")):
+        with pytest.raises(ConfigError, match="valid values") as e:
+            parse_megatron_args([opt, bad], "f")
+        assert listed in str(e.value)
