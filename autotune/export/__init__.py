@@ -20,6 +20,7 @@ arguments are appended to the command. Node count = GPUs / GPUs per node of the 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +144,14 @@ def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -
     else:
         head = list(cmd.program)
     args = [(_q(a) if a != "plan.yaml" else '"$HERE/plan.yaml"') for a in cmd.args]
-    lines.append("CMD=(" + " \\\n  ".join(head + [" ".join(args[i:i + 2]) for i in range(0, len(args), 2)])
-                 + ' \\\n  "$@")')
+    # one option with its values per line (a word starting with "-" that is not a number opens a line)
+    groups: list[list[str]] = []
+    for a in args:
+        if not groups or (a.startswith("-") and not re.fullmatch(r"-[0-9.]+([eE][-+]?[0-9]+)?", a)):
+            groups.append([a])
+        else:
+            groups[-1].append(a)
+    lines.append("CMD=(" + " \\\n  ".join(head + [" ".join(g) for g in groups]) + ' \\\n  "$@")')
     lines += ["if (( DRY_RUN )); then"]
     lines += [f'  echo "{k}=${{{k}}}"' for k, _ in cmd.env]
     if doc.engine == "torchtitan":

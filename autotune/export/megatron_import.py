@@ -2,8 +2,11 @@
 (``autotune simulate --from-megatron ARGS_FILE``); the inverse of :mod:`autotune.export.megatron`.
 
 The file: ``pretrain_gpt.py`` arguments, one per line or on shell-style lines (``\\`` continuations,
-``#`` comments, quotes); words before a ``*.py`` word (``torchrun ... pretrain_gpt.py``) are the launcher's
-and are listed as ignored. Shell variables (``$TP``) are refused: autotune runs no shell.
+``#`` comments, quotes), or a launch script (autotune's own launch_torchrun.sh, or its ``--dry-run``
+output): the line with the ``*.py`` word is the command, words before it (``torchrun ... pretrain_gpt.py``)
+are the launcher's and are listed as ignored (they may hold shell syntax). Shell variables in the Megatron
+arguments (``$TP``, ``${ARGS[@]}``) are refused: autotune runs no shell. ``PYTORCH_CUDA_ALLOC_CONF`` set on
+that line or exported before it gives ``memory_reclaim expandable_segments`` (export writes it back).
 
 Every option is checked against the recorded facts of Megatron-LM's parser (``autotune/data/
 megatron_arg_facts.jsonl``: option strings, actions, value types, nargs and choices of
@@ -91,33 +94,97 @@ def parser_facts() -> dict[str, dict]:
     return {f["option"]: f for f in map(json.loads, lines[1:])}
 
 
-def read_args_file(path: str | Path) -> tuple[list[str], list[str]]:
-    """(argument tokens, launcher words before ``*.py``) of an argument file.
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Shell lines with ``\\`` continuations joined."""
+    return re.sub(r"\\\r?\n", " ", text).splitlines()
+
+
+def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]:
+    """(argument tokens, launcher words before ``*.py``, environment assignments) of an argument file or a
+    launch script.
+
+    The line that holds the ``*.py`` word is the command; words before the script (``torchrun
+    --node-rank "$NODE_RANK" ...``, ``CMD=(``) are the launcher's and may hold shell syntax. A trailing
+    ``"$@"`` (and the ``)`` closing an array, as in autotune's own launch_torchrun.sh) ends the arguments.
+    Environment: ``NAME=value`` words before the script on that line and ``[export] NAME=value`` on the lines
+    before it (the ``--dry-run`` output prints them so); values holding ``$`` are skipped.
 
     Raises:
-        ConfigError: unreadable, not shell-quoted text, a shell variable, or no arguments.
+        ConfigError: unreadable, a command line that is not shell-quoted text, a shell variable in the
+            Megatron arguments, or no arguments.
     """
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read the argument list: {e}") from None
-    text = re.sub(r"\\\r?\n", " ", text)
-    try:
-        words = shlex.split(text, comments=True)
-    except ValueError as e:
-        raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
+    lines = _logical_lines(text)
+    env: dict[str, str] = {}
+    cmd: list[str] | None = None
+    for line in lines:
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as e:
+            if re.search(r"\.py\b", line.split("#", 1)[0]):
+                raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
+            continue            # another shell line of a script (autotune reads the command line only)
+        script = next((i for i, w in enumerate(words) if w.endswith(".py") or w.endswith(".py)")), None)
+        if script is None:
+            for w in words[1:] if words[:1] == ["export"] else words:
+                m = _ASSIGN.match(w)
+                if not m:
+                    break
+                if "$" not in m.group(2):
+                    env[m.group(1)] = m.group(2).rstrip(";")
+            continue
+        for w in words[:script]:
+            m = _ASSIGN.match(w)
+            if not m:
+                break
+            if "$" not in m.group(2):
+                env[m.group(1)] = m.group(2)
+        cmd = words
+        break
+    if cmd is None:
+        # a plain argument list (no script word), possibly over several lines
+        try:
+            cmd = shlex.split("\n".join(lines), comments=True)
+        except ValueError as e:
+            raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
+        script = -1
+    launcher, words = cmd[:script + 1], cmd[script + 1:]
+    if words and words[-1] in ("$@", "$@)", ")", "$*"):
+        words = words[:-1]
+    if words and words[-1].endswith(")") and launcher and "=(" in launcher[0]:
+        words[-1] = words[-1][:-1]          # NAME=(... last) : the array's closing parenthesis
     var = next((w for w in words if "$" in w), None)
     if var is not None:
-        raise ConfigError(f"{path}: {var!r} holds a shell variable; write its value (autotune reads the arguments, "
-                          "it runs no shell)")
-    launcher: list[str] = []
-    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    if script is not None:
-        launcher, words = words[:script + 1], words[script + 1:]
+        raise ConfigError(f"{path}: {var!r} in the Megatron-LM arguments holds a shell variable; expand it (write "
+                          "its value, or pass the launch script's --dry-run output): autotune reads the arguments, "
+                          "it runs no shell")
     if not words:
         raise ConfigError(f"{path}: no pretrain_gpt.py arguments found (expected --num-layers 80 --hidden-size "
                           "8192 ...)")
+    return words, launcher, env
+
+
+def read_args_file(path: str | Path) -> tuple[list[str], list[str]]:
+    """(argument tokens, launcher words before ``*.py``) of an argument file (:func:`read_launch`)."""
+    words, launcher, _ = read_launch(path)
     return words, launcher
+
+
+def allocator_reclaim(env: dict[str, str]) -> str | None:
+    """``expandable_segments`` when the launch's ``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on
+    (PyTorch CUDA semantics notes, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF": comma-separated
+    ``option:value``; ``expandable_segments:True``), else None."""
+    for part in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
+        k, _, v = part.strip().partition(":")
+        if k == "expandable_segments" and v.strip().lower() == "true":
+            return "expandable_segments"
+    return None
 
 
 def _is_option(tok: str) -> bool:
@@ -192,6 +259,7 @@ class _Reader:
         self.handled: set[str] = set()
         self.ignored: list[tuple[str, str]] = []
         self.approx: list[str] = []
+        self.env: dict[str, str] = {}
 
     def has(self, opt: str) -> bool:
         return opt in self.args
@@ -593,6 +661,13 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
                         "step; costed as level 1 (once per step)")
     else:
         r.ignore("--empty-unused-memory-level", "0: Megatron-LM's default, no cache emptying")
+    if allocator_reclaim(r.env):
+        conf = f"PYTORCH_CUDA_ALLOC_CONF={r.env['PYTORCH_CUDA_ALLOC_CONF']}"
+        if reclaim == "none":
+            reclaim = "expandable_segments"       # what export writes back (megatron_env)
+        else:
+            r.approx.append(f"{conf} with --empty-unused-memory-level: autotune has one memory reclaim setting; "
+                            "costed as empty_cache_per_step")
     # ---- engine-profile settings export writes ----
     if not r.switch("--cross-entropy-loss-fusion"):
         r.approx.append("no --cross-entropy-loss-fusion: the loss is costed fused (the megatron engine profile), "
@@ -654,9 +729,10 @@ def import_megatron_args(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
             it a model or plan autotune cannot simulate (named), or degrees / batches that do not divide.
     """
     source = str(path)
-    tokens, launcher = read_args_file(path)
+    tokens, launcher, env = read_launch(path)
     args = parse_megatron_args(tokens, source)
     r = _Reader(args, source)
+    r.env = env
     for opt, (what, active) in REFUSED.items():
         if opt in args and (active is None or active(args[opt])):
             r.refuse(opt, what)
@@ -667,10 +743,15 @@ def import_megatron_args(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
             continue
         r.ignored.append((_show(opt, vals), RUN if opt.startswith(RUN_PREFIXES) else NOT_MODELLED))
     if launcher:
-        r.ignored.insert(0, (" ".join(launcher), "the launcher's words before the script"))
+        # the allocator setting is modelled (memory_reclaim), not ignored
+        words = [w for w in launcher if not (plan.memory_reclaim == "expandable_segments"
+                                             and w.startswith("PYTORCH_CUDA_ALLOC_CONF="))]
+        if words:
+            r.ignored.insert(0, (" ".join(words), "the launcher's words before the script"))
     return ImportedLaunch(source=source, engine="megatron", fmt="megatron args", model=model, plan=plan,
                           workload=workload, num_gpus=num_gpus, modelled=dict(r.modelled), ignored=tuple(r.ignored),
                           approximated=tuple(r.approx))
 
 
-__all__ = ["FACTS_FILE", "REFUSED", "import_megatron_args", "parse_megatron_args", "parser_facts", "read_args_file"]
+__all__ = ["FACTS_FILE", "REFUSED", "import_megatron_args", "parse_megatron_args", "parser_facts", "read_args_file",
+           "read_launch", "allocator_reclaim"]

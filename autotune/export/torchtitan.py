@@ -34,7 +34,9 @@ the release's own Llama 3.1 function (``torchtitan/models/llama3/config_registry
   torchtitan/config/configurable.py) that calls ``torch.cuda.empty_cache()`` after every
   ``train_step`` or, per micro-batch without PP, after every ``forward_backward_step``
   (torchtitan/trainer.py; with PP the schedule runs every micro-batch inside one call, so per step);
-  ``expandable_segments`` is the launch script's ``PYTORCH_CUDA_ALLOC_CONF``;
+  ``expandable_segments`` is the launch script's ``PYTORCH_CUDA_ALLOC_CONF``, also set by the config
+  function (``os.environ``; read by CUDA's caching allocator when CUDA starts, after the config loads), so
+  the config module alone carries it and imports back the same;
 * ``async_collectives: false`` cannot be launched (torchtitan's FSDP2 / TP collectives are always
   asynchronous on their own streams) and is refused.
 """
@@ -174,6 +176,10 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
             "        return out",
             ""])
         make_config = "AutotuneTrainer.Config(**{f.name: getattr(base, f.name) for f in fields(base) if f.init})"
+    alloc = ("\n    # memory_reclaim expandable_segments: CUDA's caching allocator reads this when CUDA starts, after\n"
+             "    # torchtitan loads this config (launch_torchrun.sh exports it too)\n"
+             "    os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\""
+             if plan.memory_reclaim == "expandable_segments" else "")
     return f'''"""torchtitan >= 0.3.0 config written by autotune (``autotune export --launcher ...``).
 {doc}
 Run: PYTHONPATH=<this directory> torchrun ... -m torchtitan.train --module {MODULE_NAME} --config {CONFIG_FUNCTION}
@@ -181,6 +187,7 @@ Starts from torchtitan's own {s["base_config"]}() (dataset, optimizer, checkpoin
 set hf_assets_path to your download) and sets the tuned plan.
 """
 
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -206,6 +213,6 @@ def {CONFIG_FUNCTION}():
     config.training.disable_cuda_graphs = {t["disable_cuda_graphs"]!r}
     config.activation_checkpoint = {ac}
     config.compile = CompileConfig(enable={c["enable"]!r}, components={c["components"]!r},
-                                   enable_async_tensor_parallel={c["enable_async_tensor_parallel"]!r})
+                                   enable_async_tensor_parallel={c["enable_async_tensor_parallel"]!r}){alloc}
     return config
 '''

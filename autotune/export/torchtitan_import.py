@@ -358,24 +358,31 @@ def import_python_config(spec: str, *, num_gpus: int) -> ImportedLaunch:
     import logging
     quiet = logging.root.manager.disable
     logging.disable(logging.WARNING)         # torchtitan's notes on paths the config names (assets, checkpoints)
+    import os
+    before = os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    alloc: str | None = None
     try:
         with _recording_registry(seen):
             cfg = ConfigManager().parse_args(["--module", mod, "--config", fn])
+        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")      # what the config function sets, if anything
     except SystemExit as e:
         raise ConfigError(f"{source}: torchtitan's ConfigManager refused it (exit {e.code})") from None
     except Exception as e:       # noqa: BLE001 - the user's module or torchtitan raised: report it, one line
         raise ConfigError(f"{source}: torchtitan's ConfigManager could not load {fn}(): {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
     finally:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if before is not None:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = before
         logging.disable(quiet)
         sys.path.remove(str(path.resolve().parent))
         sys.modules.pop(mod, None)
         if old is not None:
             sys.modules[mod] = old
-    return _from_config(cfg, seen, source, num_gpus)
+    return _from_config(cfg, seen, source, num_gpus, alloc)
 
 
-def _from_config(cfg, seen: dict, source: str, num_gpus: int) -> ImportedLaunch:
+def _from_config(cfg, seen: dict, source: str, num_gpus: int, alloc: str | None = None) -> ImportedLaunch:
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
     ms = cfg.model_spec
@@ -420,6 +427,13 @@ def _from_config(cfg, seen: dict, source: str, num_gpus: int) -> ImportedLaunch:
         reclaim = "empty_cache_per_step" if "train_step" in vars(owner) else "empty_cache_per_microbatch"
     elif owner is not None and owner.__name__ != "Trainer":
         ignored.append((f"trainer {owner.__qualname__}", NOT_MODELLED))
+    from autotune.export.megatron_import import allocator_reclaim
+    if alloc is not None and allocator_reclaim({"PYTORCH_CUDA_ALLOC_CONF": alloc}):
+        if reclaim == "none":
+            reclaim = "expandable_segments"      # the config function sets the allocator (export writes it so)
+        else:
+            approx.append(f"PYTORCH_CUDA_ALLOC_CONF={alloc} with an empty_cache trainer: autotune has one memory "
+                          f"reclaim setting; costed as {reclaim}")
     for name, v in (("training.enable_cpu_offload", tr.enable_cpu_offload),
                     ("parallelism.enable_fsdp_symm_mem", getattr(par, "enable_fsdp_symm_mem", False))):
         if v:
@@ -445,7 +459,7 @@ def _from_config(cfg, seen: dict, source: str, num_gpus: int) -> ImportedLaunch:
         "data_parallel_replicate_degree", "fsdp_reshard_after_forward", "enable_sequence_parallel")},
         "training": {"local_batch_size": tr.local_batch_size, "global_batch_size": tr.global_batch_size,
                      "seq_len": tr.seq_len}, "activation_checkpoint": mode, "compile": compile_on,
-        "precision": precision}
+        "precision": precision, "memory_reclaim": reclaim}
     return _target(s, num_gpus, source, "torchtitan 0.3 config", modelled, ignored, approx)
 
 

@@ -252,11 +252,13 @@ def test_torchtitan_config_module_round_trip(tmp_path):
     from autotune.export.torchtitan import torchtitan_settings
     for plan in (TT_PLAN, dataclasses.replace(TT_PLAN, pp_degree=2, vpp_degree=1, dp_degree=32, pipeline_schedule="1f1b",
                                               num_micro_batches=16, zero_stage=2, precision="mxfp8",
-                                              memory_reclaim="empty_cache_per_step")):
+                                              memory_reclaim="empty_cache_per_step"),
+                 # the allocator setting: the config function sets PYTORCH_CUDA_ALLOC_CONF (as the launch script)
+                 dataclasses.replace(TT_PLAN, memory_reclaim="expandable_segments")):
         cl = make_cluster("b200", 512, None)
         doc = PlanDocument(plan=plan, model=M70, gpu="b200", num_gpus=512, fabric=cl.fabric.to_dict(), workload=W70,
                            study="s", trial_id=0, engine="torchtitan")
-        d = tmp_path / plan.precision
+        d = tmp_path / f"{plan.precision}-{plan.memory_reclaim}"
         write_launch_files(doc, d, "torchrun")
         imp = import_launch(d / "autotune_torchtitan.py", None, num_gpus=512)
         assert imp.fmt == "torchtitan 0.3 config" and imp.model == M70 and imp.workload == W70
@@ -361,3 +363,52 @@ def test_enum_options_take_the_member_names_megatron_converts():
         with pytest.raises(ConfigError, match="valid values") as e:
             parse_megatron_args([opt, bad], "f")
         assert listed in str(e.value)
+
+
+def _export_dir(imp, tmp_path, plan):
+    from autotune.export import write_launch_files
+    cl = make_cluster("h100", imp.num_gpus, None)
+    doc = PlanDocument(plan=plan, model=imp.model, gpu="h100", num_gpus=imp.num_gpus, fabric=cl.fabric.to_dict(),
+                       workload=imp.workload, study="s", trial_id=0, engine="megatron")
+    write_launch_files(doc, tmp_path / "launch", "torchrun")
+    return tmp_path / "launch" / "launch_torchrun.sh"
+
+
+def test_exported_launch_script_imports_back_with_its_allocator_setting(tmp_path):
+    import os
+    import subprocess
+    imp = import_megatron_args(ARGS_70B, num_gpus=512)
+    plan = dataclasses.replace(imp.plan, memory_reclaim="expandable_segments")
+    script = _export_dir(imp, tmp_path, plan)
+    text = script.read_text()
+    # one option with its values per line: every continued line of the command array starts with an option
+    # (or is torchrun's / the script's word), never with a value left over from the line above
+    body = text[text.index("CMD=("):text.index('"$@")')].splitlines()[1:]
+    assert all(ln.strip().startswith(("--", '"$MEGATRON_LM')) for ln in body if ln.strip()), body
+    assert "  --num-query-groups 8 \\" in text and "  --seq-length 8192 \\" in text
+    # autotune's own script (shell variables in torchrun's words, $HERE, an array) imports: the same plan,
+    # the allocator setting included (export writes `export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)
+    again = import_megatron_args(script, num_gpus=512)
+    assert (again.model, again.plan, again.workload) == (imp.model, plan, imp.workload)
+    assert not any("PYTORCH_CUDA_ALLOC_CONF" in s for s, _ in again.ignored)
+    # the --dry-run output (env lines, then the expanded command) imports to the same plan too
+    dry = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True,
+                         env={**os.environ, "MEGATRON_LM": "/opt/Megatron-LM"}, check=True).stdout
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in dry
+    again2 = import_megatron_args(_write(tmp_path, dry, "dry.txt"), num_gpus=512)
+    assert again2.plan == plan
+    # without the setting: memory reclaim none, as the plan
+    (tmp_path / "b").mkdir()
+    script0 = _export_dir(imp, tmp_path / "b", imp.plan)
+    assert import_megatron_args(script0, num_gpus=512).plan.memory_reclaim == "none" == imp.plan.memory_reclaim
+
+
+def test_shell_variables_in_the_megatron_arguments_say_to_expand_them(tmp_path):
+    for words in ('torchrun --node-rank "$NODE_RANK" pretrain_gpt.py ' + BASE + "--tensor-model-parallel-size $TP",
+                  'MODEL_ARGS=(--num-layers 32)\ntorchrun pretrain_gpt.py ${MODEL_ARGS[@]} ' + BASE):
+        with pytest.raises(ConfigError, match=r"in the Megatron-LM arguments holds a shell variable; expand it") as e:
+            import_megatron_args(_write(tmp_path, words), num_gpus=8)
+        assert "--dry-run" in str(e.value)
+    # shell syntax in torchrun's words is the launcher's: listed as ignored
+    imp = import_megatron_args(_write(tmp_path, 'torchrun --node-rank "$NODE_RANK" pretrain_gpt.py ' + BASE), num_gpus=8)
+    assert imp.ignored[0] == ("torchrun --node-rank $NODE_RANK pretrain_gpt.py", "the launcher's words before the script")
