@@ -31,7 +31,7 @@ def _plan_options(f):
         click.option("--mbs", type=int, help="Micro-batch size in sequences (default 1)."),
         click.option("--schedule", help="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (default 1f1b)."),
         click.option("--recompute", help="Activation recomputation: none, selective, full (default none)."),
-        click.option("--zero", type=int, help="ZeRO stage 0-3 (default 1)."),
+        click.option("--zero", type=int, help="ZeRO stage 0-3 (default: the engine's; 1, torchtitan FSDP: 3, 2 with --pp > 1)."),
         click.option("--precision", help="bf16, fp8_tensorwise, fp8_rowwise, fp8_delayed, mxfp8 (default bf16)."),
         click.option("--sp/--no-sp", "sp", default=None, help="Sequence parallelism (with --tp > 1)."),
         click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
@@ -40,6 +40,17 @@ def _plan_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def default_zero_stage(engine: str, pp: int) -> int:
+    """The ZeRO stage a command-line plan gets without ``--zero``: the engine's own default. torchtitan:
+    FSDP2 with ``fsdp_reshard_after_forward = "default"``, which reshards after forward without a pipeline
+    (ZeRO-3) and keeps the parameters gathered with one (ZeRO-2) (torchtitan distributed/fsdp.py
+    ``get_fsdp_reshard_after_forward_policy``; engines.yaml); other engines: Plan's default (ZeRO-1)."""
+    from autotune.target.plan import Plan
+    if engine == "torchtitan":
+        return 3 if pp == 1 else 2
+    return Plan.__dataclass_fields__["zero_stage"].default
 
 
 def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, engine, backend, sets,
@@ -90,8 +101,10 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
                           f"dp {dp}; change --mbs, the degrees or --global-batch")
     d.setdefault("dp_degree", dp)
     d.setdefault("num_micro_batches", workload.global_batch_size // (mbs * dp))
-    plan = Plan.from_dict(d, source="command-line plan")
     eng = resolve_engine(engine, backend)
+    if "zero_stage" not in d:
+        d["zero_stage"] = default_zero_stage(eng.name, pp)
+    plan = Plan.from_dict(d, source="command-line plan")
     return PlanDocument(plan=plan, model=model, gpu=cluster.gpu.name, num_gpus=n, fabric=cluster.fabric.to_dict(),
                         workload=workload, engine=eng.name)
 

@@ -170,6 +170,11 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         n_new, n_total = summary.n_new_trials, summary.n_trials
     yours = _compare(imported, best, model=model, cluster=cluster, workload=workload, backend=backend,
                      engine=tuner.engine.name) if imported is not None else None
+    from autotune.study.identity import load_study
+    from autotune.study.trials import band_fraction, band_note, feasible_trials
+    feas = feasible_trials(load_study(best.study, storage)[0])
+    same = _same_precision(imported, best, feas, model=model, cluster=cluster, workload=workload, backend=backend,
+                           engine=tuner.engine.name) if yours is not None and yours[0].feasible else None
     if as_json:
         from autotune.report.summary import json_document
         entries = [json_entry(plan=best.plan, result=best.result, model=model, cluster=cluster, workload=workload,
@@ -180,6 +185,11 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                       workload=workload, engine=imported.engine, label="yours",
                                       extra={"imported": imported.to_json()}))
             extra["mfu_gain_points"] = (100 * (yours[2].mfu - yours[0].mfu)) if yours[0].feasible else None
+            extra["precision_change"] = best.plan.precision != imported.plan.precision
+            if same is not None:
+                extra["same_precision"] = {"precision": imported.plan.precision, "trial": same[0],
+                                           "mfu": same[1].mfu if same[1] else None,
+                                           "mfu_gain_points": 100 * (same[1].mfu - yours[0].mfu) if same[1] else None}
         click.echo(json_document("run", entries, trials={"new": n_new, "total": n_total, "states": dict(st)}, **extra))
         return
     click.echo("")
@@ -187,6 +197,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
                                 target=target_line(model, cluster, workload), engine=tuner.engine.name,
                                 gpu=cluster.gpu.name))
+    note = band_note(feas, best.trial_number, band_fraction(best.info))
+    if note:
+        click.echo(note)
     if yours is not None:
         import os
 
@@ -199,6 +212,15 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         click.echo(format_comparison(("tuned", best.plan, yours[2], tuner.engine.name),
                                      (f"yours: {os.path.basename(imported.source)}", imported.plan, yours[0],
                                       imported.engine)))
+        if same is not None:
+            p = imported.plan.precision
+            if same[1] is None:
+                click.echo(f"in your precision ({p}): the study has no feasible tuned plan")
+            elif same[0] != best.trial_number:
+                click.echo(f"in your precision ({p}): best tuned plan trial {same[0]}, MFU {100 * same[1].mfu:.1f}% vs "
+                           f"yours {100 * yours[0].mfu:.1f}%: {100 * (same[1].mfu - yours[0].mfu):+.1f} percentage "
+                           f"points from the layout alone; the rest ({100 * (yours[2].mfu - same[1].mfu):+.1f}) "
+                           f"from {best.plan.precision}")
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
@@ -222,6 +244,28 @@ def _compare(imported, best, *, model, cluster, workload, backend, engine):
         finally:
             ev.close()
     return mine, warnings, tuned
+
+
+def _same_precision(imported, best, feas, *, model, cluster, workload, backend, engine):
+    """(trial number, StepResult or None) of the study's best feasible plan (error-band order, as the best
+    plan) in the precision of the user's launch, on the footing of :func:`_compare` (the simulator after
+    real trials); (None, None) when the study has none."""
+    from autotune.cost.evaluator import make_evaluator
+    from autotune.study.trials import band_fraction, robust_order, trial_plan, trial_result
+
+    if best.plan.precision == imported.plan.precision:
+        return best.trial_number, None if not best.result.feasible else best.result
+    same = [t for t in feas if trial_plan(t).precision == imported.plan.precision]
+    if not same:
+        return None, None
+    t = robust_order(same, band_fraction(best.info), k=1)[0]
+    if backend in ("simulated", "measured"):
+        return t.number, trial_result(t)
+    ev = make_evaluator("simulated", model=model, cluster=cluster, workload=workload, engine=engine)
+    try:
+        return t.number, ev.evaluate(trial_plan(t))
+    finally:
+        ev.close()
 
 
 class _Queued:

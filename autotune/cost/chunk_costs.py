@@ -586,13 +586,16 @@ class CostBuilder:
 
     def dp_bucket_ms(self, chunk_params: int) -> list[float]:
         """End-of-step DP gradient reduction of one chunk, per bucket (ZeRO 0: all-reduce; 1, and 2/3 when
-        a pipeline defers FSDP's reduction to the last backward: reduce-scatter)."""
+        a pipeline defers FSDP's reduction to the last backward: reduce-scatter). An engine with
+        ``one_bucket_without_overlap`` and no ``dp_grad_reduce_overlap``: one collective of the whole chunk."""
         p = self.p
         if self.dp_group <= 1 or (p.zero_stage >= 2 and not self.deferred_rs):
             return []
         kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
         total = chunk_params * self.grad_reduce_bytes
         bucket = p.bucket_size_mib * 2**20
+        if self.engine.one_bucket_without_overlap and not (p.dp_grad_reduce_overlap and p.async_collectives):
+            bucket = max(total, 1)      # Megatron-LM: bucket_size None without --overlap-grad-reduce (engines.yaml)
         n_full, rem = divmod(total, bucket)
         one = self.costs.placed_collective_ms(kind, bucket, self.dp_place)
         out = [one] * int(n_full)

@@ -558,7 +558,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       ``recompute_num_layers`` N >= 1, where each chunk of L_c layers holds min(N, L_c) layers at the
       full-recompute bytes and L_c - min(N, L_c) at the no-recompute bytes, and the schedule walk
       weighs each chunk by those bytes: exact for equal and uneven chunks); g > 1: two DP gradient
-      buckets 2 x bucket_size_mib MiB; ZeRO-3 with g > 1: one layer's gathered bf16 parameters
+      buckets 2 x bucket_size_mib MiB (none when the engine reduces the whole buffer in place without an
+      overlapped reduction: ``one_bucket_without_overlap``); ZeRO-3 with g > 1: one layer's gathered bf16 parameters
       2 params_per_layer / t (x2 with param_gather_overlap for the prefetched next layer); SP: the
       all-gathered norm output of one layer, 2sbh. The terms are summed (conservative: not all peak
       at the same instant);
@@ -637,7 +638,10 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # compiled saved set, COMPILED_OVER_EAGER at recompute none)
         # (partial recompute too: every chunk with a layer recomputes at least one)
         common_transient += _compiled_layer_bytes(full_layer_act, none_plan, eng)
-    if g > 1:
+    # DP buckets in flight; none staged when the engine reduces the whole gradient buffer in place without
+    # an overlapped reduction (Megatron-LM: bucket_size None, engines.yaml one_bucket_without_overlap)
+    if g > 1 and not (eng.one_bucket_without_overlap
+                      and not (plan.dp_grad_reduce_overlap and plan.async_collectives)):
         common_transient += 2 * plan.bucket_size_mib * MIB
     if z == 3:
         common_transient += BF16_BYTES * layer_params * (2 if plan.param_gather_overlap else 1)

@@ -21,8 +21,9 @@ in tests/data/megatron_args.txt, checked by tests/test_export.py). Facts used, e
   (-> ``grad_reduce_in_fp32``, training.py) unless ``--grad-reduce-in-bf16``. So a bucket of B bytes
   reduced, as the simulator costs it (``bucket_size_mib`` MiB of the megatron profile's
   ``grad_reduce_bytes`` = 4 per element, engines.yaml), is ``B / 4`` parameters. Megatron uses the
-  bucket size only with ``--overlap-grad-reduce`` (training.py ``resolve_ddp_bucket_size``: one bucket
-  otherwise);
+  bucket size only with ``--overlap-grad-reduce`` (distributed_data_parallel.py: bucket_size None, one
+  bucket per gradient buffer, otherwise; the simulator costs it so), so ``--ddp-bucket-size`` is written
+  only with ``--overlap-grad-reduce``;
 * ``--rotary-base`` is ``type=int``; RoPE scaling: ``--use-rope-scaling --rope-scaling-factor F``
   applies the llama3 scaling with low/high frequency factors 1 / 4 and an original context of 8192
   tokens (megatron/core/models/common/embeddings/rotary_pos_embedding.py ``_apply_scaling`` defaults;
@@ -175,14 +176,15 @@ def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
               "optim_grads" if p.zero_stage == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
     overlap = p.async_collectives
     if p.dp_grad_reduce_overlap and overlap:
-        a.append("--overlap-grad-reduce")
+        # the bucket size has an effect only with --overlap-grad-reduce (one bucket per buffer otherwise:
+        # engines.yaml one_bucket_without_overlap), so it is written only then
+        a += ["--overlap-grad-reduce", "--ddp-bucket-size", str(ddp_bucket_size(p))]
     if p.param_gather_overlap and p.zero_stage >= 1 and overlap:
         a.append("--overlap-param-gather")
     if p.tp_comm_overlap and p.tp_degree > 1 and overlap:
         a.append("--tp-comm-overlap")
     if not overlap and p.pp_degree > 1:
         a.append("--no-overlap-p2p-communication")
-    a += ["--ddp-bucket-size", str(ddp_bucket_size(p))]
     if p.memory_reclaim in ("empty_cache_per_step", "empty_cache_per_microbatch"):
         # torch.cuda.empty_cache() once per iteration after forward-backward (training.py, level >= 1);
         # Megatron-LM has no per-micro-batch setting, so per-micro-batch plans get the per-step one

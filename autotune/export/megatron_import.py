@@ -23,7 +23,8 @@ rope); ``--normalization`` LayerNorm; linear biases on unless ``--disable-bias-l
 ``--recompute-granularity full`` needs ``--recompute-method`` and ``--recompute-num-layers``; FP8 only with
 ``--fp8-format`` (``--fp8-recipe`` default delayed, amax history 1, ``most_recent``);
 ``--data-parallel-sharding-strategy`` default optim_grads_params; the DDP bucket (training.py
-``resolve_ddp_bucket_size``): one bucket without ``--overlap-grad-reduce``, else ``--ddp-bucket-size``
+``resolve_ddp_bucket_size``; distributed_data_parallel.py bucket_size None): one bucket without
+``--overlap-grad-reduce`` (the plan keeps its default bucket, which the megatron profile then does not use), else ``--ddp-bucket-size``
 parameters or max(4e7, 1e6 x DP x CP), counted in the FP32 main gradients it reduces (4 bytes, 2 with
 ``--grad-reduce-in-bf16``; :func:`autotune.export.megatron.ddp_bucket_size` is the inverse);
 ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` layer, ``L`` loss, ``|`` between virtual
@@ -463,6 +464,15 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
     emb = int(r.switch("--account-for-embedding-in-pipeline-split", modelled=False))
     loss = int(r.switch("--account-for-loss-in-pipeline-split", modelled=False))
     vpp, stage_layers = 1, None
+    # validate_args: an interleaved schedule (--num-layers-per-virtual-pipeline-stage or
+    # --num-virtual-stages-per-pipeline-rank) asserts pipeline-model-parallel size > 1 (> 2 without P2P overlap)
+    inter = [o for o in given if o != "--pipeline-model-parallel-layout"]
+    need = 2 if r.has("--no-overlap-p2p-communication") else 1
+    if inter and pp <= need:
+        raise ConfigError(f"{src}: {_show(inter[0], r.args[inter[0]])} with --pipeline-model-parallel-size {pp}: "
+                          f"Megatron-LM refuses an interleaved schedule unless the pipeline size is > {need}"
+                          + (" with --no-overlap-p2p-communication" if need == 2 else "")
+                          + " (validate_args); drop it or raise the pipeline size")
     if pp == 1:
         for o in given + ["--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"]:
             r.ignore(o, "no effect without pipeline parallelism")
@@ -700,13 +710,13 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
                 r.approx.append(f"DP bucket {params:,} parameters{'' if r.has('--ddp-bucket-size') else ' (Megatron-LM default: max(4e7, 1e6 x DP x CP))'}"
                                 f" = {mib:,.2f} MiB of {per}-byte gradients: costed as {bucket} MiB")
     else:
-        r.ignore("--ddp-bucket-size", "no effect without --overlap-grad-reduce (one bucket per gradient buffer)")
-        r.ignore("--ddp-num-buckets", "no effect without --overlap-grad-reduce (one bucket per gradient buffer)")
-        # the same bytes in buckets of Megatron's default size: the memory model stages two buckets
-        # (cost/memory.py), which Megatron's in-place reduction of the whole buffer does not need
-        bucket = max(1, round(max(40_000_000, 1_000_000 * dp * cp) * per / 2**20))
-        r.approx.append(f"no --overlap-grad-reduce: Megatron-LM reduces each gradient buffer at once after the "
-                        f"backward; costed in {bucket} MiB buckets (its default bucket size), the same bytes")
+        # Megatron-LM reduces each gradient buffer as one bucket (distributed_data_parallel.py: bucket_size
+        # None); the megatron profile costs it so whatever bucket_size_mib says (engines.yaml
+        # one_bucket_without_overlap), and export writes no bucket: the plan keeps its default
+        why = "no effect without --overlap-grad-reduce (one bucket per gradient buffer)"
+        r.ignore("--ddp-bucket-size", why)
+        r.ignore("--ddp-num-buckets", why)
+        bucket = Plan.__dataclass_fields__["bucket_size_mib"].default
     try:
         workload = Workload(seq_len=seq, global_batch_size=gbs)
         plan = Plan(tp_degree=tp, pp_degree=pp, cp_degree=cp, dp_degree=dp, vpp_degree=vpp, micro_batch_size=mbs,

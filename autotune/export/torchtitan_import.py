@@ -52,6 +52,44 @@ RUN_FIELDS = ("model.hf_assets_path", "model.tokenizer_path", "model.print_after
               "quantize.linear.float8.filter_fqns", "quantize.linear.mx.filter_fqns",
               "activation_checkpoint.selective_ac_option", "compile.backend")
 
+#: known keys of the sections autotune reads (torchtitan's JobConfig dataclasses Parallelism, Training,
+#: ActivationCheckpoint, Compile, Model: torchtitan/config/job_config.py of the 0.1/0.2 line, plus the
+#: 0.3.0 fields of tests/data/torchtitan_config_fields.txt and the keys read here); an unknown key there is a
+#: typo torchtitan's own parser would reject ("unrecognized arguments"), not a setting to ignore
+KNOWN_KEYS = {
+    "parallelism": ("data_parallel_replicate_degree", "enable_compiled_autograd", "data_parallel_shard_degree",
+                    "fsdp_reshard_after_forward", "tensor_parallel_degree", "disable_loss_parallel",
+                    "enable_async_tensor_parallel", "pipeline_parallel_degree", "pipeline_parallel_split_points",
+                    "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
+                    "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+                    "pipeline_parallel_microbatch_size", "context_parallel_degree", "context_parallel_rotate_method",
+                    "context_parallel_load_balancer", "context_parallel_ptrr_mask_key", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree", "enable_fsdp_symm_mem", "enable_sequence_parallel",
+                    "spmd_backend", "pipeline_parallel_expert_parallel_overlap"),
+    "training": ("dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
+                 "enable_cpu_offload", "mixed_precision_param", "mixed_precision_reduce", "compile", "gc_freq",
+                 "gc_debug", "seed", "deterministic", "dtype", "disable_cuda_graphs", "debug_moe_force_load_balance"),
+    "activation_checkpoint": ("mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
+                              "early_stop", "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state",
+                              "determinism_check", "debug"),
+    "compile": ("enable", "components", "backend", "enable_async_tensor_parallel"),
+    "model": ("name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"),
+}
+
+
+def _check_known_keys(flat: dict, source: str) -> None:
+    """Raise on a key of a :data:`KNOWN_KEYS` section that the section does not have (with the nearest)."""
+    import difflib
+    for key in flat:
+        sec, _, name = key.partition(".")
+        known = KNOWN_KEYS.get(sec)
+        if known is None or "." in name or name in known:
+            continue
+        near = difflib.get_close_matches(name, known, n=1)
+        raise ConfigError(f"{source}: [{sec}] {name} is not a torchtitan setting of [{sec}]"
+                          + (f"; did you mean {near[0]}?" if near else f" (known: {', '.join(known)})"))
+
 
 def _flavor_model(flavor: Any, source: str):
     from autotune.export.torchtitan import FLAVORS
@@ -214,6 +252,7 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{source}: not a readable TOML job file: {e}") from None
     flat = dict(_leaves(doc))
+    _check_known_keys(flat, source)
     used: dict[str, Any] = {}
 
     def get(key: str, default: Any) -> Any:

@@ -257,8 +257,9 @@ def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engi
 def format_comparison(tuned: tuple[str, Plan, StepResult, str], yours: tuple[str, Plan, StepResult, str]) -> str:
     """A tuned plan beside the user's own (``autotune run --compare-to``): each ``(label, plan, result,
     engine)``; the plans' settings, how the numbers were obtained, step time, tokens/s, MFU and memory
-    ("does not fit" where a plan does not), then the MFU difference in percentage points (tuned - yours) or
-    that the user's plan does not fit, and the engines' error bands."""
+    ("does not fit" where a plan does not), then the MFU difference in percentage points (tuned - yours),
+    naming a precision change (the tuned plan trains with other numerics), or that the user's plan does not
+    fit, and the engines' error bands."""
     cols = [(f"{t[0]} ({t[3]})", t[1], t[2]) for t in (tuned, yours)]
     per = [dict(plan_rows(p)) for _, p, _ in cols]
     labels = list(dict.fromkeys([k for d in per for k in d]))
@@ -278,8 +279,11 @@ def format_comparison(tuned: tuple[str, Plan, StepResult, str], yours: tuple[str
         out.append(f"your plan does not fit in memory: {mine.infeasible_reason or 'over the GPU memory'}; the tuned "
                    f"plan runs at MFU {100 * res.mfu:.1f}%")
     else:
+        pt, py = tuned[1].precision, yours[1].precision
+        change = (f", with a precision change ({py} -> {pt}: different numerics, not only a different layout)"
+                  if pt != py else "")
         out.append(f"MFU: tuned {100 * res.mfu:.1f}% vs yours {100 * mine.mfu:.1f}%: "
-                   f"{100 * (res.mfu - mine.mfu):+.1f} percentage points (step {res.step_time_ms:,.1f} ms vs "
+                   f"{100 * (res.mfu - mine.mfu):+.1f} percentage points{change} (step {res.step_time_ms:,.1f} ms vs "
                    f"{mine.step_time_ms:,.1f} ms)")
     out += [error_band_line(e) for e in dict.fromkeys((tuned[3], yours[3]))]
     return "\n".join(out)

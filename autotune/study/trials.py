@@ -68,6 +68,25 @@ def robust_order(trials: Sequence[FrozenTrial], band_frac: float, k: int | None 
     return out
 
 
+def band_note(trials: Sequence[FrozenTrial], chosen: int, band_frac: float) -> str | None:
+    """One line saying why trial ``chosen`` (the first of :func:`robust_order`) is reported although a
+    feasible trial of ``trials`` has a higher MFU: the error band, its width, which trial is fastest and by how
+    much, and the exposed-bound MFUs that decided; None when ``chosen`` is the fastest."""
+    feas = [t for t in trials if t.value is not None and float(t.value) > 0]
+    if not feas:
+        return None
+    fastest = min(feas, key=lambda t: (-float(t.value), t.number))
+    pick = next((t for t in feas if t.number == chosen), None)
+    if pick is None or fastest.number == chosen or float(fastest.value) <= float(pick.value):
+        return None
+    d = 100 * (float(fastest.value) - float(pick.value))
+    return (f"ranked within the error band (MFU within {100 * band_frac:.1f}% of each other cannot be told apart): "
+            f"trial {fastest.number} is fastest at MFU {100 * float(fastest.value):.2f}%, {d:.2f} points above trial "
+            f"{pick.number}, but trial {pick.number} keeps more with every overlapped collective exposed (MFU "
+            f"{100 * mfu_exposed(pick):.2f}% vs {100 * mfu_exposed(fastest):.2f}%); see docs/search.md "
+            "\"Ranking within the error band\"")
+
+
 def band_fraction(info: "StudyInfo | None") -> float:
     """The held-out mean absolute error of ``info``'s engine on its GPU family (else over all GPUs), as a
     fraction (autotune/data/error_bands.yaml; 0 when none was measured): the band within which two

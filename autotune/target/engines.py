@@ -121,6 +121,8 @@ class EngineProfile:
             sharded and all-gathers it again in backward for the weight gradient (one more all-gather per
             such linear in backward).
         grad_reduce_bf16: the engine can reduce gradients in BF16 (``Plan.grad_reduce_in_bf16``).
+        one_bucket_without_overlap: without ``Plan.dp_grad_reduce_overlap`` the engine reduces each gradient
+            buffer in one collective, in place, after the backward (the bucket size then has no effect).
         fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
             FP8 (1-byte) activations: the input is quantized before it is gathered.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
@@ -171,6 +173,7 @@ class EngineProfile:
     sp_regathers_input_for_wgrad: bool = False
     fp8_tp_all_gather: tuple[str, ...] = ()
     grad_reduce_bf16: bool = False
+    one_bucket_without_overlap: bool = False
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),

@@ -112,3 +112,72 @@ def test_run_compare_to_refuses_another_model_before_tuning(tmp_path):
                                   "--storage", f"sqlite:///{tmp_path / 's.db'}"])
     assert r.exit_code == 2 and "differs from the run's" in r.output, r.output
     assert not (tmp_path / "s.db").exists()
+
+
+def test_compare_headline_names_a_precision_change_and_the_same_precision_plan(tmp_path):
+    from autotune.cost.evaluator import StepResult  # noqa: F401  (the results below are the simulator's)
+    from autotune.report.summary import format_comparison
+    from autotune.cost.evaluator import make_evaluator
+    m, w = get_model("8b"), Workload(seq_len=8192, global_batch_size=128)
+    cl = make_cluster("h100", 8, None)
+    ev = make_evaluator("simulated", model=m, cluster=cl, workload=w, engine="megatron")
+    mine = Plan(tp_degree=2, dp_degree=4, num_micro_batches=32, sequence_parallel=True, recompute="full")
+    tuned = Plan(tp_degree=2, dp_degree=4, num_micro_batches=32, sequence_parallel=True, recompute="full",
+                 precision="fp8_tensorwise")
+    a, b = ev.evaluate(tuned), ev.evaluate(mine)
+    ev.close()
+    text = format_comparison(("tuned", tuned, a, "megatron"), ("yours", mine, b, "megatron"))
+    head = next(ln for ln in text.splitlines() if ln.startswith("MFU: tuned"))
+    assert "precision change (bf16 -> fp8_tensorwise" in head
+    same = format_comparison(("tuned", mine, b, "megatron"), ("yours", mine, b, "megatron"))
+    assert "precision change" not in same and "+0.0 percentage points" in same
+    # the run: the JSON says whether the precision changed and gives the best tuned plan in the user's
+    # precision, with its MFU gain = its MFU - yours (both simulated)
+    f = tmp_path / "mine.txt"
+    f.write_text(ARGS_8B + "--tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer "
+                           "--overlap-grad-reduce --recompute-granularity full --recompute-method uniform "
+                           "--recompute-num-layers 1\n")
+    common = ["run", "--compare-to", str(f), "--gpus", "8", "--gpu", "h100", "--trials", "8",
+              "--storage", f"sqlite:///{tmp_path / 's.db'}"]
+    r = CliRunner().invoke(main, common + ["--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    best, yours = doc["results"]
+    assert doc["precision_change"] == (best["plan"]["precision"] != "bf16")
+    sp = doc["same_precision"]
+    assert sp["precision"] == "bf16"
+    if sp["trial"] is not None:
+        assert abs(sp["mfu_gain_points"] - 100 * (sp["mfu"] - yours["prediction"]["mfu"])) < 1e-9
+        # never above the best MFU of the study's feasible bf16 trials (read back from the storage)
+        from autotune.study.identity import load_study
+        from autotune.study.trials import feasible_trials, trial_plan
+        st, _ = load_study(best["study"], f"sqlite:///{tmp_path / 's.db'}")
+        bf16 = [float(t.value) for t in feasible_trials(st) if trial_plan(t).precision == "bf16"]
+        assert sp["mfu"] <= max(bf16) + 1e-12
+    r = CliRunner().invoke(main, common)
+    assert r.exit_code == 0, r.output
+    if doc["precision_change"] and sp["trial"] is not None:
+        assert "in your precision (bf16): best tuned plan trial" in r.output and "from the layout alone" in r.output
+
+
+def test_band_note_says_why_a_slower_plan_is_reported():
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    from autotune.study.trials import band_note, robust_order
+
+    def trial(n, mfu, step, exposed):
+        t = optuna.trial.create_trial(value=mfu, params={"x": 0.0}, distributions={"x": FloatDistribution(0, 1)},
+                                      user_attrs={"mfu": mfu, "step_time_ms": step, "step_time_exposed_ms": exposed})
+        t.number = n
+        return t
+
+    # trial 18: MFU 0.7475 but 20% of its step hidden (exposed MFU 0.7475 x 1000/1250 = 0.598); trial 21: MFU
+    # 0.7400, nothing hidden (exposed 0.74). Band 3%: 0.74 >= 0.7475 x 0.97 = 0.7251, so 21 is reported
+    t18, t21 = trial(18, 0.7475, 1000.0, 1250.0), trial(21, 0.7400, 1010.0, 1010.0)
+    assert robust_order([t18, t21], 0.03, k=1)[0].number == 21
+    note = band_note([t18, t21], 21, 0.03)
+    assert "within 3.0%" in note and "trial 18 is fastest at MFU 74.75%" in note
+    assert "0.75 points above trial 21" in note and "74.00% vs 59.80%" in note
+    assert band_note([t18, t21], 18, 0.03) is None       # the fastest is reported: nothing to explain
+

@@ -55,3 +55,20 @@ def test_command_line_plan_errors_are_one_line():
         assert r.exit_code == 2, (args, r.output)
         lines = r.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], (args, r.output)
+
+
+def test_command_line_plan_takes_the_engines_zero_stage():
+    # torchtitan has no ZeRO-1 (engines.yaml zero_stages [0, 2, 3]); without --zero the plan takes torchtitan's
+    # default FSDP: fsdp_reshard_after_forward "default" = reshard (ZeRO-3) without PP, keep gathered (ZeRO-2)
+    # with PP (torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy)
+    for pp, zero in (("4", 2), ("1", 3)):
+        r = CliRunner().invoke(main, ["simulate", "--size", "70b", "--gpus", "64", "--tp", "8", "--pp", pp,
+                                      "--engine", "torchtitan", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["results"][0]["plan"]["zero_stage"] == zero
+    # megatron keeps Plan's default (ZeRO-1, the distributed optimizer); --zero still wins
+    r = CliRunner().invoke(main, ["simulate", "--size", "8b", "--gpus", "8", "--json"])
+    assert json.loads(r.output)["results"][0]["plan"]["zero_stage"] == 1
+    r = CliRunner().invoke(main, ["simulate", "--size", "70b", "--gpus", "64", "--tp", "8", "--pp", "4",
+                                  "--engine", "torchtitan", "--zero", "0", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["results"][0]["plan"]["zero_stage"] == 0
