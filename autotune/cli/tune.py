@@ -209,18 +209,19 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         print_import_report(imported, click.echo)
         for w in yours[1]:
             click.echo(f"warning: your plan: {w}", err=True)
-        click.echo(format_comparison(("tuned", best.plan, yours[2], tuner.engine.name),
-                                     (f"yours: {os.path.basename(imported.source)}", imported.plan, yours[0],
-                                      imported.engine)))
+        notes = []
         if same is not None:
             p = imported.plan.precision
             if same[1] is None:
-                click.echo(f"in your precision ({p}): the study has no feasible tuned plan")
+                notes.append(f"in your precision ({p}): the study has no feasible tuned plan")
             elif same[0] != best.trial_number:
-                click.echo(f"in your precision ({p}): best tuned plan trial {same[0]}, MFU {100 * same[1].mfu:.1f}% vs "
-                           f"yours {100 * yours[0].mfu:.1f}%: {100 * (same[1].mfu - yours[0].mfu):+.1f} percentage "
-                           f"points from the layout alone; the rest ({100 * (yours[2].mfu - same[1].mfu):+.1f}) "
-                           f"from {best.plan.precision}")
+                notes.append(f"in your precision ({p}): best tuned plan trial {same[0]}, MFU {100 * same[1].mfu:.1f}% "
+                             f"vs yours {100 * yours[0].mfu:.1f}%: {100 * (same[1].mfu - yours[0].mfu):+.1f} percentage "
+                             f"points from the layout alone; the rest ({100 * (yours[2].mfu - same[1].mfu):+.1f}) "
+                             f"from {best.plan.precision}")
+        click.echo(format_comparison(("tuned", best.plan, yours[2], tuner.engine.name),
+                                     (f"yours: {os.path.basename(imported.source)}", imported.plan, yours[0],
+                                      imported.engine), notes))
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"

@@ -70,8 +70,23 @@ def backend_word(backend: str) -> str:
     return {"simulated": "simulated", "measured": "measured-op", "real": "real"}.get(backend, backend)
 
 
-def plan_rows(plan: Plan) -> list[tuple[str, str]]:
-    """(label, value) rows: degrees, schedule and settings."""
+def _bucket_text(plan: Plan, engine: str | None) -> str:
+    """The DP bucket row: ``N MiB``, or, for an engine that reduces each gradient buffer as one bucket without
+    an overlapped reduction (engines.yaml ``one_bucket_without_overlap``: Megatron-LM), that it does."""
+    if engine and not (plan.dp_grad_reduce_overlap and plan.async_collectives):
+        from autotune.errors import ConfigError
+        from autotune.target.engines import get_engine
+        try:
+            one = get_engine(engine).one_bucket_without_overlap
+        except ConfigError:
+            one = False
+        if one:
+            return "one per gradient buffer (no overlapped reduction)"
+    return f"{plan.bucket_size_mib} MiB"
+
+
+def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows: degrees, schedule and settings (``engine``: how its DP bucket is read)."""
     sched = plan.pipeline_schedule if plan.pp_degree > 1 else "none (pp=1)"
     if plan.pipeline_schedule == "interleaved_1f1b" and plan.pp_degree > 1:
         sched += f", {plan.vpp_degree} chunks per rank"
@@ -97,7 +112,7 @@ def plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("TP comm overlap", _onoff(plan.tp_comm_overlap)),
         ("DP grad-reduce overlap", _onoff(plan.dp_grad_reduce_overlap)),
         ("param-gather overlap", _onoff(plan.param_gather_overlap)),
-        ("DP bucket", f"{plan.bucket_size_mib} MiB"),
+        ("DP bucket", _bucket_text(plan, engine)),
         ("memory reclaim", plan.memory_reclaim),
         ("precision", plan.precision + (" (layers' linears; LM head BF16)" if plan.fp8 else "")),
         ("torch.compile", _onoff(plan.compile)),
@@ -204,8 +219,8 @@ def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: Model
     head = [title]
     if target:
         head.append(target)
-    rows = plan_rows(plan) + result_rows(result, plan)
     eng = engine or (result.details or {}).get("engine")
+    rows = plan_rows(plan, eng) + result_rows(result, plan)
     if eng:
         rows.append(("engine", str(eng)))
         if result.backend != "real":
@@ -254,14 +269,15 @@ def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engi
     return _table(rows, header, right=True) + "\n" + "\n".join(foot)
 
 
-def format_comparison(tuned: tuple[str, Plan, StepResult, str], yours: tuple[str, Plan, StepResult, str]) -> str:
+def format_comparison(tuned: tuple[str, Plan, StepResult, str], yours: tuple[str, Plan, StepResult, str],
+                      notes: Sequence[str] = ()) -> str:
     """A tuned plan beside the user's own (``autotune run --compare-to``): each ``(label, plan, result,
     engine)``; the plans' settings, how the numbers were obtained, step time, tokens/s, MFU and memory
     ("does not fit" where a plan does not), then the MFU difference in percentage points (tuned - yours),
     naming a precision change (the tuned plan trains with other numerics), or that the user's plan does not
-    fit, and the engines' error bands."""
+    fit; ``notes`` (lines after it); and the engines' error bands."""
     cols = [(f"{t[0]} ({t[3]})", t[1], t[2]) for t in (tuned, yours)]
-    per = [dict(plan_rows(p)) for _, p, _ in cols]
+    per = [dict(plan_rows(t[1], t[3])) for t in (tuned, yours)]
     labels = list(dict.fromkeys([k for d in per for k in d]))
     rows = [[k] + [d.get(k, "-") for d in per] for k in labels]
 
@@ -285,6 +301,7 @@ def format_comparison(tuned: tuple[str, Plan, StepResult, str], yours: tuple[str
         out.append(f"MFU: tuned {100 * res.mfu:.1f}% vs yours {100 * mine.mfu:.1f}%: "
                    f"{100 * (res.mfu - mine.mfu):+.1f} percentage points{change} (step {res.step_time_ms:,.1f} ms vs "
                    f"{mine.step_time_ms:,.1f} ms)")
+    out += list(notes)
     out += [error_band_line(e) for e in dict.fromkeys((tuned[3], yours[3]))]
     return "\n".join(out)
 

@@ -427,6 +427,11 @@ def test_bucket_without_overlap_costs_the_same_from_the_plan_and_from_its_launch
     # Megatron: bucket_size None without overlap, one bucket per buffer reduced in place: the plan's bucket
     # changes nothing, so the plan (128 MiB) and the imported launch (default bucket) cost the same
     assert (a.step_time_ms, a.peak_memory_bytes) == (b.step_time_ms, b.peak_memory_bytes)
+    # and the plan table says so for megatron, not "128 MiB" beside the import's "64 MiB" for the same launch
+    from autotune.report.summary import plan_rows
+    assert dict(plan_rows(plan128, "megatron"))["DP bucket"] == dict(plan_rows(imp.plan, "megatron"))["DP bucket"] \
+        == "one per gradient buffer (no overlapped reduction)"
+    assert dict(plan_rows(plan128, "native"))["DP bucket"] == "128 MiB"      # native DDP buckets regardless
     gpu = cl.gpu
 
     def peak(pl):
