@@ -148,6 +148,12 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
                 env[m.group(1)] = m.group(2)
         cmd = words
         break
+    joined = " ".join(lines)
+    if cmd is None and re.search(r"-m\s+torchtitan\.train\b", joined):
+        m = re.search(r"--module\s+([A-Za-z0-9_.]+)", joined)
+        raise ConfigError(f"{path}: a torchtitan launch (-m torchtitan.train), not Megatron-LM's pretrain_gpt.py; "
+                          "read its config instead: --from-torchtitan "
+                          + (f"{Path(path).parent / (m.group(1) + '.py')}" if m else "CONFIG.py"))
     if cmd is None:
         # a plain argument list (no script word), possibly over several lines
         try:

@@ -456,3 +456,13 @@ def test_torchtitan_toml_typo_in_a_known_section_is_an_error(tmp_path):
                       num_gpus=8)
     assert ("parallelism.disable_loss_parallel = True", NOT_MODELLED) in imp.ignored
     assert any(s.startswith("comm.trace_buf_sizee") for s, _ in imp.ignored)
+
+
+def test_a_torchtitan_launch_script_given_as_megatron_names_its_config(tmp_path):
+    from autotune.export import write_launch_files
+    cl = make_cluster("b200", 512, None)
+    doc = PlanDocument(plan=TT_PLAN, model=M70, gpu="b200", num_gpus=512, fabric=cl.fabric.to_dict(), workload=W70,
+                       study="s", trial_id=0, engine="torchtitan")
+    write_launch_files(doc, tmp_path / "tt", "torchrun")
+    with pytest.raises(ConfigError, match=r"a torchtitan launch .*--from-torchtitan .*autotune_torchtitan\.py"):
+        import_megatron_args(tmp_path / "tt" / "launch_torchrun.sh", num_gpus=512)
