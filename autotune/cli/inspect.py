@@ -176,7 +176,8 @@ def plot(study, storage, out_dir):
             study = names[0]
         st, _ = load_study(study, storage)
         from autotune.files import check_output_path
-        check_output_path(out_dir, what="-o", directory=True)
+        from autotune.report.plots import plot_file_names
+        check_output_path(out_dir, what="-o", directory=True, names=plot_file_names())
         paths = write_study_plots(st, out_dir)
     click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
 

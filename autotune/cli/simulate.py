@@ -150,6 +150,8 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise ConfigError(f"{opt} {path!r}: directory {d} does not exist or is not writable")
+        from autotune.files import check_output_path
+        check_output_path(path, what=opt)     # never through a symbolic link, names within NAME_MAX
     given = [f"--{k}" for k, v in flags.items() if v is not None] + [
         o for o, v in (("--size", size), ("--model", model_path), ("--gpu", gpu), ("--gpus", gpus),
                        ("--seq-len", seq_len), ("--global-batch", global_batch), ("--set", sets)) if v]

@@ -77,10 +77,8 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine
         ev.close()
     d = dict(r.details)
     if json_out:
-        try:
-            Path(json_out).write_text(json.dumps(r.to_dict(), indent=1, default=str))
-        except OSError as e:
-            raise AutotuneError(f"--json {json_out}: cannot write: {e.strerror or e}") from None
+        from autotune.files import write_output_text
+        write_output_text(json_out, json.dumps(r.to_dict(), indent=1, default=str), what="--json")
     if not r.feasible:
         raise AutotuneError(f"{r.infeasible_reason} (simulator predicted "
                             f"{(d.get('simulated_peak_memory_bytes') or 0) / 2**30:.1f} GiB peak)")
@@ -137,6 +135,8 @@ def _check_output_path(path: str) -> None:
 
     from autotune.errors import AutotuneError
 
+    from autotune.files import check_output_path
+
     p = Path(path)
     d = p.parent
     if p.is_dir():
@@ -147,6 +147,7 @@ def _check_output_path(path: str) -> None:
         raise AutotuneError(f"--json {path}: {d} is not a directory")
     if not os.access(d, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise AutotuneError(f"--json {path}: {p if p.exists() else d} is not writable")
+    check_output_path(p, what="--json")      # never through a symbolic link
 
 
 def _one_line(text: str) -> str:

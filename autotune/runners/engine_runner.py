@@ -237,6 +237,8 @@ class EngineRunner(Evaluator):
         self.only_plans = None if only_plans is None else frozenset(only_plans)
         self.log_dir = Path(log_dir) if log_dir else None
         if self.log_dir is not None:
+            from autotune.files import check_output_path
+            check_output_path(self.log_dir, what="--engine-logs", directory=True)   # not a symbolic link
             self.log_dir.mkdir(parents=True, exist_ok=True)
         self.launcher = dict(launcher) if kind == "slurm" else None
         if self.launcher is not None:
@@ -335,8 +337,9 @@ class EngineRunner(Evaluator):
             kept = None
             if self.log_dir is not None:
                 stem = f"trial{self._n:02d}-{plan_label(plan)}"
-                shutil.copyfile(log, self.log_dir / f"{stem}.log")
-                shutil.copyfile(job, self.log_dir / f"{stem}.{launch.job_suffix}")
+                from autotune.files import copy_output_file   # never through a symbolic link
+                copy_output_file(log, self.log_dir / f"{stem}.log", what="--engine-logs")
+                copy_output_file(job, self.log_dir / f"{stem}.{launch.job_suffix}", what="--engine-logs")
                 kept = str(self.log_dir / f"{stem}.log")
         finally:
             shutil.rmtree(wd, ignore_errors=True)

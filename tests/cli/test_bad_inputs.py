@@ -190,6 +190,31 @@ case("export-launcher-o-symlink-inside", lambda e: ["export", "--size", "8b", "-
                                                     is None else ""], "symbolic link")
 case("plot-o-symlink", lambda e: ["plot", "--storage", e["url"], "-o", _link(e, "plotlink", "sub.yaml")
                                   if (e["dir"] / "sub.yaml").mkdir(exist_ok=True) is None else ""], "symbolic link")
+# issue 25 QA: every file autotune writes for the user refuses a symbolic link at its own name (the link is
+# planted inside a plain directory; notes.txt, the link target, is in the digest). Plot names: the four plots
+# (report/plots.py PLOTS) as .html and .png, all linked so whichever library is installed meets one.
+def _plot_dir_with_links(e):
+    d = e["dir"] / "plots-linked"
+    d.mkdir(exist_ok=True)
+    for n in ("history", "importances", "mfu_vs_memory", "knobs"):
+        for ext in ("html", "png"):
+            _link(e, f"plots-linked/{n}.{ext}")
+    return str(d)
+
+
+case("plot-o-dir-holding-symlinked-plot", lambda e: ["plot", "--storage", e["url"], "-o", _plot_dir_with_links(e)],
+     "symbolic link")
+case("simulate--trace-symlink", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--trace",
+                                           _link(e, "trace-link.json")], "symbolic link")
+case("simulate--gantt-symlink", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--gantt",
+                                           _link(e, "gantt-link.png")], "symbolic link")
+case("validate--json-symlink", lambda e: ["validate", str(e["dir"] / "plan.yaml"), "--json",
+                                          _link(e, "validate-link.json")], "symbolic link")
+case("export-launcher-o-symlinked-script", lambda e: ["export", "--size", "8b", "--space", "small", "--storage",
+                                                      e["url"], "--launcher", "slurm", "-o",
+                                                      _link(e, "ld2/launch_slurm.sbatch") and str(e["dir"] / "ld2")
+                                                      if (e["dir"] / "ld2").mkdir(exist_ok=True) is None else ""],
+     "symbolic link")
 case("export-o-name-too-long", lambda e: ["export", "--size", "8b", "--space", "small", "--storage", e["url"],
                                           "-o", str(e["dir"] / ("p" * 300 + ".yaml"))], "-o")
 case("plot-o-under-a-file", lambda e: ["plot", "--storage", e["url"], "-o", str(e["dir"] / "notes.txt" / "p")], "-o")
