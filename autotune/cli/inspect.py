@@ -133,7 +133,7 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
     if as_json:
         entries = [json_entry(plan=trial_plan(t), result=trial_result(t), info=info, engine=info.engine,
                               label=f"top{i}", study=info.name, trial=t.number) for i, t in enumerate(trials, 1)]
-        click.echo(json_document("show", entries, storage=storage))
+        click.echo(json_document("show", entries, storage=redact(storage)))
         return
     n = len(st.get_trials(deepcopy=False))
     click.echo(f"study {info.name}: the {len(trials)} best feasible plans of {n} trials"

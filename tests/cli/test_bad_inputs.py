@@ -172,6 +172,19 @@ case("run-storage-pg-password", lambda e: ["run", "--size", "8b", "--space", "sm
 case("show-storage-pg-password", lambda e: ["show", "--storage", "postgresql+psycopg://me:s3cret@127.0.0.1:1/db"],
      "me:***@")
 
+# every password form (issue 25 QA): libpq's password / sslpassword query keywords in any case, a space in the
+# userinfo password, the --storage=URL spelling
+for cid, url, shown in [
+    ("query-password", "postgresql+psycopg://me@127.0.0.1:1/db?password=s3cretQ", "password=***"),
+    ("query-PASSWORD", "postgresql+psycopg://me@127.0.0.1:1/db?PASSWORD=s3cretQ", "PASSWORD=***"),
+    ("query-sslpassword", "postgresql+psycopg://me:x@127.0.0.1:1/db?sslmode=require&sslpassword=s3cretK",
+     "sslpassword=***"),
+    ("space-in-password", "postgresql+psycopg://me:pa s3cret@127.0.0.1:1/db", "me:***@"),
+]:
+    case(f"run-storage-pg-{cid}", lambda e, u=url: ["run", "--size", "8b", "--space", "small", "--trials", "1",
+                                                    "--storage", u], shown)
+    case(f"show-storage=pg-{cid}", lambda e, u=url: ["show", f"--storage={u}"], shown)
+
 
 # output paths: never written through a symbolic link (here to notes.txt, whose digest is checked), names
 # within NAME_MAX, a writable directory
