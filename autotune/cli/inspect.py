@@ -152,7 +152,7 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
 def plot(study, storage, out_dir):
     """Plot a study: MFU history with best-so-far, parameter importances, MFU vs peak memory, per-knob effects.
 
-    HTML (plotly) and PNG (matplotlib), whichever is installed (pip install 'autotune[plot]'). STUDY is a
+    HTML (plotly) and PNG (matplotlib), whichever is installed (pip install -e '.[plot]' (in the autotune checkout)). STUDY is a
     study name (see `autotune show`); without it, the storage must hold exactly one study.
 
     Example: autotune plot -o plots/

@@ -106,7 +106,7 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
               help="Write the simulated step as a Chrome/Perfetto trace (JSON): a process per pipeline stage, a track "
                    "per stream.")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: autotune[plot]).")
+              help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: the plot extra).")
 @click.option("--from-megatron", "from_megatron", type=click.Path(dir_okay=False), default=None,
               help="Predict your own Megatron-LM launch: a file of pretrain_gpt.py arguments (one per line or "
                    "shell-style lines; \\ continuations and # comments allowed). Needs --gpus (world size); "

@@ -21,8 +21,8 @@ import click
               help="cpu runs with gloo (tests); auto uses the local CUDA GPUs.")
 @click.option("--engine", type=click.Choice(["native", "torchtitan", "megatron"]), default="native", show_default=True,
               help="native: autotune's own runtime; torchtitan: torchtitan's trainer with the plan as its job "
-                   "file (needs autotune[torchtitan-runner]); megatron: Megatron-LM's pretrain_gpt.py with the "
-                   "plan's flags (needs autotune[megatron-runner] and AUTOTUNE_MEGATRON_LM).")
+                   "file (needs the torchtitan-runner extra); megatron: Megatron-LM's pretrain_gpt.py with the "
+                   "plan's flags (needs the megatron-runner extra and AUTOTUNE_MEGATRON_LM).")
 @click.option("--engine-logs", "engine_logs", type=click.Path(file_okay=False), default=None,
               help="--engine torchtitan|megatron: keep the trainer's log and job file in this folder.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,

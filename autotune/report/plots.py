@@ -2,7 +2,7 @@
 
 Four plots of an autotune study, each as HTML (Optuna's plotly visualization module,
 ``optuna.visualization``; needs plotly) and PNG (``optuna.visualization.matplotlib``; needs
-matplotlib), both in the ``plot`` extra (``pip install 'autotune[plot]'``):
+matplotlib), both in the ``plot`` extra (``pip install -e '.[plot]' (in the autotune checkout)``):
 
 * ``history``: MFU (causal, %) by trial with the best-so-far line over the feasible trials
   (:func:`history_points`; out-of-memory trials marked differently, as Optuna's
@@ -115,7 +115,7 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
 
     html, png = _available()
     if not (html or png):
-        raise ConfigError("autotune plot needs plotly (HTML) or matplotlib (PNG): pip install 'autotune[plot]'")
+        raise ConfigError("autotune plot needs plotly (HTML) or matplotlib (PNG): pip install -e '.[plot]' (in the autotune checkout)")
     from optuna.trial import TrialState
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise ConfigError(f"study {study.study_name!r} has no complete trial to plot; run `autotune run` first")

@@ -102,7 +102,7 @@ def write_gantt(path: str | Path, g, tl, *, title: str = "") -> None:
     track, slices coloured by op; white gaps on the compute rows are the bubbles.
 
     Raises:
-        ConfigError: matplotlib is not installed (``pip install 'autotune[plot]'``) or ``path`` is
+        ConfigError: matplotlib is not installed (``pip install -e '.[plot]' (in the autotune checkout)``) or ``path`` is
             not writable.
     """
     try:
@@ -111,7 +111,7 @@ def write_gantt(path: str | Path, g, tl, *, title: str = "") -> None:
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
     except ImportError:
-        raise ConfigError("--gantt needs matplotlib: pip install 'autotune[plot]'") from None
+        raise ConfigError("--gantt needs matplotlib: pip install -e '.[plot]' (in the autotune checkout)") from None
     evs = list(timeline_events(g, tl))
     rows = sorted({(e["stage"], TRACKS[e["track"]]) for e in evs})
     y_of = {r: i for i, r in enumerate(rows)}

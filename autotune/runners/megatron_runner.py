@@ -7,7 +7,7 @@ Megatron-LM's here:
   library, not ``pretrain_gpt.py``), so the runner takes a Megatron-LM checkout from
   :data:`CHECKOUT_ENV` (the folder with ``pretrain_gpt.py`` and ``megatron/``) and puts it first on the
   trainer's ``PYTHONPATH``; its imports (``einops``, ``pybind11`` for the dataset helpers, built with
-  g++ at start-up) come with ``pip install 'autotune[megatron-runner]'``;
+  g++ at start-up) come with ``pip install -e '.[megatron-runner]' (in the autotune checkout)``;
 * **the transformer implementation**: with Transformer Engine importable the plan runs as exported
   (``--transformer-impl transformer_engine``); without it (no binary wheel for torch 2.11 / CUDA 13,
   the GPU hosts here; building it from source was not tried: docs/results/engines/README.md) it runs
@@ -44,7 +44,7 @@ from autotune.target.plan import Plan, Workload
 ENGINE = "megatron"
 #: environment variable naming the Megatron-LM checkout (the folder with ``pretrain_gpt.py``)
 CHECKOUT_ENV = "AUTOTUNE_MEGATRON_LM"
-INSTALL_HINT = (f"pip install 'autotune[megatron-runner]' and set {CHECKOUT_ENV} to a Megatron-LM checkout "
+INSTALL_HINT = (f"pip install -e '.[megatron-runner]' (in the autotune checkout) and set {CHECKOUT_ENV} to a Megatron-LM checkout "
                 "(git clone https://github.com/NVIDIA/Megatron-LM; the folder with pretrain_gpt.py)")
 #: flags of ``--transformer-impl local`` runs: the fusions that need Transformer Engine or apex kernels
 #: off (megatron/training/arguments.py: --no-gradient-accumulation-fusion (the fused wgrad GEMM into

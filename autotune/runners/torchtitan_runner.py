@@ -13,7 +13,7 @@ that torchtitan 0.2.x is importable and the GPUs are there, nothing starts; ``ev
 
 torchtitan version: the job files are torchtitan 0.2.x TOML (:mod:`autotune.runners.torchtitan_job`
 says why: 0.3.0 does not import under torch 2.11). A missing torchtitan is one error naming
-``pip install 'autotune[torchtitan-runner]'``.
+``pip install -e '.[torchtitan-runner]' (in the autotune checkout)``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from autotune.target.models import ModelSpec
 from autotune.target.plan import Plan, Workload
 
 ENGINE = "torchtitan"
-INSTALL_HINT = "pip install 'autotune[torchtitan-runner]'"
+INSTALL_HINT = "pip install -e '.[torchtitan-runner]' (in the autotune checkout)"
 
 
 def check_torchtitan() -> str:

@@ -120,7 +120,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     """Open (and cache per process) the Optuna storage at ``url``.
 
     ``url``: an SQLAlchemy URL (``sqlite:///PATH``, ``postgresql://user@host:port/db``: psycopg 3 from the
-    ``autotune[postgres]`` extra, ``postgresql+psycopg2://`` for psycopg2, ...) or ``journal:PATH``:
+    ``postgres`` extra, ``postgresql+psycopg2://`` for psycopg2, ...) or ``journal:PATH``:
     Optuna's :class:`~optuna.storages.JournalStorage` on a :class:`~optuna.storages.journal.JournalFileBackend`
     file (append-only log with file locks; for clusters with a shared file system and no database server).
     For the default URL the ``studies/`` directory is created if missing; for any other SQLite or journal

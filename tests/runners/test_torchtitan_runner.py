@@ -175,7 +175,7 @@ def test_cli_run_without_torchtitan_is_one_error_line(monkeypatch):
                                     "--storage", "sqlite:///:memory:"])
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == ["error: --engine torchtitan needs torchtitan, which is not installed: "
-                                                "pip install 'autotune[torchtitan-runner]'"]
+                                                "pip install -e '.[torchtitan-runner]' (in the autotune checkout)"]
 
 
 def test_cli_run_screens_then_runs_and_validate_replays(tmp_path, monkeypatch):
