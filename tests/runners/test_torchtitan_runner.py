@@ -158,7 +158,7 @@ def test_missing_torchtitan_names_the_extra(monkeypatch):
 
     real = util.find_spec
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "torchtitan" else real(name, *a))
-    with pytest.raises(AutotuneError, match=r"pip install 'autotune\[torchtitan-runner\]'"):
+    with pytest.raises(AutotuneError, match=r"pip install -e '\.\[torchtitan-runner\]'"):
         tr.check_torchtitan()
 
 
