@@ -99,6 +99,20 @@ def _installed(dist: str) -> str | None:
         return None
 
 
+def no_gpu_note() -> str:
+    """What to add to an engine's install error when this machine has no CUDA GPU (torch sees none, or torch is
+    missing): ``"; also, no CUDA GPU was found on this machine ..."``; ``""`` when one is there. A user on a CPU
+    machine then learns both problems from one line, not the install one first and the GPU one after it."""
+    try:
+        n = local_gpu_count()
+    except ImportError:
+        n = 0
+    except Exception:  # noqa: BLE001 - a broken CUDA set-up: say nothing here, the runner's own check says it
+        return ""
+    return "" if n > 0 else ("; also, no CUDA GPU was found on this machine (the engine trains on NVIDIA GPUs: run "
+                             "on a GPU host, or with --launcher slurm)")
+
+
 def run_job(argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float, cwd: str | Path,
             log_path: str | Path) -> dict[str, Any]:
     """Run ``argv`` in a new session with stdout and stderr into ``log_path``; wait up to ``timeout_s``

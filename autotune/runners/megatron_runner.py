@@ -36,7 +36,7 @@ from typing import Callable
 
 from autotune.cost.evaluator import StepResult
 from autotune.errors import AutotuneError, ConfigError
-from autotune.runners.engine_runner import EngineRunner, Launch, ParsedRun
+from autotune.runners.engine_runner import EngineRunner, Launch, ParsedRun, no_gpu_note
 from autotune.runners.megatron_log import parse_facts, parse_iterations, parse_memory
 from autotune.target.models import ModelSpec
 from autotune.target.plan import Plan, Workload
@@ -61,7 +61,7 @@ def checkout() -> Path:
     """The Megatron-LM checkout named by :data:`CHECKOUT_ENV`; raises AutotuneError when unset or wrong."""
     root = os.environ.get(CHECKOUT_ENV)
     if not root:
-        raise AutotuneError(f"--engine megatron needs Megatron-LM's training scripts: {INSTALL_HINT}")
+        raise AutotuneError(f"--engine megatron needs Megatron-LM's training scripts: {INSTALL_HINT}" + no_gpu_note())
     p = Path(root)
     if not (p / "pretrain_gpt.py").is_file() or not (p / "megatron" / "core").is_dir():
         raise AutotuneError(f"{CHECKOUT_ENV}={root}: not a Megatron-LM checkout (no pretrain_gpt.py and "
@@ -82,7 +82,7 @@ def check_megatron() -> str:
     root = checkout()
     missing = [m for m in ("einops",) if util.find_spec(m) is None]
     if missing:
-        raise AutotuneError(f"--engine megatron: {', '.join(missing)} not installed: {INSTALL_HINT}")
+        raise AutotuneError(f"--engine megatron: {', '.join(missing)} not installed: {INSTALL_HINT}" + no_gpu_note())
     return megatron_core_version(root)
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 from autotune.cost.evaluator import StepResult
 from autotune.errors import AutotuneError
 from autotune.runners.engine_runner import (REFUSAL_EXCEPTIONS, EngineRunner, Launch, ParsedRun, classify_run,
-                                            run_job)
+                                            no_gpu_note, run_job)
 from autotune.runners.torchtitan_job import TORCHTITAN_VERSION, job_toml
 from autotune.runners.torchtitan_log import parse_facts, parse_steps
 from autotune.target.models import ModelSpec
@@ -40,14 +40,16 @@ def check_torchtitan() -> str:
     from importlib import metadata, util
 
     if util.find_spec("torchtitan") is None:
-        raise AutotuneError(f"--engine torchtitan needs torchtitan, which is not installed: {INSTALL_HINT}")
+        raise AutotuneError(f"--engine torchtitan needs torchtitan, which is not installed: {INSTALL_HINT}"
+                            + no_gpu_note())
     try:
         v = metadata.version("torchtitan")
     except metadata.PackageNotFoundError:
         v = "unknown"
     if not v.startswith("0.2."):
         raise AutotuneError(f"torchtitan {v} is installed; the torchtitan runner writes 0.2.x job files (the "
-                            f"releases that run on torch 2.11): pip install 'torchtitan=={TORCHTITAN_VERSION}'")
+                            f"releases that run on torch 2.11): pip install 'torchtitan=={TORCHTITAN_VERSION}'"
+                            + no_gpu_note())
     return v
 
 
