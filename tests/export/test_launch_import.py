@@ -268,7 +268,7 @@ def test_torchtitan_config_module_needs_torchtitan(tmp_path, monkeypatch):
     import sys
     f = _write(tmp_path, "def autotune_plan():\n    raise SystemExit('must not run')\n", "cfg.py")
     monkeypatch.setitem(sys.modules, "torchtitan.config.manager", None)     # import fails
-    with pytest.raises(ConfigError, match=r"autotune\[torchtitan\]"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[torchtitan\]'"):
         import_launch(f, None, num_gpus=8)
 
 
