@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import optuna
 
-from autotune.errors import ConfigError, StorageError
+from autotune.errors import ConfigError, StorageError, redact
 from autotune.study.storage_check import user_url
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
                 hb = {"heartbeat_interval": int(heartbeat_interval_s),
                       "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
             storage = retry_races(lambda: optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **hb),
-                                   f"open {url}")
+                                   f"open {redact(url)}")      # logged with AUTOTUNE_DEBUG: no password
             if kind == "sqlite" and ":memory:" not in url and not readonly:
                 _fast_sqlite(storage)
     except ModuleNotFoundError as e:
