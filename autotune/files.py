@@ -321,3 +321,59 @@ def check_output_path(path: str | Path, *, what: str, directory: bool = False,
         raise ConfigError(f"{what} {shown}: {display_text(str(d), 120)} is not a writable directory; give a path "
                           "you can write")
     return p
+
+
+def open_output(path: str | Path, *, what: str, binary: bool = False):
+    """``path`` opened for writing (created or truncated) *without following a symbolic link* at its last
+    name (``O_NOFOLLOW``, open(2): the open fails with ELOOP on a link), so a link planted after
+    :func:`check_output_path` still writes nothing through it. ``what`` names the option in messages.
+
+    Returns: a text (UTF-8) or binary file object. Raises:
+        ConfigError: the path is a symbolic link, or cannot be opened (naming the OS reason).
+    """
+    import errno
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    p = Path(path)
+    if p.is_symlink():          # before open: O_TRUNC must not touch anything when it is a link
+        raise ConfigError(f"{what} {display_text(str(p), 120)} is a symbolic link (to "
+                          f"{display_text(os.readlink(p), 120)}); refused, nothing written through it: give a plain path")
+    try:
+        fd = os.open(p, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"{what} {display_text(str(p), 120)} is a symbolic link; refused, nothing written "
+                              "through it: give a plain path") from None
+        raise ConfigError(f"{what} {display_text(str(p), 120)}: cannot write: {e.strerror or e}") from None
+    return os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
+
+
+def write_output_text(path: str | Path, text: str, *, what: str) -> Path:
+    """Write ``text`` to ``path`` through :func:`open_output` (never through a symbolic link).
+
+    Raises:
+        ConfigError: as :func:`open_output`, or the write fails (e.g. the disk is full).
+    """
+    try:
+        with open_output(path, what=what) as fh:
+            fh.write(text)
+    except OSError as e:
+        raise ConfigError(f"{what} {display_text(str(path), 120)}: cannot write: {e.strerror or e}") from None
+    return Path(path)
+
+
+def copy_output_file(src: str | Path, dst: str | Path, *, what: str) -> Path:
+    """Copy the bytes of ``src`` to ``dst`` through :func:`open_output` (``shutil.copyfile`` would follow a
+    symbolic link at ``dst``).
+
+    Raises:
+        ConfigError: as :func:`open_output`, or reading/writing fails.
+    """
+    import shutil
+
+    try:
+        with open(src, "rb") as fin, open_output(dst, what=what, binary=True) as fout:
+            shutil.copyfileobj(fin, fout)
+    except OSError as e:
+        raise ConfigError(f"{what} {display_text(str(dst), 120)}: cannot write: {e.strerror or e}") from None
+    return Path(dst)

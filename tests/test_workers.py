@@ -51,8 +51,9 @@ def test_seeds_per_worker_and_trial():
 def test_storage_kind_and_missing_driver():
     assert [storage_kind(u) for u in ("sqlite:///a.db", "postgresql://h/db", "postgresql+psycopg2://h/db",
                                         "journal:/x/log")] == ["sqlite", "postgresql", "postgresql", "journal"]
-    # pg8000 is not a dependency: SQLAlchemy cannot import its DBAPI -> one line naming the extra
-    with pytest.raises(StorageError, match=r"driver is not installed.*autotune\[postgres\]"):
+    # pg8000 is not a dependency: SQLAlchemy cannot import its DBAPI -> one line naming what the scheme's
+    # driver needs (pg8000), not the psycopg extra
+    with pytest.raises(StorageError, match=r"driver is not installed.*pip install pg8000 "):
         open_storage("postgresql+pg8000://u@127.0.0.1:1/db")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from autotune.errors import AutotuneError, redact
+from autotune.errors import AutotuneError, redact, register_secrets
 
 
 def debug_enabled_cli() -> bool:
@@ -60,6 +60,12 @@ class AutotuneGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Remember every URL among the arguments and its passwords first (:func:`autotune.errors.register_secrets`),
+        so no message shows them, however they are written (a space in a password, ``?password=``)."""
+        register_secrets(args)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

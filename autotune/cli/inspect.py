@@ -134,7 +134,7 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
     if as_json:
         entries = [json_entry(plan=trial_plan(t), result=trial_result(t), info=info, engine=info.engine,
                               label=f"top{i}", study=info.name, trial=t.number) for i, t in enumerate(trials, 1)]
-        click.echo(json_document("show", entries, storage=storage))
+        click.echo(json_document("show", entries, storage=redact(storage)))
         return
     n = len(st.get_trials(deepcopy=False))
     click.echo(f"study {info.name}: the {len(trials)} best feasible plans of {n} trials"
@@ -155,7 +155,7 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
 def plot(study, storage, out_dir):
     """Plot a study: MFU history with best-so-far, parameter importances, MFU vs peak memory, per-knob effects.
 
-    HTML (plotly) and PNG (matplotlib), whichever is installed (pip install 'autotune[plot]'). STUDY is a
+    HTML (plotly) and PNG (matplotlib), whichever is installed (pip install -e '.[plot]' (in the autotune checkout)). STUDY is a
     study name (see `autotune show`); without it, the storage must hold exactly one study.
 
     Example: autotune plot -o plots/
@@ -179,7 +179,8 @@ def plot(study, storage, out_dir):
             study = names[0]
         st, _ = load_study(study, storage)
         from autotune.files import check_output_path
-        check_output_path(out_dir, what="-o", directory=True)
+        from autotune.report.plots import plot_file_names
+        check_output_path(out_dir, what="-o", directory=True, names=plot_file_names())
         paths = write_study_plots(st, out_dir)
     click.echo(f"wrote {len(paths)} files to {out_dir}: " + ", ".join(p.name for p in paths))
 

@@ -173,6 +173,11 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
     secs = parse_sections(sections)
     if merge_into and not export:
         raise ConfigError("--merge-into needs --export (the merged profile is the exported one)")
+    from autotune.files import check_output_path
+    for opt, path in (("--export", export), ("--merge-output" if merge_output else "--merge-into",
+                                             merge_output or merge_into)):
+        if path:
+            check_output_path(path, what=opt)      # before the measurements: never through a symbolic link
     present = torch.cuda.device_count()
     if gpus is None:
         gpus = present
@@ -209,7 +214,8 @@ def run_profile(*, quick: bool = False, force: bool = False, storage: str = DEFA
 
                 d["environment"]["torchao"] = torchao_version()
                 Path(export).parent.mkdir(parents=True, exist_ok=True)
-                Path(export).write_text(dump_profile_yaml(d))
+                from autotune.files import write_output_text
+                write_output_text(export, dump_profile_yaml(d), what="--export")
                 report.export_path = str(export)
             except (ConfigError, OSError) as e:
                 export_error = f"cannot export the profile to {export}: {e}"
@@ -480,7 +486,8 @@ def write_fabrics(session: Any, env: ProfileEnvironment, dirs: Sequence[Path]) -
         for dr in dirs:
             dr.mkdir(parents=True, exist_ok=True)
             p = dr / f"{d['name']}.yaml"
-            p.write_text(head + yaml.safe_dump(d, sort_keys=False))
+            from autotune.files import write_output_text
+            write_output_text(p, head + yaml.safe_dump(d, sort_keys=False), what="--fabrics-dir")
             paths.append(str(p))
     return paths
 

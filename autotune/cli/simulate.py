@@ -119,7 +119,7 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
               help="Write the simulated step as a Chrome/Perfetto trace (JSON): a process per pipeline stage, a track "
                    "per stream.")
 @click.option("--gantt", "gantt_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: autotune[plot]).")
+              help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: the plot extra).")
 @click.option("--from-megatron", "from_megatron", type=click.Path(dir_okay=False), default=None,
               help="Predict your own Megatron-LM launch: a file of pretrain_gpt.py arguments (one per line or "
                    "shell-style lines; \\ continuations and # comments allowed). Needs --gpus (world size); "
@@ -163,6 +163,8 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise ConfigError(f"{opt} {path!r}: directory {d} does not exist or is not writable")
+        from autotune.files import check_output_path
+        check_output_path(path, what=opt)     # never through a symbolic link, names within NAME_MAX
     given = [f"--{k}" for k, v in flags.items() if v is not None] + [
         o for o, v in (("--size", size), ("--model", model_path), ("--gpu", gpu), ("--gpus", gpus),
                        ("--seq-len", seq_len), ("--global-batch", global_batch), ("--set", sets)) if v]

@@ -21,8 +21,8 @@ import click
               help="cpu runs with gloo (tests); auto uses the local CUDA GPUs.")
 @click.option("--engine", type=click.Choice(["native", "torchtitan", "megatron"]), default="native", show_default=True,
               help="native: autotune's own runtime; torchtitan: torchtitan's trainer with the plan as its job "
-                   "file (needs autotune[torchtitan-runner]); megatron: Megatron-LM's pretrain_gpt.py with the "
-                   "plan's flags (needs autotune[megatron-runner] and AUTOTUNE_MEGATRON_LM).")
+                   "file (needs the torchtitan-runner extra); megatron: Megatron-LM's pretrain_gpt.py with the "
+                   "plan's flags (needs the megatron-runner extra and AUTOTUNE_MEGATRON_LM).")
 @click.option("--engine-logs", "engine_logs", type=click.Path(file_okay=False), default=None,
               help="--engine torchtitan|megatron: keep the trainer's log and job file in this folder.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
@@ -77,10 +77,8 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine
         ev.close()
     d = dict(r.details)
     if json_out:
-        try:
-            Path(json_out).write_text(json.dumps(r.to_dict(), indent=1, default=str))
-        except OSError as e:
-            raise AutotuneError(f"--json {json_out}: cannot write: {e.strerror or e}") from None
+        from autotune.files import write_output_text
+        write_output_text(json_out, json.dumps(r.to_dict(), indent=1, default=str), what="--json")
     if not r.feasible:
         raise AutotuneError(f"{r.infeasible_reason} (simulator predicted "
                             f"{(d.get('simulated_peak_memory_bytes') or 0) / 2**30:.1f} GiB peak)")
@@ -137,6 +135,8 @@ def _check_output_path(path: str) -> None:
 
     from autotune.errors import AutotuneError
 
+    from autotune.files import check_output_path
+
     p = Path(path)
     d = p.parent
     if p.is_dir():
@@ -147,6 +147,7 @@ def _check_output_path(path: str) -> None:
         raise AutotuneError(f"--json {path}: {d} is not a directory")
     if not os.access(d, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise AutotuneError(f"--json {path}: {p if p.exists() else d} is not writable")
+    check_output_path(p, what="--json")      # never through a symbolic link
 
 
 def _one_line(text: str) -> str:

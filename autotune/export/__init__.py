@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import ConfigError
+from autotune.files import write_output_text
 from autotune.target.plan import PlanDocument
 
 LAUNCHERS = ("torchrun", "slurm")
@@ -251,7 +252,7 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
         out.mkdir(parents=True, exist_ok=True)
         for name, (text, exe) in files.items():
             p = out / name
-            p.write_text(text)
+            write_output_text(p, text, what="-o")      # never through a symbolic link
             if exe:
                 p.chmod(0o755)
             written.append(p)

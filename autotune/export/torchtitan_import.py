@@ -15,7 +15,7 @@ Two formats:
   always runs sequence-parallel (models/llama3/infra/parallelize.py ``apply_tp``);
 * a 0.3.0 Python config module (``--module M --config F``), loaded with torchtitan's own ``ConfigManager``
   (torchtitan/config/manager.py), never executed by autotune itself: it needs torchtitan installed
-  (``pip install 'autotune[torchtitan]'``). ``FILE.py:FUNCTION`` names the config function (default: the
+  (``pip install -e '.[torchtitan]' (in the autotune checkout)``). ``FILE.py:FUNCTION`` names the config function (default: the
   module's ``autotune_plan``, or its only top-level function, found without running it). The converters
   passed to ``model_registry`` are recorded while it loads (their GPU checks are not run: the BF16 model
   is built), as tests/export/test_export.py does.
@@ -389,7 +389,7 @@ def import_python_config(spec: str, *, num_gpus: int) -> ImportedLaunch:
     except Exception as e:       # noqa: BLE001 - any import failure: torchtitan is not usable here
         raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
                           f"and torchtitan does not import here ({type(e).__name__}: {str(e)[:120]}); install it: "
-                          "pip install 'autotune[torchtitan]'") from None
+                          "pip install -e '.[torchtitan]' (in the autotune checkout)") from None
     mod = path.stem
     seen: dict = {}
     sys.path.insert(0, str(path.resolve().parent))

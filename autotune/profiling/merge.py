@@ -124,7 +124,8 @@ def merge_files(new_path: str | Path, base_path: str | Path, *, output: str | Pa
                             read_yaml_file(base_path, what="calibration file"))
     out = Path(output or base_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(dump_profile_yaml(merged))
+    from autotune.files import write_output_text
+    write_output_text(out, dump_profile_yaml(merged), what="--merge-output" if output else "--merge-into")
     return str(out)
 
 

@@ -2,7 +2,7 @@
 
 Four plots of an autotune study, each as HTML (Optuna's plotly visualization module,
 ``optuna.visualization``; needs plotly) and PNG (``optuna.visualization.matplotlib``; needs
-matplotlib), both in the ``plot`` extra (``pip install 'autotune[plot]'``):
+matplotlib), both in the ``plot`` extra (``pip install -e '.[plot]' (in the autotune checkout)``):
 
 * ``history``: MFU (causal, %) by trial with the best-so-far line over the feasible trials
   (:func:`history_points`; out-of-memory trials marked differently, as Optuna's
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.files import open_output
 
 PLOTS = ("history", "importances", "mfu_vs_memory", "knobs")
 METRIC = "MFU (causal)"
@@ -48,6 +49,13 @@ def _available() -> tuple[bool, bool]:
     except ImportError:
         png = False
     return html, png
+
+
+def plot_file_names() -> tuple[str, ...]:
+    """The file names (``<plot>.html`` with plotly, ``<plot>.png`` with matplotlib) :func:`write_study_plots` may write with the plotting libraries installed here (so
+    that every one can be checked before anything is written)."""
+    html, png = _available()
+    return tuple(f"{n}.{ext}" for ext, on in (("html", html), ("png", png)) if on for n in PLOTS)
 
 
 def memory_points(study) -> list[dict[str, Any]]:
@@ -107,7 +115,7 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
 
     html, png = _available()
     if not (html or png):
-        raise ConfigError("autotune plot needs plotly (HTML) or matplotlib (PNG): pip install 'autotune[plot]'")
+        raise ConfigError("autotune plot needs plotly (HTML) or matplotlib (PNG): pip install -e '.[plot]' (in the autotune checkout)")
     from optuna.trial import TrialState
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise ConfigError(f"study {study.study_name!r} has no complete trial to plot; run `autotune run` first")
@@ -141,7 +149,8 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
                         fig.update_layout(title=f"{head}<br><sup>{title}</sup>")
                     p = out / f"{name}.html"
                     # plotly.js inline (~3.5 MB a file): the plots open offline (air-gapped clusters)
-                    fig.write_html(str(p), include_plotlyjs=True)
+                    with open_output(p, what="-o") as fh:      # never through a symbolic link
+                        fig.write_html(fh, include_plotlyjs=True)
                     written.append(p)
         if png:
             import matplotlib.pyplot as plt
@@ -160,8 +169,11 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
                     head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
                     fig.suptitle(f"{head}\n{title}", fontsize=8)
                 p = out / f"{name}.png"
-                fig.savefig(p, dpi=100, bbox_inches="tight")
-                plt.close(fig)
+                try:
+                    with open_output(p, what="-o", binary=True) as fh:     # never through a symbolic link
+                        fig.savefig(fh, format="png", dpi=100, bbox_inches="tight")
+                finally:
+                    plt.close(fig)
                 written.append(p)
     return written
 

@@ -88,10 +88,8 @@ def chrome_trace(g, tl, *, title: str = "") -> dict:
 def write_chrome_trace(path: str | Path, g, tl, *, title: str = "") -> dict:
     """Write :func:`chrome_trace` as JSON to ``path``. Raises ConfigError if it cannot be written."""
     doc = chrome_trace(g, tl, title=title)
-    try:
-        Path(path).write_text(json.dumps(doc))
-    except OSError as e:
-        raise ConfigError(f"cannot write trace {path}: {e}") from None
+    from autotune.files import write_output_text
+    write_output_text(path, json.dumps(doc), what="--trace")      # never through a symbolic link
     return doc
 
 
@@ -104,7 +102,7 @@ def write_gantt(path: str | Path, g, tl, *, title: str = "") -> None:
     track, slices coloured by op; white gaps on the compute rows are the bubbles.
 
     Raises:
-        ConfigError: matplotlib is not installed (``pip install 'autotune[plot]'``) or ``path`` is
+        ConfigError: matplotlib is not installed (``pip install -e '.[plot]' (in the autotune checkout)``) or ``path`` is
             not writable.
     """
     try:
@@ -113,7 +111,7 @@ def write_gantt(path: str | Path, g, tl, *, title: str = "") -> None:
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
     except ImportError:
-        raise ConfigError("--gantt needs matplotlib: pip install 'autotune[plot]'") from None
+        raise ConfigError("--gantt needs matplotlib: pip install -e '.[plot]' (in the autotune checkout)") from None
     evs = list(timeline_events(g, tl))
     rows = sorted({(e["stage"], TRACKS[e["track"]]) for e in evs})
     y_of = {r: i for i, r in enumerate(rows)}
@@ -136,8 +134,11 @@ def write_gantt(path: str | Path, g, tl, *, title: str = "") -> None:
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items() if k in used], fontsize=7,
               loc="upper right", ncol=4)
     fig.tight_layout()
+    from autotune.files import open_output
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
     try:
-        fig.savefig(path, dpi=110)
+        with open_output(path, what="--gantt", binary=True) as fh:     # never through a symbolic link
+            fig.savefig(fh, format=fmt, dpi=110)
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e}") from None
     finally:

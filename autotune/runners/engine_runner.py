@@ -99,6 +99,20 @@ def _installed(dist: str) -> str | None:
         return None
 
 
+def no_gpu_note() -> str:
+    """What to add to an engine's install error when this machine has no CUDA GPU (torch sees none, or torch is
+    missing): ``"; also, no CUDA GPU was found on this machine ..."``; ``""`` when one is there. A user on a CPU
+    machine then learns both problems from one line, not the install one first and the GPU one after it."""
+    try:
+        n = local_gpu_count()
+    except ImportError:
+        n = 0
+    except Exception:  # noqa: BLE001 - a broken CUDA set-up: say nothing here, the runner's own check says it
+        return ""
+    return "" if n > 0 else ("; also, no CUDA GPU was found on this machine (the engine trains on NVIDIA GPUs: run "
+                             "on a GPU host, or with --launcher slurm)")
+
+
 def run_job(argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float, cwd: str | Path,
             log_path: str | Path) -> dict[str, Any]:
     """Run ``argv`` in a new session with stdout and stderr into ``log_path``; wait up to ``timeout_s``
@@ -237,6 +251,8 @@ class EngineRunner(Evaluator):
         self.only_plans = None if only_plans is None else frozenset(only_plans)
         self.log_dir = Path(log_dir) if log_dir else None
         if self.log_dir is not None:
+            from autotune.files import check_output_path
+            check_output_path(self.log_dir, what="--engine-logs", directory=True)   # not a symbolic link
             self.log_dir.mkdir(parents=True, exist_ok=True)
         self.launcher = dict(launcher) if kind == "slurm" else None
         if self.launcher is not None:
@@ -335,8 +351,9 @@ class EngineRunner(Evaluator):
             kept = None
             if self.log_dir is not None:
                 stem = f"trial{self._n:02d}-{plan_label(plan)}"
-                shutil.copyfile(log, self.log_dir / f"{stem}.log")
-                shutil.copyfile(job, self.log_dir / f"{stem}.{launch.job_suffix}")
+                from autotune.files import copy_output_file   # never through a symbolic link
+                copy_output_file(log, self.log_dir / f"{stem}.log", what="--engine-logs")
+                copy_output_file(job, self.log_dir / f"{stem}.{launch.job_suffix}", what="--engine-logs")
                 kept = str(self.log_dir / f"{stem}.log")
         finally:
             shutil.rmtree(wd, ignore_errors=True)

@@ -7,7 +7,7 @@ Megatron-LM's here:
   library, not ``pretrain_gpt.py``), so the runner takes a Megatron-LM checkout from
   :data:`CHECKOUT_ENV` (the folder with ``pretrain_gpt.py`` and ``megatron/``) and puts it first on the
   trainer's ``PYTHONPATH``; its imports (``einops``, ``pybind11`` for the dataset helpers, built with
-  g++ at start-up) come with ``pip install 'autotune[megatron-runner]'``;
+  g++ at start-up) come with ``pip install -e '.[megatron-runner]' (in the autotune checkout)``;
 * **the transformer implementation**: with Transformer Engine importable the plan runs as exported
   (``--transformer-impl transformer_engine``); without it (no binary wheel for torch 2.11 / CUDA 13,
   the GPU hosts here; building it from source was not tried: docs/results/engines/README.md) it runs
@@ -36,7 +36,7 @@ from typing import Callable
 
 from autotune.cost.evaluator import StepResult
 from autotune.errors import AutotuneError, ConfigError
-from autotune.runners.engine_runner import EngineRunner, Launch, ParsedRun
+from autotune.runners.engine_runner import EngineRunner, Launch, ParsedRun, no_gpu_note
 from autotune.runners.megatron_log import parse_facts, parse_iterations, parse_memory
 from autotune.target.models import ModelSpec
 from autotune.target.plan import Plan, Workload
@@ -44,7 +44,7 @@ from autotune.target.plan import Plan, Workload
 ENGINE = "megatron"
 #: environment variable naming the Megatron-LM checkout (the folder with ``pretrain_gpt.py``)
 CHECKOUT_ENV = "AUTOTUNE_MEGATRON_LM"
-INSTALL_HINT = (f"pip install 'autotune[megatron-runner]' and set {CHECKOUT_ENV} to a Megatron-LM checkout "
+INSTALL_HINT = (f"pip install -e '.[megatron-runner]' (in the autotune checkout) and set {CHECKOUT_ENV} to a Megatron-LM checkout "
                 "(git clone https://github.com/NVIDIA/Megatron-LM; the folder with pretrain_gpt.py)")
 #: flags of ``--transformer-impl local`` runs: the fusions that need Transformer Engine or apex kernels
 #: off (megatron/training/arguments.py: --no-gradient-accumulation-fusion (the fused wgrad GEMM into
@@ -61,7 +61,7 @@ def checkout() -> Path:
     """The Megatron-LM checkout named by :data:`CHECKOUT_ENV`; raises AutotuneError when unset or wrong."""
     root = os.environ.get(CHECKOUT_ENV)
     if not root:
-        raise AutotuneError(f"--engine megatron needs Megatron-LM's training scripts: {INSTALL_HINT}")
+        raise AutotuneError(f"--engine megatron needs Megatron-LM's training scripts: {INSTALL_HINT}" + no_gpu_note())
     p = Path(root)
     if not (p / "pretrain_gpt.py").is_file() or not (p / "megatron" / "core").is_dir():
         raise AutotuneError(f"{CHECKOUT_ENV}={root}: not a Megatron-LM checkout (no pretrain_gpt.py and "
@@ -82,7 +82,7 @@ def check_megatron() -> str:
     root = checkout()
     missing = [m for m in ("einops",) if util.find_spec(m) is None]
     if missing:
-        raise AutotuneError(f"--engine megatron: {', '.join(missing)} not installed: {INSTALL_HINT}")
+        raise AutotuneError(f"--engine megatron: {', '.join(missing)} not installed: {INSTALL_HINT}" + no_gpu_note())
     return megatron_core_version(root)
 
 

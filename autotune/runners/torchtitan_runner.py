@@ -13,7 +13,7 @@ that torchtitan 0.2.x is importable and the GPUs are there, nothing starts; ``ev
 
 torchtitan version: the job files are torchtitan 0.2.x TOML (:mod:`autotune.runners.torchtitan_job`
 says why: 0.3.0 does not import under torch 2.11). A missing torchtitan is one error naming
-``pip install 'autotune[torchtitan-runner]'``.
+``pip install -e '.[torchtitan-runner]' (in the autotune checkout)``.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Callable
 from autotune.cost.evaluator import StepResult
 from autotune.errors import AutotuneError
 from autotune.runners.engine_runner import (REFUSAL_EXCEPTIONS, EngineRunner, Launch, ParsedRun, classify_run,
-                                            run_job)
+                                            no_gpu_note, run_job)
 from autotune.runners.torchtitan_job import TORCHTITAN_VERSION, job_toml
 from autotune.runners.torchtitan_log import parse_facts, parse_steps
 from autotune.target.models import ModelSpec
 from autotune.target.plan import Plan, Workload
 
 ENGINE = "torchtitan"
-INSTALL_HINT = "pip install 'autotune[torchtitan-runner]'"
+INSTALL_HINT = "pip install -e '.[torchtitan-runner]' (in the autotune checkout)"
 
 
 def check_torchtitan() -> str:
@@ -40,14 +40,16 @@ def check_torchtitan() -> str:
     from importlib import metadata, util
 
     if util.find_spec("torchtitan") is None:
-        raise AutotuneError(f"--engine torchtitan needs torchtitan, which is not installed: {INSTALL_HINT}")
+        raise AutotuneError(f"--engine torchtitan needs torchtitan, which is not installed: {INSTALL_HINT}"
+                            + no_gpu_note())
     try:
         v = metadata.version("torchtitan")
     except metadata.PackageNotFoundError:
         v = "unknown"
     if not v.startswith("0.2."):
         raise AutotuneError(f"torchtitan {v} is installed; the torchtitan runner writes 0.2.x job files (the "
-                            f"releases that run on torch 2.11): pip install 'torchtitan=={TORCHTITAN_VERSION}'")
+                            f"releases that run on torch 2.11): pip install 'torchtitan=={TORCHTITAN_VERSION}'"
+                            + no_gpu_note())
     return v
 
 

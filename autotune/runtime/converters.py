@@ -57,7 +57,7 @@ def check_precision_support(precision: str, *, device_type: str) -> None:
                         f"{', '.join(FLOAT8_RECIPES)}")
     if not torchao_available():
         raise PlanError(f"precision={precision} needs torchao (float8 training), which is not installed: "
-                        f"pip install 'autotune[gpu]' (torchao=={TORCHAO_TESTED}); or use precision=bf16")
+                        f"pip install -e '.[gpu]' (in the autotune checkout) (torchao=={TORCHAO_TESTED}); or use precision=bf16")
 
 
 def float8_config(precision: str, *, emulate: bool = False):

@@ -59,7 +59,7 @@ Precision and compile (torchtitan ``torchtitan/components/quantization/float8.py
   emulate_precision_casts = True`` as torchtitan sets. On CPU (tests only) torchao's emulation
   (``Float8LinearConfig(emulate=True)``) runs the same casts with high-precision matmuls. CUDA needs
   compute capability >= 8.9 (torchtitan's ``has_cuda_capability(8, 9)`` check). torchao is an optional
-  dependency (``autotune[gpu]``); without it an FP8 plan is refused saying so.
+  dependency (the ``gpu`` extra); without it an FP8 plan is refused saying so.
   ``fp8_delayed`` is refused (torchao's ``ScalingType`` has only ``DYNAMIC`` and ``DISABLED``: delayed
   scaling was removed; Transformer Engine runs it) and ``mxfp8`` too (torchao's MX formats are a
   Blackwell prototype, ``torchao.prototype.mx_formats``, not wired into this runtime).

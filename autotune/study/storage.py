@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import optuna
 
-from autotune.errors import ConfigError, StorageError
+from autotune.errors import ConfigError, StorageError, redact
 from autotune.study.storage_check import user_url
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,32 @@ _RACE_MARKERS = ("already exists", "unique constraint", "uniqueviolation", "dupl
                  "integrityerror")
 _RACE_RETRIES = 20
 
-#: ``pip install`` hint per SQLAlchemy dialect whose driver is missing.
-_DRIVER_EXTRAS = {"postgresql": "autotune[postgres]  (psycopg 3; or use postgresql+psycopg2:// with psycopg2)"}
+#: ``pip install`` hint per SQLAlchemy driver (the ``+driver`` of a URL's scheme, or the dialect's default:
+#: psycopg for ``postgresql://`` since SQLAlchemy 2.1, psycopg2 before) whose module is missing. The PyPI
+#: name ``autotune`` is another project, so the extra is named for an autotune checkout (``pip install -e``).
+_DRIVER_HINTS = {
+    "psycopg": "pip install 'psycopg[binary]>=3.1' (psycopg 3; in an autotune checkout: pip install -e '.[postgres]')",
+    "psycopg2": "pip install psycopg2-binary (psycopg2, the driver postgresql+psycopg2:// names; or use "
+                "postgresql+psycopg:// with psycopg 3: pip install -e '.[postgres]' in an autotune checkout)",
+    "asyncpg": "use postgresql+psycopg:// (autotune's storages are synchronous; asyncpg is an asyncio driver)",
+    "pg8000": "pip install pg8000 (the driver postgresql+pg8000:// names)",
+    "mysqldb": "pip install mysqlclient (MySQLdb, the default driver of mysql://)",
+    "pymysql": "pip install pymysql (the driver mysql+pymysql:// names)",
+}
+
+
+def driver_hint(url: str) -> str:
+    """How to install the database driver ``url`` asks for (:data:`_DRIVER_HINTS`, by the driver SQLAlchemy
+    would load for it: ``sqlalchemy.engine.make_url(url).get_driver_name()``, which reads the dialect's
+    default without importing the driver)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        driver = make_url(url).get_driver_name()
+    except Exception:  # noqa: BLE001 - an unknown dialect: the generic hint
+        return "install the SQLAlchemy driver for this dialect"
+    return _DRIVER_HINTS.get(driver, f"install the Python package of the {driver} driver (the one SQLAlchemy "
+                                     f"loads for this URL)")
 
 
 def _is_race(e: BaseException) -> bool:
@@ -96,7 +120,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     """Open (and cache per process) the Optuna storage at ``url``.
 
     ``url``: an SQLAlchemy URL (``sqlite:///PATH``, ``postgresql://user@host:port/db``: psycopg 3 from the
-    ``autotune[postgres]`` extra, ``postgresql+psycopg2://`` for psycopg2, ...) or ``journal:PATH``:
+    ``postgres`` extra, ``postgresql+psycopg2://`` for psycopg2, ...) or ``journal:PATH``:
     Optuna's :class:`~optuna.storages.JournalStorage` on a :class:`~optuna.storages.journal.JournalFileBackend`
     file (append-only log with file locks; for clusters with a shared file system and no database server).
     For the default URL the ``studies/`` directory is created if missing; for any other SQLite or journal
@@ -179,7 +203,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
                 hb = {"heartbeat_interval": int(heartbeat_interval_s),
                       "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
             storage = retry_races(lambda: optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **hb),
-                                   f"open {url}")
+                                   f"open {redact(url)}")      # logged with AUTOTUNE_DEBUG: no password
             if kind == "sqlite" and ":memory:" not in url and not readonly:
                 _fast_sqlite(storage)
     except ModuleNotFoundError as e:
@@ -204,10 +228,8 @@ def _torn(url: str) -> bool:
 
 
 def _missing_driver(url: str, kind: str, e: BaseException) -> str:
-    extra = _DRIVER_EXTRAS.get(kind)
-    hint = f"pip install '{extra.split('  ')[0]}'" + (f" {extra.split('  ', 1)[1]}" if "  " in extra else "") \
-        if extra else "install the SQLAlchemy driver for this dialect"
-    return f"cannot open study storage {url}: the database driver is not installed ({e}); {hint}"
+    """The error line for a storage whose database driver is not installed; the hint fits the URL's driver."""
+    return f"cannot open study storage {url}: the database driver is not installed ({e}); {driver_hint(url)}"
 
 
 def _fast_sqlite(storage: optuna.storages.RDBStorage) -> None:

@@ -356,7 +356,9 @@ def repair_journal(url: str) -> tuple[int, Path] | None:
                 return None
             kept, offset = found
             backup = p.with_name(f"{p.name}.torn-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.bak")
-            shutil.copy2(p, backup)
+            from autotune.files import copy_output_file
+            copy_output_file(p, backup, what="journal backup")     # never through a symbolic link
+            shutil.copystat(p, backup, follow_symlinks=False)
             with open(p, "r+b") as fh:
                 fh.truncate(offset)
                 fh.flush()

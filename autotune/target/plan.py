@@ -624,6 +624,12 @@ class PlanDocument:
         return cls.from_yaml(read_text_file(path, what="plan file"), source=str(path))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_yaml())
+        """Write the document as YAML to ``path``, never through a symbolic link.
+
+        Raises:
+            ConfigError: ``path`` is a symbolic link or cannot be written.
+        """
+        from autotune.files import write_output_text
+        write_output_text(path, self.to_yaml(), what="plan file")      # never through a symbolic link
 
 

@@ -15,9 +15,9 @@ H="$OUT/header.txt"
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   echo "megatron-lm: NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22), megatron-core 0.20.0"
-  python3 -c "import sys, torch, optuna, einops; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version()); print('optuna', optuna.__version__, 'einops', einops.__version__)" 2>&1 | grep -v Warning
+  python3 -W ignore -c "import sys, torch, optuna, einops; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version()); print('optuna', optuna.__version__, 'einops', einops.__version__)" 2>&1
   python3 -c "import transformer_engine" 2>&1 | tail -1
-  echo "autotune: issue-23 worktree (docs/results/engines/megatron-tune-h200x1-2026-12-02/README.md)"
+  echo "autotune: commit ${AUTOTUNE_COMMIT:-unknown} (set AUTOTUNE_COMMIT=\$(git rev-parse --short HEAD) when starting)"
 } > "$H" 2>&1
 cat "$H"
 DB=sqlite:////tmp/mg.db

@@ -11,7 +11,8 @@ H="$OUT/header.txt"
 {
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import sys, torch, torchao, torchtitan, optuna; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda); [print(m.__name__, m.__version__) for m in (torchao, torchtitan, optuna)]" 2>&1 | grep -v Warning
+  # -W ignore: an import warning (torchao's) prints its source line too, which grep -v Warning kept in the header
+  python3 -W ignore -c "import sys, torch, torchao, torchtitan, optuna; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda); [print(m.__name__, m.__version__) for m in (torchao, torchtitan, optuna)]" 2>&1
   echo "autotune: issue-23 worktree, commit ${AUTOTUNE_COMMIT:-unknown}"
 } > "$H" 2>&1
 cat "$H"

@@ -172,6 +172,19 @@ case("run-storage-pg-password", lambda e: ["run", "--size", "8b", "--space", "sm
 case("show-storage-pg-password", lambda e: ["show", "--storage", "postgresql+psycopg://me:s3cret@127.0.0.1:1/db"],
      "me:***@")
 
+# every password form (issue 25 QA): libpq's password / sslpassword query keywords in any case, a space in the
+# userinfo password, the --storage=URL spelling
+for cid, url, shown in [
+    ("query-password", "postgresql+psycopg://me@127.0.0.1:1/db?password=s3cretQ", "password=***"),
+    ("query-PASSWORD", "postgresql+psycopg://me@127.0.0.1:1/db?PASSWORD=s3cretQ", "PASSWORD=***"),
+    ("query-sslpassword", "postgresql+psycopg://me:x@127.0.0.1:1/db?sslmode=require&sslpassword=s3cretK",
+     "sslpassword=***"),
+    ("space-in-password", "postgresql+psycopg://me:pa s3cret@127.0.0.1:1/db", "me:***@"),
+]:
+    case(f"run-storage-pg-{cid}", lambda e, u=url: ["run", "--size", "8b", "--space", "small", "--trials", "1",
+                                                    "--storage", u], shown)
+    case(f"show-storage=pg-{cid}", lambda e, u=url: ["show", f"--storage={u}"], shown)
+
 
 # output paths: never written through a symbolic link (here to notes.txt, whose digest is checked), names
 # within NAME_MAX, a writable directory
@@ -190,6 +203,31 @@ case("export-launcher-o-symlink-inside", lambda e: ["export", "--size", "8b", "-
                                                     is None else ""], "symbolic link")
 case("plot-o-symlink", lambda e: ["plot", "--storage", e["url"], "-o", _link(e, "plotlink", "sub.yaml")
                                   if (e["dir"] / "sub.yaml").mkdir(exist_ok=True) is None else ""], "symbolic link")
+# issue 25 QA: every file autotune writes for the user refuses a symbolic link at its own name (the link is
+# planted inside a plain directory; notes.txt, the link target, is in the digest). Plot names: the four plots
+# (report/plots.py PLOTS) as .html and .png, all linked so whichever library is installed meets one.
+def _plot_dir_with_links(e):
+    d = e["dir"] / "plots-linked"
+    d.mkdir(exist_ok=True)
+    for n in ("history", "importances", "mfu_vs_memory", "knobs"):
+        for ext in ("html", "png"):
+            _link(e, f"plots-linked/{n}.{ext}")
+    return str(d)
+
+
+case("plot-o-dir-holding-symlinked-plot", lambda e: ["plot", "--storage", e["url"], "-o", _plot_dir_with_links(e)],
+     "symbolic link")
+case("simulate--trace-symlink", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--trace",
+                                           _link(e, "trace-link.json")], "symbolic link")
+case("simulate--gantt-symlink", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--gantt",
+                                           _link(e, "gantt-link.png")], "symbolic link")
+case("validate--json-symlink", lambda e: ["validate", str(e["dir"] / "plan.yaml"), "--json",
+                                          _link(e, "validate-link.json")], "symbolic link")
+case("export-launcher-o-symlinked-script", lambda e: ["export", "--size", "8b", "--space", "small", "--storage",
+                                                      e["url"], "--launcher", "slurm", "-o",
+                                                      _link(e, "ld2/launch_slurm.sbatch") and str(e["dir"] / "ld2")
+                                                      if (e["dir"] / "ld2").mkdir(exist_ok=True) is None else ""],
+     "symbolic link")
 case("export-o-name-too-long", lambda e: ["export", "--size", "8b", "--space", "small", "--storage", e["url"],
                                           "-o", str(e["dir"] / ("p" * 300 + ".yaml"))], "-o")
 case("plot-o-under-a-file", lambda e: ["plot", "--storage", e["url"], "-o", str(e["dir"] / "notes.txt" / "p")], "-o")

@@ -252,7 +252,7 @@ def _torchtitan_available() -> bool:
 
 def test_torchtitan_config_module_round_trip(tmp_path):
     if not _torchtitan_available():
-        pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'autotune[torchtitan]')")
+        pytest.skip("torchtitan >= 0.3.0 not importable (pip install -e '.[torchtitan]' (in the autotune checkout))")
     from autotune.export import write_launch_files
     from autotune.export.torchtitan import torchtitan_settings
     for plan in (TT_PLAN, dataclasses.replace(TT_PLAN, pp_degree=2, vpp_degree=1, dp_degree=32, pipeline_schedule="1f1b",
@@ -275,7 +275,7 @@ def test_torchtitan_config_module_needs_torchtitan(tmp_path, monkeypatch):
     import sys
     f = _write(tmp_path, "def autotune_plan():\n    raise SystemExit('must not run')\n", "cfg.py")
     monkeypatch.setitem(sys.modules, "torchtitan.config.manager", None)     # import fails
-    with pytest.raises(ConfigError, match=r"autotune\[torchtitan\]"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[torchtitan\]'"):
         import_launch(f, None, num_gpus=8)
 
 
@@ -322,7 +322,7 @@ def test_uneven_interleaved_first_last_and_bad_torchtitan_values_are_named(tmp_p
 
 def test_a_users_own_torchtitan_config_function(tmp_path):
     if not _torchtitan_available():
-        pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'autotune[torchtitan]')")
+        pytest.skip("torchtitan >= 0.3.0 not importable (pip install -e '.[torchtitan]' (in the autotune checkout))")
     f = _write(tmp_path, "from torchtitan.models.llama3.config_registry import llama3_70b\n\n\n"
                          "def helper():\n    return 1\n\n\n"
                          "def my_run():\n    c = llama3_70b()\n    c.parallelism.tensor_parallel_degree = 8\n"

@@ -132,12 +132,19 @@ def test_cli_run_without_checkout_is_one_error_line(monkeypatch):
     from autotune.cli import main
 
     monkeypatch.delenv(mr.CHECKOUT_ENV, raising=False)
+    monkeypatch.setattr("autotune.runners.engine_runner.local_gpu_count", lambda: 1)    # a GPU host
     res = CliRunner().invoke(main, ["run", "--backend", "real", "--engine", "megatron", "--size", "8b", "--gpu",
                                     "h200", "--gpus", "1", "--layers", "16", "--global-batch", "16K", "--trials", "2",
                                     "--storage", "sqlite:///:memory:"])
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == [f"error: --engine megatron needs Megatron-LM's training scripts: "
                                                 f"{mr.INSTALL_HINT}"]
+    monkeypatch.setattr("autotune.runners.engine_runner.local_gpu_count", lambda: 0)    # a CPU machine: both said
+    res = CliRunner().invoke(main, ["run", "--backend", "real", "--engine", "megatron", "--size", "8b", "--gpu",
+                                    "h200", "--gpus", "1", "--layers", "16", "--global-batch", "16K", "--trials", "2",
+                                    "--storage", "sqlite:///:memory:"])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and mr.INSTALL_HINT in lines[0] and "no CUDA GPU" in lines[0]
 
 
 def test_cli_run_screens_then_runs_and_validate_replays(tmp_path, monkeypatch):

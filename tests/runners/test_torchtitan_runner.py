@@ -158,7 +158,7 @@ def test_missing_torchtitan_names_the_extra(monkeypatch):
 
     real = util.find_spec
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "torchtitan" else real(name, *a))
-    with pytest.raises(AutotuneError, match=r"pip install 'autotune\[torchtitan-runner\]'"):
+    with pytest.raises(AutotuneError, match=r"pip install -e '\.\[torchtitan-runner\]'"):
         tr.check_torchtitan()
 
 
@@ -170,12 +170,35 @@ def test_cli_run_without_torchtitan_is_one_error_line(monkeypatch):
 
     real = util.find_spec
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "torchtitan" else real(name, *a))
+    monkeypatch.setattr("autotune.runners.engine_runner.local_gpu_count", lambda: 1)    # a GPU host
     res = CliRunner().invoke(main, ["run", "--backend", "real", "--engine", "torchtitan", "--size", "8b", "--gpu",
                                     "h200", "--gpus", "1", "--layers", "16", "--global-batch", "16K", "--trials", "2",
                                     "--storage", "sqlite:///:memory:"])
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == ["error: --engine torchtitan needs torchtitan, which is not installed: "
-                                                "pip install 'autotune[torchtitan-runner]'"]
+                                                "pip install -e '.[torchtitan-runner]' (in the autotune checkout)"]
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_wrong_torchtitan_on_a_machine_without_gpu_says_both_in_one_line(monkeypatch, gpus):
+    # issue 23 QA: torchtitan 0.3.0 installed (as `make` does) on a CPU machine said only that 0.2.x is needed
+    from importlib import metadata, util
+
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    real_spec, real_version = util.find_spec, metadata.version
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: object() if name == "torchtitan" else real_spec(name, *a))
+    monkeypatch.setattr(metadata, "version", lambda d: "0.3.0" if d == "torchtitan" else real_version(d))
+    monkeypatch.setattr("autotune.runners.engine_runner.local_gpu_count", lambda: gpus)
+    res = CliRunner().invoke(main, ["run", "--backend", "real", "--engine", "torchtitan", "--size", "8b", "--gpu",
+                                    "h200", "--gpus", "1", "--layers", "16", "--global-batch", "16K", "--trials", "2",
+                                    "--storage", "sqlite:///:memory:"])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: torchtitan 0.3.0 is installed")
+    assert "0.2.x" in lines[0]
+    assert ("no CUDA GPU was found" in lines[0]) == (gpus == 0), lines[0]
 
 
 def test_cli_run_screens_then_runs_and_validate_replays(tmp_path, monkeypatch):

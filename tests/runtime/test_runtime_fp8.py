@@ -27,7 +27,7 @@ def test_delayed_and_mxfp8_are_refused_with_the_reason(precision, words):
 
 def test_fp8_without_torchao_is_refused_naming_the_extra(monkeypatch):
     monkeypatch.setattr(converters, "torchao_available", lambda: False)
-    with pytest.raises(PlanError, match=r"torchao.*autotune\[gpu\].*0\.17\.0"):
+    with pytest.raises(PlanError, match=r"torchao.*pip install -e '\.\[gpu\]'.*0\.17\.0"):
         par.check_runtime_support(Plan(precision="fp8_tensorwise"), device_type="cuda")
     par.check_runtime_support(Plan(precision="bf16", compile=True), device_type="cpu")   # bf16 needs nothing
 

@@ -53,6 +53,63 @@ def test_redact_masks_only_passwords(text, want):
     assert redact(text) == want
 
 
+# issue 25 QA: every password form SQLAlchemy / libpq accept. libpq's URI query keywords include password and
+# sslpassword (PostgreSQL docs 32.1.2); SQLAlchemy's password is userinfo up to the first "@", any character
+@pytest.mark.parametrize("text,want", [
+    ("postgresql://alice@h:5999/autotune?password=QueryPWzz", "postgresql://alice@h:5999/autotune?password=***"),
+    ("postgresql://a@h/d?sslmode=require&PassWord=x1&sslpassword=x2", "postgresql://a@h/d?sslmode=require&PassWord=***&sslpassword=***"),
+    ("postgresql://alice:pa ss@h:5999/db", "postgresql://alice:***@h:5999/db"),      # a space in the password
+    ("error: cannot open study storage postgresql://alice:pa ss@h:5999/db: refused",
+     "error: cannot open study storage postgresql://alice:***@h:5999/db: refused"),
+    ("error: storage postgresql://a@h/d?password=QueryPWzz: refused", "error: storage postgresql://a@h/d?password=***: refused"),
+    ("postgresql://u:p%40w@h/db", "postgresql://u:***@h/db"),                        # percent-encoded
+    ("postgresql://u:p/w@h/db", "postgresql://u:***@h/db"),                          # a "/" in the password
+    ("postgresql://h:5432/db?sslmode=require", "postgresql://h:5432/db?sslmode=require"),   # nothing secret
+])
+def test_redact_masks_every_password_form(text, want):
+    assert redact(text) == want
+
+
+def test_registered_url_secrets_are_masked_anywhere():
+    # a password given on the command line is hidden wherever a message repeats it, in or out of its URL
+    from autotune.errors import register_secrets
+    register_secrets(["show", "--storage=postgresql://bob:hunter 22@h/db?sslpassword=KeyPWyy"])
+    assert redact("driver said: password 'hunter 22' wrong; key KeyPWyy") == "driver said: password '***' wrong; key ***"
+    assert redact("at postgresql://bob:hunter 22@h/db?sslpassword=KeyPWyy: no") == \
+        "at postgresql://bob:***@h/db?sslpassword=***: no"
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://alice@127.0.0.1:1/db?password=QueryPWs3cret",
+    "postgresql+psycopg://alice@127.0.0.1:1/db?PASSWORD=s3cretQ",
+    "postgresql+psycopg://alice:pa s3cret@127.0.0.1:1/db",
+    "postgresql+psycopg://alice:pa s3cret@127.0.0.1:1/db?sslpassword=s3cretK",
+])
+def test_password_forms_never_printed_by_the_cli(url):
+    pytest.importorskip("psycopg")
+    for args in (RUN + ["--trials", "1", "--storage", url], ["show", "--storage", url], ["show", f"--storage={url}"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and "s3cret" not in r.output and "***" in r.output, r.output
+
+
+def test_missing_driver_advice_fits_the_scheme():
+    from autotune.study.storage import driver_hint
+    # psycopg2 named in the scheme: install psycopg2, not the psycopg 3 extra as the only advice
+    assert driver_hint("postgresql+psycopg2://a@h/d").startswith("pip install psycopg2-binary")
+    assert driver_hint("postgresql+psycopg://a@h/d").startswith("pip install 'psycopg[binary]")
+    import sqlalchemy
+    # plain postgresql://: SQLAlchemy's default driver, psycopg from 2.1 on, psycopg2 before (its changelog)
+    major_minor = tuple(int(x) for x in sqlalchemy.__version__.split(".")[:2])
+    want = "pip install 'psycopg[binary]" if major_minor >= (2, 1) else "pip install psycopg2-binary"
+    assert driver_hint("postgresql://a@h/d").startswith(want)
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        r = CliRunner().invoke(main, ["show", "--storage", "postgresql+psycopg2://me:s3cret@127.0.0.1:1/db"])
+        assert r.exit_code == 2 and "psycopg2-binary" in r.stderr and "autotune[postgres]" not in r.stderr, r.stderr
+        assert "s3cret" not in r.output
+
+
 def test_password_never_printed_by_run_or_show():
     url = "postgresql+psycopg://me:s3cret@127.0.0.1:1/db"   # port 1: nothing listens, refused at once
     for args in (RUN + ["--trials", "1", "--storage", url], ["show", "--storage", url]):
