@@ -187,9 +187,10 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             extra["mfu_gain_points"] = (100 * (yours[2].mfu - yours[0].mfu)) if yours[0].feasible else None
             extra["precision_change"] = best.plan.precision != imported.plan.precision
             if same is not None:
+                ok = same[1] is not None and same[1].feasible
                 extra["same_precision"] = {"precision": imported.plan.precision, "trial": same[0],
-                                           "mfu": same[1].mfu if same[1] else None,
-                                           "mfu_gain_points": 100 * (same[1].mfu - yours[0].mfu) if same[1] else None}
+                                           "mfu": same[1].mfu if ok else None,
+                                           "mfu_gain_points": 100 * (same[1].mfu - yours[0].mfu) if ok else None}
         click.echo(json_document("run", entries, trials={"new": n_new, "total": n_total, "states": dict(st)}, **extra))
         return
     click.echo("")
@@ -212,8 +213,13 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         notes = []
         if same is not None:
             p = imported.plan.precision
-            if same[1] is None:
-                notes.append(f"in your precision ({p}): the study has no feasible tuned plan")
+            if same[0] is None:
+                head = (f"in your precision ({p}): the study holds no {p} plan that fits (the search screens "
+                        f"precisions by predicted speed); the tuned layout in {p}, predicted:")
+                notes.append(f"{head} MFU {100 * same[1].mfu:.1f}% vs yours {100 * yours[0].mfu:.1f}%: "
+                             f"{100 * (same[1].mfu - yours[0].mfu):+.1f} percentage points from the layout alone"
+                             if same[1].feasible else f"{head} does not fit "
+                             f"({same[1].infeasible_reason or 'over the GPU memory'})")
             elif same[0] != best.trial_number:
                 notes.append(f"in your precision ({p}): best tuned plan trial {same[0]}, MFU {100 * same[1].mfu:.1f}% "
                              f"vs yours {100 * yours[0].mfu:.1f}%: {100 * (same[1].mfu - yours[0].mfu):+.1f} percentage "
@@ -248,17 +254,25 @@ def _compare(imported, best, *, model, cluster, workload, backend, engine):
 
 
 def _same_precision(imported, best, feas, *, model, cluster, workload, backend, engine):
-    """(trial number, StepResult or None) of the study's best feasible plan (error-band order, as the best
-    plan) in the precision of the user's launch, on the footing of :func:`_compare` (the simulator after
-    real trials); (None, None) when the study has none."""
+    """(trial number, StepResult) of the study's best feasible plan (error-band order, as the best plan) in the
+    precision of the user's launch, on the footing of :func:`_compare` (the simulator after real trials); when
+    the study holds no feasible plan in that precision (the search may never try it: it screens precisions
+    by predicted speed), (None, the tuned plan's layout in that precision, predicted; it may not fit)."""
     from autotune.cost.evaluator import make_evaluator
     from autotune.study.trials import band_fraction, robust_order, trial_plan, trial_result
 
     if best.plan.precision == imported.plan.precision:
         return best.trial_number, None if not best.result.feasible else best.result
     same = [t for t in feas if trial_plan(t).precision == imported.plan.precision]
-    if not same:
-        return None, None
+    if not same:     # none tried or none fits: the tuned layout in the user's precision, predicted (trial None)
+        p = imported.plan.precision
+        plan = best.plan.replace(precision=p, **({"fp8_param_gather": False} if p == "bf16" else {}))
+        how = backend if backend in ("simulated", "measured") else "simulated"
+        ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
+        try:
+            return None, ev.evaluate(plan)
+        finally:
+            ev.close()
     t = robust_order(same, band_fraction(best.info), k=1)[0]
     if backend in ("simulated", "measured"):
         return t.number, trial_result(t)
