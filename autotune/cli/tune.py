@@ -113,7 +113,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             t.close()
             t.study  # noqa: B018 - create the study once here, before the workers race for it
             if t.sampler_name == "layout":      # rank the layouts once, here; the workers read the ranking
-                t._sampler().layouts(t.study)
+                t._sampler().rank(t.study)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
                                   stop_when_converged=not no_early_stop)
