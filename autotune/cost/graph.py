@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
 
 from autotune.cost.chunk_costs import (
     MAX_DP_GROUPS_PER_CHUNK,
@@ -327,6 +328,8 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
     m = num_micro_batches or plan.num_micro_batches
     w = step_weights(cb, plan, model, m, chunk_costs(cb, plan, model), reserved_bytes_per_stage)
     s = _make_structure(plan, w)
+    import networkx as nx   # only the graph path (evaluator.fast = False) needs it
+
     g = nx.DiGraph(plan=plan, num_micro_batches=m, p2p_ms=w.p2p_ms)
     node_list = []
     for n, kind, r, c, i, stream, wkey in s.nodes:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -108,6 +109,10 @@ LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches
                 "grad_reduce_in_bf16", "fp8_param_gather")
 
 
+#: the plan fields autotune.cost.memory.estimate_memory can depend on: all but tp_comm_overlap
+_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name != "tp_comm_overlap")
+
+
 class PlanScreen:
     """Memory fit and closed-form step-time estimate of plans for one model, cluster and workload.
 
@@ -131,6 +136,7 @@ class PlanScreen:
         self._est: dict[Plan, float] = {}
         self._layer: dict[tuple, float] = {}
         self._cbound: dict[Plan, float] = {}
+        self._mem: dict[tuple, bool] = {}
         self._built: dict[Plan, tuple[CostBuilder, dict[int, Any]]] = {}
 
     def fits(self, plan: Plan) -> bool:
@@ -141,8 +147,13 @@ class PlanScreen:
         if r is None:
             try:
                 check_plan_for_engine(plan, self.engine)
-                r = estimate_memory(self.model, plan, self.cluster.gpu, self.workload, fragmentation=self._frag,
-                                    engine=self.engine).fits
+                # estimate_memory does not read tp_comm_overlap (no term of autotune/cost/memory.py depends
+                # on it): plans that differ only there share one memory estimate
+                key = tuple(getattr(plan, f) for f in _MEMORY_FIELDS)
+                r = self._mem.get(key)
+                if r is None:
+                    r = self._mem[key] = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
+                                                         fragmentation=self._frag, engine=self.engine).fits
             except PlanError:
                 r = False
             self._fits[plan] = r

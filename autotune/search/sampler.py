@@ -72,7 +72,7 @@ PREFERENCES: Mapping[str, tuple[Any, ...]] = {
     "recompute": ("none", "selective", "full"),
     "zero_stage": (1, 0, 2, 3),
     "async_collectives": (True, False),
-    "tp_comm_overlap": (True, False),
+    "tp_comm_overlap": (False, True),
     "dp_grad_reduce_overlap": (True, False),
     "param_gather_overlap": (True, False),
     "memory_reclaim": ("expandable_segments", "none", "empty_cache_per_step", "empty_cache_per_microbatch"),
