@@ -30,18 +30,21 @@ class LazyRanking:
         jitter: index -> the key's factor ``1 + jitter x u``; its lower end ``low`` (``1 - jitter``).
         low: the smallest value ``jitter`` returns.
         known: screen results already computed (index -> plan or None), e.g. read from the storage.
-        refine: index -> a tighter lower bound (ms), asked once per layout, only when its first bound
-            would have it screened (a second, dearer bound: memory checks).
+        refine: (index, need) -> (a tighter lower bound in ms, whether it is final), asked only when a
+            layout's bound would have it screened (a second, dearer bound: memory checks); ``need`` is the
+            bound below which the layout would be screened now: a refinement may stop once it shows the
+            bound is at least that (not final: refined again if the layout comes up again).
     """
 
     def __init__(self, bounds: dict[int, float], screen: Callable[[int], Plan | None],
                  estimate: Callable[[Plan], float], jitter: Callable[[int], float], low: float,
                  known: dict[int, Plan | None] | None = None,
-                 refine: Callable[[int], float] | None = None) -> None:
+                 refine: Callable[[int, float], tuple[float, bool]] | None = None,
+                 refined: set[int] | None = None) -> None:
         self._bounds = dict(bounds)
         self._screen_fn, self._estimate, self._jitter, self._low = screen, estimate, jitter, low
         self._refine = refine
-        self._refined: set[int] = set() if refine is not None else set(self._bounds)
+        self._refined: set[int] = set(refined or ()) if refine is not None else set(self._bounds)
         self._pending = [(b * low, i) for i, b in self._bounds.items()]
         heapq.heapify(self._pending)
         self._ready: list[tuple[float, int]] = []
@@ -50,14 +53,19 @@ class LazyRanking:
         self.ranked: list[Plan] = []
         self._known = dict(known or {})
 
-    def _take(self) -> None:
-        """Pop the pending layout of least bound: refine its bound (pushed back) or, refined, screen it."""
+    def _take(self, need: float) -> None:
+        """Pop the pending layout of least bound: refine its bound (pushed back) or, refined, screen it.
+        ``need``: the bound (ms) below which it would be screened now."""
         _, i = heapq.heappop(self._pending)
         if i in self._refined or i in self._known:
             self._screen(i)
             return
-        self._refined.add(i)
-        b = max(self._bounds[i], self._refine(i))      # type: ignore[misc]
+        b, final = self._refine(i, need)        # type: ignore[misc]
+        if not final and b <= need:             # (a partial bound is >= need; at need itself: no progress)
+            b, final = self._refine(i, float("inf"))     # type: ignore[misc]
+        if final:
+            self._refined.add(i)
+        b = max(self._bounds[i], b)
         self._bounds[i] = b
         heapq.heappush(self._pending, (b * self._low, i))
 
@@ -73,7 +81,7 @@ class LazyRanking:
     def _extend(self) -> bool:
         """Place the next layout in order; False when every layout is placed."""
         while self._pending and (not self._ready or self._pending[0] <= self._ready[0]):
-            self._take()
+            self._take(self._ready[0][0] / self._low if self._ready else float("inf"))
         if not self._ready:
             return False
         _, i = heapq.heappop(self._ready)
@@ -105,7 +113,7 @@ class LazyRanking:
         """Screen every layout whose bound is below ``ms`` and return the screened layouts' plans (every
         layout with an estimate below ``ms`` is among them), in place order where placed."""
         while self._pending and self._bounds[self._pending[0][1]] < ms:
-            self._take()
+            self._take(ms)
         placed = set(self.ranked)
         return list(self.ranked) + [q for q in self.screened.values() if q is not None and q not in placed]
 
@@ -115,6 +123,10 @@ class LazyRanking:
         if not any(ok(q) for q in self.screen_below(below_ms)):
             return None
         return next((q for q in self if ok(q)), None)
+
+    def state(self) -> list[tuple[int, float, bool]]:
+        """(index, bound, whether the bound is final) of every layout, to rebuild this ranking elsewhere."""
+        return [(i, b, i in self._refined) for i, b in self._bounds.items()]
 
     @property
     def num_layouts(self) -> int:

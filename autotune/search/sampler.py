@@ -362,7 +362,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             if not isinstance(got, dict) or got.get("key") != self.ranking_key():
                 return False
             prefs = dict(got["prefs"])
-            entries = [(int(i), dict(a), float(b)) for i, a, b in got["layouts"]]
+            entries = [(int(i), dict(a), float(b)) for i, a, b, _ in got["layouts"]]
+            refined = {int(i) for i, _, _, final in got["layouts"] if final}
             known = {int(i): (Plan.from_dict(d) if d is not None else None) for i, d, _ in got["screened"]}
             ests = {int(i): e for i, d, e in got["screened"] if d is not None}
         except Exception as e:          # unreadable: rank here instead (the result is the same)
@@ -373,7 +374,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         for i, q in known.items():
             if q is not None:
                 self.screen.remember(q, fits=True, estimate_ms=float(ests[i]))
-        self._ranking = self._make_ranking(entries, known)
+        self._ranking = self._make_ranking(entries, known, refined)
         self.ranking_source = "storage"
         return True
 
@@ -382,8 +383,9 @@ class LayoutSampler(optuna.samplers.BaseSampler):
 
         r = self._ranking
         assert r is not None
+        knobs = {i: a for i, a, _ in self._entries}
         doc = {"key": self.ranking_key(), "prefs": plain(self._prefs),
-               "layouts": [[i, plain(a), b] for i, a, b in self._entries],
+               "layouts": [[i, plain(knobs[i]), b, final] for i, b, final in r.state()],
                "screened": [[i, plain(q.to_dict()) if q is not None else None,
                              self.screen.estimate_ms(q) if q is not None else None]
                             for i, q in sorted(r.screened.items())]}
@@ -434,56 +436,86 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         plans = [q for v in vals if (q := self._plan({**a, "precision": v, "recompute": "none"})) is not None]
         return self.screen.layout_bound_ms(plans)
 
-    def _memory_bound(self, a: dict[str, Any]) -> float:
+    def _memory_bound(self, a: dict[str, Any], need: float = float("inf")) -> tuple[float, bool]:
         """A tighter lower bound than :meth:`_layout_bound` on the estimate of layout ``a``'s plan, from the
-        plans that can fit: +inf when none can (nothing of the layout is screened).
+        plans that can fit (+inf when none can: nothing of the layout is screened), and whether it is final:
+        with ``need`` the search may stop once the bound is shown to be at least ``need`` (not final).
 
         The layout's plan (:meth:`_best_per_layout`, then :meth:`_tune_dp`) has some precision v, a
         recomputation level r and ZeRO stage z such that (v, r, z) fits at the preferred bucket size
         (:meth:`_fit_settings` picks it there; :meth:`_tune_dp` changes the stage before the bucket and
         keeps r). Memory falls with recomputation and with the ZeRO stage (the rule :meth:`_fit_settings`
         relies on), so per (v, z) r is at least r*(v, z), the first level that fits, and r*(v, z) only grows
-        as z falls; :meth:`PlanScreen.chunk_bound_ms` of (v, r, z) bounds every bucket size. Precisions are
-        taken in the order of their per-layer bound and skipped once that is not below the best bound so
-        far (a chunk bound is at least the layer bound)."""
+        as z falls; :meth:`PlanScreen.chunk_bound_ms` of (v, r, z) bounds every bucket size. No
+        recomputation's chunk bound is at most every level's (recomputation only adds work,
+        CostBuilder._layer_cost). ZeRO 0 has ZeRO 1's chunk costs (CostBuilder: stage >= 2 changes them)
+        and needs no less memory. Precisions are taken in the order of their per-layer bound and skipped
+        once that is not below the best bound so far (a chunk bound is at least the layer bound); a
+        candidate whose chunk bound is not below ``need`` is not checked for memory (it counts with its
+        bound, which makes the result not final)."""
         c = self.bound.choices
         rec = [v for v in PREFERENCES["recompute"] if v in c["recompute"]]
         zero = sorted((v for v in PREFERENCES["zero_stage"] if v in c["zero_stage"]), reverse=True)
         vals = c["precision"] if "precision" in PER_LAYOUT_KNOBS else (a["precision"],)
         if not rec or not zero:
-            return self._layout_bound(a)
+            return self._layout_bound(a), True
         order = []
         for v in vals:
             q0 = self._plan({**a, "precision": v, "recompute": "none"})
             if q0 is not None:
                 order.append((self.screen.layout_bound_ms([q0]), repr(v), v))
-        best = float("inf")
+        best = float("inf")         # the least chunk bound of a candidate that fits
+        unchecked = float("inf")    # the least chunk (or layer) bound of candidates not checked for memory
         for lb, _, v in sorted(order):
-            if lb >= best:
+            if lb >= min(best, unchecked):
+                break
+            if lb >= need:          # this precision and the rest: at least need, not checked
+                unchecked = min(unchecked, lb)
                 break
             k = 0           # index into rec: the first level that may fit at this stage
+            covered = False     # stage 1's candidates bound stage 0's (same chunk costs, no less memory)
             for z in zero:
-                if z == 0 and 1 in zero and k == 0:
-                    # ZeRO 0 and 1 have the same chunk costs (CostBuilder: stage >= 2 changes them), and
-                    # stage 0 needs the same or more recomputation: stage 1's bound holds for it
+                if z == 0 and covered:
                     break
                 while k < len(rec):
                     q = self._plan({**a, "precision": v, "recompute": rec[k], "zero_stage": z})
-                    if q is None or self.screen.fits(q):
+                    if q is None:
+                        break
+                    cb = self.screen.chunk_bound_ms(q)
+                    if cb >= min(best, need):
+                        # not checked: at least cb (and, for no recomputation, every level at least cb)
+                        unchecked = min(unchecked, cb) if cb < best else unchecked
+                        break
+                    if self.screen.fits(q):
                         break
                     k += 1
-                if k == len(rec):
+                else:
                     break           # nothing fits at this stage, nor at any lower one
-                # no recomputation only takes work away (CostBuilder._layer_cost adds the recomputed parts):
-                # its bound holds for every level; selective and full are bounded each
-                for r in rec[k:] if rec[k] != "none" else rec[k:k + 1]:
-                    q = self._plan({**a, "precision": v, "recompute": r, "zero_stage": z})
-                    if q is not None:
-                        best = min(best, self.screen.chunk_bound_ms(q))
-        return best
+                if q is None:
+                    continue
+                covered = z == 1 and k == 0
+                if cb >= min(best, need):
+                    if rec[k] == "none":
+                        continue            # every level of this stage is at least cb
+                    # selective / full: the other levels of this stage are bounded each, below
+                    for r in rec[k + 1:]:
+                        q2 = self._plan({**a, "precision": v, "recompute": r, "zero_stage": z})
+                        if q2 is not None and (cb2 := self.screen.chunk_bound_ms(q2)) < min(best, unchecked):
+                            unchecked = cb2     # not checked either: counted with its bound
+                    continue
+                best = min(best, cb)        # rec[k] fits here; the levels above it fit too
+                if rec[k] != "none":
+                    for r in rec[k + 1:]:
+                        q2 = self._plan({**a, "precision": v, "recompute": r, "zero_stage": z})
+                        if q2 is not None:
+                            best = min(best, self.screen.chunk_bound_ms(q2))
+        if unchecked < best:
+            return unchecked, False
+        return best, True
 
     def _make_ranking(self, entries: list[tuple[int, dict[str, Any], float]] | None = None,
-                      known: dict[int, Plan | None] | None = None) -> LazyRanking:
+                      known: dict[int, Plan | None] | None = None,
+                      refined: set[int] | None = None) -> LazyRanking:
         """A :class:`LazyRanking` of every layout of the space (``entries``: (index, layout knobs, bound)
         as stored, else enumerated here). A layout's jitter is drawn from its own knob values (seeded),
         so it does not depend on which other layouts fit."""
@@ -507,7 +539,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             return 1 + self.jitter * self._rng("layout", *(a[k] for k in LAYOUT_KNOBS)).uniform(-1, 1)
 
         return LazyRanking({i: b for i, _, b in entries}, screen, self.screen.estimate_ms, jitter,
-                           1 - self.jitter, known, refine=lambda i: self._memory_bound({**self._prefs, **knobs[i]}))
+                           1 - self.jitter, known,
+                           refine=lambda i, need: self._memory_bound({**self._prefs, **knobs[i]}, need), refined=refined)
 
     # ------------------------------------------------------------ neighbours
     def neighbours(self, plan: Plan) -> list[Plan]:
