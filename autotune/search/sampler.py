@@ -132,6 +132,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         self._canon: dict[Plan, Plan] = {}
         self._ranked: dict[Plan, list[Plan]] = {}
         self._lost: set[Plan] = set()      # plans this worker picked and found claimed by an earlier trial
+        self._yielded: set[Plan] = set()   # plans the current trial gave up for a later trial's claim
 
     # ------------------------------------------------------------ Optuna sampler API
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -150,19 +151,28 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         if plan is None:
             # nothing left by rank or by local search: a random plan, but only one the screen accepts
             plan = self._random_fitting(trial.number)
+        self._yielded = set()
         for _ in range(CLAIM_RETRIES):
-            if plan is None or not self._claimed_earlier(study, trial, plan):
+            clash = None if plan is None else self._claimed_earlier(study, trial, plan)
+            if clash is None:
                 break
-            self._lost.add(plan)            # an earlier trial of another worker took it meanwhile
+            if clash == "earlier":
+                self._lost.add(plan)        # an earlier trial of another worker took it meanwhile
+            else:
+                self._yielded.add(plan)     # a later trial claimed it first: not this trial's (see below)
             plan = self.next_plan(study, trial.number)
         if plan is not None:
             self._chosen[trial.number] = plan_params(plan)
 
-    def _claimed_earlier(self, study: optuna.Study, trial: FrozenTrial, plan: Plan) -> bool:
-        """Claim ``plan`` for ``trial`` in the storage (trial system attribute :data:`CLAIM_ATTR`), then
-        True if a trial of lower number holds the same claim or plan. Concurrent workers that picked the
-        same plan from the same history all write before they read (the storage orders the writes), so
-        every one but the lowest-numbered sees the clash and picks again; none is lost."""
+    def _claimed_earlier(self, study: optuna.Study, trial: FrozenTrial, plan: Plan) -> str | None:
+        """Claim ``plan`` for ``trial`` in the storage (trial system attribute :data:`CLAIM_ATTR`), then say
+        whether another trial holds the same claim or plan: ``"earlier"`` (a trial of lower number),
+        ``"later"`` (only trials of higher number), None (none). Concurrent workers that picked the same plan
+        all write before they read (the storage orders the writes): whichever reads last sees the other's
+        claim. Both kinds of clash make this trial pick again, so at most one of them keeps the plan: with
+        the lower number alone winning, a later trial that wrote and read before the earlier one wrote
+        kept the plan too (issue 26: a plan evaluated twice by ``--workers 4``). A plan given up for a later
+        trial's claim is skipped by this trial only (that trial may give it up too)."""
         storage = study._storage
         d = plain_plan(plan)
         try:
@@ -170,9 +180,14 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             others = storage.get_all_trials(study._study_id, deepcopy=False)
         except Exception as e:          # a storage that refuses it: the trial-number rule alone
             log.warning("layout sampler: cannot claim a plan (%s: %s)", type(e).__name__, e)
-            return False
-        return any(t.number < trial.number and (t.system_attrs.get(CLAIM_ATTR) == d or t.user_attrs.get("plan") == d)
-                   for t in others)
+            return None
+        clash = None
+        for t in others:
+            if t.number != trial.number and (t.system_attrs.get(CLAIM_ATTR) == d or t.user_attrs.get("plan") == d):
+                if t.number < trial.number:
+                    return "earlier"
+                clash = "later"
+        return clash
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -619,7 +634,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         """The plan trial ``number`` should evaluate (module docstring), or None to sample at random."""
         layouts = self.rank(study)
         self._update_history(study)
-        seen = {p for p, _ in self._history.values() if p is not None} | self._lost
+        seen = {p for p, _ in self._history.values() if p is not None} | self._lost | self._yielded
         seen.update(p for n, prm in self._chosen.items() if n != number
                     for p in [self._plan({**self._prefs, **prm})] if p is not None)
         # Which trials take a layout, and which one, is a function of the trial number alone (trial numbers
