@@ -40,14 +40,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.estimate import PlanScreen
 from autotune.search.ranking import LazyRanking
+from autotune.search.shared import NEIGHBOURS_ATTR, RANKING_ATTR, SharedSearch
 from autotune.signals import interrupted
 from autotune.search.space import KNOBS, BoundSearchSpace, Pruned, plan_params
 from autotune.target.plan import Plan
 
 log = logging.getLogger(__name__)
 
-#: study system attribute holding the shared layout ranking (:meth:`LayoutSampler.layouts`)
-RANKING_ATTR = "autotune:layout_ranking"
 #: trial system attribute: the plan a trial's sampler picked, written before its parameters
 CLAIM_ATTR = "autotune:claimed_plan"
 #: picks per trial when earlier trials claimed the pick (LayoutSampler._claimed_earlier)
@@ -90,11 +89,7 @@ def plain_plan(plan: Plan) -> dict[str, Any]:
     return plain(plan.to_dict())
 
 
-def _plan_key(plan: Plan) -> str:
-    return json.dumps(plan.to_dict(), sort_keys=True, default=str)
-
-
-class LayoutSampler(optuna.samplers.BaseSampler):
+class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
     """Structured sampler over a :class:`BoundSearchSpace` (module docstring).
 
     Args:
@@ -133,6 +128,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         self._ranked: dict[Plan, list[Plan]] = {}
         self._lost: set[Plan] = set()      # plans this worker picked and found claimed by an earlier trial
         self._yielded: set[Plan] = set()   # plans the current trial gave up for a later trial's claim
+        self._study: optuna.Study | None = None     # where ranked neighbours are shared (next_plan's study)
 
     # ------------------------------------------------------------ Optuna sampler API
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -334,7 +330,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         and ``bench/bench_search.py --rank-correlation``; the search itself screens lazily, :meth:`rank`)."""
         return self.rank(study).all()
 
-    def rank(self, study: optuna.Study | None = None) -> LazyRanking:
+    def rank(self, study: optuna.Study | None = None, places: int | None = None) -> LazyRanking:
         """The layouts in estimate order, screened as far as asked (:class:`LazyRanking`; built once).
 
         With ``study``: the ranking is shared through the study's storage (system attribute
@@ -343,71 +339,18 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         a worker stored them, else computed and stored, so concurrent workers (``--workers N``, or processes
         on other hosts) rank once; a stored ranking of another key (seed, space, calibration, code) is
         ignored and replaced. Layouts past the stored ones are screened by the worker that needs them (the
-        same result in every worker).
+        same result in every worker). ``places``: how many layouts to place before storing (default
+        :attr:`num_initial`; ``autotune run --workers N`` places what N workers' trials will take, once).
         """
         if self._ranking is None and study is not None and self._load_ranking(study):
             return self._ranking        # type: ignore[return-value]
         if self._ranking is None:
             self._compute_layouts()
             if study is not None:
-                for _ in itertools.islice(self._ranking, self.num_initial):     # type: ignore[arg-type]
+                for _ in itertools.islice(self._ranking, max(places or 0, self.num_initial)):  # type: ignore[arg-type]
                     pass
                 self._store_ranking(study)
         return self._ranking            # type: ignore[return-value]
-
-    def ranking_key(self) -> str:
-        """What the layout ranking depends on besides the study's target: the seed, jitter, the space's
-        choices, the screen's op costs (provenance) and the source of :mod:`autotune.search` and
-        :mod:`autotune.cost` (SHA-256, first 16 hex digits)."""
-        import hashlib
-        from pathlib import Path
-
-        h = hashlib.sha256(repr((self.seed, self.jitter, sorted((k, tuple(map(repr, v)))
-                                                                for k, v in self.bound.choices.items()),
-                                 sorted(map(repr, dict(self.screen.costs.provenance()).items())))).encode())
-        pkg = Path(__file__).resolve().parent.parent
-        for d in ("search", "cost"):
-            for f in sorted((pkg / d).glob("*.py")):
-                h.update(f.read_bytes())
-        return h.hexdigest()[:16]
-
-    def _load_ranking(self, study: optuna.Study) -> bool:
-        try:
-            got = study._storage.get_study_system_attrs(study._study_id).get(RANKING_ATTR)
-            if not isinstance(got, dict) or got.get("key") != self.ranking_key():
-                return False
-            prefs = dict(got["prefs"])
-            entries = [(int(i), dict(a), float(b)) for i, a, b, _ in got["layouts"]]
-            refined = {int(i) for i, _, _, final in got["layouts"] if final}
-            known = {int(i): (Plan.from_dict(d) if d is not None else None) for i, d, _ in got["screened"]}
-            ests = {int(i): e for i, d, e in got["screened"] if d is not None}
-        except Exception as e:          # unreadable: rank here instead (the result is the same)
-            log.warning("layout sampler: stored ranking unreadable (%s: %s); ranking here", type(e).__name__, e)
-            return False
-        self._prefs = {k: (v if k not in self.bound.choices else
-                           next((c for c in self.bound.choices[k] if c == v), v)) for k, v in prefs.items()}
-        for i, q in known.items():
-            if q is not None:
-                self.screen.remember(q, fits=True, estimate_ms=float(ests[i]))
-        self._ranking = self._make_ranking(entries, known, refined)
-        self.ranking_source = "storage"
-        return True
-
-    def _store_ranking(self, study: optuna.Study) -> None:
-        from autotune.files import plain
-
-        r = self._ranking
-        assert r is not None
-        knobs = {i: a for i, a, _ in self._entries}
-        doc = {"key": self.ranking_key(), "prefs": plain(self._prefs),
-               "layouts": [[i, plain(knobs[i]), b, final] for i, b, final in r.state()],
-               "screened": [[i, plain(q.to_dict()) if q is not None else None,
-                             self.screen.estimate_ms(q) if q is not None else None]
-                            for i, q in sorted(r.screened.items())]}
-        try:
-            study._storage.set_study_system_attr(study._study_id, RANKING_ATTR, doc)
-        except Exception as e:          # a storage that refuses it: every worker ranks for itself
-            log.warning("layout sampler: cannot store the ranking (%s: %s)", type(e).__name__, e)
 
     def _compute_layouts(self) -> None:
         self.ranking_source = "computed"
@@ -633,6 +576,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
     def next_plan(self, study: optuna.Study, number: int) -> Plan | None:
         """The plan trial ``number`` should evaluate (module docstring), or None to sample at random."""
         layouts = self.rank(study)
+        self._study = study
         self._update_history(study)
         seen = {p for p, _ in self._history.values() if p is not None} | self._lost | self._yielded
         seen.update(p for n, prm in self._chosen.items() if n != number
@@ -757,6 +701,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         different ones. Filtering this list keeps the order a sort of the filtered list would give (the
         sort is stable and the keys do not depend on the filter)."""
         got = self._ranked.get(base)
+        if got is None and (got := self._load_neighbours(base)) is not None:
+            self._ranked[base] = got
         if got is None:
             # the layouts screened so far (a neighbour that is an unscreened layout's plan stays a
             # candidate; it is never proposed twice either way)
@@ -767,8 +713,8 @@ class LayoutSampler(optuna.samplers.BaseSampler):
             cands = [q for q in nbrs if q not in layout_set]
             ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * jit[q])
             got = self._ranked[base] = [self._canonical(q) for q in ranked]
+            self._store_neighbours(base, got)
         return got
-
 
 _MISSING = object()
 
