@@ -121,7 +121,11 @@ def _context() -> Any:
     Optuna, SQLAlchemy and Alembic again: ~1.6 s CPU per worker, most of the extra CPU of ``--workers 4``
     over one worker for the same trials (issue 26). The server is started inside :func:`run_workers`'s
     signal-blocked window, so it and the workers it forks start with SIGINT / SIGTERM blocked, as spawned
-    workers do; :func:`_stop_forkserver` ends it (and counts its CPU) when the workers are done."""
+    workers do; :func:`_stop_forkserver` ends it (and counts its CPU) when the workers are done.
+    ``AUTOTUNE_WORKER_START=spawn`` in the environment spawns every worker as before (a fresh interpreter
+    per worker; tests of a worker's own start-up use it)."""
+    if os.environ.get("AUTOTUNE_WORKER_START") == "spawn":
+        return mp.get_context("spawn")
     try:
         ctx = mp.get_context("forkserver")
     except ValueError:              # no forkserver on this platform (Windows)
