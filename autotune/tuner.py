@@ -387,7 +387,7 @@ class Tuner:
             faults: list[float] = []      # when transient storage errors happened (retried, see below)
             try:
                 if self._layout_sampler is not None:    # rank (or read the ranking) before any trial exists
-                    self._layout_sampler.layouts(worker_study)  # a signal meanwhile: KeyboardInterrupt, no trial
+                    self._layout_sampler.rank(worker_study)  # a signal meanwhile: KeyboardInterrupt, no trial
                 while True:
                     left = None if budget is None else budget - len(mine)
                     time_left = None if timeout is None else timeout - (_time.monotonic() - started)

@@ -1,7 +1,7 @@
 """Several tuning workers on one study: ``autotune run --workers N`` (N local processes).
 
-Every worker is a separate process (``multiprocessing`` spawn context: no SQLAlchemy connection or CUDA
-state is inherited) that builds its own :class:`~autotune.tuner.Tuner` on the same storage and calls
+Every worker is a separate process (``multiprocessing`` forkserver context, spawn where there is none: no
+SQLAlchemy connection or CUDA state is inherited; :func:`_context`) that builds its own :class:`~autotune.tuner.Tuner` on the same storage and calls
 :meth:`~autotune.tuner.Tuner.optimize` with ``worker_id = first_worker_id + i``; the workers cooperate
 through the storage only (see ``Tuner.optimize``), exactly like ``autotune run`` processes started on
 other hosts, so a cluster runs the same thing as a Slurm array (one ``autotune run --worker-id
@@ -106,6 +106,49 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
             tuner.close()
 
 
+#: what the fork server imports once for all workers (:func:`_context`): the tuner and the RDB storage
+#: (SQLAlchemy, Alembic, Optuna's models), ~1.6 s CPU that each spawned worker paid for itself
+_PRELOAD = ["autotune.workers", "autotune.tuner", "autotune.cost.simulator", "optuna.storages._rdb.storage",
+            "optuna.storages._rdb.models", "alembic.migration", "sqlalchemy.dialects.sqlite"]
+
+
+def _context() -> Any:
+    """The multiprocessing context of the workers: ``forkserver`` where the platform has it, else ``spawn``.
+
+    Both start every worker from a process that holds no SQLAlchemy connection, CUDA state or thread of
+    the parent (forkserver: a fresh server process, started by spawn's fork + exec, that imports
+    :data:`_PRELOAD` and forks each worker from itself). With spawn each worker imported the tuner,
+    Optuna, SQLAlchemy and Alembic again: ~1.6 s CPU per worker, most of the extra CPU of ``--workers 4``
+    over one worker for the same trials (issue 26). The server is started inside :func:`run_workers`'s
+    signal-blocked window, so it and the workers it forks start with SIGINT / SIGTERM blocked, as spawned
+    workers do; :func:`_stop_forkserver` ends it (and counts its CPU) when the workers are done.
+    ``AUTOTUNE_WORKER_START=spawn`` in the environment spawns every worker as before (a fresh interpreter
+    per worker; tests of a worker's own start-up use it)."""
+    if os.environ.get("AUTOTUNE_WORKER_START") == "spawn":
+        return mp.get_context("spawn")
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:              # no forkserver on this platform (Windows)
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def _stop_forkserver(ctx: Any) -> None:
+    """End the fork server (if this context started one) and reap it, so it neither outlives the run nor
+    leaves its CPU time and its workers' out of this process's children's (``RUSAGE_CHILDREN``).
+    ``multiprocessing.forkserver``'s own ``_stop`` (CPython 3.8+); a Python without it keeps the server,
+    which ends with this process."""
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
+    if stop is not None:
+        with contextlib.suppress(Exception):
+            stop()
+
+
 def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: int | None,
                 timeout: float | None = None, first_worker_id: int = 0,
                 heartbeat_interval_s: int | None = None, stop_when_converged: bool = False) -> list[WorkerOutcome]:
@@ -130,11 +173,10 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
     if num_workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {num_workers}")
     import signal
-    import time
 
     from autotune.signals import interrupted
 
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     out: mp.Queue = ctx.Queue()
     opt = {"n_trials": n_trials, "timeout": timeout, "heartbeat_interval_s": heartbeat_interval_s,
            "stop_when_converged": stop_when_converged}
@@ -143,6 +185,18 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
              for i in range(num_workers)}
     sigs = [getattr(signal, n) for n in _SIGNALS]
     results: dict[int, WorkerOutcome] = {}
+    try:
+        return _run(procs, out, sigs, results, interrupted)
+    finally:
+        _stop_forkserver(ctx)
+
+
+def _run(procs: dict[int, Any], out: Any, sigs: list[Any], results: dict[int, WorkerOutcome],
+         interrupted: Any) -> list[WorkerOutcome]:
+    """Start ``procs``, collect their outcomes (see :func:`run_workers`)."""
+    import signal
+    import time
+
     try:
         # the workers start with SIGINT and SIGTERM blocked (see _SIGNALS); here they are blocked only while
         # the processes are started, and one that arrives meanwhile is handled as the mask is restored

@@ -5,8 +5,11 @@ and its worker processes), repeated plans, plans that do not fit and invalid (pr
     python bench/bench_search_workers.py --target 8b-h200x8 --workers 4 --trials 20
 
 Both runs use fresh studies (temporary SQLite files), the default space and the simulated backend, as
-`autotune run --workers N` does: the parent ranks the layouts once and stores the ranking in the study,
-the workers read it. The convergence stop is off, so both runs evaluate the same number of trials.
+`autotune run --workers N` does: the parent ranks the layouts once, placing those the workers' trials
+take, and stores the ranking in the study; the workers (forked from a fork server that imported the
+tuner once, autotune/workers.py) read it and share base plans' neighbours through the study. The
+convergence stop is off, so both runs evaluate the same number of trials. CPU is this process's and its
+children's (the fork server is stopped and reaped by run_workers, so its CPU and its workers' count).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def run(target: str, workers: int, per_worker: int) -> dict:
         if workers == 1:
             t.optimize(per_worker, show_progress_bar=False)
         else:
-            t._sampler().layouts(t.study)       # as `autotune run --workers N`: rank once, before the workers
+            ls = t._sampler()       # as `autotune run --workers N`: rank once, before the workers
+            ls.rank(t.study, places=ls.num_initial + min(workers * per_worker, 100) // ls.explore_every + 1)
             outs = run_workers(kw, workers, n_trials=per_worker)
             assert all(o.error is None for o in outs), outs
         cpu, wall = cpu_s() - c0, time.perf_counter() - t0

@@ -64,9 +64,41 @@ def test_ctrl_c_while_workers_start_is_quiet_and_exits_130(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_WORKER_START.format(d=str(tmp_path)))
-    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], _env(site))
+    env = _env(site)
+    env["AUTOTUNE_WORKER_START"] = "spawn"      # each worker a fresh interpreter (autotune/workers.py)
+    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], env)
     try:
         wait_for(lambda: len(list(tmp_path.glob("starting.*"))) >= 2, 120, "both workers to start")
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = _finish(p)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert len([x for x in err.splitlines() if x.startswith("interrupted:")]) == 1, err
+
+
+#: the fork server (the default worker start, autotune/workers.py) and the resource tracker are `python -c`
+#: processes (sys.argv == ["-c"]): they pause in sitecustomize, before the server forks any worker
+SLOW_FORKSERVER_START = r'''
+import os, sys, time
+if sys.argv == ["-c"]:
+    open(os.path.join({d!r}, f"starting.{{os.getpid()}}"), "w").close()
+    time.sleep(3)
+'''
+
+
+def test_ctrl_c_while_the_fork_server_starts_is_quiet_and_exits_130(tmp_path):
+    # the same Ctrl-C while the fork server is still starting (no worker forked yet): the server starts
+    # with SIGINT blocked (and ignores it), the parent handles it once its workers are started and
+    # forwards it; nothing prints a traceback, one "interrupted:" line, exit 130
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_FORKSERVER_START.format(d=str(tmp_path)))
+    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], _env(site))
+    try:
+        wait_for(lambda: list(tmp_path.glob("starting.*")), 120, "the fork server to start")
     except BaseException:
         os.killpg(p.pid, signal.SIGKILL)
         raise

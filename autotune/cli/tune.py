@@ -129,7 +129,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             t.close()
             t.study  # noqa: B018 - create the study once here, before the workers race for it
             if t.sampler_name == "layout":      # rank the layouts once, here; the workers read the ranking
-                t._sampler().layouts(t.study)
+                ls = t._sampler()       # the layouts the workers' trials take (one in 4 after the first 8)
+                ls.rank(t.study, places=ls.num_initial + min(workers * (trials or 100), 100) // ls.explore_every + 1)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
                                   stop_when_converged=not no_early_stop)

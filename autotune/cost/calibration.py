@@ -69,9 +69,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import yaml
 
 from autotune.errors import ConfigError
+from autotune.files import load_shipped_yaml
 
 if TYPE_CHECKING:
     pass
@@ -341,7 +341,7 @@ DEFAULT_CALIBRATION_FILE = "h200.yaml"
 def default_calibration(name: str = DEFAULT_CALIBRATION_FILE) -> CalibrationProfile:
     """The shipped calibration profile (``autotune/data/calibration/<name>``)."""
     text = resources.files("autotune").joinpath("data", "calibration", name).read_text()
-    return CalibrationProfile.from_dict(yaml.safe_load(text), source=f"autotune/data/calibration/{name}")
+    return CalibrationProfile.from_dict(load_shipped_yaml(text), source=f"autotune/data/calibration/{name}")
 
 
 def interp_log(xs: Sequence[float], ys: Sequence[float], x: float) -> float:

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
 
 from autotune.cost.chunk_costs import (
     MAX_DP_GROUPS_PER_CHUNK,
@@ -77,51 +78,80 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
     compute: dict[tuple[int, str, int], tuple[dict[str, float], float, float]] = {}
     dp_groups: dict[tuple[int, int], tuple[tuple[float, int, float], ...]] = {}
     opt_ms, ag_ms, reclaim_ms = [], [], []
+    # Virtual stages of one chunk class share one ChunkCost object (chunk_costs(cached=True)), so a node's
+    # (parts, duration, flops) and a chunk's DP bucket groups are computed once per distinct input and
+    # reused: the same arithmetic on the same numbers, so the same floats as computing every (stage,
+    # chunk) afresh (tests/test_fast_sim.py compares this with the graph built node by node).
+    node_memo: dict[tuple, tuple[dict[str, float], float, float]] = {}
+    dp_memo: dict[tuple, tuple[tuple[float, int, float], ...]] = {}
+    bucket_memo: dict[int, list[float]] = {}
+    stage_memo: dict[tuple[int, int, float], tuple[float, float]] = {}
+    add_p2p = blocking_p2p and bool(p2p)
+    emb_params = model.embedding_params // plan.tp_degree
     for r in range(P):
+        rc_ms = cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)) if reclaim_mb else None
         for c in range(v):
             vs = c * P + r
             cc = chunks[vs]
             for phase in ("F", "B"):
-                parts = cc.fwd_parts if phase == "F" else cc.bwd_parts
                 sends = (phase == "F" and vs < n_virtual - 1) or (phase == "B" and vs > 0)
-                if (sends and blocking_p2p and p2p) or (phase == "B" and reclaim_mb):
-                    parts = dict(parts)     # shared with the chunk class (read-only) unless something is added
-                if sends and blocking_p2p and p2p:
-                    _add(parts, "exposed_pp_comm", p2p)
-                if phase == "B" and reclaim_mb:
-                    _add(parts, "reclaim", cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)))
-                compute[r, phase, c] = parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2)
+                own = (sends and add_p2p) or (phase == "B" and reclaim_mb)
+                key = (id(cc), phase)
+                got = None if own else node_memo.get(key)
+                if got is None:
+                    parts = cc.fwd_parts if phase == "F" else cc.bwd_parts
+                    if own:
+                        parts = dict(parts)     # shared with the chunk class (read-only) unless something is added
+                    if sends and add_p2p:
+                        _add(parts, "exposed_pp_comm", p2p)
+                    if phase == "B" and reclaim_mb:
+                        _add(parts, "reclaim", rc_ms)
+                    got = (parts, sum(parts.values()), cc.fwd_flops * (1 if phase == "F" else 2))
+                    if not own:         # the chunk class's own dict: shared by its nodes, as before
+                        node_memo[key] = got
+                compute[r, phase, c] = got
         stage_params = stage_fp8 = 0
         for c in range(v):
             vs = c * P + r
-            stage_params += chunks[vs].params
-            stage_fp8 += chunks[vs].fp8_params
-            buckets = cb.dp_bucket_ms(chunks[vs].params)
+            cc = chunks[vs]
+            stage_params += cc.params
+            stage_fp8 += cc.fp8_params
+            buckets = bucket_memo.get(cc.params)
+            if buckets is None:
+                buckets = bucket_memo[cc.params] = cb.dp_bucket_ms(cc.params)
             if not buckets:
                 continue
-            ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
-            per = math.ceil(len(buckets) / ngroups)
-            groups = [buckets[k:k + per] for k in range(0, len(buckets), per)]
             lb_dur = compute[r, "B", c][1]
-            # the input embedding's gradient is the last one backward produces (a gather's backward
-            # after every layer), so its buckets are ready only when the chunk's backward ends;
-            # the layers' and the LM head's come evenly before it
-            emb_share = model.embedding_params // plan.tp_degree / chunks[vs].params if vs == 0 else 0.0
-            done = 0
-            out = []
-            for grp in groups:
-                done += len(grp)
-                # gradients of the first `done` buckets exist once that share of the backward ran
-                share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
-                out.append((sum(grp), len(grp), -(1 - share) * lb_dur))
-            dp_groups[r, c] = tuple(out)
-        opt_ms.append(cb.optimizer_ms(stage_params))
-        ag = cb.param_gather_ms(stage_params, stage_fp8)
-        if ag and p.param_gather_overlap and p.async_collectives:
-            # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
-            first_f = compute[r, "F", 0][1] if m else 0.0
-            ag = max(0.0, ag - first_f)
-        ag_ms.append(ag)
+            key = (id(cc), vs == 0, lb_dur)
+            got = dp_memo.get(key)
+            if got is None:
+                ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
+                per = math.ceil(len(buckets) / ngroups)
+                groups = [buckets[k:k + per] for k in range(0, len(buckets), per)]
+                # the input embedding's gradient is the last one backward produces (a gather's backward
+                # after every layer), so its buckets are ready only when the chunk's backward ends;
+                # the layers' and the LM head's come evenly before it
+                emb_share = emb_params / cc.params if vs == 0 else 0.0
+                done = 0
+                out = []
+                for grp in groups:
+                    done += len(grp)
+                    # gradients of the first `done` buckets exist once that share of the backward ran
+                    share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
+                    out.append((sum(grp), len(grp), -(1 - share) * lb_dur))
+                got = dp_memo[key] = tuple(out)
+            dp_groups[r, c] = got
+        first_f = compute[r, "F", 0][1] if m else 0.0
+        skey = (stage_params, stage_fp8, first_f)
+        got_s = stage_memo.get(skey)
+        if got_s is None:
+            ag = cb.param_gather_ms(stage_params, stage_fp8)
+            if ag and p.param_gather_overlap and p.async_collectives:
+                # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
+                ag = max(0.0, ag - first_f)
+            got_s = stage_memo[skey] = (cb.optimizer_ms(stage_params), ag)
+        opt_ms.append(got_s[0])
+        ag_ms.append(got_s[1])
         if p.memory_reclaim == "empty_cache_per_step":
             reclaim_ms.append(cb.costs.empty_cache_ms(reserved[r]))
     return StepWeights(num_micro_batches=m, p2p_ms=p2p, p2p_delay_ms=0.0 if blocking_p2p else p2p,
@@ -298,6 +328,8 @@ def build_step_graph(*, model: ModelSpec, plan: Plan, cluster: ClusterSpec, work
     m = num_micro_batches or plan.num_micro_batches
     w = step_weights(cb, plan, model, m, chunk_costs(cb, plan, model), reserved_bytes_per_stage)
     s = _make_structure(plan, w)
+    import networkx as nx   # only the graph path (evaluator.fast = False) needs it
+
     g = nx.DiGraph(plan=plan, num_micro_batches=m, p2p_ms=w.p2p_ms)
     node_list = []
     for n, kind, r, c, i, stream, wkey in s.nodes:

@@ -35,6 +35,7 @@ The OOM verdict uses the largest stage (never the average) against the GPU's usa
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
@@ -528,6 +529,15 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.lru_cache(maxsize=4096)
+def _rank_counts(p: int, v: int, m: int, schedule: str, per_virtual: tuple[int, ...]) -> tuple[InflightCount, ...]:
+    """:func:`count_inflight` of every rank of a plan with these pp, effective vpp, micro-batches, schedule
+    and layer split (what it reads of the plan), cached: a search asks the same ones for every ZeRO stage,
+    recomputation, precision and bucket of a layout."""
+    plan = Plan(pp_degree=p, vpp_degree=v, num_micro_batches=m, pipeline_schedule=schedule)
+    return tuple(count_inflight(plan, r, chunk_layers=per_virtual) for r in range(p))
+
+
 def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
                     fragmentation: Mapping[str, float] | None = None,
                     engine: EngineProfile | str | None = "native") -> MemoryEstimate:
@@ -651,6 +661,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     logits = s * b * vocab_shard * (COMPILED_LOSS_BYTES_PER_LOGIT if compiled_loss else LOGITS_BYTES_PER_ELEMENT)
     head_params = (0 if model.tied_embeddings and p == 1 else vocab_shard * h) + h
 
+    counts = _rank_counts(p, plan.effective_vpp, plan.num_micro_batches, plan.pipeline_schedule,
+                          tuple(per_virtual))
     stages = []
     for r in range(p):
         n = layers_per_rank[r]
@@ -676,7 +688,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # each chunk's layers hold their own count, rank 0's embedding output lives with chunk 0's
         # forwards and rank p-1's in-flight logits with its last chunk (the last virtual stage, which
         # holds the LM head); the stage's peak is taken at one instant of the step (peak_points).
-        count = count_inflight(plan, r, chunk_layers=per_virtual)
+        count = counts[r]
         held = count.num_inflight_microbatches
         first_chunk_bytes = embed_out if r == 0 else 0
         per_logit = s * b * vocab_shard

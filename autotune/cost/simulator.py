@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
 
 from autotune.cost.calibration import CalibrationProfile, default_calibration
 from autotune.cost.evaluator import BREAKDOWN_KEYS, Evaluator, StepResult
@@ -100,6 +101,8 @@ def simulate_graph(g: nx.DiGraph) -> Timeline:
     part_counts: dict[tuple[int, int], int] = {}
     part_refs: dict[tuple[int, int], Mapping[str, float]] = {}
     ndata = g._node     # node attribute dicts (read-only use)
+    import networkx as nx   # only the graph path (evaluator.fast = False) needs it
+
     for n in nx.topological_sort(g):
         d = ndata[n]
         s = 0.0

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -100,6 +101,18 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
     return step
 
 
+#: the plan fields one layer's cost depends on (what ``CostBuilder.__init__`` and ``CostBuilder._layer_cost``
+#: read: the TP / CP groups, tokens per micro-batch, the micro-batch count (FP8 weight casts once per step),
+#: precision, SP, overlaps, compile, recomputation, and the engine options a plan can switch)
+LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
+                "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
+                "grad_reduce_in_bf16", "fp8_param_gather")
+
+
+#: the plan fields autotune.cost.memory.estimate_memory can depend on: all but tp_comm_overlap
+_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name != "tp_comm_overlap")
+
+
 class PlanScreen:
     """Memory fit and closed-form step-time estimate of plans for one model, cluster and workload.
 
@@ -121,6 +134,10 @@ class PlanScreen:
         self._frag = self.costs.fragmentation()
         self._fits: dict[Plan, bool] = {}
         self._est: dict[Plan, float] = {}
+        self._layer: dict[tuple, float] = {}
+        self._cbound: dict[Plan, float] = {}
+        self._mem: dict[tuple, bool] = {}
+        self._built: dict[Plan, tuple[CostBuilder, dict[int, Any]]] = {}
 
     def fits(self, plan: Plan) -> bool:
         """True when the engine can run ``plan`` (:func:`autotune.target.engines.check_plan_for_engine`) and
@@ -130,8 +147,13 @@ class PlanScreen:
         if r is None:
             try:
                 check_plan_for_engine(plan, self.engine)
-                r = estimate_memory(self.model, plan, self.cluster.gpu, self.workload, fragmentation=self._frag,
-                                    engine=self.engine).fits
+                # estimate_memory does not read tp_comm_overlap (no term of autotune/cost/memory.py depends
+                # on it): plans that differ only there share one memory estimate
+                key = tuple(getattr(plan, f) for f in _MEMORY_FIELDS)
+                r = self._mem.get(key)
+                if r is None:
+                    r = self._mem[key] = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
+                                                         fragmentation=self._frag, engine=self.engine).fits
             except PlanError:
                 r = False
             self._fits[plan] = r
@@ -149,18 +171,86 @@ class PlanScreen:
             self._est[plan] = r
         return r
 
-    def _estimate(self, plan: Plan) -> float:
+    def _build(self, plan: Plan) -> tuple[CostBuilder, dict[int, Any]]:
+        """The plan's :class:`CostBuilder` and per-chunk costs (once per chunk class, graph.chunk_costs)."""
+        got = self._built.pop(plan, None)
+        if got is not None:
+            return got
         cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
                          costs=self.costs, engine=self.engine)
+        return cb, chunk_costs(cb, plan, self.model, cached=True)
+
+    def chunk_bound_ms(self, plan: Plan) -> float:
+        """A lower bound (ms) on :meth:`estimate_ms` of ``plan`` and of every plan that differs from it only
+        in the DP bucket size or by more recomputation: ``(m + (p - 1) / v)`` x the busiest rank's chunk
+        forward + backward costs per micro-batch. ``step_time_from_weights`` is at least its ``F_0 >= (m + (p -
+        1) / v) t_mb``; t_mb sums the rank's node durations, which are the chunk costs plus blocking p2p and
+        reclaim (>= 0); the bucket size enters only the DP bucket groups, and recomputation only adds to a
+        chunk's backward (:meth:`CostBuilder.chunk_cost`). Less a relative 1e-9 for rounding; 0 for a plan
+        the cost model rejects."""
+        r = self._cbound.get(plan)
+        if r is None:
+            try:
+                cb, chunks = self._build(plan)
+                self._built[plan] = (cb, chunks)        # its estimate, if asked next, reuses them
+                P, v = plan.pp_degree, plan.effective_vpp
+                busiest = max(sum(chunks[c * P + k].fwd_ms + chunks[c * P + k].bwd_ms for c in range(v))
+                              for k in range(P))
+                r = (plan.num_micro_batches + (P - 1) / v) * busiest * (1 - 1e-9)
+            except (PlanError, ValueError, ZeroDivisionError):
+                r = 0.0
+            self._cbound[plan] = r
+        return r
+
+    def _estimate(self, plan: Plan) -> float:
+        cb, chunks = self._build(plan)
         m = plan.num_micro_batches
         # a chunk's DP buckets depend on its parameter count alone: once per chunk class, as chunk_costs does
         # for the chunks (an instance-level memo of CostBuilder.dp_bucket_ms, the same numbers)
         cb.dp_bucket_ms = functools.lru_cache(maxsize=None)(cb.dp_bucket_ms)    # type: ignore[method-assign]
-        chunks = chunk_costs(cb, plan, self.model, cached=True)     # once per chunk class (graph.chunk_costs)
         # the step graph's own numbers (autotune.cost.graph.step_weights): node durations with their exposed
         # TP / CP / ZeRO-3 communication and blocking p2p, DP bucket groups with their ready delays, the
         # optimizer step and the exposed parameter gather; no memory-dependent reclaim here (reserved = 0)
         return step_time_from_weights(plan, step_weights(cb, plan, self.model, m, chunks))
+
+    def layer_ms(self, plan: Plan) -> float:
+        """One transformer layer's forward + backward time per micro-batch on one rank, ms: the sum of
+        :class:`CostBuilder`'s per-layer parts (GEMMs, attention, memory-bound kernels, FP8 casts, the
+        exposed part of TP / CP communication, recomputation). Cached per the plan fields that
+        ``CostBuilder.__init__`` / ``_layer_cost`` read (:data:`LAYER_FIELDS`; tests/search/test_lazy_ranking.py
+        checks a cached value against a fresh CostBuilder)."""
+        key = tuple(getattr(plan, f) for f in LAYER_FIELDS)
+        r = self._layer.get(key)
+        if r is None:
+            try:
+                cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
+                                 costs=self.costs, engine=self.engine)
+                lf, lb, _ = cb._layer
+                r = sum(lf.values()) + sum(lb.values())
+            except (PlanError, ValueError, ZeroDivisionError):
+                r = 0.0
+            self._layer[key] = r
+        return r
+
+    def layout_bound_ms(self, plans: list[Plan]) -> float:
+        """A lower bound (ms) on :meth:`estimate_ms` of every plan of one layout (same tp, pp, cp, schedule,
+        vpp, micro-batch size and so the same dp, micro-batch count and layer split) whose per-layer time
+        is at least that of one of ``plans`` (in the layout sampler: one plan per precision, without
+        recomputation; recomputation and ZeRO-2/3 only add to a layer or chunk, and the DP, p2p, optimizer
+        and parameter-gather terms are >= 0).
+
+        ``step_time_from_weights`` is at least its ``F_0 >= (m + (p - 1) / v) t_mb``, and t_mb (the busiest
+        rank's chunk forward + backward node durations) is at least that rank's layers x the layer time:
+        chunk costs are the layers' parts x their count plus the embedding / LM head / mixed-precision /
+        ZeRO-2/3 terms, all >= 0 (:meth:`CostBuilder.chunk_cost`). Less a relative 1e-9 for rounding."""
+        if not plans:
+            return 0.0
+        p0 = plans[0]
+        P, v, m = p0.pp_degree, p0.effective_vpp, p0.num_micro_batches
+        layers = p0.layers_per_virtual_stage(self.model.num_layers)
+        busiest = max(sum(layers[c * P + r] for c in range(v)) for r in range(P))
+        layer = min(self.layer_ms(q) for q in plans)
+        return (m + (P - 1) / v) * busiest * layer * (1 - 1e-9)
 
     def remember(self, plan: Plan, *, fits: bool, estimate_ms: float) -> None:
         """Record a screen result computed elsewhere (a layout ranking another worker stored), so

@@ -233,9 +233,9 @@ class EngineProfile:
 def _catalog() -> dict[str, EngineProfile]:
     from importlib import resources
 
-    import yaml
+    from autotune.files import load_shipped_yaml
 
-    data = yaml.safe_load(resources.files("autotune").joinpath("data", "engines.yaml").read_text())
+    data = load_shipped_yaml(resources.files("autotune").joinpath("data", "engines.yaml").read_text())
     return {k: EngineProfile.from_dict(k, v) for k, v in data["engines"].items()}
 
 

@@ -14,10 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from autotune.errors import ConfigError
-from autotune.files import plain
+from autotune.files import load_shipped_yaml, plain
 
 GIB = 1024**3
 #: GPUs of a host node that share its NICs when a fabric does not say (an HGX/DGX board: 8 GPUs)
@@ -38,7 +37,7 @@ NCCL_TIER_ENV: dict[str, dict[str, str]] = {
 @lru_cache(maxsize=None)
 def _load_data(name: str) -> dict[str, Any]:
     text = resources.files("autotune").joinpath("data", name).read_text()
-    return yaml.safe_load(text)
+    return load_shipped_yaml(text)
 
 
 @dataclass(frozen=True)

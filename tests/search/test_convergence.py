@@ -87,21 +87,25 @@ def test_ranking_is_shared_through_the_storage(tmp_path):
     try:
         t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=f"sqlite:///{tmp_path}/s.db")
         first = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=0)
-        ranked = first.layouts(t.study)                 # computed here and stored
+        first.rank(t.study)                             # computed here and stored, its first 8 placed
         assert first.ranking_source == "computed"
+        ranked = first.rank().ranked[:8]
+        assert len(ranked) == 8
         stored = t.study._storage.get_study_system_attrs(t.study._study_id)[RANKING_ATTR]
-        assert stored["key"] == first.ranking_key() and len(stored["layouts"]) == len(ranked)
+        assert stored["key"] == first.ranking_key() and len(stored["layouts"]) == first.rank().num_layouts
+        n_fit = sum(1 for _, d, _ in stored["screened"] if d is not None)
+        assert n_fit >= 8
 
-        # a second worker reads it: the same plans in the same order, without screening one plan itself
+        # a second worker reads it: the same first plans in the same order, without screening one plan itself
         other = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=0)
-        got = other.layouts(t.study)
+        other.rank(t.study)
         assert other.ranking_source == "storage"
-        assert got == ranked
+        assert [q for _, q in zip(range(8), other.rank())] == ranked
         fresh = other.screen.describe()
-        assert fresh == {"memory_checks": len(ranked), "estimates": len(ranked)}    # only the stored results
-        # and the order is the one a ranking computed from scratch gives (no storage)
+        assert fresh == {"memory_checks": n_fit, "estimates": n_fit}    # only the stored results
+        # and the order is the one a ranking computed from scratch gives (no storage), past the stored part too
         alone = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=0)
-        assert alone.layouts() == ranked
+        assert alone.layouts() == other.layouts()
 
         # another seed is another ranking: not read, computed and stored in place of the first
         seed1 = make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=W, engine=t.engine, seed=1)
@@ -118,7 +122,7 @@ def test_four_workers_draw_no_repeated_unfit_or_invalid_plan(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     kw = dict(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=storage, seed=0)
     t = Tuner(**kw)
-    t._sampler().layouts(t.study)           # what `autotune run --workers 4` does before starting them
+    t._sampler().rank(t.study)              # what `autotune run --workers 4` does before starting them
     outcomes = run_workers(kw, 4, n_trials=12)
     assert all(o.error is None for o in outcomes), outcomes
     trials = t.study.get_trials(deepcopy=False)

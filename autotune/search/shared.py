@@ -1,0 +1,144 @@
+"""What workers on one study share through its storage (issue 26): the layout ranking and each base plan's
+ranked neighbours, so that ``--workers N`` screens them once rather than N times. A mixin of
+:class:`autotune.search.sampler.LayoutSampler` (moved out of ``sampler.py``); everything here is keyed by
+:meth:`SharedSearch.ranking_key`, so a worker with another seed, space, calibration or code ignores it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import optuna
+
+from autotune.target.plan import Plan
+
+log = logging.getLogger("autotune.search.sampler")
+
+#: study system attribute holding the shared layout ranking (:meth:`LayoutSampler.rank`)
+RANKING_ATTR = "autotune:layout_ranking"
+#: study system attribute prefix of a base plan's ranked neighbours (:meth:`SharedSearch._load_neighbours`)
+NEIGHBOURS_ATTR = "autotune:neighbours:"
+
+
+class SharedSearch:
+    """The storage side of :class:`autotune.search.sampler.LayoutSampler` (see the module docstring)."""
+
+    seed: int
+    jitter: float
+    bound: Any
+    screen: Any
+    _prefs: dict[str, Any]
+    _ranking: Any
+    _entries: list[tuple[int, dict[str, Any], float]]
+    _study: optuna.Study | None
+    ranking_source: str
+
+    def _make_ranking(self, entries: Any = None, known: Any = None, refined: Any = None) -> Any:
+        raise NotImplementedError
+
+    def _canonical(self, plan: Plan) -> Plan:
+        raise NotImplementedError
+
+    def ranking_key(self) -> str:
+        """What the layout ranking depends on besides the study's target: the seed, jitter, the space's
+        choices, the screen's op costs (provenance) and the source of :mod:`autotune.search` and
+        :mod:`autotune.cost` (SHA-256, first 16 hex digits)."""
+        got = getattr(self, "_ranking_key", None)
+        if got is not None:
+            return got
+        import hashlib
+        from pathlib import Path
+
+        h = hashlib.sha256(repr((self.seed, self.jitter, sorted((k, tuple(map(repr, v)))
+                                                                for k, v in self.bound.choices.items()),
+                                 sorted(map(repr, dict(self.screen.costs.provenance()).items())))).encode())
+        pkg = Path(__file__).resolve().parent.parent
+        for d in ("search", "cost"):
+            for f in sorted((pkg / d).glob("*.py")):
+                h.update(f.read_bytes())
+        self._ranking_key: str | None = h.hexdigest()[:16]
+        return self._ranking_key
+
+    def _load_ranking(self, study: optuna.Study) -> bool:
+        try:
+            got = study._storage.get_study_system_attrs(study._study_id).get(RANKING_ATTR)
+            if not isinstance(got, dict) or got.get("key") != self.ranking_key():
+                return False
+            prefs = dict(got["prefs"])
+            entries = [(int(i), dict(a), float(b)) for i, a, b, _ in got["layouts"]]
+            refined = {int(i) for i, _, _, final in got["layouts"] if final}
+            known = {int(i): (Plan.from_dict(d) if d is not None else None) for i, d, _ in got["screened"]}
+            ests = {int(i): e for i, d, e in got["screened"] if d is not None}
+        except Exception as e:          # unreadable: rank here instead (the result is the same)
+            log.warning("layout sampler: stored ranking unreadable (%s: %s); ranking here", type(e).__name__, e)
+            return False
+        self._prefs = {k: (v if k not in self.bound.choices else
+                           next((c for c in self.bound.choices[k] if c == v), v)) for k, v in prefs.items()}
+        for i, q in known.items():
+            if q is not None:
+                self.screen.remember(q, fits=True, estimate_ms=float(ests[i]))
+        self._ranking = self._make_ranking(entries, known, refined)
+        self.ranking_source = "storage"
+        return True
+
+    def _store_ranking(self, study: optuna.Study) -> None:
+        from autotune.files import plain
+
+        r = self._ranking
+        assert r is not None
+        knobs = {i: a for i, a, _ in self._entries}
+        doc = {"key": self.ranking_key(), "prefs": plain(self._prefs),
+               "layouts": [[i, plain(knobs[i]), b, final] for i, b, final in r.state()],
+               "screened": [[i, plain(q.to_dict()) if q is not None else None,
+                             self.screen.estimate_ms(q) if q is not None else None]
+                            for i, q in sorted(r.screened.items())]}
+        try:
+            study._storage.set_study_system_attr(study._study_id, RANKING_ATTR, doc)
+        except Exception as e:          # a storage that refuses it: every worker ranks for itself
+            log.warning("layout sampler: cannot store the ranking (%s: %s)", type(e).__name__, e)
+
+    def _neighbours_key(self, base: Plan) -> str:
+        import hashlib
+
+        import json
+
+        key = json.dumps(base.to_dict(), sort_keys=True, default=str)
+        return NEIGHBOURS_ATTR + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def _load_neighbours(self, base: Plan) -> list[Plan] | None:
+        """The ranked neighbours of ``base`` another worker stored (study system attribute
+        :data:`NEIGHBOURS_ATTR` + a hash of the plan, under this ranking's key), or None: workers share the
+        neighbours' screening (memory checks and estimates of ~100-400 plans per base) as they share the
+        layout ranking; their estimates are remembered by this worker's screen."""
+        study = self._study
+        if study is None:
+            return None
+        try:
+            got = study._storage.get_study_system_attrs(study._study_id).get(self._neighbours_key(base))
+            if not isinstance(got, dict) or got.get("key") != self.ranking_key():
+                return None
+            out = []
+            for d, e in got["plans"]:
+                q = self._canonical(Plan.from_dict(d))
+                self.screen.remember(q, fits=True, estimate_ms=float(e))
+                out.append(q)
+            return out
+        except Exception as e:          # unreadable: compute here (the same result)
+            log.warning("layout sampler: stored neighbours unreadable (%s: %s)", type(e).__name__, e)
+            return None
+
+    def _store_neighbours(self, base: Plan, ranked: list[Plan]) -> None:
+        study = self._study
+        if study is None:
+            return
+        from autotune.files import plain
+
+        doc = {"key": self.ranking_key(), "plans": [[plain(q.to_dict()), self.screen.estimate_ms(q)] for q in ranked]}
+        try:
+            study._storage.set_study_system_attr(study._study_id, self._neighbours_key(base), doc)
+        except Exception as e:          # a storage that refuses it: every worker screens for itself
+            log.warning("layout sampler: cannot store neighbours (%s: %s)", type(e).__name__, e)
+
+
+__all__ = ["NEIGHBOURS_ATTR", "RANKING_ATTR", "SharedSearch"]
