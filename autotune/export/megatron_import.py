@@ -135,7 +135,8 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
             if re.search(r"\.py\b", line.split("#", 1)[0]):
                 raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
             continue            # another shell line of a script (autotune reads the command line only)
-        script = next((i for i, w in enumerate(words) if w.endswith(".py") or w.endswith(".py)")), None)
+        words = expand(words, {}, scalars)      # "$PRETRAIN_SCRIPT_PATH" assigned once: the script word
+        script = next((i for i, w in enumerate(words) if w.endswith((".py", ".py)")) and not _ASSIGN.match(w)), None)
         if script is None:
             for w in words[1:] if words[:1] == ["export"] else words:
                 m = _ASSIGN.match(w)

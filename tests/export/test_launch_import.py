@@ -473,11 +473,15 @@ def test_a_torchtitan_launch_script_given_as_megatron_names_its_config(tmp_path)
 
 
 # laid out as Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh: bash arrays (multi-line, comments,
-# a \ continuation inside, a quoted reference), literal scalars, torchrun's words from an array
+# a \ continuation inside, a quoted reference), literal scalars (the script path too), torchrun's words from an
+# array, a computed variable and a command substitution on other lines
 MEGATRON_EXAMPLE = """#!/bin/bash
 GPUS_PER_NODE=8
 NUM_NODES=2
 MASTER_ADDR=${MASTER_ADDR:-"localhost"}
+WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
+PRETRAIN_SCRIPT_PATH="examples/classes/pretrain_gpt.py"
+mkdir -p "$(dirname "$CHECKPOINT_PATH")"
 TP=2
 CHECKPOINT_PATH=/ckpt/llama
 DISTRIBUTED_ARGS=(
@@ -496,9 +500,9 @@ GPT_MODEL_ARGS=(
 TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 128 --bf16 --save ${CHECKPOINT_PATH}/run1)
 MODEL_PARALLEL_ARGS=(
     --tensor-model-parallel-size $TP
-    --pipeline-model-parallel-size 2
+	--pipeline-model-parallel-size 2 # tab-indented, a comment after the value
 )
-torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \
+torchrun ${DISTRIBUTED_ARGS[@]} "$PRETRAIN_SCRIPT_PATH" \
     ${GPT_MODEL_ARGS[@]} \
     "${TRAINING_ARGS[@]}" \
     ${MODEL_PARALLEL_ARGS[@]} --vocab-size 128256
@@ -521,7 +525,8 @@ def test_megatron_examples_array_layout_is_expanded(tmp_path):
     # the scalar inside an array element is expanded too (CHECKPOINT_PATH assigned once)
     assert ("--save /ckpt/llama/run1", RUN) in got.ignored
     # MASTER_ADDR is not a literal: it stays in the launcher's words (which may hold shell syntax)
-    assert got.ignored[0] == ("torchrun --nproc_per_node 8 --nnodes 2 --master_addr $MASTER_ADDR pretrain_gpt.py",
+    assert got.ignored[0] == ("torchrun --nproc_per_node 8 --nnodes 2 --master_addr $MASTER_ADDR "
+                              "examples/classes/pretrain_gpt.py",
                               "the launcher's words before the script")
 
 
