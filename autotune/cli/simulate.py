@@ -122,7 +122,9 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
               help="Write a Gantt chart of the simulated step (.png, .svg or .pdf; needs matplotlib: the plot extra).")
 @click.option("--from-megatron", "from_megatron", type=click.Path(dir_okay=False), default=None,
               help="Predict your own Megatron-LM launch: a file of pretrain_gpt.py arguments (one per line or "
-                   "shell-style lines; \\ continuations and # comments allowed). Needs --gpus (world size); "
+                   "shell-style lines; \\ continuations and # comments allowed) or a launch script (bash arrays "
+                   "NAME=( ... ) and variables assigned once to a literal are expanded). --gpus: the world size (default: "
+                   "the launcher's literal --nnodes x --nproc-per-node, which --gpus must then equal); "
                    "--gpu, --interconnect as usual.")
 @click.option("--from-torchtitan", "from_torchtitan", default=None, metavar="CONFIG",
               help="Predict your own torchtitan launch: a 0.2.x TOML job file or a 0.3.0 config module "

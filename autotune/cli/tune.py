@@ -61,6 +61,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         # the user's launch is read (and refused) before any trial runs; its target is the run's
         from autotune.cli.compare import imported_target, read_launch
         imported = read_launch(compare_to, compare_format, gpus)
+        gpus = gpus if gpus is not None else imported.num_gpus    # a launch's --nnodes x --nproc-per-node
         model, cluster, workload = imported_target(imported, size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                                    interconnect=interconnect, seq_len=seq_len,
                                                    global_batch=global_batch)

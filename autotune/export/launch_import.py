@@ -37,7 +37,8 @@ def detect_format(path: str | Path) -> str:
 
 
 def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None) -> ImportedLaunch:
-    """Read ``path`` in format ``fmt`` (None: :func:`detect_format`) for a world of ``num_gpus`` GPUs.
+    """Read ``path`` in format ``fmt`` (None: :func:`detect_format`) for a world of ``num_gpus`` GPUs (None: a
+    Megatron-LM launch's own ``--nnodes`` x ``--nproc-per-node``).
 
     Raises:
         ConfigError: an unknown format, a missing GPU count, or anything the format's reader refuses.
@@ -46,12 +47,12 @@ def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None) ->
     fmt = fmt or detected
     if fmt not in FORMATS:
         raise ConfigError(f"format {fmt!r}: valid formats are {', '.join(FORMATS)}")
+    if fmt == "megatron":       # the launcher's --nnodes x --nproc-per-node may give it
+        from autotune.export.megatron_import import import_megatron_args
+        return import_megatron_args(path, num_gpus=num_gpus)
     if num_gpus is None:
         raise ConfigError(f"{path}: give --gpus N, the world size the launch runs on (TP x PP x CP x DP; a "
                           "launch file does not hold it)")
-    if fmt == "megatron":
-        from autotune.export.megatron_import import import_megatron_args
-        return import_megatron_args(path, num_gpus=num_gpus)
     from autotune.export.torchtitan_import import import_torchtitan
     return import_torchtitan(path, num_gpus=num_gpus)
 

@@ -4,8 +4,10 @@
 The file: ``pretrain_gpt.py`` arguments, one per line or on shell-style lines (``\\`` continuations,
 ``#`` comments, quotes), or a launch script (autotune's own launch_torchrun.sh, or its ``--dry-run``
 output): the line with the ``*.py`` word is the command, words before it (``torchrun ... pretrain_gpt.py``)
-are the launcher's and are listed as ignored (they may hold shell syntax). Shell variables in the Megatron
-arguments (``$TP``, ``${ARGS[@]}``) are refused: autotune runs no shell. ``PYTORCH_CUDA_ALLOC_CONF`` set on
+are the launcher's and are listed as ignored (they may hold shell syntax). Bash arrays defined once in the
+script (``GPT_MODEL_ARGS=( ... )``, Megatron-LM's examples' layout) and variables assigned once to a literal
+are expanded (:mod:`autotune.export.shell_vars`); any other shell variable in the Megatron arguments is
+refused: autotune runs no shell. ``PYTORCH_CUDA_ALLOC_CONF`` set on
 that line or exported before it gives ``memory_reclaim expandable_segments`` (export writes it back).
 
 Every option is checked against the recorded facts of Megatron-LM's parser (``autotune/data/
@@ -44,6 +46,7 @@ from typing import Any
 
 from autotune.errors import ConfigError, PlanError
 from autotune.export.imported import ImportedLaunch, catalog_name, label_from_path
+from autotune.export.shell_vars import expand, launcher_world, script_values
 
 FACTS_FILE = Path(__file__).resolve().parents[1] / "data" / "megatron_arg_facts.jsonl"
 MEGATRON_COMMIT = "d98e8a64ddf3"
@@ -122,16 +125,18 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read the argument list: {e}") from None
     lines = _logical_lines(text)
+    arrays, scalars, inside = script_values(lines)
     env: dict[str, str] = {}
     cmd: list[str] | None = None
-    for line in lines:
+    for line in (ln for k, ln in enumerate(lines) if k not in inside):
         try:
             words = shlex.split(line, comments=True)
         except ValueError as e:
             if re.search(r"\.py\b", line.split("#", 1)[0]):
                 raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
             continue            # another shell line of a script (autotune reads the command line only)
-        script = next((i for i, w in enumerate(words) if w.endswith(".py") or w.endswith(".py)")), None)
+        words = expand(words, {}, scalars)      # "$PRETRAIN_SCRIPT_PATH" assigned once: the script word
+        script = next((i for i, w in enumerate(words) if w.endswith((".py", ".py)")) and not _ASSIGN.match(w)), None)
         if script is None:
             for w in words[1:] if words[:1] == ["export"] else words:
                 m = _ASSIGN.match(w)
@@ -161,7 +166,7 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
         except ValueError as e:
             raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
         script = -1
-    launcher, words = cmd[:script + 1], cmd[script + 1:]
+    launcher, words = expand(cmd[:script + 1], arrays, scalars), expand(cmd[script + 1:], arrays, scalars)
     if words and words[-1] in ("$@", "$@)", ")", "$*"):
         words = words[:-1]
     if words and words[-1].endswith(")") and launcher and "=(" in launcher[0]:
@@ -737,15 +742,25 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
     return plan, workload
 
 
-def import_megatron_args(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
-    """Read a ``pretrain_gpt.py`` argument file (see the module docstring) for ``num_gpus`` GPUs.
+def import_megatron_args(path: str | Path, *, num_gpus: int | None) -> ImportedLaunch:
+    """Read a ``pretrain_gpt.py`` argument file (see the module docstring) for ``num_gpus`` GPUs (None: the
+    launcher's ``--nnodes`` x ``--nproc-per-node``, :func:`autotune.export.shell_vars.launcher_world`).
 
     Raises:
         ConfigError: a file Megatron-LM's parser would reject, a missing required option, a setting that makes
-            it a model or plan autotune cannot simulate (named), or degrees / batches that do not divide.
+            it a model or plan autotune cannot simulate (named), degrees / batches that do not divide, a
+            ``num_gpus`` other than the launcher's world size, or neither given.
     """
     source = str(path)
     tokens, launcher, env = read_launch(path)
+    world = launcher_world(launcher)
+    if world and num_gpus is not None and world[0] != num_gpus:
+        raise ConfigError(f"{source}: --gpus {num_gpus} differs from the launch's {world[0]} GPUs ({world[1]}); "
+                          f"give --gpus {world[0]} or leave --gpus out")
+    if num_gpus is None and world is None:
+        raise ConfigError(f"{source}: give --gpus N, the world size the launch runs on (TP x PP x CP x DP; the "
+                          "launcher words give no literal --nnodes and --nproc-per-node)")
+    num_gpus = num_gpus if num_gpus is not None else world[0]
     args = parse_megatron_args(tokens, source)
     r = _Reader(args, source)
     r.env = env

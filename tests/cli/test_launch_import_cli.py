@@ -190,3 +190,19 @@ def test_band_note_says_why_a_slower_plan_is_reported():
     assert "0.75 points above trial 21" in note and "74.00% vs 59.80%" in note
     assert band_note([t18, t21], 18, 0.03) is None       # the fastest is reported: nothing to explain
 
+
+
+def test_simulate_refuses_a_gpu_count_other_than_the_launchers(tmp_path):
+    f = tmp_path / "dry.txt"
+    f.write_text("torchrun --nnodes 64 --nproc-per-node 8 --node-rank 0 pretrain_gpt.py "
+                 + ARGS_8B.replace("--global-batch-size 128", "--global-batch-size 1024"))
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f), "--gpus", "256"])
+    # 64 nodes x 8 GPUs per node = 512, not the 256 asked for
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    err = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "--gpus 256" in err[0] and "512 GPUs" in err[0], r.output
+    # without --gpus the launch's 512 is the world: DP 512 / (TP 1 x PP 1) = 512, 1024 / (512 x 1) = 2 micro-batches
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["results"][0]
+    assert got["target"]["num_gpus"] == 512 and got["plan"]["dp_degree"] == 512 and got["plan"]["num_micro_batches"] == 2, got

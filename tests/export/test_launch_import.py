@@ -401,7 +401,11 @@ def test_exported_launch_script_imports_back_with_its_allocator_setting(tmp_path
 
 def test_shell_variables_in_the_megatron_arguments_say_to_expand_them(tmp_path):
     for words in ('torchrun --node-rank "$NODE_RANK" pretrain_gpt.py ' + BASE + "--tensor-model-parallel-size $TP",
-                  'MODEL_ARGS=(--num-layers 32)\ntorchrun pretrain_gpt.py ${MODEL_ARGS[@]} ' + BASE):
+                  # an array appended to (its words depend on the script's run): still refused
+                  'MODEL_ARGS=(--lr 1e-4)\nMODEL_ARGS+=(--seed 2)\ntorchrun pretrain_gpt.py ${MODEL_ARGS[@]} ' + BASE,
+                  # a variable assigned twice, or from another variable
+                  'MBS=1\nMBS=2\ntorchrun pretrain_gpt.py --micro-batch-size $MBS ' + BASE,
+                  'TP=$1\ntorchrun pretrain_gpt.py --tensor-model-parallel-size $TP ' + BASE):
         with pytest.raises(ConfigError, match=r"in the Megatron-LM arguments holds a shell variable; expand it") as e:
             import_megatron_args(_write(tmp_path, words), num_gpus=8)
         assert "--dry-run" in str(e.value)
@@ -466,3 +470,83 @@ def test_a_torchtitan_launch_script_given_as_megatron_names_its_config(tmp_path)
     write_launch_files(doc, tmp_path / "tt", "torchrun")
     with pytest.raises(ConfigError, match=r"a torchtitan launch .*--from-torchtitan .*autotune_torchtitan\.py"):
         import_megatron_args(tmp_path / "tt" / "launch_torchrun.sh", num_gpus=512)
+
+
+# laid out as Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh: bash arrays (multi-line, comments,
+# a \ continuation inside, a quoted reference), literal scalars (the script path too), torchrun's words from an
+# array, a computed variable and a command substitution on other lines
+MEGATRON_EXAMPLE = """#!/bin/bash
+GPUS_PER_NODE=8
+NUM_NODES=2
+MASTER_ADDR=${MASTER_ADDR:-"localhost"}
+WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
+PRETRAIN_SCRIPT_PATH="examples/classes/pretrain_gpt.py"
+mkdir -p "$(dirname "$CHECKPOINT_PATH")"
+TP=2
+CHECKPOINT_PATH=/ckpt/llama
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NUM_NODES
+    --master_addr $MASTER_ADDR
+)
+GPT_MODEL_ARGS=(
+    --num-layers 32   # Llama 3.1 8B
+    --hidden-size 4096 --ffn-hidden-size 14336 \
+    --num-attention-heads 32
+    --group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 131072
+    --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --normalization RMSNorm --swiglu
+    --disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0
+)
+TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 128 --bf16 --save ${CHECKPOINT_PATH}/run1)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size $TP
+	--pipeline-model-parallel-size 2 # tab-indented, a comment after the value
+)
+torchrun ${DISTRIBUTED_ARGS[@]} "$PRETRAIN_SCRIPT_PATH" \
+    ${GPT_MODEL_ARGS[@]} \
+    "${TRAINING_ARGS[@]}" \
+    ${MODEL_PARALLEL_ARGS[@]} --vocab-size 128256
+"""
+
+
+def test_megatron_examples_array_layout_is_expanded(tmp_path):
+    f = _write(tmp_path, MEGATRON_EXAMPLE, "train.sh")
+    got = import_megatron_args(f, num_gpus=None)
+    # by hand: torchrun --nproc_per_node 8 (GPUS_PER_NODE=8) x --nnodes 2 (NUM_NODES=2) = 16 GPUs;
+    # TP 2 (TP=2 via the array), PP 2 -> DP 16 / 4 = 4; 128 sequences / (DP 4 x micro-batch 1) = 32 micro-batches
+    assert got.num_gpus == 16
+    assert (got.plan.tp_degree, got.plan.pp_degree, got.plan.dp_degree) == (2, 2, 4)
+    assert got.plan.num_micro_batches == 32 and got.workload.global_batch_size == 128
+    # the same arguments written out on one line import to the same launch
+    flat = _write(tmp_path, "pretrain_gpt.py " + BASE + "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                  "--save /ckpt/llama/run1 --vocab-size 128256", "flat.txt")
+    ref = import_megatron_args(flat, num_gpus=16)
+    assert (got.model, got.plan, got.workload) == (ref.model, ref.plan, ref.workload)
+    # the scalar inside an array element is expanded too (CHECKPOINT_PATH assigned once)
+    assert ("--save /ckpt/llama/run1", RUN) in got.ignored
+    # MASTER_ADDR is not a literal: it stays in the launcher's words (which may hold shell syntax)
+    assert got.ignored[0] == ("torchrun --nproc_per_node 8 --nnodes 2 --master_addr $MASTER_ADDR "
+                              "examples/classes/pretrain_gpt.py",
+                              "the launcher's words before the script")
+
+
+@pytest.mark.parametrize("launcher, world", [
+    ("torchrun --nnodes 16 --nproc-per-node 8", 128),                       # 16 x 8
+    ("torchrun --nnodes=4 --nproc_per_node=8 --node-rank $R", 32),          # 4 x 8, torchrun's = and _ spellings
+    ("python -m torch.distributed.run --nproc_per_node 4 --nnodes 2", 8),   # 2 x 4
+    ("torchrun --nnodes 1:4 --nproc-per-node 8", None),                     # elastic range: not a count
+    ("torchrun --nproc-per-node 8", None),                                  # nodes not given
+    ('torchrun --nnodes "$NNODES" --nproc-per-node 8', None),               # a variable
+])
+def test_launcher_world_size_is_checked_against_gpus(tmp_path, launcher, world):
+    f = _write(tmp_path, launcher + " pretrain_gpt.py " + BASE)
+    if world is None:
+        with pytest.raises(ConfigError, match=r"give --gpus N"):
+            import_megatron_args(f, num_gpus=None)
+        assert import_megatron_args(f, num_gpus=64).num_gpus == 64
+        return
+    assert import_megatron_args(f, num_gpus=None).num_gpus == world
+    assert import_megatron_args(f, num_gpus=world).num_gpus == world
+    with pytest.raises(ConfigError, match=rf"--gpus {world // 2} differs from the launch's {world} GPUs") as e:
+        import_megatron_args(f, num_gpus=world // 2)
+    assert len(str(e.value).splitlines()) == 1
