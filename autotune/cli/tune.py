@@ -141,6 +141,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         from autotune.study.faults import with_retries
         # a server restarted while the workers ran: the parent's read is retried on a fresh connection
         study, info = with_retries(lambda: load_study(tuner.name, storage), storage, what="reading the study")
+        # every worker has exited: a trial they left RUNNING (an orphan of a storage error) is failed with why
+        from autotune.study.stale import reap_after_run
+        with_retries(lambda: reap_after_run(study, url=storage), storage, what="failing the trials left running")
         trials_all = with_retries(lambda: study.get_trials(deepcopy=False), storage, what="reading the study")
         n_new = sum(o.n_new_trials for o in outcomes)
         say(f"{n_new} trials run by {workers} workers, {len(trials_all)} in the study")

@@ -36,6 +36,11 @@ from autotune.search.seeding import TrialSeededSampler
 #: a RUNNING trial older than this (s) is stale whatever its host: a simulated or measured trial takes
 #: seconds; the real backend passes max(this, 3 x its trial timeout)
 STALE_AFTER_S = 3600.0
+#: a RUNNING trial that no worker stamped this long (s) after it started is an orphan: workers stamp a trial
+#: as it is created (:class:`StampedSampler`, milliseconds later); one without a stamp was created by an
+#: INSERT that committed while the connection broke (a server restart), and its worker, seeing an error,
+#: went on with a new trial
+UNSTAMPED_GRACE_S = 10.0
 #: the ``fail_reason`` prefix of a trial failed because its worker died (``show`` counts them)
 STALE_PREFIX = "stale: "
 #: the ``fail_reason`` prefix of a trial stopped by a permanent storage fault (``show`` counts them)
@@ -105,6 +110,9 @@ def stale_reason(t: FrozenTrial, *, stale_after_s: float = STALE_AFTER_S, now: f
     if start.tzinfo is None:
         start = start.astimezone()          # Optuna stores naive local times (datetime.now())
     age = (now if now is not None else time.time()) - start.timestamp()
+    if not isinstance(w, Mapping) and age > UNSTAMPED_GRACE_S:
+        return (f"{STALE_PREFIX}no worker recorded itself on it in {age:.0f} s (> {UNSTAMPED_GRACE_S:g} s; workers "
+                "stamp a trial as they create it): created while the storage failed, its worker went on without it")
     if age > stale_after_s:
         who = (f"pid {w.get('pid')} on {w.get('host')}" if isinstance(w, Mapping) else "a worker that left no record")
         return (f"{STALE_PREFIX}running for {age / 3600:.1f} h (> {stale_after_s / 3600:g} h, the bound for a live "
@@ -238,6 +246,19 @@ def reap_stale(study: optuna.Study, *, stale_after_s: float = STALE_AFTER_S,
     now = time.time()
     reasons = {t._trial_id: r for t in ts if (r := stale_reason(t, stale_after_s=stale_after_s, now=now))}
     return fail_trials(study._storage, reasons) if reasons else 0
+
+
+def reap_after_run(study: optuna.Study, *, url: str | None = None, grace_s: float = UNSTAMPED_GRACE_S) -> int:
+    """After every worker of this run has exited: :func:`reap_stale`, once each unstamped RUNNING trial is
+    ``grace_s`` old (waits at most ``grace_s``), so that no trial this run's workers left (a dead worker's, or
+    an orphan created during a storage error) stays RUNNING; returns how many were marked FAIL."""
+    ts = study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+    ages = [time.time() - (t.datetime_start.astimezone() if t.datetime_start.tzinfo is None
+                           else t.datetime_start).timestamp()
+            for t in ts if not isinstance(t.user_attrs.get("worker"), Mapping) and t.datetime_start is not None]
+    if ages and min(ages) <= grace_s:
+        time.sleep(min(grace_s, grace_s - min(ages) + 0.5))
+    return reap_stale(study, url=url)
 
 
 def fail_own_running(study: optuna.Study, reason: str) -> int:
