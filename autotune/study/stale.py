@@ -92,6 +92,16 @@ def _pid_gone(pid: int, proc_start: Any) -> bool:
     return proc_start is not None and now is not None and now != proc_start     # the pid was reused
 
 
+def _age_s(t: FrozenTrial, now: float | None = None) -> float | None:
+    """Seconds since trial ``t`` started (at ``now``, Unix time, default the clock), or None if it has no start."""
+    start = t.datetime_start
+    if start is None:
+        return None
+    if start.tzinfo is None:
+        start = start.astimezone()          # Optuna stores naive local times (datetime.now())
+    return (now if now is not None else time.time()) - start.timestamp()
+
+
 def stale_reason(t: FrozenTrial, *, stale_after_s: float = STALE_AFTER_S, now: float | None = None) -> str | None:
     """Why RUNNING trial ``t`` belongs to a dead worker, or None (not RUNNING, or its worker may be alive)."""
     if t.state != TrialState.RUNNING:
@@ -104,12 +114,9 @@ def stale_reason(t: FrozenTrial, *, stale_after_s: float = STALE_AFTER_S, now: f
         if _pid_gone(w["pid"], w.get("proc_start")):
             return f"{STALE_PREFIX}its worker (pid {w['pid']} on {host}) is gone; the trial never finished"
         return None
-    start = t.datetime_start
-    if start is None:
+    age = _age_s(t, now)
+    if age is None:
         return None
-    if start.tzinfo is None:
-        start = start.astimezone()          # Optuna stores naive local times (datetime.now())
-    age = (now if now is not None else time.time()) - start.timestamp()
     if not isinstance(w, Mapping) and age > UNSTAMPED_GRACE_S:
         return (f"{STALE_PREFIX}no worker recorded itself on it in {age:.0f} s (> {UNSTAMPED_GRACE_S:g} s; workers "
                 "stamp a trial as they create it): created while the storage failed, its worker went on without it")
@@ -253,9 +260,7 @@ def reap_after_run(study: optuna.Study, *, url: str | None = None, grace_s: floa
     ``grace_s`` old (waits at most ``grace_s``), so that no trial this run's workers left (a dead worker's, or
     an orphan created during a storage error) stays RUNNING; returns how many were marked FAIL."""
     ts = study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
-    ages = [time.time() - (t.datetime_start.astimezone() if t.datetime_start.tzinfo is None
-                           else t.datetime_start).timestamp()
-            for t in ts if not isinstance(t.user_attrs.get("worker"), Mapping) and t.datetime_start is not None]
+    ages = [a for t in ts if not isinstance(t.user_attrs.get("worker"), Mapping) and (a := _age_s(t)) is not None]
     if ages and min(ages) <= grace_s:
         time.sleep(min(grace_s, grace_s - min(ages) + 0.5))
     return reap_stale(study, url=url)
