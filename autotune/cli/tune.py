@@ -244,18 +244,24 @@ def _compare(imported, best, *, model, cluster, workload, backend, engine):
     """(the user's StepResult, its plan warnings, the tuned plan's StepResult on the same footing): both
     predicted by the run's backend, or by the simulator after real trials (a user's plan is not launched)."""
     from autotune.cli.compare import evaluate_imported
-    from autotune.cost.evaluator import make_evaluator
 
     how = backend if backend in ("simulated", "measured") else "simulated"
     mine, warnings = evaluate_imported(imported, model=model, cluster=cluster, workload=workload, backend=how)
     tuned = best.result
     if how != backend:
-        ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
-        try:
-            tuned = ev.evaluate(best.plan)
-        finally:
-            ev.close()
+        tuned = _predict(best.plan, how, model=model, cluster=cluster, workload=workload, engine=engine)
     return mine, warnings, tuned
+
+
+def _predict(plan, how, *, model, cluster, workload, engine):
+    """``plan``'s StepResult from a fresh ``how`` evaluator (simulated / measured), closed after."""
+    from autotune.cost.evaluator import make_evaluator
+
+    ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
+    try:
+        return ev.evaluate(plan)
+    finally:
+        ev.close()
 
 
 def _same_precision(imported, best, feas, *, model, cluster, workload, backend, engine):
@@ -263,7 +269,6 @@ def _same_precision(imported, best, feas, *, model, cluster, workload, backend, 
     precision of the user's launch, on the footing of :func:`_compare` (the simulator after real trials); when
     the study holds no feasible plan in that precision (the search may never try it: it screens precisions
     by predicted speed), (None, the tuned plan's layout in that precision, predicted; it may not fit)."""
-    from autotune.cost.evaluator import make_evaluator
     from autotune.study.trials import band_fraction, robust_order, trial_plan, trial_result
 
     if best.plan.precision == imported.plan.precision:
@@ -273,19 +278,12 @@ def _same_precision(imported, best, feas, *, model, cluster, workload, backend, 
         p = imported.plan.precision
         plan = best.plan.replace(precision=p, **({"fp8_param_gather": False} if p == "bf16" else {}))
         how = backend if backend in ("simulated", "measured") else "simulated"
-        ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
-        try:
-            return None, ev.evaluate(plan)
-        finally:
-            ev.close()
+        return None, _predict(plan, how, model=model, cluster=cluster, workload=workload, engine=engine)
     t = robust_order(same, band_fraction(best.info), k=1)[0]
     if backend in ("simulated", "measured"):
         return t.number, trial_result(t)
-    ev = make_evaluator("simulated", model=model, cluster=cluster, workload=workload, engine=engine)
-    try:
-        return t.number, ev.evaluate(trial_plan(t))
-    finally:
-        ev.close()
+    return t.number, _predict(trial_plan(t), "simulated", model=model, cluster=cluster, workload=workload,
+                              engine=engine)
 
 
 class _Queued:
