@@ -108,11 +108,27 @@ def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
                                               bandwidth_gbs=inter.bandwidth_gbs * share)
 
 
+#: the plan fields one layer's cost depends on (what ``CostBuilder.__init__`` and ``CostBuilder._layer_cost``
+#: read: the TP / CP groups, tokens per micro-batch, the micro-batch count (FP8 weight casts once per step),
+#: precision, SP, overlaps, compile, recomputation, and the engine options a plan can switch)
+LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
+                "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
+                "grad_reduce_in_bf16", "fp8_param_gather")
+
+
 class CostBuilder:
-    """Computes per-chunk costs of a plan from an :class:`OpCosts`. Pure arithmetic, cached per plan."""
+    """Computes per-chunk costs of a plan from an :class:`OpCosts`. Pure arithmetic, cached per plan.
+
+    ``memo`` (optional, keyword): a dict shared by the builders of one (model, cluster, workload, costs,
+    engine), e.g. a search screening thousands of plans of one target. One layer's costs
+    (:meth:`_layer_cost` and the attributes it sets) are kept there per :data:`LAYER_FIELDS` of the plan,
+    and group placements per (size, stride): the same numbers, computed once
+    (tests/search/test_lazy_ranking.py compares memoised builders with fresh ones).
+    """
 
     def __init__(self, *, model: ModelSpec, plan: Plan, cluster: ClusterSpec, workload: Workload,
-                 costs: OpCosts, engine: EngineProfile | str | None = "native") -> None:
+                 costs: OpCosts, engine: EngineProfile | str | None = "native",
+                 memo: dict[Any, Any] | None = None) -> None:
         self.m, self.p, self.c, self.w = model, plan, cluster, workload
         self.engine = engine_for_plan(engine, plan)
         # kernel times as measured inside training steps (calibration ``in_training``): GEMM and attention
@@ -131,11 +147,21 @@ class CostBuilder:
         self.tokens = plan.micro_batch_size * workload.seq_len // cp       # T: tokens per rank per mb
         # process groups in Megatron-LM rank order (TP, CP, DP, PP; autotune.cost.topology): TP stride 1,
         # CP stride tp, DP x CP (ZeRO shards and DP reductions) stride tp, the slowest PP stage pair
-        self.tp_place = place_group(cluster, t, 1)
-        self.cp_place = place_group(cluster, cp, t)
+        def placed(kind: str, size: int, stride: int) -> Any:
+            fn = place_group if kind == "group" else place_pipeline_pair
+            if memo is None:
+                return fn(cluster, size, stride)
+            key = ("place", kind, size, stride)
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = fn(cluster, size, stride)
+            return got
+
+        self.tp_place = placed("group", t, 1)
+        self.cp_place = placed("group", cp, t)
         self.dp_group = plan.dp_degree * cp
-        self.dp_place = place_group(cluster, self.dp_group, t)
-        self.pp_place = place_pipeline_pair(cluster, plan.pp_degree, t * cp * plan.dp_degree)
+        self.dp_place = placed("group", self.dp_group, t)
+        self.pp_place = placed("pair", plan.pp_degree, t * cp * plan.dp_degree)
         # the slowest link of each group (kept for code that wants one link)
         self.tp_link = self.tp_place.bottleneck_link
         self.cp_link = self.cp_place.bottleneck_link
@@ -147,7 +173,15 @@ class CostBuilder:
         #: one layer's full-recompute backward additions per micro-batch, ms by part (recompute, its
         #: exposed TP / CP communication); empty unless ``recompute: full``
         self.full_recompute_parts: dict[str, float] = {}
-        self._layer = self._layer_cost()
+        lkey = ("layer",) + tuple(getattr(plan, f) for f in LAYER_FIELDS) if memo is not None else None
+        got = memo.get(lkey) if memo is not None else None
+        if got is None:
+            self._layer = self._layer_cost()
+            if memo is not None:
+                memo[lkey] = (self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd,
+                              self.full_recompute_parts)
+        else:           # read only after this: chunk_cost copies what it adds up
+            self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = got
 
     def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
         """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).

@@ -202,4 +202,34 @@ def count_inflight(plan: Plan, stage: int, *, chunk_layers: Sequence[int] | None
         if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in cl):
             raise PlanError(f"chunk_layers must be integers >= 0, got {list(cl)}")
         layers = cl
-    return _count(p, v, m, plan.pipeline_schedule, layers, stage)
+    return _count(p, v, min(m, saturating_micro_batches(p, v, plan.pipeline_schedule, m)), plan.pipeline_schedule,
+                  layers, stage)
+
+
+def saturating_micro_batches(p: int, v: int, schedule: str, m: int) -> int:
+    """A micro-batch count m0 such that :func:`count_inflight` is the same for every m >= m0 (``m`` itself
+    where no such count exists: GPipe holds all m).
+
+    Derivation (the walk of :func:`schedule_order`; in-flight points are taken after forwards only):
+
+    * p = 1 (gradient accumulation): each micro-batch's chunks go 0 -> 1 -> 0; every micro-batch repeats
+      the first one's states: m0 = 1.
+    * 1F1B: rank r warms up with w = min(p - r - 1, m) forwards, then alternates F, B, so after any
+      forward past the warm-up it holds w + 1; with m >= p - r every state is reached: m0 = p.
+    * Interleaved 1F1B: the k-th chunk-forward runs chunk (k // p) % v and the k-th chunk-backward chunk
+      v - 1 - (k // p) % v, both periodic in k with period p v, each chunk p times per period. After
+      forward k >= w (the warm-up, w <= 2 (p - 1) + (v - 1) p) the rank has done k + 1 forwards and
+      k - w backwards, so chunk c holds the same count after forward k + p v as after forward k. Every
+      state is therefore reached within the first w + p v chunk-forwards, i.e. once m v >= w + p v:
+      m0 = p + ceil((2 (p - 1) + (v - 1) p) / v).
+
+    tests/cost/test_schedule.py checks count(m) = count(min(m, m0)) by the full walk for p <= 8, v <= 4
+    and m up to m0 + 2 p v. A step of 405B at 1,024 GPUs has m up to 2,048: the walk is O(m v) per rank.
+    """
+    if schedule == "gpipe":
+        return m
+    if p == 1:
+        return 1
+    if v == 1:
+        return p
+    return p + -(-(2 * (p - 1) + (v - 1) * p) // v)

@@ -23,7 +23,7 @@ from typing import Any
 
 from autotune.cost.calibration import default_calibration
 from autotune.cost.graph import CostBuilder, chunk_costs, step_weights
-from autotune.cost.chunk_costs import StepWeights
+from autotune.cost.chunk_costs import LAYER_FIELDS, StepWeights
 from autotune.cost.memory import estimate_memory
 from autotune.cost.op_costs import CalibratedCosts, OpCosts
 from autotune.errors import PlanError
@@ -101,14 +101,6 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
     return step
 
 
-#: the plan fields one layer's cost depends on (what ``CostBuilder.__init__`` and ``CostBuilder._layer_cost``
-#: read: the TP / CP groups, tokens per micro-batch, the micro-batch count (FP8 weight casts once per step),
-#: precision, SP, overlaps, compile, recomputation, and the engine options a plan can switch)
-LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
-                "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
-                "grad_reduce_in_bf16", "fp8_param_gather")
-
-
 #: the plan fields autotune.cost.memory.estimate_memory can depend on: all but tp_comm_overlap
 _MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name != "tp_comm_overlap")
 
@@ -138,6 +130,7 @@ class PlanScreen:
         self._cbound: dict[Plan, float] = {}
         self._mem: dict[tuple, bool] = {}
         self._built: dict[Plan, tuple[CostBuilder, dict[int, Any]]] = {}
+        self._memo: dict[Any, Any] = {}     # CostBuilder's per-layer costs and placements, shared
 
     def fits(self, plan: Plan) -> bool:
         """True when the engine can run ``plan`` (:func:`autotune.target.engines.check_plan_for_engine`) and
@@ -177,7 +170,7 @@ class PlanScreen:
         if got is not None:
             return got
         cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
-                         costs=self.costs, engine=self.engine)
+                         costs=self.costs, engine=self.engine, memo=self._memo)
         return cb, chunk_costs(cb, plan, self.model, cached=True)
 
     def chunk_bound_ms(self, plan: Plan) -> float:
@@ -194,8 +187,11 @@ class PlanScreen:
                 cb, chunks = self._build(plan)
                 self._built[plan] = (cb, chunks)        # its estimate, if asked next, reuses them
                 P, v = plan.pp_degree, plan.effective_vpp
-                busiest = max(sum(chunks[c * P + k].fwd_ms + chunks[c * P + k].bwd_ms for c in range(v))
-                              for k in range(P))
+                per: dict[int, float] = {}      # chunk_costs shares one ChunkCost per chunk class
+                for cc in chunks.values():
+                    if id(cc) not in per:
+                        per[id(cc)] = cc.fwd_ms + cc.bwd_ms
+                busiest = max(sum(per[id(chunks[c * P + k])] for c in range(v)) for k in range(P))
                 r = (plan.num_micro_batches + (P - 1) / v) * busiest * (1 - 1e-9)
             except (PlanError, ValueError, ZeroDivisionError):
                 r = 0.0
@@ -224,7 +220,7 @@ class PlanScreen:
         if r is None:
             try:
                 cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
-                                 costs=self.costs, engine=self.engine)
+                                 costs=self.costs, engine=self.engine, memo=self._memo)
                 lf, lb, _ = cb._layer
                 r = sum(lf.values()) + sum(lb.values())
             except (PlanError, ValueError, ZeroDivisionError):

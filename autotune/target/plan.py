@@ -220,8 +220,9 @@ class Plan:
             if isinstance(sl, list):
                 object.__setattr__(self, "stage_layers", tuple(sl))
                 sl = self.stage_layers
-            if not isinstance(sl, tuple) or not sl or any(
-                    not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in sl):
+            # (type(x) is int: ints, not bools; checked with C-level loops, a 405B plan has 128 stages and a
+            # search builds ~20,000 plans)
+            if not isinstance(sl, tuple) or not sl or not set(map(type, sl)) <= {int} or min(sl) < 0:
                 raise PlanError(f"stage_layers must be a list of integers >= 0 (0 = a stage holding only "
                                 f"the embedding or the LM head), got {sl!r}")
 

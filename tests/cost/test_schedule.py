@@ -10,7 +10,7 @@ import pytest
 from autotune.cost import graph
 from autotune.errors import PlanError
 from autotune.target.plan import Plan
-from autotune.cost.schedule import count_inflight, schedule_order
+from autotune.cost.schedule import _count, count_inflight, saturating_micro_batches, schedule_order
 
 
 def _plan(p, m, schedule="1f1b", v=1):
@@ -158,6 +158,29 @@ def test_large_m_is_fast_and_exact():
     got = count_inflight(plan, 3).num_inflight_microbatches
     assert time.process_time() - t0 < 2.0
     assert got == pytest.approx(16 + (16 - 7) / 8)
+
+
+@pytest.mark.parametrize("sched", ["1f1b", "interleaved_1f1b", "gpipe"])
+def test_counts_saturate_at_m0(sched):
+    # count_inflight walks min(m, m0) micro-batches (saturating_micro_batches' derivation: the schedule's
+    # states repeat with period p v chunk-forwards after the warm-up). Checked against the full walk
+    # (_count at m itself) for every rank, p = 1..8, v = 1..4 and m = 1 .. m0 + 2 p v, with equal, uneven
+    # and empty-end chunks; GPipe is never truncated (m0 = m).
+    for p in range(1, 9):
+        for v in (range(1, 5) if sched == "interleaved_1f1b" and p > 1 else (1,)):
+            plan0 = _plan(p, 1, sched, v) if v > 1 else _plan(p, 1, sched)
+            n = p * v
+            splits = [(1,) * n, tuple(1 + (i % 3) for i in range(n)), (0,) + (2,) * (n - 2) + (0,) if n > 2 else (1,) * n]
+            m0 = saturating_micro_batches(p, plan0.effective_vpp, sched, 10 ** 6)
+            assert (m0 == 10 ** 6) == (sched == "gpipe")
+            top = (m0 if sched != "gpipe" else p) + 2 * p * v
+            for m in range(1, top + 1):
+                plan = plan0.replace(num_micro_batches=m)
+                for split in splits:
+                    for r in range(p):
+                        got = count_inflight(plan, r, chunk_layers=split)
+                        full = _count(p, plan.effective_vpp, m, sched, split[r::p], r)
+                        assert got == full, (p, v, m, split, r)
 
 
 def test_errors_name_the_value():
