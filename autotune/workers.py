@@ -1,7 +1,7 @@
 """Several tuning workers on one study: ``autotune run --workers N`` (N local processes).
 
-Every worker is a separate process (``multiprocessing`` forkserver context, spawn where there is none: no
-SQLAlchemy connection or CUDA state is inherited; :func:`_context`) that builds its own :class:`~autotune.tuner.Tuner` on the same storage and calls
+Every worker is a separate process (``multiprocessing``: forked from this process where that is safe, else
+from a fork server, else spawned; no SQLAlchemy connection, thread or CUDA state is inherited; :func:`_context`) that builds its own :class:`~autotune.tuner.Tuner` on the same storage and calls
 :meth:`~autotune.tuner.Tuner.optimize` with ``worker_id = first_worker_id + i``; the workers cooperate
 through the storage only (see ``Tuner.optimize``), exactly like ``autotune run`` processes started on
 other hosts, so a cluster runs the same thing as a Slurm array (one ``autotune run --worker-id
@@ -113,25 +113,67 @@ _PRELOAD = ["autotune.workers", "autotune.tuner", "autotune.cost.simulator", "op
 
 
 def _context() -> Any:
-    """The multiprocessing context of the workers: ``forkserver`` where the platform has it, else ``spawn``.
+    """The multiprocessing context of the workers: ``fork`` where it is safe, else ``forkserver``, else
+    ``spawn``.
 
-    Both start every worker from a process that holds no SQLAlchemy connection, CUDA state or thread of
-    the parent (forkserver: a fresh server process, started by spawn's fork + exec, that imports
-    :data:`_PRELOAD` and forks each worker from itself). With spawn each worker imported the tuner,
-    Optuna, SQLAlchemy and Alembic again: ~1.6 s CPU per worker, most of the extra CPU of ``--workers 4``
-    over one worker for the same trials (issue 26). The server is started inside :func:`run_workers`'s
-    signal-blocked window, so it and the workers it forks start with SIGINT / SIGTERM blocked, as spawned
-    workers do; :func:`_stop_forkserver` ends it (and counts its CPU) when the workers are done.
-    ``AUTOTUNE_WORKER_START=spawn`` in the environment spawns every worker as before (a fresh interpreter
-    per worker; tests of a worker's own start-up use it)."""
-    if os.environ.get("AUTOTUNE_WORKER_START") == "spawn":
-        return mp.get_context("spawn")
-    try:
+    * ``fork`` (the simulated backend's case): the workers are forked from this process, which has
+      imported the tuner, Optuna, SQLAlchemy and Alembic already and holds warm module-level caches (the
+      shipped calibration, in-flight counts, step-graph structures). Used only where nothing unsafe
+      crosses the fork: the platform has it, this process runs no other thread (a lock held by one would
+      stay held in the child) and has not initialised CUDA (a forked child cannot use it). The storage's
+      connections are closed before the fork (:func:`_close_connections`), standard streams flushed
+      (a child would print their buffers again); a child leaves with ``os._exit`` (multiprocessing), so
+      it never finalises what it inherited.
+    * ``forkserver`` otherwise: a fresh server process (spawn's fork + exec) that imports
+      :data:`_PRELOAD` once and forks each worker from itself; no SQLAlchemy connection, CUDA state or
+      thread of the parent is inherited. :func:`_stop_forkserver` ends it (and counts its CPU).
+    * ``spawn`` where neither exists (Windows): each worker a fresh interpreter that imports the tuner,
+      Optuna, SQLAlchemy and Alembic itself (~1.6 s CPU per worker, issue 26).
+
+    Every one starts inside :func:`run_workers`'s signal-blocked window, so the workers start with SIGINT /
+    SIGTERM blocked. ``AUTOTUNE_WORKER_START=fork|forkserver|spawn`` in the environment chooses one (tests
+    of a worker's own start-up use spawn). Measured (issue 26, ``bench/bench_search_workers.py``): the
+    fork server's own imports were ~1.5 s CPU of a 12 s ``--workers 4`` run of 8B."""
+    import sys
+    import threading
+
+    forced = os.environ.get("AUTOTUNE_WORKER_START")
+    if forced in ("fork", "forkserver", "spawn"):
+        if forced != "spawn" and forced not in mp.get_all_start_methods():
+            raise ConfigError(f"AUTOTUNE_WORKER_START={forced} is not available on this platform; use one of "
+                              f"{', '.join(mp.get_all_start_methods())}")
+        ctx = mp.get_context(forced)
+        if forced == "forkserver":
+            ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    if forced:
+        raise ConfigError(f"AUTOTUNE_WORKER_START={forced!r} is not a start method; use fork, forkserver or spawn")
+    methods = mp.get_all_start_methods()
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and getattr(getattr(torch, "cuda", None), "is_initialized", lambda: False)()
+    if "fork" in methods and threading.active_count() == 1 and not cuda:
+        return mp.get_context("fork")
+    if "forkserver" in methods:
         ctx = mp.get_context("forkserver")
-    except ValueError:              # no forkserver on this platform (Windows)
-        return mp.get_context("spawn")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _close_connections() -> None:
+    """Before forking workers: close the pooled connections of every storage this process opened
+    (:data:`autotune.study.storage._STORAGES`; SQLite: a connection must not cross a fork,
+    https://www.sqlite.org/howtocorrupt.html#fork; SQLAlchemy's pooling guide, "Using Connection Pools with
+    Multiprocessing": ``engine.dispose()`` before the fork). The engines stay usable: the parent, and a
+    forked worker that opens the same URL (the cache is inherited), each open new connections of their own."""
+    import sys
+
+    mod = sys.modules.get("autotune.study.storage")
+    for storage in list(getattr(mod, "_STORAGES", {}).values()):
+        engine = getattr(storage, "engine", None)       # RDBStorage; a journal file has no connection
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.dispose()
 
 
 def _stop_forkserver(ctx: Any) -> None:
@@ -177,6 +219,13 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
     from autotune.signals import interrupted
 
     ctx = _context()
+    if ctx.get_start_method() == "fork":
+        import sys
+
+        _close_connections()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
     out: mp.Queue = ctx.Queue()
     opt = {"n_trials": n_trials, "timeout": timeout, "heartbeat_interval_s": heartbeat_interval_s,
            "stop_when_converged": stop_when_converged}

@@ -79,7 +79,7 @@ def test_ctrl_c_while_workers_start_is_quiet_and_exits_130(tmp_path):
     assert len([x for x in err.splitlines() if x.startswith("interrupted:")]) == 1, err
 
 
-#: the fork server (the default worker start, autotune/workers.py) and the resource tracker are `python -c`
+#: the fork server (the worker start where forking the CLI process is not safe, autotune/workers.py) and the resource tracker are `python -c`
 #: processes (sys.argv == ["-c"]): they pause in sitecustomize, before the server forks any worker
 SLOW_FORKSERVER_START = r'''
 import os, sys, time
@@ -96,7 +96,9 @@ def test_ctrl_c_while_the_fork_server_starts_is_quiet_and_exits_130(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_FORKSERVER_START.format(d=str(tmp_path)))
-    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], _env(site))
+    env = _env(site)
+    env["AUTOTUNE_WORKER_START"] = "forkserver"     # the CLI's default is fork (one thread, no CUDA)
+    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], env)
     try:
         wait_for(lambda: list(tmp_path.glob("starting.*")), 120, "the fork server to start")
     except BaseException:

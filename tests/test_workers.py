@@ -283,3 +283,55 @@ def test_sigint_to_two_workers_leaves_no_running_trial(tmp_path):
         [t.user_attrs for t in failed]
     line = [x for x in err.decode().splitlines() if x.startswith("interrupted:")]
     assert line and f"interrupted: {len(trials)} trials saved" in line[0], err.decode()
+
+
+def test_worker_start_method_follows_what_is_safe(monkeypatch):
+    # autotune/workers.py _context: fork from this process only with no other thread and no CUDA (a lock
+    # another thread holds stays held in the child; a forked child cannot use CUDA); else the fork server;
+    # AUTOTUNE_WORKER_START chooses one, and a value that is not a start method is refused by name
+    import threading
+
+    from autotune import workers
+    from autotune.errors import ConfigError
+
+    monkeypatch.delenv("AUTOTUNE_WORKER_START", raising=False)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    assert workers._context().get_start_method() == "fork"
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    assert workers._context().get_start_method() == "forkserver"
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+
+    class _Cuda:
+        @staticmethod
+        def is_initialized():
+            return True
+
+    class _Torch:
+        cuda = _Cuda
+
+    monkeypatch.setitem(sys.modules, "torch", _Torch)
+    assert workers._context().get_start_method() == "forkserver"
+    for m in ("fork", "forkserver", "spawn"):
+        monkeypatch.setenv("AUTOTUNE_WORKER_START", m)
+        assert workers._context().get_start_method() == m
+    monkeypatch.setenv("AUTOTUNE_WORKER_START", "thread")
+    with pytest.raises(ConfigError, match="AUTOTUNE_WORKER_START='thread' is not a start method; use fork, "
+                                          "forkserver or spawn"):
+        workers._context()
+
+
+def test_forked_workers_leave_the_parents_storage_usable_and_print_nothing_twice(tmp_path):
+    # `autotune run --workers 2` forks its workers from the CLI process (one thread, no CUDA): the CLI's
+    # pooled SQLite connections are closed before the fork and reopened after (the parent reads the study
+    # for its summary), and what it printed before the fork is not printed again by a child (streams
+    # flushed before forking). Every trial of both workers is in the study, none RUNNING.
+    url = f"sqlite:///{tmp_path}/s.db"
+    r = subprocess.run([sys.executable, "-m", "autotune", "run", "--size", "8b", "--gpus", "8",
+                        "--workers", "2", "--trials", "3", "--no-early-stop", "--storage", url],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert r.returncode == 0, r.stderr
+    trials = _trials(url)
+    assert len(trials) == 6 and all(t.state.is_finished() for t in trials)
+    # stdout is a pipe here, so block-buffered: the header lines were still in the buffer at the fork
+    assert r.stdout.count("tuning llama3.1-8b") == 1 and r.stdout.count("study 'llama3.1-8b") == 1, r.stdout
+    assert r.stdout.count("export it:") == 1, r.stdout
