@@ -180,3 +180,31 @@ def test_plan_fields_cover_the_dataclass():
     names = {f.name for f in dataclasses.fields(Plan)}
     assert set(_MEMORY_FIELDS) == names - {"tp_comm_overlap"}
     assert all(f in names or isinstance(getattr(Plan, f, None), property) for f in LAYER_FIELDS)
+
+
+def test_memoised_cost_builders_equal_fresh_ones():
+    # CostBuilder(memo=...) reuses one layer's costs per LAYER_FIELDS and group placements per (size,
+    # stride) across the plans of one target: every chunk cost of every plan (all precisions, recompute
+    # levels, ZeRO stages and overlaps of 40 layouts, built in one order so the memo is warm) equals the
+    # chunk cost of a builder without a memo, field by field (ChunkCost is a dataclass)
+    c = make_cluster("b200", 64, "nvlink5+ib-ndr400")
+    s = _sampler(c)
+    screen = s.screen
+    memo: dict = {}
+    checked = 0
+    for q in s.layouts()[:40]:
+        for prec in ("bf16", "fp8_tensorwise", "mxfp8"):
+            for rec in ("none", "selective", "full"):
+                for zero in (1, 3):
+                    try:
+                        p = q.replace(precision=prec, recompute=rec, zero_stage=zero)
+                    except Exception:
+                        continue
+                    kw = dict(model=MODEL, plan=p, cluster=c, workload=W, costs=screen.costs, engine=screen.engine)
+                    try:
+                        fresh = chunk_costs(CostBuilder(**kw), p, MODEL)
+                    except Exception:
+                        continue
+                    assert chunk_costs(CostBuilder(**kw, memo=memo), p, MODEL) == fresh
+                    checked += 1
+    assert checked > 300 and any(k[0] == "layer" for k in memo) and any(k[0] == "place" for k in memo)
