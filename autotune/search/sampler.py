@@ -439,7 +439,7 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                     q = self._plan({**a, "precision": v, "recompute": rec[k], "zero_stage": z})
                     if q is None:
                         break
-                    cb = self.screen.chunk_bound_ms(q)
+                    cb = self._cheap_chunk_bound(q, min(best, need))
                     if cb >= min(best, need):
                         # not checked: at least cb (and, for no recomputation, every level at least cb)
                         unchecked = min(unchecked, cb) if cb < best else unchecked
@@ -458,7 +458,7 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                     # selective / full: the other levels of this stage are bounded each, below
                     for r in rec[k + 1:]:
                         q2 = self._plan({**a, "precision": v, "recompute": r, "zero_stage": z})
-                        if q2 is not None and (cb2 := self.screen.chunk_bound_ms(q2)) < min(best, unchecked):
+                        if q2 is not None and (cb2 := self._cheap_chunk_bound(q2, min(best, unchecked))) < min(best, unchecked):
                             unchecked = cb2     # not checked either: counted with its bound
                     continue
                 best = min(best, cb)        # rec[k] fits here; the levels above it fit too
@@ -470,6 +470,16 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         if unchecked < best:
             return unchecked, False
         return best, True
+
+    def _cheap_chunk_bound(self, q: Plan, threshold: float) -> float:
+        """A lower bound (ms) on :meth:`PlanScreen.chunk_bound_ms` of ``q``'s estimate: the layer-level bound
+        (:meth:`PlanScreen.layout_bound_ms` of ``q`` alone, its recomputation included; ~5% of a chunk bound's
+        CPU: one layer's cost is memoised per :data:`autotune.cost.chunk_costs.LAYER_FIELDS`) when that is
+        already at least ``threshold``, else the chunk bound itself. :meth:`_memory_bound` only compares a
+        candidate's bound with a threshold or keeps it as a (not final) lower bound, so either is exact for
+        it; the chunk bound is built only for the candidates below the threshold."""
+        lb = self.screen.layout_bound_ms([q])
+        return lb if lb >= threshold else self.screen.chunk_bound_ms(q)
 
     def _make_ranking(self, entries: list[tuple[int, dict[str, Any], float]] | None = None,
                       known: dict[int, Plan | None] | None = None,
