@@ -27,7 +27,7 @@ def _plan_options(f):
         click.option("--tp", type=int, help="Tensor parallel degree (default 1)."),
         click.option("--pp", type=int, help="Pipeline parallel degree (default 1)."),
         click.option("--cp", type=int, help="Context parallel degree (default 1)."),
-        click.option("--vpp", type=int, help="Virtual stages per pipeline rank (needs --schedule interleaved_1f1b)."),
+        click.option("--vpp", type=int, help="Virtual stages per pipeline rank; N > 1 without --schedule selects interleaved_1f1b."),
         click.option("--mbs", type=int, help="Micro-batch size in sequences (default 1)."),
         click.option("--schedule", help="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (default 1f1b)."),
         click.option("--recompute", help="Activation recomputation: none, selective, full (default none)."),
