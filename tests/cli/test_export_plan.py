@@ -17,13 +17,18 @@ TESTS = Path(__file__).resolve().parents[1]
 ARGS_70B = TESTS / "data" / "launches" / "llama3.1-70b_megatron_args.sh"
 
 
-def _matrix():
-    """The HF configs of tests/export/test_export_matrix.py (one copy of the model families)."""
+def _tests_module(rel):
+    """A test module of tests/ by its path (its helpers and data, one copy)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("_export_matrix", TESTS / "export" / "test_export_matrix.py")
+    spec = importlib.util.spec_from_file_location("_" + Path(rel).stem, TESTS / rel)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _matrix():
+    """The HF configs of tests/export/test_export_matrix.py (one copy of the model families)."""
+    return _tests_module("export/test_export_matrix.py")
 
 
 def _study(tmp_path, name, cfg, engine):
@@ -72,3 +77,57 @@ def test_plain_export_names_the_engines_that_cannot_launch_the_model(tmp_path, f
                                   "-o", str(tmp_path / "launch")])
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1].startswith(f"error: {meg if engine == 'megatron' else tt}")
+
+
+def test_imported_megatron_launch_round_trips_through_the_cli(tmp_path):
+    """simulate --from-megatron ... --save-plan, then export --plan ... --launcher torchrun --dry-run: the
+    launched Megatron-LM flags carry every modelled setting of the user's file with the user's value."""
+    import shlex
+
+    from autotune.export.megatron_import import import_megatron_args, parse_megatron_args
+    from autotune.target.plan import PlanDocument
+
+    plan = tmp_path / "p.yaml"
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(ARGS_70B), "--gpus", "512", "--gpu", "h100",
+                                  "--save-plan", str(plan)])
+    assert r.exit_code == 0, r.output
+    assert f"wrote {plan}" in r.output
+    imp = import_megatron_args(ARGS_70B, num_gpus=512)
+    doc = PlanDocument.load(plan)
+    # the saved plan is the imported one, on the simulated cluster, with the prediction simulate printed
+    assert (doc.plan, doc.model, doc.workload, doc.num_gpus, doc.gpu, doc.engine) == \
+        (imp.plan, imp.model, imp.workload, 512, "h100", "megatron")
+    assert any(ln.startswith("MFU ") and f"{100 * doc.prediction['mfu']:.1f}%" in ln for ln in r.output.splitlines())
+    # `simulate PLAN_FILE` reads it back and predicts the same
+    r2 = CliRunner().invoke(main, ["simulate", str(plan)])
+    assert r2.exit_code == 0 and "-> same" in r2.output, r2.output
+    out = tmp_path / "launch"
+    r = CliRunner().invoke(main, ["export", "--plan", str(plan), "--launcher", "torchrun", "--dry-run",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    (cmd,) = [ln for ln in r.output.splitlines() if ln.startswith("torchrun ")]
+    words = shlex.split(cmd)
+    launched = words[next(i for i, w in enumerate(words) if w.endswith("pretrain_gpt.py")) + 1:]
+    # the library export of the imported plan (tests/export/test_launch_import.py's helper) writes the same
+    assert launched == _tests_module("export/test_launch_import.py")._export_args(imp)
+    exported = parse_megatron_args(launched, "export")
+    assert len(imp.modelled) >= 35
+    for opt, val in imp.modelled.items():
+        assert exported.get(opt) == val, (opt, exported.get(opt), val)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--study", "s"], "--plan P and --study s: export one of them"),
+    (["--gpus", "8"], "--gpus: with --plan P the model, cluster and workload come from that file"),
+    (["--size", "8b", "--seq-len", "4096"], "--size, --seq-len: with --plan P"),
+    (["--engine", "nope"], "nope"),
+])
+def test_export_plan_refusals_are_one_line(tmp_path, monkeypatch, args, words):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["simulate", "--size", "8b", "--gpus", "8", "--save-plan", "P"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["export", "--plan", "P", *args, "-o", "out.yaml"])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+    assert not (tmp_path / "out.yaml").exists()
