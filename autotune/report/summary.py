@@ -399,8 +399,11 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         meg.append("--no-overlap-p2p-communication")
     bucket = ddp_bucket_size(p)
     meg.append(f"--ddp-bucket-size {bucket}")
-    meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} FP32 main grads (--bf16 reduces them in "
-                     f"FP32) = {p.bucket_size_mib} MiB")
+    if p.grad_reduce_in_bf16:
+        meg.append("--grad-reduce-in-bf16")         # the bucket above counts BF16 gradients
+    meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} "
+                     + ("BF16 main grads (--grad-reduce-in-bf16)" if p.grad_reduce_in_bf16 else
+                        "FP32 main grads (--bf16 reduces them in FP32)") + f" = {p.bucket_size_mib} MiB")
     if p.fp8:
         meg.append("--bf16")
     if p.precision == "fp8_tensorwise":

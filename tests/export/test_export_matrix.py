@@ -394,3 +394,16 @@ def test_bf16_gradient_reduction_launches_twice_the_parameters_per_bucket():
     cb = CostBuilder(model=get_model("8b"), plan=plan, cluster=cluster, workload=Workload(seq_len=8192, global_batch_size=8),
                      costs=CalibratedCosts(profile=default_calibration(), gpu=cluster.gpu), engine="megatron")
     assert cb.grad_reduce_bytes == 2
+
+
+def test_printed_hints_say_how_the_bucket_is_counted():
+    # the flags `autotune export` prints: with Plan.grad_reduce_in_bf16 the bucket counts BF16 gradients,
+    # 64 MiB x 2^20 / 2 B = 33,554,432, and --grad-reduce-in-bf16 is printed with it (without it Megatron
+    # would reduce FP32 main grads and the bucket would be 128 MiB); without it 64 x 2^20 / 4 = 16,777,216
+    from autotune.report.summary import launch_hints
+
+    m, wl = get_model("8b"), Workload(seq_len=8192, global_batch_size=128)
+    bf16 = launch_hints(Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=64, grad_reduce_in_bf16=True), m, wl)
+    assert "--ddp-bucket-size 33554432" in bf16 and "--grad-reduce-in-bf16" in bf16 and "BF16 main grads" in bf16
+    fp32 = launch_hints(Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=64), m, wl)
+    assert "--ddp-bucket-size 16777216" in fp32 and "--grad-reduce-in-bf16" not in fp32 and "FP32 main grads" in fp32
