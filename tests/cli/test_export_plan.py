@@ -84,7 +84,10 @@ def test_imported_megatron_launch_round_trips_through_the_cli(tmp_path):
     launched Megatron-LM flags carry every modelled setting of the user's file with the user's value."""
     import shlex
 
-    from autotune.export.megatron_import import import_megatron_args, parse_megatron_args
+    from autotune.export.megatron_import import (
+        import_megatron_args,
+        parse_megatron_args,
+    )
     from autotune.target.plan import PlanDocument
 
     plan = tmp_path / "p.yaml"
