@@ -18,6 +18,9 @@ from autotune.errors import ConfigError
 
 @main.command()
 @click.option("--study", "study", help="Study name (instead of the target options).")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
+              help="Export this plan YAML (e.g. written by `simulate --save-plan`) instead of a study's best; its "
+                   "model, cluster and workload come from the file, --engine may name another engine.")
 @target_options
 @study_options
 @click.option("-o", "--output", default="plan.yaml", show_default=True, type=click.Path(),
@@ -28,21 +31,28 @@ from autotune.errors import ConfigError
                    "also an sbatch script.")
 @click.option("--dry-run", "dry_run", is_flag=True, help="With --launcher: print the full command the script runs.")
 @JSON_OPTION
-def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine,
-           output, launcher, dry_run, as_json):
-    """Write the best plan of a study as YAML and print launch flags for Megatron-LM / torchtitan.
+def export(study, plan_file, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend,
+           engine, output, launcher, dry_run, as_json):
+    """Write the best plan of a study (or a plan YAML: --plan) as YAML and print launch flags for Megatron-LM /
+    torchtitan.
 
-    Example: autotune export --size 405b -o plan.yaml
+    Examples: autotune export --size 405b -o plan.yaml;
+    autotune export --plan my_plan.yaml --launcher torchrun -o launch
     """
     from autotune.report.summary import launch_hints
-    from autotune.study.storage_check import storage_errors
-    from autotune.study.trials import require_best_plan
 
-    with storage_errors(storage):
-        st, info = open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage,
-                                  space, backend, engine)
-        best = require_best_plan(st, info, storage)
-    doc = best.document()
+    if plan_file is not None:
+        doc, result, origin = _plan_source(plan_file, study, engine, size=size, model=model_path, gpu=gpu, gpus=gpus,
+                                           interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
+    else:
+        from autotune.study.storage_check import storage_errors
+        from autotune.study.trials import require_best_plan
+
+        with storage_errors(storage):
+            st, info = open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, global_batch,
+                                     storage, space, backend, engine)
+            best = require_best_plan(st, info, storage)
+        doc, result, origin = best.document(), best.result, f"trial {best.trial_number} of {best.study}"
     if dry_run and not launcher:
         raise click.UsageError("--dry-run needs --launcher torchrun|slurm")
     if launcher:
@@ -82,15 +92,58 @@ def export(study, size, model_path, gpu, gpus, interconnect, seq_len, global_bat
 
     if as_json:
         from autotune.report.summary import json_document
-        click.echo(json_document("export", [json_entry(plan=best.plan, result=best.result, info=info, engine=info.engine,
-                                                   label="best", study=best.study, trial=best.trial_number)],
+        click.echo(json_document("export", [json_entry(plan=doc.plan, result=result, model=doc.model,
+                                                       cluster=_cluster(doc), workload=doc.workload,
+                                                       engine=doc.engine, label="best" if plan_file is None else "plan",
+                                                       study=doc.study, trial=doc.trial_id)],
                                  plan_file=output))
         return
-    click.echo(f"model {info.model.name}: {info.model.num_params:,} parameters")
-    click.echo(f"wrote {output}: trial {best.trial_number} of {best.study}, MFU {100 * best.result.mfu:.1f}%, "
-               f"step {best.result.step_time_ms:,.1f} ms (engine {info.engine})")
-    click.echo(error_band_line(info.engine, info.gpu))
-    click.echo(launch_hints(best.plan, info.model, info.workload))
+    click.echo(f"model {doc.model.name}: {doc.model.num_params:,} parameters")
+    click.echo(f"wrote {output}: {origin}, MFU {100 * result.mfu:.1f}%, step {result.step_time_ms:,.1f} ms "
+               f"(engine {doc.engine})")
+    click.echo(error_band_line(doc.engine, doc.gpu))
+    click.echo(launch_hints(doc.plan, doc.model, doc.workload))
+
+
+def _cluster(doc):
+    """The :class:`~autotune.target.hardware.ClusterSpec` of a plan document."""
+    from autotune.target.hardware import ClusterSpec, fabric_from_dict, get_gpu
+    return ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
+                       fabric=fabric_from_dict(doc.fabric, where="plan: cluster.fabric"))
+
+
+def _plan_source(plan_file, study, engine, **target):
+    """``export --plan FILE``: the plan document (``engine``, if given, replacing the file's), its simulated
+    prediction for that engine and a phrase naming where it came from.
+
+    Raises:
+        ConfigError: ``--study`` or a target option given too (the plan and target come from the file), an
+            unknown engine, or a plan file that does not load.
+    """
+    import dataclasses
+
+    from autotune.cost.evaluator import make_evaluator
+    from autotune.target.engines import get_engine
+    from autotune.target.plan import PlanDocument
+
+    if study is not None:
+        raise ConfigError(f"--plan {plan_file} and --study {study}: export one of them (a plan YAML or a "
+                          "study's best plan), not both")
+    given = [f"--{k.replace('_', '-')}" for k, v in target.items() if v is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: with --plan {plan_file} the model, cluster and workload come from "
+                          "that file; leave them out (--engine may name another engine)")
+    doc = PlanDocument.load(plan_file)
+    if engine is not None:
+        doc = dataclasses.replace(doc, engine=get_engine(engine).name)
+    ev = make_evaluator("simulated", model=doc.model, cluster=_cluster(doc), workload=doc.workload, engine=doc.engine)
+    try:
+        result = ev.evaluate(doc.plan)
+    finally:
+        ev.close()
+    from autotune.study.trials import prediction_of
+    doc = dataclasses.replace(doc, prediction=prediction_of(result))      # for the engine exported
+    return doc, result, f"plan {plan_file} (simulated now)"
 
 
 def _dry_run(script, say) -> None:

@@ -27,7 +27,7 @@ def _plan_options(f):
         click.option("--tp", type=int, help="Tensor parallel degree (default 1)."),
         click.option("--pp", type=int, help="Pipeline parallel degree (default 1)."),
         click.option("--cp", type=int, help="Context parallel degree (default 1)."),
-        click.option("--vpp", type=int, help="Virtual stages per pipeline rank (needs --schedule interleaved_1f1b)."),
+        click.option("--vpp", type=int, help="Virtual stages per pipeline rank; N > 1 without --schedule selects interleaved_1f1b."),
         click.option("--mbs", type=int, help="Micro-batch size in sequences (default 1)."),
         click.option("--schedule", help="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (default 1f1b)."),
         click.option("--recompute", help="Activation recomputation: none, selective, full (default none)."),
@@ -129,10 +129,14 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
 @click.option("--from-torchtitan", "from_torchtitan", default=None, metavar="CONFIG",
               help="Predict your own torchtitan launch: a 0.2.x TOML job file or a 0.3.0 config module "
                    "(FILE.py[:FUNCTION], loaded with torchtitan's ConfigManager). Needs --gpus.")
+@click.option("--save-plan", "save_plan", type=click.Path(dir_okay=False), default=None,
+              help="Write the plan being simulated (from PLAN_FILE, --from-megatron/--from-torchtitan or the "
+                   "command-line degrees) with this prediction as a plan YAML, as `simulate PLAN_FILE` and "
+                   "`export --plan` read it.")
 @_plan_options
 @JSON_OPTION
-def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, from_megatron, from_torchtitan, as_json,
-             size, model_path, gpu, gpus, seq_len, global_batch, sets, **flags):
+def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, from_megatron, from_torchtitan,
+             save_plan, as_json, size, model_path, gpu, gpus, seq_len, global_batch, sets, **flags):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table; or,
     without PLAN_FILE, a plan given by degrees with the target options (a quick memory and step-time check);
     or your own launch (--from-megatron ARGS_FILE, --from-torchtitan CONFIG): every setting it has is
@@ -167,6 +171,14 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
             raise ConfigError(f"{opt} {path!r}: directory {d} does not exist or is not writable")
         from autotune.files import check_output_path
         check_output_path(path, what=opt)     # never through a symbolic link, names within NAME_MAX
+    if save_plan is not None:
+        from pathlib import Path
+
+        from autotune.files import check_output_path, check_path_names
+        check_path_names(save_plan, what="--save-plan")
+        if Path(save_plan).is_dir():
+            raise ConfigError(f"--save-plan {save_plan}: is a directory; give the plan YAML file to write")
+        check_output_path(save_plan, what="--save-plan")
     given = [f"--{k}" for k, v in flags.items() if v is not None] + [
         o for o, v in (("--size", size), ("--model", model_path), ("--gpu", gpu), ("--gpus", gpus),
                        ("--seq-len", seq_len), ("--global-batch", global_batch), ("--set", sets)) if v]
@@ -241,6 +253,8 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
             frag = costs.fragmentation()
     finally:
         ev.close()
+    if save_plan is not None:
+        _save_plan(save_plan, doc, cluster, eng.name, result, make_say(as_json))
     mem = estimate_memory(doc.model, doc.plan, cluster.gpu, doc.workload, fragmentation=frag, engine=eng)
     pred = doc.prediction or {}
     same = None
@@ -266,3 +280,17 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
                    f"ms, MFU {100 * float(pred['mfu']):.1f}% -> " + ("same" if same else "DIFFERENT now"))
 
 
+
+
+def _save_plan(path, doc, cluster, engine: str, result, say) -> None:
+    """Write ``doc`` as simulated (``cluster``'s fabric, ``engine``, ``result`` as its prediction) to ``path``:
+    the :class:`~autotune.target.plan.PlanDocument` YAML that ``simulate PLAN_FILE`` and ``export --plan`` read."""
+    import dataclasses
+
+    from autotune.study.trials import prediction_of
+    out = dataclasses.replace(doc, fabric=cluster.fabric.to_dict(), engine=engine, prediction=prediction_of(result))
+    try:
+        out.save(path)
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e}") from None
+    say(f"wrote {path} (plan YAML, engine {engine}; `autotune export --plan {path}` writes its launch files)")

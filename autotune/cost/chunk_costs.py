@@ -618,23 +618,32 @@ class CostBuilder:
         nbytes = self.tokens * self.m.hidden_size * BF16 / (self.p.tp_degree if self.p.sp_active else 1)
         return self.costs.placed_collective_ms("send_recv", nbytes, self.pp_place)
 
-    def dp_bucket_ms(self, chunk_params: int) -> list[float]:
-        """End-of-step DP gradient reduction of one chunk, per bucket (ZeRO 0: all-reduce; 1, and 2/3 when
-        a pipeline defers FSDP's reduction to the last backward: reduce-scatter). An engine with
-        ``one_bucket_without_overlap`` and no ``dp_grad_reduce_overlap``: one collective of the whole chunk."""
+    def dp_bucket_bytes(self, chunk_params: int) -> list[int]:
+        """Bytes of each end-of-step DP gradient bucket of one chunk, in order: the chunk's gradients
+        (``chunk_params`` x ``grad_reduce_bytes``, the engine's reduction dtype) cut into buckets of
+        ``bucket_size_mib`` x 2^20 bytes, the last one holding the remainder. An engine with
+        ``one_bucket_without_overlap`` and no overlapped reduction: one bucket of the whole chunk. Empty when
+        nothing is reduced at the end of the step (no DP, or FSDP reducing during the backward)."""
         p = self.p
         if self.dp_group <= 1 or (p.zero_stage >= 2 and not self.deferred_rs):
             return []
-        kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
         total = chunk_params * self.grad_reduce_bytes
         bucket = p.bucket_size_mib * 2**20
         if self.engine.one_bucket_without_overlap and not (p.dp_grad_reduce_overlap and p.async_collectives):
             bucket = max(total, 1)      # Megatron-LM: bucket_size None without --overlap-grad-reduce (engines.yaml)
         n_full, rem = divmod(total, bucket)
-        one = self.costs.placed_collective_ms(kind, bucket, self.dp_place)
-        out = [one] * int(n_full)
-        if rem:
-            out.append(self.costs.placed_collective_ms(kind, rem, self.dp_place))
+        return [bucket] * int(n_full) + ([rem] if rem else [])
+
+    def dp_bucket_ms(self, chunk_params: int) -> list[float]:
+        """End-of-step DP gradient reduction of one chunk, per bucket of :meth:`dp_bucket_bytes`, ms (ZeRO 0:
+        all-reduce; 1, and 2/3 when a pipeline defers FSDP's reduction to the last backward: reduce-scatter)."""
+        kind = "all_reduce" if self.p.zero_stage == 0 else "reduce_scatter"
+        memo: dict[int, float] = {}
+        out = []
+        for nbytes in self.dp_bucket_bytes(chunk_params):
+            if nbytes not in memo:
+                memo[nbytes] = self.costs.placed_collective_ms(kind, nbytes, self.dp_place)
+            out.append(memo[nbytes])
         return out
 
     def param_gather_ms(self, stage_params: int, fp8_params: int = 0) -> float:

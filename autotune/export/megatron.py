@@ -89,6 +89,15 @@ def unsupported_features(model: ModelSpec, seq_len: int) -> list[str]:
     return out
 
 
+def model_refusal(model: ModelSpec, seq_len: int) -> str | None:
+    """Why ``pretrain_gpt.py`` cannot launch ``model`` at ``seq_len`` (``model NAME: Megatron-LM's
+    pretrain_gpt.py cannot express F1; F2``, the features of :func:`unsupported_features`), or None when
+    it can. The one check behind both :func:`architecture_args`'s refusal and the flags ``autotune export``
+    prints (autotune/report/summary.py ``launch_hints``)."""
+    bad = unsupported_features(model, seq_len)
+    return f"model {model.name}: Megatron-LM's pretrain_gpt.py cannot express {'; '.join(bad)}" if bad else None
+
+
 def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
     """Model flags of ``pretrain_gpt.py`` for ``model`` (a dense decoder), from its fields.
 
@@ -98,11 +107,10 @@ def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
     Raises:
         ConfigError: a model feature Megatron-LM cannot express (:func:`unsupported_features`), named.
     """
-    bad = unsupported_features(model, seq_len)
-    if bad:
-        raise ConfigError(f"model {model.name}: Megatron-LM's pretrain_gpt.py cannot express {'; '.join(bad)}; "
-                          "the export would launch a different model (export for another engine, or train it "
-                          "with an engine that has these features)")
+    refusal = model_refusal(model, seq_len)
+    if refusal:
+        raise ConfigError(f"{refusal}; the export would launch a different model (export for another engine, or "
+                          "train it with an engine that has these features)")
     args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
             "--ffn-hidden-size", str(model.ffn_hidden_size), "--num-attention-heads", str(model.num_heads),
             "--kv-channels", str(model.head_dim)]

@@ -67,6 +67,26 @@ def module_fqns_per_model_part(plan: Plan, model: ModelSpec) -> list[list[str]]:
     return parts
 
 
+def model_refusal(model: ModelSpec, *, truncated: bool = False) -> str | None:
+    """Why the torchtitan export cannot launch ``model`` (it names one of torchtitan's Llama 3.1 flavours,
+    and the model must be that flavour field for field; ``truncated``: as :func:`torchtitan_settings`), or
+    None when it can. The one check behind :func:`torchtitan_settings`'s refusal and the torchtitan block
+    ``autotune export`` prints (autotune/report/summary.py ``launch_hints``)."""
+    if model.name not in FLAVORS:
+        return (f"model {model.name!r}: the torchtitan export knows Llama 3.1 flavours only "
+                f"({', '.join(FLAVORS)}); torchtitan's llama3 model_registry has no other architecture")
+    from autotune.target.models import get_model
+    ref = get_model(model.name)
+    if truncated and 1 <= model.num_layers <= ref.num_layers:
+        import dataclasses
+
+        ref = dataclasses.replace(ref, num_layers=model.num_layers)
+    if model != ref:
+        return (f"model {model.name!r}: its fields differ from Llama 3.1 {FLAVORS[model.name][0]} (the "
+                "torchtitan flavour the export names); export for megatron")
+    return None
+
+
 def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, truncated: bool = False) -> dict:
     """The values the config module sets, as plain data (what tests compare the loaded config with).
 
@@ -78,18 +98,9 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, tru
             precision torchtitan 0.3.0 cannot run (fp8_tensorwise, fp8_delayed).
     """
     p = plan
-    if model.name not in FLAVORS:
-        raise ConfigError(f"model {model.name!r}: the torchtitan export knows Llama 3.1 flavours only "
-                          f"({', '.join(FLAVORS)}); torchtitan's llama3 model_registry has no other architecture")
-    from autotune.target.models import get_model
-    ref = get_model(model.name)
-    if truncated and 1 <= model.num_layers <= ref.num_layers:
-        import dataclasses
-
-        ref = dataclasses.replace(ref, num_layers=model.num_layers)
-    if model != ref:
-        raise ConfigError(f"model {model.name!r}: its fields differ from Llama 3.1 {FLAVORS[model.name][0]} (the "
-                          "torchtitan flavour the export names); export for megatron")
+    refusal = model_refusal(model, truncated=truncated)
+    if refusal:
+        raise ConfigError(refusal)
     if p.precision == "fp8_tensorwise":
         raise ConfigError("precision fp8_tensorwise: torchtitan 0.3.0's Float8LinearConverter has the recipes "
                           "rowwise and rowwise_with_gw_hp only; re-tune with fp8_rowwise or export for megatron")

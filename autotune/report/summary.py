@@ -338,6 +338,8 @@ def short_plan(plan: Plan) -> str:
 
 def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     """Megatron-LM flags and a torchtitan TOML snippet equivalent to ``plan`` (hints, check your version).
+    For an engine that cannot launch ``model`` (autotune/export/megatron.py / torchtitan.py
+    ``model_refusal``, the check ``export --launcher`` refuses with), one line naming why instead.
 
     Megatron-LM names: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
     ``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``, ``--sequence-parallel``,
@@ -397,8 +399,11 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         meg.append("--no-overlap-p2p-communication")
     bucket = ddp_bucket_size(p)
     meg.append(f"--ddp-bucket-size {bucket}")
-    meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} FP32 main grads (--bf16 reduces them in "
-                     f"FP32) = {p.bucket_size_mib} MiB")
+    if p.grad_reduce_in_bf16:
+        meg.append("--grad-reduce-in-bf16")         # the bucket above counts BF16 gradients
+    meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} "
+                     + ("BF16 main grads (--grad-reduce-in-bf16)" if p.grad_reduce_in_bf16 else
+                        "FP32 main grads (--bf16 reduces them in FP32)") + f" = {p.bucket_size_mib} MiB")
     if p.fp8:
         meg.append("--bf16")
     if p.precision == "fp8_tensorwise":
@@ -451,12 +456,25 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         env.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     elif p.memory_reclaim != "none":
         env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
-    out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes] + \
-        ["torchtitan (TOML, torchtitan < 0.3; for >= 0.3 use `autotune export --launcher torchrun -o DIR`):"] + ["  " + x for x in tt]
-    if p.zero_stage == 1:
-        out.append(f"  # torchtitan has no ZeRO-1: this is DDP (data_parallel_replicate_degree = {p.dp_degree}, "
-                   "optimizer states not sharded, more memory than the plan); FSDP "
-                   f"(data_parallel_shard_degree = {p.dp_degree}) shards them too")
+    # an engine that cannot launch this model gets one line saying why instead of flags for another model
+    # (the check `export --launcher` refuses with: megatron.model_refusal, torchtitan.model_refusal)
+    from autotune.export import megatron as _meg
+    from autotune.export import torchtitan as _tt
+
+    meg_refusal, tt_refusal = _meg.model_refusal(model, workload.seq_len), _tt.model_refusal(model)
+    if meg_refusal:
+        out = [f"Megatron-LM: flags not printed: {meg_refusal}"]
+    else:
+        out = ["Megatron-LM:", "  " + " \\\n  ".join(meg)] + ["  " + x for x in meg_notes]
+    if tt_refusal:
+        out.append(f"torchtitan: config not printed: {tt_refusal}")
+    else:
+        out += ["torchtitan (TOML, torchtitan < 0.3; for >= 0.3 use `autotune export --launcher torchrun -o DIR`):"] + \
+            ["  " + x for x in tt]
+        if p.zero_stage == 1:
+            out.append(f"  # torchtitan has no ZeRO-1: this is DDP (data_parallel_replicate_degree = {p.dp_degree}, "
+                       "optimizer states not sharded, more memory than the plan); FSDP "
+                       f"(data_parallel_shard_degree = {p.dp_degree}) shards them too")
     if env:
         out += ["environment:"] + ["  " + e for e in env]
     return "\n".join(out)

@@ -221,6 +221,23 @@ case("simulate--trace-symlink", lambda e: ["simulate", str(e["dir"] / "plan.yaml
                                            _link(e, "trace-link.json")], "symbolic link")
 case("simulate--gantt-symlink", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--gantt",
                                            _link(e, "gantt-link.png")], "symbolic link")
+case("simulate--save-plan-symlink", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--save-plan",
+                                               _link(e, "saved-link.yaml")], "symbolic link")
+case("simulate--save-plan-dir", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--save-plan", str(e["dir"])],
+     "--save-plan")
+case("simulate--save-plan-name-too-long", lambda e: ["simulate", str(e["dir"] / "plan.yaml"), "--save-plan",
+                                                     str(e["dir"] / ("p" * 300 + ".yaml"))], "--save-plan")
+# export --plan: one source (a plan YAML or a study), the target from the file, a plan file that loads
+case("export--plan-with--study", lambda e: ["export", "--plan", str(e["dir"] / "plan.yaml"), "--study", "x",
+                                            "--storage", e["url"], "-o", str(e["dir"] / "o.yaml")], "--study x")
+case("export--plan-with--gpus", lambda e: ["export", "--plan", str(e["dir"] / "plan.yaml"), "--gpus", "16",
+                                           "-o", str(e["dir"] / "o.yaml")], "--gpus")
+case("export--plan-engine-nosuch", lambda e: ["export", "--plan", str(e["dir"] / "plan.yaml"), "--engine", "nosuch",
+                                              "-o", str(e["dir"] / "o.yaml")], "nosuch")
+case("export--plan-missing", lambda e: ["export", "--plan", str(e["dir"] / "nope.yaml"),
+                                        "-o", str(e["dir"] / "o.yaml")], "nope.yaml")
+case("export--plan-not-a-plan", lambda e: ["export", "--plan", str(e["dir"] / "notes.txt"),
+                                           "-o", str(e["dir"] / "o.yaml")], "notes.txt")
 case("validate--json-symlink", lambda e: ["validate", str(e["dir"] / "plan.yaml"), "--json",
                                           _link(e, "validate-link.json")], "symbolic link")
 case("export-launcher-o-symlinked-script", lambda e: ["export", "--size", "8b", "--space", "small", "--storage",

@@ -312,27 +312,39 @@ def test_megatron_rope_theta_must_be_an_integer(tmp_path):
 
 
 def test_megatron_bucket_equals_the_simulated_bucket():
-    """The DP bucket of a Megatron launch equals the simulated one, both derived here.
+    """The DP bucket of a Megatron launch equals the simulated one: the simulated side is the simulator's
+    own bucket (CostBuilder.dp_bucket_bytes, what dp_bucket_ms costs), the launched side is derived here.
 
-    Simulated (autotune/cost/chunk_costs.py dp_bucket_ms): a chunk's gradients, params x
-    grad_reduce_bytes (4 for megatron: FP32 main grads, engines.yaml), are cut into buckets of
-    bucket_size_mib x 2^20 bytes. Launched (Megatron-LM at d98e8a64): --ddp-bucket-size is "Maximum number
-    of parameters in each bucket" (distributed_data_parallel_config.py bucket_size) and the bucket's grad
-    buffer dtype is torch.float when grad_reduce_in_fp32 (param_and_grad_buffer.py), which --bf16 sets
-    (arguments.py validate_args: accumulate_allreduce_grads_in_fp32 = True unless --grad-reduce-in-bf16).
+    Launched (Megatron-LM at d98e8a64): --ddp-bucket-size is "Maximum number of parameters in each bucket"
+    (distributed_data_parallel_config.py bucket_size) and the bucket's grad buffer dtype is torch.float when
+    grad_reduce_in_fp32 (param_and_grad_buffer.py), which --bf16 sets (arguments.py validate_args:
+    accumulate_allreduce_grads_in_fp32 = True unless --grad-reduce-in-bf16): 4 bytes per parameter with
+    --bf16, 2 with --grad-reduce-in-bf16. So launched bucket bytes = --ddp-bucket-size x (4 or 2).
     """
-    from autotune.cost.chunk_costs import CostBuilder  # noqa: F401  (the simulator's bucket code is there)
-    from autotune.target.engines import get_engine
+    from autotune.cost.calibration import default_calibration
+    from autotune.cost.chunk_costs import CostBuilder
+    from autotune.cost.op_costs import CalibratedCosts
 
-    for mib in (1, 25, 64, 100):
-        plan = Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=mib, dp_grad_reduce_overlap=True)
-        simulated_bytes = mib * 2**20                                # chunk_costs.dp_bucket_ms: bucket
-        assert get_engine("megatron").grad_reduce_bytes == 4
-        args = megatron_args(plan, get_model("8b"), Workload(seq_len=8192, global_batch_size=128))
-        params = int(args[args.index("--ddp-bucket-size") + 1])
-        launched_bytes = params * 4                                  # FP32 grad buffer elements
-        assert launched_bytes == simulated_bytes and params == ddp_bucket_size(plan)
-        assert "--bf16" in args and "--grad-reduce-in-bf16" not in args
+    model, wl = get_model("8b"), Workload(seq_len=8192, global_batch_size=128)
+    cluster = make_cluster("h100", 8, "nvlink4")
+    costs = CalibratedCosts(profile=default_calibration(), gpu=cluster.gpu)
+    for bf16_grads in (False, True):
+        for mib in (1, 25, 64, 100):
+            plan = Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=mib, dp_grad_reduce_overlap=True,
+                        grad_reduce_in_bf16=bf16_grads)
+            cb = CostBuilder(model=model, plan=plan, cluster=cluster, workload=wl, costs=costs, engine="megatron")
+            # the simulator's buckets of a chunk of 10^9 parameters: full buckets, then the remainder
+            buckets = cb.dp_bucket_bytes(10**9)
+            assert len(buckets) >= 2
+            simulated_bytes = buckets[0]
+            args = megatron_args(plan, model, wl)
+            assert "--bf16" in args and ("--grad-reduce-in-bf16" in args) == bf16_grads
+            params = int(args[args.index("--ddp-bucket-size") + 1])
+            launched_bytes = params * (2 if "--grad-reduce-in-bf16" in args else 4)    # Megatron's grad buffer
+            assert launched_bytes == simulated_bytes, (mib, bf16_grads, launched_bytes, simulated_bytes)
+            assert params == ddp_bucket_size(plan)
+            # and the simulator reduces the whole chunk: the buckets add up to its gradients
+            assert sum(buckets) == 10**9 * (2 if bf16_grads else 4)
     # by hand: 64 MiB = 67,108,864 bytes = 16,777,216 FP32 gradients
     assert ddp_bucket_size(Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=64)) == 16_777_216
 
@@ -382,3 +394,16 @@ def test_bf16_gradient_reduction_launches_twice_the_parameters_per_bucket():
     cb = CostBuilder(model=get_model("8b"), plan=plan, cluster=cluster, workload=Workload(seq_len=8192, global_batch_size=8),
                      costs=CalibratedCosts(profile=default_calibration(), gpu=cluster.gpu), engine="megatron")
     assert cb.grad_reduce_bytes == 2
+
+
+def test_printed_hints_say_how_the_bucket_is_counted():
+    # the flags `autotune export` prints: with Plan.grad_reduce_in_bf16 the bucket counts BF16 gradients,
+    # 64 MiB x 2^20 / 2 B = 33,554,432, and --grad-reduce-in-bf16 is printed with it (without it Megatron
+    # would reduce FP32 main grads and the bucket would be 128 MiB); without it 64 x 2^20 / 4 = 16,777,216
+    from autotune.report.summary import launch_hints
+
+    m, wl = get_model("8b"), Workload(seq_len=8192, global_batch_size=128)
+    bf16 = launch_hints(Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=64, grad_reduce_in_bf16=True), m, wl)
+    assert "--ddp-bucket-size 33554432" in bf16 and "--grad-reduce-in-bf16" in bf16 and "BF16 main grads" in bf16
+    fp32 = launch_hints(Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=64), m, wl)
+    assert "--ddp-bucket-size 16777216" in fp32 and "--grad-reduce-in-bf16" not in fp32 and "FP32 main grads" in fp32
