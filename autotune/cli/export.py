@@ -42,6 +42,14 @@ def export(study, plan_file, size, model_path, gpu, gpus, interconnect, seq_len,
     from autotune.report.summary import launch_hints
 
     if plan_file is not None:
+        from click.core import ParameterSource
+
+        ctx = click.get_current_context()
+        study_opts = [f"--{n}" for n in ("storage", "space", "backend")
+                      if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
+        if study_opts and study is None:
+            raise ConfigError(f"{', '.join(study_opts)}: with --plan {plan_file} no study is read (the plan, model, "
+                              "cluster and workload come from that file); leave them out")
         doc, result, origin = _plan_source(plan_file, study, engine, size=size, model=model_path, gpu=gpu, gpus=gpus,
                                            interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
     else:

@@ -404,8 +404,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} "
                      + ("BF16 main grads (--grad-reduce-in-bf16)" if p.grad_reduce_in_bf16 else
                         "FP32 main grads (--bf16 reduces them in FP32)") + f" = {p.bucket_size_mib} MiB")
-    if p.fp8:
-        meg.append("--bf16")
+    # every plan trains in BF16 mixed precision (FP8 recipes run on top of it): without --bf16 Megatron-LM keeps
+    # FP32 parameters, and its gradient buffers, so the bucket above, follow that dtype
+    meg.append("--bf16")
     if p.precision == "fp8_tensorwise":
         meg.append("--fp8-format hybrid --fp8-recipe tensorwise")
     elif p.precision == "fp8_delayed":

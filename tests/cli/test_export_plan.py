@@ -124,6 +124,8 @@ def test_imported_megatron_launch_round_trips_through_the_cli(tmp_path):
     (["--gpus", "8"], "--gpus: with --plan P the model, cluster and workload come from that file"),
     (["--size", "8b", "--seq-len", "4096"], "--size, --seq-len: with --plan P"),
     (["--engine", "nope"], "nope"),
+    (["--storage", "sqlite:///x.db"], "--storage: with --plan P no study is read"),
+    (["--space", "small", "--backend", "measured"], "--space, --backend: with --plan P no study is read"),
 ])
 def test_export_plan_refusals_are_one_line(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
@@ -134,3 +136,18 @@ def test_export_plan_refusals_are_one_line(tmp_path, monkeypatch, args, words):
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
     assert not (tmp_path / "out.yaml").exists()
+
+
+def test_printed_megatron_flags_train_in_bf16(tmp_path, monkeypatch):
+    # every plan is BF16 mixed precision (FP8 on top): without --bf16 Megatron-LM keeps FP32 parameters, and its
+    # gradient buffer (what --ddp-bucket-size counts) follows them, so the printed flags carry --bf16 for a BF16
+    # plan too (before: only for FP8 plans), once
+    monkeypatch.chdir(tmp_path)
+    for prec in ("bf16", "fp8_delayed"):
+        r = CliRunner().invoke(main, ["simulate", "--size", "8b", "--gpus", "8", "--set", f"precision={prec}",
+                                      "--save-plan", f"{prec}.yaml"])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(main, ["export", "--plan", f"{prec}.yaml", "-o", f"{prec}-out.yaml"])
+        assert r.exit_code == 0, r.output
+        meg = r.output[r.output.index("Megatron-LM"):]
+        assert meg.split().count("--bf16") == 1, meg
