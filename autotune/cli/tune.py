@@ -101,6 +101,10 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         say(f"study {t.name!r} in {redact(storage)}; search space {t.space.name!r}; backend {backend}; "
             f"engine {t.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
             + (f", timeout {timeout:g} s" if timeout else ""))
+        refusal = _launch_refusal(t.engine.name, model, workload)
+        if refusal:
+            click.echo(f"warning: {refusal}; the tuned plan can be exported as YAML, not as {t.engine.name} launch "
+                       "files", err=True)
         return t
 
     # a signal while the study is being opened (the storage file may already exist) ends the run the
@@ -238,6 +242,18 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
+
+
+def _launch_refusal(engine: str, model, workload) -> str | None:
+    """Why ``autotune export --launcher`` will refuse to write ``engine``'s launch files for ``model`` (the
+    export modules' ``model_refusal``, the same check), or None; said when the run starts, not after it."""
+    if engine == "megatron":
+        from autotune.export.megatron import model_refusal
+        return model_refusal(model, workload.seq_len)
+    if engine == "torchtitan":
+        from autotune.export.torchtitan import model_refusal as tt_refusal
+        return tt_refusal(model)
+    return None
 
 
 def _compare(imported, best, *, model, cluster, workload, backend, engine):

@@ -109,8 +109,8 @@ def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
     """
     refusal = model_refusal(model, seq_len)
     if refusal:
-        raise ConfigError(f"{refusal}; the export would launch a different model (export for another engine, or "
-                          "train it with an engine that has these features)")
+        raise ConfigError(f"{refusal}; the export would launch a different model (`autotune export` without "
+                          "--launcher still writes the plan YAML)")
     args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
             "--ffn-hidden-size", str(model.ffn_hidden_size), "--num-attention-heads", str(model.num_heads),
             "--kv-channels", str(model.head_dim)]

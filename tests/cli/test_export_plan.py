@@ -39,8 +39,20 @@ def _study(tmp_path, name, cfg, engine):
     r = CliRunner().invoke(main, ["run", "--model", str(f), "--seq-len", "4096", "--gpus", "8", "--trials", "5",
                                   "--engine", engine, "--storage", url])
     assert r.exit_code == 0, r.output
+    # the run says at its start that the engine's launch files will be refused (the export's own check)
+    from autotune.cli.tune import _launch_refusal
+    from autotune.target.models import model_from_hf_config
+    refusal = _launch_refusal(engine, model_from_hf_config(f), _workload_4096())
+    warned = [x for x in r.output.splitlines() if x.startswith("warning: ") and "launch files" in x]
+    assert (warned == [f"warning: {refusal}; the tuned plan can be exported as YAML, not as {engine} launch files"]
+            if refusal else warned == []), r.output
     (study,) = optuna.get_all_study_names(url)
     return url, study
+
+
+def _workload_4096():
+    from autotune.target.plan import Workload
+    return Workload(seq_len=4096, global_batch_size=1)
 
 
 @pytest.mark.parametrize("family,engine", [("GEMMA2_9B", "megatron"), ("QWEN25_7B", "torchtitan")])
