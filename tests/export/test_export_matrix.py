@@ -347,6 +347,28 @@ def test_megatron_bucket_equals_the_simulated_bucket():
             assert sum(buckets) == 10**9 * (2 if bf16_grads else 4)
     # by hand: 64 MiB = 67,108,864 bytes = 16,777,216 FP32 gradients
     assert ddp_bucket_size(Plan(dp_degree=8, num_micro_batches=16, bucket_size_mib=64)) == 16_777_216
+    # with TP, PP and VPP (70B on 64 H100: TP 8 x PP 4 x VPP 5 x DP 2): Megatron-LM keeps one grad buffer per
+    # model chunk (distributed.py DistributedDataParallel per chunk), bucketed by the same parameter count;
+    # the simulator buckets each chunk's local (TP-sharded) parameters: every full bucket of every chunk is
+    # the launched bucket, and each chunk's buckets add up to its gradients
+    from autotune.cost.graph import chunk_costs
+
+    model, wl = get_model("70b"), Workload(seq_len=8192, global_batch_size=64)
+    cluster = make_cluster("h100", 64, "nvlink4+ib-ndr400")
+    costs = CalibratedCosts(profile=default_calibration(), gpu=cluster.gpu)
+    for bf16_grads in (False, True):
+        plan = Plan(tp_degree=8, pp_degree=4, dp_degree=2, vpp_degree=5, pipeline_schedule="interleaved_1f1b",
+                    num_micro_batches=32, sequence_parallel=True, bucket_size_mib=40, dp_grad_reduce_overlap=True,
+                    grad_reduce_in_bf16=bf16_grads)
+        cb = CostBuilder(model=model, plan=plan, cluster=cluster, workload=wl, costs=costs, engine="megatron")
+        args = megatron_args(plan, model, wl)
+        launched = int(args[args.index("--ddp-bucket-size") + 1]) * (2 if bf16_grads else 4)
+        chunks = chunk_costs(cb, plan, model)
+        assert len(chunks) == 20
+        for cc in chunks.values():
+            buckets = cb.dp_bucket_bytes(cc.params)
+            assert all(b == launched for b in buckets[:-1]) and 0 < buckets[-1] <= launched
+            assert sum(buckets) == cc.params * (2 if bf16_grads else 4)
 
 
 def test_export_study_with_another_engine_is_refused(tmp_path):
