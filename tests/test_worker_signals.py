@@ -56,27 +56,35 @@ if "--multiprocessing-fork" in sys.argv:
 '''
 
 
+def _ctrl_c_while_starting(tmp_path, slow_start, start_method, num_starting, what):
+    """Ctrl-C (SIGINT to the process group) once ``num_starting`` processes of ``autotune run --workers 2``
+    paused in ``slow_start`` (a sitecustomize that touches starting.<pid> and sleeps), workers started with
+    ``start_method``; the run must end quietly: exit 130, no traceback, one "interrupted:" line."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(slow_start.format(d=str(tmp_path)))
+    env = _env(site)
+    env["AUTOTUNE_WORKER_START"] = start_method
+    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], env)
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("starting.*"))) >= num_starting, 120, what)
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = _finish(p)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert len([x for x in err.splitlines() if x.startswith("interrupted:")]) == 1, err
+
+
 def test_ctrl_c_while_workers_start_is_quiet_and_exits_130(tmp_path):
     # Ctrl-C (SIGINT to the process group) while both workers are still starting. Before: each worker
     # got a KeyboardInterrupt inside its imports and printed a traceback ("Error in sitecustomize" here,
     # "Process SpawnProcess-N: Traceback" in the field). After: the workers start with SIGINT/SIGTERM
     # blocked, handle the pending signal once their handler is installed and end quietly; exit 130.
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_WORKER_START.format(d=str(tmp_path)))
-    env = _env(site)
-    env["AUTOTUNE_WORKER_START"] = "spawn"      # each worker a fresh interpreter (autotune/workers.py)
-    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], env)
-    try:
-        wait_for(lambda: len(list(tmp_path.glob("starting.*"))) >= 2, 120, "both workers to start")
-    except BaseException:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
-    os.killpg(p.pid, signal.SIGINT)
-    out, err = _finish(p)
-    assert p.returncode == 130, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert len([x for x in err.splitlines() if x.startswith("interrupted:")]) == 1, err
+    # spawn: each worker a fresh interpreter (autotune/workers.py), so each runs sitecustomize
+    _ctrl_c_while_starting(tmp_path, SLOW_WORKER_START, "spawn", 2, "both workers to start")
 
 
 #: the fork server (the worker start where forking the CLI process is not safe, autotune/workers.py) and the resource tracker are `python -c`
@@ -92,23 +100,9 @@ if sys.argv == ["-c"]:
 def test_ctrl_c_while_the_fork_server_starts_is_quiet_and_exits_130(tmp_path):
     # the same Ctrl-C while the fork server is still starting (no worker forked yet): the server starts
     # with SIGINT blocked (and ignores it), the parent handles it once its workers are started and
-    # forwards it; nothing prints a traceback, one "interrupted:" line, exit 130
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_FORKSERVER_START.format(d=str(tmp_path)))
-    env = _env(site)
-    env["AUTOTUNE_WORKER_START"] = "forkserver"     # the CLI's default is fork (one thread, no CUDA)
-    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], env)
-    try:
-        wait_for(lambda: list(tmp_path.glob("starting.*")), 120, "the fork server to start")
-    except BaseException:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
-    os.killpg(p.pid, signal.SIGINT)
-    out, err = _finish(p)
-    assert p.returncode == 130, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert len([x for x in err.splitlines() if x.startswith("interrupted:")]) == 1, err
+    # forwards it; nothing prints a traceback, one "interrupted:" line, exit 130. The CLI's default start is
+    # fork (one thread, no CUDA), so the fork server is asked for by name.
+    _ctrl_c_while_starting(tmp_path, SLOW_FORKSERVER_START, "forkserver", 1, "the fork server to start")
 
 
 #: a signal noted (not raised: it landed inside SQLAlchemy, see tuner.safe_to_raise) while the study opens

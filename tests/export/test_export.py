@@ -5,12 +5,12 @@ fields), the scripts' --dry-run."""
 from __future__ import annotations
 
 import importlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from torchtitan_loader import torchtitan_available
 
 from autotune.errors import ConfigError
 from autotune.export import launch_file_names, write_launch_files
@@ -113,16 +113,6 @@ def test_torchtitan_settings_match_the_dataclass_fields():
         torchtitan_settings(PLANS_405[2], M405, W405)
 
 
-def _torchtitan_available() -> bool:
-    extra = os.environ.get("TORCHTITAN_PYTHONPATH")
-    if extra and extra not in sys.path:
-        sys.path.append(extra)
-    try:
-        importlib.import_module("torchtitan.models.llama3.config_registry")
-        importlib.import_module("torchtitan.config.manager")
-        return True
-    except Exception:       # noqa: BLE001 - any import failure means: not installed here
-        return False
 
 
 def _doc(plan, model, workload, engine, gpu="h200", gpus=1024):
@@ -147,7 +137,7 @@ TT_PLANS = [
 @pytest.mark.parametrize("plan,reshard", TT_PLANS, ids=["zero3-interleaved-mxfp8", "zero2-1f1b-fp8",
                                                         "zero2-empty-cache-per-step"])
 def test_torchtitan_config_loads_with_torchtitans_loader(plan, reshard, tmp_path, monkeypatch):
-    if not _torchtitan_available():
+    if not torchtitan_available():
         pytest.skip("torchtitan >= 0.3.0 not importable (pip install 'torchtitan>=0.3.0' on a newer torch, or set "
                     "TORCHTITAN_PYTHONPATH); the structural check above ran instead")
     import torchtitan.models.llama3 as ll3

@@ -9,6 +9,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+from torchtitan_loader import torchtitan_available
 
 from autotune.errors import ConfigError
 from autotune.export import launch_command
@@ -241,17 +242,10 @@ def test_torchtitan_default_split_is_torchtitans():
         assert stage_split(layers, stages) == tuple(sum(f.startswith("layers.") for f in part) for part in parts)
 
 
-def _torchtitan_available() -> bool:
-    try:
-        importlib.import_module("torchtitan.config.manager")
-        importlib.import_module("torchtitan.models.llama3.config_registry")
-        return True
-    except Exception:       # noqa: BLE001 - any import failure means: not installed here
-        return False
 
 
 def test_torchtitan_config_module_round_trip(tmp_path):
-    if not _torchtitan_available():
+    if not torchtitan_available():
         pytest.skip("torchtitan >= 0.3.0 not importable (pip install -e '.[torchtitan]' (in the autotune checkout))")
     from autotune.export import write_launch_files
     from autotune.export.torchtitan import torchtitan_settings
@@ -321,7 +315,7 @@ def test_uneven_interleaved_first_last_and_bad_torchtitan_values_are_named(tmp_p
 
 
 def test_a_users_own_torchtitan_config_function(tmp_path):
-    if not _torchtitan_available():
+    if not torchtitan_available():
         pytest.skip("torchtitan >= 0.3.0 not importable (pip install -e '.[torchtitan]' (in the autotune checkout))")
     f = _write(tmp_path, "from torchtitan.models.llama3.config_registry import llama3_70b\n\n\n"
                          "def helper():\n    return 1\n\n\n"
