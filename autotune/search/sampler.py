@@ -473,8 +473,9 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
 
     def _cheap_chunk_bound(self, q: Plan, threshold: float) -> float:
         """A lower bound (ms) on :meth:`PlanScreen.chunk_bound_ms` of ``q``'s estimate: the layer-level bound
-        (:meth:`PlanScreen.layout_bound_ms` of ``q`` alone, its recomputation included; ~5% of a chunk bound's
-        CPU: one layer's cost is memoised per :data:`autotune.cost.chunk_costs.LAYER_FIELDS`) when that is
+        (:meth:`PlanScreen.layout_bound_ms` of ``q`` alone, its recomputation included: a lookup of one layer's
+        cost, memoised per :data:`autotune.cost.chunk_costs.LAYER_FIELDS`, instead of a CostBuilder and its chunk
+        costs; 405B x 1,024 B200: 10,522 -> 8,101 chunk bounds built per ranking) when that is
         already at least ``threshold``, else the chunk bound itself. :meth:`_memory_bound` only compares a
         candidate's bound with a threshold or keeps it as a (not final) lower bound, so either is exact for
         it; the chunk bound is built only for the candidates below the threshold."""
