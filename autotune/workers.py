@@ -121,7 +121,7 @@ def _context() -> Any:
       shipped calibration, in-flight counts, step-graph structures). Used only where nothing unsafe
       crosses the fork: the platform has it, this process runs no other thread (a lock held by one would
       stay held in the child) and has not initialised CUDA (a forked child cannot use it). The storage's
-      connections are closed before the fork (:func:`_close_connections`), standard streams flushed
+      connections are closed before the fork (:func:`autotune.study.storage.close_connections`), standard streams flushed
       (a child would print their buffers again); a child leaves with ``os._exit`` (multiprocessing), so
       it never finalises what it inherited.
     * ``forkserver`` otherwise: a fresh server process (spawn's fork + exec) that imports
@@ -158,22 +158,6 @@ def _context() -> Any:
         ctx.set_forkserver_preload(_PRELOAD)
         return ctx
     return mp.get_context("spawn")
-
-
-def _close_connections() -> None:
-    """Before forking workers: close the pooled connections of every storage this process opened
-    (:data:`autotune.study.storage._STORAGES`; SQLite: a connection must not cross a fork,
-    https://www.sqlite.org/howtocorrupt.html#fork; SQLAlchemy's pooling guide, "Using Connection Pools with
-    Multiprocessing": ``engine.dispose()`` before the fork). The engines stay usable: the parent, and a
-    forked worker that opens the same URL (the cache is inherited), each open new connections of their own."""
-    import sys
-
-    mod = sys.modules.get("autotune.study.storage")
-    for storage in list(getattr(mod, "_STORAGES", {}).values()):
-        engine = getattr(storage, "engine", None)       # RDBStorage; a journal file has no connection
-        if engine is not None:
-            with contextlib.suppress(Exception):
-                engine.dispose()
 
 
 def _stop_forkserver(ctx: Any) -> None:
@@ -222,7 +206,9 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
     if ctx.get_start_method() == "fork":
         import sys
 
-        _close_connections()
+        from autotune.study.storage import close_connections
+
+        close_connections()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

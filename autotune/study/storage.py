@@ -218,6 +218,19 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     return storage
 
 
+def close_connections() -> None:
+    """Close the pooled connections of every storage :func:`open_storage` opened in this process, e.g. before
+    forking worker processes (SQLite: a connection must not cross a fork,
+    https://www.sqlite.org/howtocorrupt.html#fork; SQLAlchemy's pooling guide, "Using Connection Pools with
+    Multiprocessing": ``engine.dispose()`` before the fork). The storages stay usable: the next use opens new
+    connections, in this process and in a forked child (which inherits this cache)."""
+    for storage in list(_STORAGES.values()):
+        engine = getattr(storage, "engine", None)       # RDBStorage; a journal file holds no connection
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.dispose()
+
+
 def _torn(url: str) -> bool:
     """Whether the journal file of ``url`` ends with a torn record (then a cached storage is not reused)."""
     from autotune.study.storage_check import journal_torn_tail
