@@ -102,7 +102,16 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
 
 
 #: the plan fields autotune.cost.memory.estimate_memory can depend on: all but tp_comm_overlap
-_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name != "tp_comm_overlap")
+_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("tp_comm_overlap", "precision"))
+_CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in (
+    "bucket_size_mib", "memory_reclaim", "zero_stage", "dp_grad_reduce_overlap", "param_gather_overlap"))
+
+
+def _chunk_key(plan: Plan) -> tuple:
+    z = plan.zero_stage
+    if z >= 2:
+        return (z, plan.dp_grad_reduce_overlap, plan.param_gather_overlap) + tuple(getattr(plan, f) for f in _CHUNK_FIELDS)
+    return (1, None, None) + tuple(getattr(plan, f) for f in _CHUNK_FIELDS)
 
 
 class PlanScreen:
@@ -142,7 +151,7 @@ class PlanScreen:
                 check_plan_for_engine(plan, self.engine)
                 # estimate_memory does not read tp_comm_overlap (no term of autotune/cost/memory.py depends
                 # on it): plans that differ only there share one memory estimate
-                key = tuple(getattr(plan, f) for f in _MEMORY_FIELDS)
+                key = tuple(getattr(plan, f) for f in _MEMORY_FIELDS) + (plan.precision != "bf16",)
                 r = self._mem.get(key)
                 if r is None:
                     r = self._mem[key] = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
@@ -181,7 +190,8 @@ class PlanScreen:
         reclaim (>= 0); the bucket size enters only the DP bucket groups, and recomputation only adds to a
         chunk's backward (:meth:`CostBuilder.chunk_cost`). Less a relative 1e-9 for rounding; 0 for a plan
         the cost model rejects."""
-        r = self._cbound.get(plan)
+        key = _chunk_key(plan)
+        r = self._cbound.get(key)
         if r is None:
             try:
                 cb, chunks = self._build(plan)
@@ -195,7 +205,7 @@ class PlanScreen:
                 r = (plan.num_micro_batches + (P - 1) / v) * busiest * (1 - 1e-9)
             except (PlanError, ValueError, ZeroDivisionError):
                 r = 0.0
-            self._cbound[plan] = r
+            self._cbound[key] = r
         return r
 
     def _estimate(self, plan: Plan) -> float:

@@ -439,14 +439,18 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                     q = self._plan({**a, "precision": v, "recompute": rec[k], "zero_stage": z})
                     if q is None:
                         break
-                    cb = self._cheap_chunk_bound(q, min(best, need))
-                    if cb >= min(best, need):
+                    thr = min(best, need)
+                    cb = self.screen.layout_bound_ms([q])
+                    if cb < thr:
+                        if not self.screen.fits(q):
+                            k += 1
+                            continue
+                        cb = self.screen.chunk_bound_ms(q)
+                    if cb >= thr:
                         # not checked: at least cb (and, for no recomputation, every level at least cb)
                         unchecked = min(unchecked, cb) if cb < best else unchecked
                         break
-                    if self.screen.fits(q):
-                        break
-                    k += 1
+                    break
                 else:
                     break           # nothing fits at this stage, nor at any lower one
                 if q is None:

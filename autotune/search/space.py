@@ -486,7 +486,7 @@ class BoundSearchSpace:
         m, n, w = self.model, self.num_gpus, self.workload
 
         def pick(knob: str) -> Any:
-            return trial.suggest_categorical(knob, list(c[knob]))
+            return trial.suggest_categorical(knob, c[knob])
 
         tp, pp, cp = pick("tp_degree"), pick("pp_degree"), pick("cp_degree")
         if n % (tp * pp * cp):
