@@ -101,17 +101,36 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
     return step
 
 
-#: the plan fields autotune.cost.memory.estimate_memory can depend on: all but tp_comm_overlap
+#: the plan fields :func:`autotune.cost.memory.estimate_memory` can depend on besides the precision: all but
+#: tp_comm_overlap (no term of autotune/cost/memory.py reads it)
 _MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("tp_comm_overlap", "precision"))
+
+
+def _memory_key(plan: Plan) -> tuple:
+    """What :func:`autotune.cost.memory.estimate_memory` of ``plan`` depends on: :data:`_MEMORY_FIELDS` and
+    whether the precision is FP8. memory.py reads the precision only as ``precision != "bf16"`` (``te_fp8``:
+    Transformer Engine saves FP8 inputs and caches FP8 weights for every FP8 recipe; the compiled saved-bytes
+    ratio by precision kind), so the FP8 recipes share one memory estimate (tests/search/test_lazy_ranking.py
+    compares estimate_memory across them)."""
+    return tuple(getattr(plan, f) for f in _MEMORY_FIELDS) + (plan.precision != "bf16",)
+
+
+#: the plan fields :meth:`CostBuilder.chunk_cost` reads at every ZeRO stage (autotune/cost/chunk_costs.py): all
+#: but the bucket size (read only by ``dp_bucket_bytes``, the DP bucket groups), the memory reclaim policy
+#: (the step graph's reclaim nodes), the ZeRO stage and the DP overlaps (:func:`_chunk_key`)
 _CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in (
     "bucket_size_mib", "memory_reclaim", "zero_stage", "dp_grad_reduce_overlap", "param_gather_overlap"))
 
 
 def _chunk_key(plan: Plan) -> tuple:
+    """What ``plan``'s chunk costs (:func:`autotune.cost.graph.chunk_costs`) depend on: :data:`_CHUNK_FIELDS`,
+    and the ZeRO stage with both DP overlaps from ZeRO 2 on; below ZeRO 2 neither the stage (``chunk_cost`` and
+    ``CostBuilder.__init__`` test ``zero_stage >= 2`` and ``== 3`` only) nor the overlaps (read only in the
+    ZeRO-2/3 gather and reduce-scatter terms) enter them. tests/search/test_lazy_ranking.py checks that plans
+    with one key have equal chunk costs."""
     z = plan.zero_stage
-    if z >= 2:
-        return (z, plan.dp_grad_reduce_overlap, plan.param_gather_overlap) + tuple(getattr(plan, f) for f in _CHUNK_FIELDS)
-    return (1, None, None) + tuple(getattr(plan, f) for f in _CHUNK_FIELDS)
+    head = (z, plan.dp_grad_reduce_overlap, plan.param_gather_overlap) if z >= 2 else (1, None, None)
+    return head + tuple(getattr(plan, f) for f in _CHUNK_FIELDS)
 
 
 class PlanScreen:
@@ -136,8 +155,8 @@ class PlanScreen:
         self._fits: dict[Plan, bool] = {}
         self._est: dict[Plan, float] = {}
         self._layer: dict[tuple, float] = {}
-        self._cbound: dict[Plan, float] = {}
-        self._mem: dict[tuple, bool] = {}
+        self._cbound: dict[tuple, float] = {}     # per _chunk_key
+        self._mem: dict[tuple, bool] = {}          # per _memory_key
         self._built: dict[Plan, tuple[CostBuilder, dict[int, Any]]] = {}
         self._memo: dict[Any, Any] = {}     # CostBuilder's per-layer costs and placements, shared
 
@@ -149,9 +168,8 @@ class PlanScreen:
         if r is None:
             try:
                 check_plan_for_engine(plan, self.engine)
-                # estimate_memory does not read tp_comm_overlap (no term of autotune/cost/memory.py depends
-                # on it): plans that differ only there share one memory estimate
-                key = tuple(getattr(plan, f) for f in _MEMORY_FIELDS) + (plan.precision != "bf16",)
+                # plans that differ only where estimate_memory does not look share one estimate
+                key = _memory_key(plan)
                 r = self._mem.get(key)
                 if r is None:
                     r = self._mem[key] = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
@@ -189,7 +207,8 @@ class PlanScreen:
         1) / v) t_mb``; t_mb sums the rank's node durations, which are the chunk costs plus blocking p2p and
         reclaim (>= 0); the bucket size enters only the DP bucket groups, and recomputation only adds to a
         chunk's backward (:meth:`CostBuilder.chunk_cost`). Less a relative 1e-9 for rounding; 0 for a plan
-        the cost model rejects."""
+        the cost model rejects. Cached per :func:`_chunk_key` (one bound for every plan with those chunk
+        costs)."""
         key = _chunk_key(plan)
         r = self._cbound.get(key)
         if r is None:

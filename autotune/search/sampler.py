@@ -408,9 +408,10 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         recomputation's chunk bound is at most every level's (recomputation only adds work,
         CostBuilder._layer_cost). ZeRO 0 has ZeRO 1's chunk costs (CostBuilder: stage >= 2 changes them)
         and needs no less memory. Precisions are taken in the order of their per-layer bound and skipped
-        once that is not below the best bound so far (a chunk bound is at least the layer bound); a
-        candidate whose chunk bound is not below ``need`` is not checked for memory (it counts with its
-        bound, which makes the result not final)."""
+        once that is not below the best bound so far (a chunk bound is at least the layer bound). A candidate
+        whose layer bound is below the threshold (the best bound so far, or ``need``) is checked for memory
+        first and its chunk bound built only when it fits; one whose layer bound, or chunk bound, is not below
+        the threshold counts with that bound, which makes the result not final."""
         c = self.bound.choices
         rec = [v for v in PREFERENCES["recompute"] if v in c["recompute"]]
         zero = sorted((v for v in PREFERENCES["zero_stage"] if v in c["zero_stage"]), reverse=True)
@@ -439,6 +440,8 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                     q = self._plan({**a, "precision": v, "recompute": rec[k], "zero_stage": z})
                     if q is None:
                         break
+                    # the layer bound first (a lookup), then memory, then the chunk bound (a CostBuilder)
+                    # only for a candidate that fits: most candidates below the threshold do not fit
                     thr = min(best, need)
                     cb = self.screen.layout_bound_ms([q])
                     if cb < thr:
@@ -447,9 +450,8 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                             continue
                         cb = self.screen.chunk_bound_ms(q)
                     if cb >= thr:
-                        # not checked: at least cb (and, for no recomputation, every level at least cb)
+                        # at least cb, counted as not checked (for no recomputation every level is too)
                         unchecked = min(unchecked, cb) if cb < best else unchecked
-                        break
                     break
                 else:
                     break           # nothing fits at this stage, nor at any lower one
@@ -479,7 +481,7 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         """A lower bound (ms) on :meth:`PlanScreen.chunk_bound_ms` of ``q``'s estimate: the layer-level bound
         (:meth:`PlanScreen.layout_bound_ms` of ``q`` alone, its recomputation included: a lookup of one layer's
         cost, memoised per :data:`autotune.cost.chunk_costs.LAYER_FIELDS`, instead of a CostBuilder and its chunk
-        costs; 405B x 1,024 B200: 10,522 -> 8,101 chunk bounds built per ranking) when that is
+        costs) when that is
         already at least ``threshold``, else the chunk bound itself. :meth:`_memory_bound` only compares a
         candidate's bound with a threshold or keeps it as a (not final) lower bound, so either is exact for
         it; the chunk bound is built only for the candidates below the threshold."""

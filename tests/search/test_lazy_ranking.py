@@ -174,11 +174,13 @@ def test_shipped_yaml_loads_as_safe_load():
 
 def test_plan_fields_cover_the_dataclass():
     # the cache keys name real Plan fields or properties
-    from autotune.search.estimate import _MEMORY_FIELDS, LAYER_FIELDS
+    from autotune.search.estimate import _CHUNK_FIELDS, _MEMORY_FIELDS, LAYER_FIELDS
     from autotune.target.plan import Plan
 
     names = {f.name for f in dataclasses.fields(Plan)}
-    assert set(_MEMORY_FIELDS) == names - {"tp_comm_overlap"}
+    assert set(_MEMORY_FIELDS) == names - {"tp_comm_overlap", "precision"}
+    assert set(_CHUNK_FIELDS) == names - {"bucket_size_mib", "memory_reclaim", "zero_stage", "dp_grad_reduce_overlap",
+                                          "param_gather_overlap"}
     assert all(f in names or isinstance(getattr(Plan, f, None), property) for f in LAYER_FIELDS)
 
 
@@ -210,3 +212,67 @@ def test_memoised_cost_builders_equal_fresh_ones():
     # 40 layouts x 3 precisions x 3 recompute levels x 2 ZeRO stages = 720 plans, every one valid for 8B on 64
     # B200 (all 720 were built on 2026-12-02); the floor only guards against the loop skipping most of them
     assert checked > 300 and any(k[0] == "layer" for k in memo) and any(k[0] == "place" for k in memo)
+
+
+@pytest.mark.parametrize("engine", ["megatron", "native"])
+def test_fp8_recipes_share_one_memory_estimate(engine):
+    # PlanScreen.fits caches estimate_memory per _memory_key, which keeps only "is the precision FP8": every
+    # FP8 recipe of a plan (tensorwise, delayed, MXFP8 on B200) gets the same per-stage bytes from
+    # estimate_memory itself, for Transformer Engine (megatron) and torchao (native) alike, over the
+    # recompute levels and ZeRO stages of 30 layouts; BF16 differs (TE saves FP8 inputs, caches FP8 weights)
+    from autotune.search.estimate import _memory_key
+    from autotune.target.engines import get_engine
+
+    c = make_cluster("b200", 64, "nvlink5+ib-ndr400")
+    eng = get_engine(engine)
+    checked, bf16_differs = 0, 0
+    for q in _sampler(c).layouts()[:30]:
+        for rec in ("none", "selective", "full"):
+            for zero in (1, 3):
+                plans = [q.replace(precision=pr, recompute=rec, zero_stage=zero)
+                         for pr in ("fp8_tensorwise", "fp8_delayed", "mxfp8", "bf16")]
+                mems = [estimate_memory(MODEL, p, c.gpu, W, engine=eng).stages for p in plans]
+                assert mems[0] == mems[1] == mems[2]
+                assert _memory_key(plans[0]) == _memory_key(plans[1]) == _memory_key(plans[2]) != _memory_key(plans[3])
+                bf16_differs += mems[3] != mems[0]
+                checked += 1
+    assert checked == 30 * 3 * 2
+    # the control: with TE, BF16 saves BF16 linear inputs and no FP8 weight copies, so it differs somewhere
+    if engine == "megatron":
+        assert bf16_differs > 0
+
+
+def test_plans_with_one_chunk_key_have_equal_chunk_costs():
+    # PlanScreen.chunk_bound_ms caches per _chunk_key, which drops the bucket size and the reclaim policy,
+    # maps ZeRO 0 to 1 and drops the DP overlaps below ZeRO 2: every such twin of a plan (fresh builders, no
+    # memo) has the same chunk costs, field by field. From ZeRO 2 on the overlaps enter the key, and at ZeRO 3
+    # they change the costs (the control: the gathers and reduce-scatters become exposed)
+    from autotune.search.estimate import _chunk_key
+
+    c = make_cluster("b200", 64, "nvlink5+ib-ndr400")
+    s = _sampler(c)
+    screen = s.screen
+
+    def costs(p):
+        return chunk_costs(CostBuilder(model=MODEL, plan=p, cluster=c, workload=W, costs=screen.costs,
+                                       engine=screen.engine), p, MODEL)
+
+    checked, z3_differs = 0, 0
+    for q in s.layouts()[:25]:
+        if q.dp_degree * q.cp_degree == 1:
+            continue
+        for prec in ("bf16", "mxfp8"):
+            base = q.replace(precision=prec, zero_stage=1, bucket_size_mib=25, memory_reclaim="none",
+                             dp_grad_reduce_overlap=True, param_gather_overlap=True)
+            twins = [base.replace(zero_stage=0, param_gather_overlap=False),
+                     base.replace(bucket_size_mib=128, memory_reclaim="expandable_segments"),
+                     base.replace(dp_grad_reduce_overlap=False, param_gather_overlap=False)]
+            for t in twins:
+                assert _chunk_key(t) == _chunk_key(base)
+                assert costs(t) == costs(base)
+                checked += 1
+            z3 = base.replace(zero_stage=3)
+            z3_off = z3.replace(dp_grad_reduce_overlap=False, param_gather_overlap=False)
+            assert _chunk_key(z3) != _chunk_key(z3_off) and _chunk_key(z3) != _chunk_key(base)
+            z3_differs += costs(z3) != costs(z3_off)
+    assert checked >= 60 and z3_differs > 0
