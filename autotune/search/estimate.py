@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Any
 
 from autotune.cost.calibration import default_calibration
@@ -104,6 +105,7 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
 #: the plan fields :func:`autotune.cost.memory.estimate_memory` can depend on besides the precision: all but
 #: tp_comm_overlap (no term of autotune/cost/memory.py reads it)
 _MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("tp_comm_overlap", "precision"))
+_memory_fields = operator.attrgetter(*_MEMORY_FIELDS)     # plan -> the tuple of those fields
 
 
 def _memory_key(plan: Plan) -> tuple:
@@ -112,7 +114,7 @@ def _memory_key(plan: Plan) -> tuple:
     Transformer Engine saves FP8 inputs and caches FP8 weights for every FP8 recipe; the compiled saved-bytes
     ratio by precision kind), so the FP8 recipes share one memory estimate (tests/search/test_lazy_ranking.py
     compares estimate_memory across them)."""
-    return tuple(getattr(plan, f) for f in _MEMORY_FIELDS) + (plan.precision != "bf16",)
+    return _memory_fields(plan) + (plan.precision != "bf16",)
 
 
 #: the plan fields :meth:`CostBuilder.chunk_cost` reads at every ZeRO stage (autotune/cost/chunk_costs.py): all
@@ -120,6 +122,8 @@ def _memory_key(plan: Plan) -> tuple:
 #: (the step graph's reclaim nodes), the ZeRO stage and the DP overlaps (:func:`_chunk_key`)
 _CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in (
     "bucket_size_mib", "memory_reclaim", "zero_stage", "dp_grad_reduce_overlap", "param_gather_overlap"))
+_chunk_fields = operator.attrgetter(*_CHUNK_FIELDS)
+_layer_fields = operator.attrgetter(*LAYER_FIELDS)
 
 
 def _chunk_key(plan: Plan) -> tuple:
@@ -130,7 +134,7 @@ def _chunk_key(plan: Plan) -> tuple:
     with one key have equal chunk costs."""
     z = plan.zero_stage
     head = (z, plan.dp_grad_reduce_overlap, plan.param_gather_overlap) if z >= 2 else (1, None, None)
-    return head + tuple(getattr(plan, f) for f in _CHUNK_FIELDS)
+    return head + _chunk_fields(plan)
 
 
 class PlanScreen:
@@ -155,6 +159,7 @@ class PlanScreen:
         self._fits: dict[Plan, bool] = {}
         self._est: dict[Plan, float] = {}
         self._layer: dict[tuple, float] = {}
+        self._factor: dict[tuple, float] = {}     # layout_bound_ms: (m + (p - 1) / v) x the busiest rank's layers
         self._cbound: dict[tuple, float] = {}     # per _chunk_key
         self._mem: dict[tuple, bool] = {}          # per _memory_key
         self._built: dict[Plan, tuple[CostBuilder, dict[int, Any]]] = {}
@@ -244,7 +249,7 @@ class PlanScreen:
         exposed part of TP / CP communication, recomputation). Cached per the plan fields that
         ``CostBuilder.__init__`` / ``_layer_cost`` read (:data:`LAYER_FIELDS`; tests/search/test_lazy_ranking.py
         checks a cached value against a fresh CostBuilder)."""
-        key = tuple(getattr(plan, f) for f in LAYER_FIELDS)
+        key = _layer_fields(plan)
         r = self._layer.get(key)
         if r is None:
             try:
@@ -272,10 +277,14 @@ class PlanScreen:
             return 0.0
         p0 = plans[0]
         P, v, m = p0.pp_degree, p0.effective_vpp, p0.num_micro_batches
-        layers = p0.layers_per_virtual_stage(self.model.num_layers)
-        busiest = max(sum(layers[c * P + r] for c in range(v)) for r in range(P))
-        layer = min(self.layer_ms(q) for q in plans)
-        return (m + (P - 1) / v) * busiest * layer * (1 - 1e-9)
+        key = (p0.stage_layers, P, v, m)        # what the layer split and the bubble factor read
+        factor = self._factor.get(key)
+        if factor is None:
+            layers = p0.layers_per_virtual_stage(self.model.num_layers)
+            busiest = max(sum(layers[c * P + r] for c in range(v)) for r in range(P))
+            factor = self._factor[key] = (m + (P - 1) / v) * busiest
+        layer = min(self.layer_ms(q) for q in plans) if len(plans) > 1 else self.layer_ms(p0)
+        return factor * layer * (1 - 1e-9)
 
     def remember(self, plan: Plan, *, fits: bool, estimate_ms: float) -> None:
         """Record a screen result computed elsewhere (a layout ranking another worker stored), so

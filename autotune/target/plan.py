@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,6 +27,7 @@ import yaml
 from autotune.errors import ConfigError, PlanError
 from autotune.files import plain
 from autotune.target.models import ModelSpec
+from autotune.target.validate import MAX_NUM_GPUS, MAX_NUM_MICRO_BATCHES
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,17 @@ class Workload:
                 f"sequences; use a multiple of {seq_len}, e.g. "
                 + (f"{lo} or {lo + seq_len}" if lo else f"{seq_len}"))
         return cls(seq_len=seq_len, global_batch_size=global_batch_tokens // seq_len)
+
+
+#: Plan's integer fields (>= 1) and their upper bounds, which bound the simulated step graph (O(pp x vpp x m)
+#: nodes, autotune/cost/graph.py); Plan's boolean fields
+_INT_FIELDS = ("tp_degree", "pp_degree", "dp_degree", "cp_degree", "vpp_degree", "micro_batch_size",
+               "num_micro_batches", "bucket_size_mib")
+_INT_MAX = (MAX_NUM_GPUS, MAX_NUM_GPUS, MAX_NUM_GPUS, MAX_NUM_GPUS, 1024, 2**20, MAX_NUM_MICRO_BATCHES, 2**20)
+_BOOL_FIELDS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
+                "param_gather_overlap", "compile", "grad_reduce_in_bf16", "fp8_param_gather")
+_int_fields = operator.attrgetter(*_INT_FIELDS)
+_bool_fields = operator.attrgetter(*_BOOL_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -182,21 +195,12 @@ class Plan:
     fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
-        for f in ("tp_degree", "pp_degree", "dp_degree", "cp_degree", "vpp_degree", "micro_batch_size",
-                  "num_micro_batches", "bucket_size_mib"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise PlanError(f"{f} must be an integer >= 1, got {v!r}")
-        from autotune.target.validate import MAX_NUM_GPUS, MAX_NUM_MICRO_BATCHES
-        for f, hi in (("tp_degree", MAX_NUM_GPUS), ("pp_degree", MAX_NUM_GPUS), ("dp_degree", MAX_NUM_GPUS),
-                      ("cp_degree", MAX_NUM_GPUS), ("vpp_degree", 1024), ("micro_batch_size", 2**20),
-                      ("num_micro_batches", MAX_NUM_MICRO_BATCHES), ("bucket_size_mib", 2**20)):
-            if getattr(self, f) > hi:   # bounds the simulated step graph (O(pp x vpp x m) nodes, graph.py)
-                raise PlanError(f"{f} must be an integer between 1 and {hi:,}, got {getattr(self, f)}")
-        for f in ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
-                  "param_gather_overlap", "compile", "grad_reduce_in_bf16", "fp8_param_gather"):
-            if not isinstance(getattr(self, f), bool):
-                raise PlanError(f"{f} must be true or false, got {getattr(self, f)!r}")
+        # one C-level pass over the integer and boolean fields (a search builds ~20,000 plans); the field
+        # by field checks below name the first offending value when it fails
+        ints = _int_fields(self)
+        if not (set(map(type, ints)) <= {int} and min(ints) >= 1 and all(map(operator.le, ints, _INT_MAX))) \
+                or not set(map(type, _bool_fields(self))) <= {bool}:
+            self._check_types()
         for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
                          ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS)):
             if getattr(self, f) not in valid:
@@ -225,6 +229,20 @@ class Plan:
             if not isinstance(sl, tuple) or not sl or not set(map(type, sl)) <= {int} or min(sl) < 0:
                 raise PlanError(f"stage_layers must be a list of integers >= 0 (0 = a stage holding only "
                                 f"the embedding or the LM head), got {sl!r}")
+
+    def _check_types(self) -> None:
+        """Raise :class:`PlanError` naming the first integer field that is not an integer in its range
+        (:data:`_INT_MAX`) or boolean field that is not true / false."""
+        for f in _INT_FIELDS:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"{f} must be an integer >= 1, got {v!r}")
+        for f, hi in zip(_INT_FIELDS, _INT_MAX):
+            if getattr(self, f) > hi:   # bounds the simulated step graph (O(pp x vpp x m) nodes, graph.py)
+                raise PlanError(f"{f} must be an integer between 1 and {hi:,}, got {getattr(self, f)}")
+        for f in _BOOL_FIELDS:
+            if not isinstance(getattr(self, f), bool):
+                raise PlanError(f"{f} must be true or false, got {getattr(self, f)!r}")
 
     # ---- derived ----
     @property
