@@ -38,7 +38,8 @@ from autotune.study.storage import (DEFAULT_BACKEND, DEFAULT_STORAGE, check_hear
                                     retry_races, storage_kind)
 from autotune.study.faults import StorageFault, classify, stop_reason, storage_fault, storage_guarded, with_retries
 from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_own_running, fail_trials, reap_stale, wait_for_others
-from autotune.study.trials import BestPlan, is_feasible, outcome_counts, record_result, require_best_plan
+from autotune.study.trials import (BestPlan, ParamBuffer, is_feasible, outcome_counts, record_result,
+                                   require_best_plan)
 from autotune.target.engines import resolve_engine
 from autotune.target.hardware import ClusterSpec, fabric_fingerprint
 from autotune.target.models import ModelSpec
@@ -262,12 +263,13 @@ class Tuner:
             IN_OBJECTIVE.clear()
 
     def _objective(self, trial: optuna.Trial) -> float:
-        try:
-            plan = self.bound.suggest(trial)
-        except Pruned as e:
-            trial.set_user_attr("pruned_reason", e.reason)
-            raise optuna.TrialPruned(e.reason) from None
-        trial.set_user_attr("plan", plain(plan.to_dict()))
+        with ParamBuffer(trial) as written:     # the sampled parameters and the plan: one storage write
+            try:
+                plan = self.bound.suggest(trial)
+            except Pruned as e:
+                written.flush({"pruned_reason": e.reason})
+                raise optuna.TrialPruned(e.reason) from None
+            written.flush({"plan": plain(plan.to_dict())})
         if interrupted():       # noted while the storage write above ran (not raised into SQLAlchemy)
             raise KeyboardInterrupt
         if plan in self._cache:             # the sampler proposed a plan already evaluated in this run

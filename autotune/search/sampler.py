@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import logging
 import random
 from typing import Any, Iterator, Mapping, Sequence
@@ -124,6 +125,7 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         self._chosen: dict[int, dict[str, Any]] = {}
         self._history: dict[int, tuple[Plan | None, float | None]] = {}
         self._plan_cache: dict[Any, Plan | None] = {}
+        self._base_plans: dict[tuple, Plan] = {}    # a plan per knob values but VARIANT_KNOBS (_plan)
         self._canon: dict[Plan, Plan] = {}
         self._ranked: dict[Plan, list[Plan]] = {}
         self._lost: set[Plan] = set()      # plans this worker picked and found claimed by an earlier trial
@@ -205,13 +207,24 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         return random.Random(f"{self.seed}/" + "/".join(map(str, salt)))
 
     def _plan(self, assignment: Mapping[str, Any]) -> Plan | None:
-        key = tuple(sorted(assignment.items()))
-        if key in self._plan_cache:
-            return self._plan_cache[key]
+        """``bound.suggest`` of ``assignment`` (a value per knob), or None when it is invalid; cached. A plan
+        whose knobs but :data:`BoundSearchSpace.VARIANT_KNOBS` match one built before is derived from that one
+        (:meth:`BoundSearchSpace.variant`: the same plan, ~4x cheaper)."""
         try:
-            plan = self.bound.suggest(_Assigned(assignment))
+            key = _knob_values(assignment)
+            base_key: tuple | None = _base_values(assignment)
+        except KeyError:                # not every knob given: suggest says which (ValueError -> None)
+            key, base_key = tuple(sorted(assignment.items())), None
+        got = self._plan_cache.get(key, _MISSING)
+        if got is not _MISSING:
+            return got
+        base = self._base_plans.get(base_key) if base_key is not None else None
+        try:
+            plan = self.bound.variant(base, assignment) if base is not None else self.bound.suggest(_Assigned(assignment))
         except (Pruned, ValueError):
             plan = None
+        if plan is not None and base is None and base_key is not None:
+            self._base_plans[base_key] = plan
         self._plan_cache[key] = plan
         return plan
 
@@ -734,6 +747,8 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         return got
 
 _MISSING = object()
+_knob_values = operator.itemgetter(*KNOBS)        # an assignment -> its values in KNOBS order
+_base_values = operator.itemgetter(*(k for k in KNOBS if k not in BoundSearchSpace.VARIANT_KNOBS))
 
 
 class _Assigned:

@@ -58,6 +58,7 @@ from autotune.target.plan import (
     Plan,
     Workload,
     validate_plan,
+    validate_precision,
 )
 
 SEARCH_SPACE_SCHEMA_VERSION = 1
@@ -333,6 +334,9 @@ def derive_stage_layers(num_layers: int, num_virtual_stages: int, layer_split: s
     return tuple(out)
 
 
+_UNCHECKED = object()
+
+
 class Pruned(Exception):
     """A sampled combination is invalid; ``reason`` says why (the tuner turns it into TrialPruned)."""
 
@@ -360,6 +364,9 @@ class BoundSearchSpace:
     excluded: dict[str, dict[str, str]] = field(init=False)
     #: warnings: a boolean knob the space asks to be on only, which the engine cannot run, searched off
     forced_off: list[str] = field(init=False)
+    #: (precision, tp_degree) -> validate_precision's error, or None (:meth:`variant`)
+    _precision_errors: dict[tuple[str, int], str | None] = field(init=False, default_factory=dict, repr=False,
+                                                                 compare=False)
 
     def __post_init__(self) -> None:
         m, n, w = self.model, self.num_gpus, self.workload
@@ -527,6 +534,54 @@ class BoundSearchSpace:
             validate_plan(plan, m, n, w, gpu=self.gpu)
         except PlanError as e:
             raise Pruned(str(e)) from None
+        return plan
+
+    #: the knobs :meth:`variant` re-derives from a plan of the same layout and settings
+    VARIANT_KNOBS = ("precision", "recompute", "zero_stage", "param_gather_overlap", "bucket_size_mib")
+
+    def variant(self, base: Plan, params: Mapping[str, Any]) -> Plan:
+        """``suggest`` of ``params`` (a value for every knob), derived from ``base``, the plan ``suggest``
+        built from params that differ from ``params`` only in :data:`VARIANT_KNOBS` (a layout sampler builds
+        ~20,000 plans per ranking, most of them one layout's precision x recompute x ZeRO combinations).
+
+        The knobs take the values ``suggest`` gives them: the ZeRO stage only with a DP group (dp x cp > 1,
+        else 0), the parameter-gather overlap only with the overlapped gradient reduction and ZeRO >= 1, the
+        bucket size only with a DP group (else the first choice), the precision when the space has more than
+        one. ``validate_plan`` reads these knobs only in its precision check (:func:`validate_precision`,
+        run here when the precision changes; recompute_num_layers is 0 in every sampled plan), and Plan's own
+        checks pass for choice values combined this way; so the plan is built without them, field for field
+        ``base``'s but those five. tests/search/test_space.py compares it with ``suggest`` over every
+        combination of many layouts.
+
+        Raises:
+            Pruned: the precision is invalid for the GPU or the per-rank GEMM shapes (as ``suggest``).
+        """
+        c = self.choices
+        g = base.dp_degree * base.cp_degree
+        zero = params["zero_stage"] if g > 1 else 0
+        changes = {
+            "recompute": params["recompute"],
+            "zero_stage": zero,
+            "param_gather_overlap": params["param_gather_overlap"] if base.dp_grad_reduce_overlap and zero >= 1
+            else False,
+            "bucket_size_mib": params["bucket_size_mib"] if g > 1 else c["bucket_size_mib"][0],
+            "precision": params["precision"] if len(c["precision"]) > 1 else c["precision"][0],
+        }
+        plan = object.__new__(Plan)
+        plan.__dict__.update(base.__dict__)
+        plan.__dict__.update(changes)
+        if plan.precision != base.precision:
+            key = (plan.precision, plan.tp_degree)
+            err = self._precision_errors.get(key, _UNCHECKED)
+            if err is _UNCHECKED:
+                try:
+                    validate_precision(plan, self.model, self.gpu) if self.gpu is not None else None
+                    err = None
+                except PlanError as e:
+                    err = str(e)
+                self._precision_errors[key] = err
+            if err is not None:
+                raise Pruned(err)
         return plan
 
     def plan_from_params(self, params: Mapping[str, Any]) -> Plan:

@@ -274,11 +274,10 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
     """
     over = (result.peak_memory_bytes - capacity_bytes) / GIB
     cval = min(over, 0.0) if result.feasible else max(over, 1e-3)
-    trial.set_constraint(MEMORY_CONSTRAINT, cval)
     # optuna-dashboard (0.21) reads constraints from the pre-Optuna-5 list form, system attr
     # "constraints" (optuna_dashboard/_serializer.py CONSTRAINTS_KEY); Optuna 5 reads that list too
     # (optuna/study/_constrained_optimization.py) as constraint "0", with the same value here
-    trial.storage.set_trial_system_attr(trial._trial_id, DASHBOARD_CONSTRAINTS_KEY, [cval])
+    constraints = {DASHBOARD_CONSTRAINTS_KEY: [cval]}
     attrs = {"feasible": bool(result.feasible), "step_time_ms": result.step_time_ms, "mfu": result.mfu,
              "mfu_palm": result.mfu_palm, "hfu": result.hfu, "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
              "tflops_per_gpu": result.tflops_per_gpu, "peak_memory_bytes": int(result.peak_memory_bytes),
@@ -290,7 +289,19 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
     attrs["outcome"] = "feasible" if result.feasible else "out_of_memory"
     if not result.feasible:
         attrs["infeasible_reason"] = result.infeasible_reason or "does not fit in GPU memory"
-    set_user_attrs(trial, {k: plain(v) for k, v in attrs.items()})
+    attrs = {k: plain(v) for k, v in attrs.items()}
+    # Trial.set_constraint's system attribute (optuna/trial/_trial.py: "constraints:<name>"), the dashboard's
+    # list and the user attributes in one transaction where the storage allows (write_trial)
+    try:
+        from optuna.study._constrained_optimization import _CONSTRAINTS_KEY as prefix
+    except ImportError:
+        prefix = None
+    if prefix is None or not write_trial(
+            trial, user_attrs=attrs, system_attrs={f"{prefix}:{MEMORY_CONSTRAINT}": cval, **constraints}):
+        trial.set_constraint(MEMORY_CONSTRAINT, cval)
+        for k, v in constraints.items():
+            trial.storage.set_trial_system_attr(trial._trial_id, k, v)
+        set_user_attrs(trial, attrs)
     value = float(result.mfu) if result.feasible else 0.0
     if not math.isfinite(value):
         raise AutotuneError(f"evaluator returned a non-finite MFU {result.mfu!r}")
@@ -298,32 +309,103 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
 
 
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
-    """Set every item of ``attrs`` (JSON-serializable values) as a user attribute of ``trial``.
+    """Set every item of ``attrs`` (JSON-serializable values) as a user attribute of ``trial``, in one
+    storage transaction where :func:`write_trial` can (else one ``trial.set_user_attr`` per key)."""
+    if not write_trial(trial, user_attrs=attrs):
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
 
-    On Optuna's RDB storage (SQLite, PostgreSQL, MySQL) they are written in one transaction: the same
-    per-key upsert ``RDBStorage.set_trial_user_attr`` runs (``_set_trial_attr_without_commit``,
-    optuna/storages/_rdb/storage.py, Optuna 5.0), one commit instead of one per key (measured 12 vs 21 ms
-    CPU for the 14 attributes of a trial, SQLite WAL, this project's 2-core dev machine). Elsewhere, or
-    if those internals are missing, one ``trial.set_user_attr`` per key.
-    """
-    backend = getattr(trial.storage, "_backend", trial.storage)
+
+def write_trial(trial: optuna.Trial, *, params: Sequence[tuple[str, float, Any]] = (),
+                user_attrs: Mapping[str, Any] | None = None, system_attrs: Mapping[str, Any] | None = None) -> bool:
+    """Write ``params`` ((name, internal value, distribution), in the order the objective sampled them), then
+    ``user_attrs`` and ``system_attrs`` of ``trial`` in one storage transaction; True when written, False
+    (nothing written) when the storage is not Optuna's RDB storage (SQLite, PostgreSQL, MySQL) behind its
+    ``_CachedStorage``, or those internals are missing: the caller then writes through the public API.
+
+    Each item is written as Optuna's own per-item call writes it (Optuna 5.0, optuna/storages/_rdb/storage.py
+    ``_set_trial_param_without_commit`` with the distribution ``_CachedStorage.set_trial_param`` has cached
+    for the study, so the compatibility check is the same; ``_set_trial_attr_without_commit`` for attributes),
+    and the trial's cached frozen trial is updated as ``Trial._suggest`` / ``set_user_attr`` /
+    ``set_constraint`` update it; one commit instead of one per item (a trial of the default space samples 17
+    parameters: measured 22 -> 2 commits per simulated trial, ~35 ms CPU saved, SQLite WAL, this project's
+    2-core dev machine, 2026-12-02). Raises what the storage raises (nothing is then written)."""
+    cache = trial.storage
+    backend = getattr(cache, "_backend", None)
     cached = getattr(trial, "_cached_frozen_trial", None)
-    if isinstance(backend, optuna.storages.RDBStorage) and hasattr(backend, "_set_trial_attr_without_commit") \
-            and cached is not None:
-        try:
-            from optuna.storages._rdb import models
-            from optuna.storages._rdb.storage import _create_scoped_session
-        except ImportError:
-            pass
-        else:
-            with _create_scoped_session(backend.scoped_session, True) as session:
-                for k, v in attrs.items():
-                    backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel,
-                                                           trial._trial_id, k, v)
-            cached.user_attrs.update(attrs)      # what Trial.set_user_attr keeps beside the storage
+    if not (isinstance(backend, optuna.storages.RDBStorage) and cached is not None
+            and hasattr(backend, "_set_trial_attr_without_commit")
+            and hasattr(backend, "_set_trial_param_without_commit")
+            and hasattr(cache, "_studies") and hasattr(cache, "_trial_id_to_study_id_and_number")):
+        return False
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+    except ImportError:
+        return False
+    tid = trial._trial_id
+    with cache._lock:
+        study_id, _ = cache._trial_id_to_study_id_and_number[tid]
+        known = cache._studies[study_id].param_distribution
+        with _create_scoped_session(backend.scoped_session, True) as session:
+            for name, value, dist in params:
+                backend._set_trial_param_without_commit(session, tid, name, value, dist, known.get(name))
+            for k, v in (user_attrs or {}).items():
+                backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, tid, k, v)
+            for k, v in (system_attrs or {}).items():
+                backend._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, tid, k, v)
+        for name, _, dist in params:
+            known.setdefault(name, dist)
+    cached.user_attrs.update(user_attrs or {})
+    cached.system_attrs.update(system_attrs or {})
+    return True
+
+
+class ParamBuffer:
+    """Keeps the parameters ``trial`` samples inside a ``with`` block and writes them together with
+    :meth:`flush`'s attributes in one transaction (:func:`write_trial`), instead of one storage write per
+    parameter (Optuna's ``Trial._suggest`` calls ``storage.set_trial_param`` for each).
+
+    Lifecycle: ``with ParamBuffer(trial) as buf:`` replaces ``trial.storage`` by this buffer (reads pass
+    through to the storage); the objective samples with ``trial`` as usual (``Trial._suggest`` still updates
+    the trial's cached params); ``buf.flush(user_attrs)`` writes the kept parameters, in sampling order, and
+    the attributes; leaving the block restores ``trial.storage`` and, if the block raised before a flush,
+    writes the kept parameters (what the per-parameter writes would have stored by then). The same
+    parameters, values and distributions are stored either way (tests/study/test_trials.py compares them).
+    """
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self._trial = trial
+        self._storage = trial.storage
+        self.params: list[tuple[str, float, Any]] = []
+
+    def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any) -> None:
+        if trial_id != self._trial._trial_id:       # (never: a trial samples only its own parameters)
+            self._storage.set_trial_param(trial_id, param_name, param_value_internal, distribution)
             return
-    for k, v in attrs.items():
-        trial.set_user_attr(k, v)
+        self.params.append((param_name, param_value_internal, distribution))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def __enter__(self) -> "ParamBuffer":
+        self._trial.storage = self      # type: ignore[assignment]
+        return self
+
+    def flush(self, user_attrs: Mapping[str, Any] | None = None) -> None:
+        """Write the kept parameters and ``user_attrs`` (one transaction where :func:`write_trial` can)."""
+        trial, params = self._trial, self.params
+        self.params = []
+        trial.storage = self._storage
+        if not write_trial(trial, params=params, user_attrs=user_attrs):
+            for name, value, dist in params:
+                self._storage.set_trial_param(trial._trial_id, name, value, dist)
+            set_user_attrs(trial, user_attrs or {})
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.params:
+            self.flush()
+        self._trial.storage = self._storage
 
 
 def _json_safe(x: Any) -> Any:

@@ -195,3 +195,53 @@ def test_cli_prints_the_no_effect_space_warning(tmp_path):
                                   f"sqlite:///{tmp_path}/s.db"])
     assert r.exit_code == 0, r.output
     assert "warning: search space 't': tp_comm_overlap value(s) true have no effect" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("gpu, gpus, size", [("b200", 64, "70b"), ("h100", 16, "8b"), ("h200", 8, "8b")])
+def test_variant_is_what_suggest_builds(gpu, gpus, size):
+    # BoundSearchSpace.variant derives a plan from another of the same layout and settings instead of
+    # building it: for every layout of the default space (dp = 1 ones included, where the ZeRO stage and
+    # the bucket are inactive) and every combination of the variant knobs' choices, the derived plan equals
+    # what suggest builds from the same params, field by field (and so in == and hash), or both refuse it
+    # with the same reason
+    import itertools
+
+    from autotune.search.sampler import _Assigned
+    from autotune.target.engines import get_engine
+    from autotune.target.hardware import make_cluster
+
+    c = make_cluster(gpu, gpus, "nvlink4+ib-ndr400" if gpu != "b200" else "nvlink5+ib-ndr400")
+    m = get_model(size)
+    b = SearchSpace.load("default").bind(model=m, num_gpus=gpus, workload=Workload(seq_len=8192, global_batch_size=128),
+                                         gpu=c.gpu, engine=get_engine("megatron"))
+    ch = b.choices
+    prefs = {k: v[0] for k, v in ch.items()}
+    vk = b.VARIANT_KNOBS
+    compared = refused = dp1 = 0
+    for tp, pp, cp, mbs in itertools.product(ch["tp_degree"], ch["pp_degree"], ch["cp_degree"], ch["micro_batch_size"]):
+        layout = {**prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp, "micro_batch_size": mbs,
+                  "pipeline_schedule": "1f1b", "precision": "bf16"}
+        try:
+            base = b.suggest(_Assigned(layout))
+        except Pruned:
+            continue
+        dp1 += base.dp_degree * base.cp_degree == 1
+        # on Hopper the bound space drops mxfp8 from the choices; it is tried here too, as a value both must
+        # refuse (validate_precision: MXFP8 needs Blackwell)
+        extra = {"precision": ("mxfp8",)} if gpu != "b200" else {}
+        for values in itertools.product(*(tuple(ch[k]) + extra.get(k, ()) for k in vk)):
+            params = {**layout, **dict(zip(vk, values))}
+            try:
+                want = b.suggest(_Assigned(params))
+            except Pruned as e:
+                with pytest.raises(Pruned) as got:
+                    b.variant(base, params)
+                assert got.value.reason == e.reason
+                refused += 1
+                continue
+            got = b.variant(base, params)
+            assert dataclasses.asdict(got) == dataclasses.asdict(want) and got == want and hash(got) == hash(want)
+            compared += 1
+    assert compared > 500 and dp1 > 0
+    if gpu != "b200":
+        assert refused > 0          # mxfp8 on Hopper
