@@ -663,6 +663,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
 
     counts = _rank_counts(p, plan.effective_vpp, plan.num_micro_batches, plan.pipeline_schedule,
                           tuple(per_virtual))
+    # TE FP8 recipes' cached weight copies: linear in the layers (te_fp8_weight_copy_bytes), once per call
+    fp8_copy_per_layer = te_fp8_weight_copy_bytes(model, plan, 1, eng)
     stages = []
     for r in range(p):
         n = layers_per_rank[r]
@@ -737,7 +739,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             kept_copies = torchtitan_block.block_factors(plan)[1] if plan.recompute != "full" else 0.0
             copies = BF16_BYTES * (math.ceil(kept_copies * n * layer_params) + (vocab_shard * h if r == p - 1 else 0))
         # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
-        copies += te_fp8_weight_copy_bytes(model, plan, min(n, 1) if z == 3 else n, eng)
+        copies += fp8_copy_per_layer * (min(n, 1) if z == 3 else n)
         if r == p - 1:
             # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
             # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each
