@@ -1,0 +1,94 @@
+"""autotune.study.trials: a trial's parameters, plan and result written in one transaction (ParamBuffer,
+write_trial, record_result) store what Optuna's per-item calls store."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.cost.evaluator import StepResult
+from autotune.study.trials import MEMORY_CONSTRAINT, ParamBuffer, record_result
+
+CHOICES = {"tp_degree": (1, 2, 4), "recompute": ("none", "selective", "full"), "zero_stage": (0, 1, 2, 3),
+           "precision": ("bf16", "mxfp8")}
+
+
+def _result(feasible: bool) -> StepResult:
+    return StepResult(backend="simulated", feasible=feasible, step_time_ms=812.5 if feasible else 0.0,
+                      mfu=0.41 if feasible else 0.0, mfu_palm=0.43 if feasible else 0.0, hfu=0.45 if feasible else 0.0,
+                      tokens_per_s_per_gpu=1.0e4, tflops_per_gpu=400.0, peak_memory_bytes=70 * 2**30,
+                      memory_per_stage_bytes=(70 * 2**30,), breakdown_ms={"compute": 800.0},
+                      infeasible_reason=None if feasible else "out of memory", details={"engine": "megatron"})
+
+
+def _objective(buffered: bool):
+    """Sample the knobs in a fixed order (as BoundSearchSpace.suggest does), store a plan and a result."""
+    def objective(trial: optuna.Trial) -> float:
+        def sample() -> dict:
+            return {k: trial.suggest_categorical(k, v) for k, v in CHOICES.items()}
+        if buffered:
+            with ParamBuffer(trial) as written:
+                params = sample()
+                written.flush({"plan": params})
+        else:
+            params = sample()
+            trial.set_user_attr("plan", params)
+        # record_result writes in one transaction where it can; unbuffered runs force Optuna's calls
+        return record_result(trial, _result(trial.number % 2 == 0), capacity_bytes=80 * 2**30)
+    return objective
+
+
+def _stored(study: optuna.Study) -> list[tuple]:
+    return [(t.number, t.state, t.values, t.params, t.distributions, t.user_attrs,
+             {k: v for k, v in t.system_attrs.items()}, t.constraints) for t in study.get_trials(deepcopy=False)]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal", "memory"])
+def test_batched_writes_store_what_per_item_writes_store(tmp_path, kind, monkeypatch):
+    # the same objective, seed and sampler, once through ParamBuffer / write_trial (one transaction on the RDB
+    # storage; the per-item fallback elsewhere) and once through Optuna's per-item calls (write_trial
+    # disabled): every trial's params, distributions, user and system attributes and constraints are equal
+    import autotune.study.trials as trials
+
+    def study(name: str) -> optuna.Study:
+        if kind == "sqlite":
+            storage = f"sqlite:///{tmp_path}/{name}.db"
+        elif kind == "journal":
+            from optuna.storages.journal import JournalFileBackend
+            storage = optuna.storages.JournalStorage(JournalFileBackend(str(tmp_path / f"{name}.log")))
+        else:
+            storage = None
+        return optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(seed=3), direction="maximize")
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    batched = study("batched")
+    batched.optimize(_objective(True), n_trials=6)
+    monkeypatch.setattr(trials, "write_trial", lambda *a, **k: False)
+    plain = study("plain")
+    plain.optimize(_objective(False), n_trials=6)
+    assert _stored(batched) == _stored(plain)
+    # the constraint reads back through Optuna's own accessor (Trial.set_constraint's key), the feasible
+    # (even-numbered) trials <= 0 and the others > 0: 70 GiB peak against 80 GiB capacity = -10 GiB
+    assert [t.constraints[MEMORY_CONSTRAINT] for t in batched.get_trials()] == [-10.0, 1e-3] * 3
+
+
+def test_write_trial_is_one_transaction_on_sqlite(tmp_path):
+    # write_trial takes the RDB path on SQLite (returns True) and a failing item writes nothing of the batch:
+    # a parameter whose distribution conflicts with the one the study stored (Optuna's compatibility check)
+    # raises before the commit, so the attributes of the same call are not stored either
+    from autotune.study.trials import write_trial
+    from optuna.distributions import CategoricalDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
+    t0 = study.ask()
+    t0.suggest_categorical("tp_degree", (1, 2))
+    study.tell(t0, 1.0)
+    t = study.ask()
+    assert write_trial(t, user_attrs={"a": 1}) is True
+    with pytest.raises(ValueError):
+        write_trial(t, params=[("tp_degree", 0, optuna.distributions.FloatDistribution(0, 1))], user_attrs={"b": 2})
+    stored = study._storage.get_trial(t._trial_id)
+    assert stored.user_attrs == {"a": 1} and stored.params == {}
+    assert write_trial(t, params=[("tp_degree", 1, CategoricalDistribution((1, 2)))]) is True
+    assert study._storage.get_trial(t._trial_id).params == {"tp_degree": 2}
