@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import operator
 import logging
+import operator
 import random
 from typing import Any, Iterator, Mapping, Sequence
 

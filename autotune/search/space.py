@@ -550,7 +550,7 @@ class BoundSearchSpace:
         one. ``validate_plan`` reads these knobs only in its precision check (:func:`validate_precision`,
         run here when the precision changes; recompute_num_layers is 0 in every sampled plan), and Plan's own
         checks pass for choice values combined this way; so the plan is built without them, field for field
-        ``base``'s but those five. tests/search/test_space.py compares it with ``suggest`` over every
+        ``base``'s but those five. tests/search/test_search_space.py compares it with ``suggest`` over every
         combination of many layouts.
 
         Raises:
