@@ -20,6 +20,11 @@ RANKING_ATTR = "autotune:layout_ranking"
 #: study system attribute prefix of a base plan's ranked neighbours (:meth:`SharedSearch._load_neighbours`)
 NEIGHBOURS_ATTR = "autotune:neighbours:"
 
+#: the sampler that last stored a ranking in this process, with the process id: a worker forked from this
+#: process (``autotune run --workers N``, :mod:`autotune.workers`) takes over its warm caches
+#: (:meth:`SharedSearch._adopt_warm`)
+_RANKED_HERE: list[tuple[int, Any]] = []
+
 
 class SharedSearch:
     """The storage side of :class:`autotune.search.sampler.LayoutSampler` (see the module docstring)."""
@@ -32,6 +37,7 @@ class SharedSearch:
     _ranking: Any
     _entries: list[tuple[int, dict[str, Any], float]]
     _study: optuna.Study | None
+    _plan_cache: dict[Any, Any]
     ranking_source: str
 
     def _make_ranking(self, entries: Any = None, known: Any = None, refined: Any = None) -> Any:
@@ -73,6 +79,7 @@ class SharedSearch:
         except Exception as e:          # unreadable: rank here instead (the result is the same)
             log.warning("layout sampler: stored ranking unreadable (%s: %s); ranking here", type(e).__name__, e)
             return False
+        self._adopt_warm()
         self._prefs = {k: (v if k not in self.bound.choices else
                            next((c for c in self.bound.choices[k] if c == v), v)) for k, v in prefs.items()}
         for i, q in known.items():
@@ -80,6 +87,35 @@ class SharedSearch:
                 self.screen.remember(q, fits=True, estimate_ms=float(ests[i]))
         self._ranking = self._make_ranking(entries, known, refined)
         self.ranking_source = "storage"
+        return True
+
+    def _adopt_warm(self) -> bool:
+        """In a process forked from one that ranked the layouts for the same target, space and
+        :meth:`ranking_key` (``autotune run --workers N``: the parent ranks, then forks the workers), take
+        over that sampler's screen (its memory fits, estimates, chunk bounds and cost memos) and its
+        space's plan cache: the same pure functions of the plan, already computed for the ranked layouts
+        and their settings, which a worker otherwise recomputes when it screens neighbours (issue 26:
+        ``neighbours`` of 70B x 64 H100 took ~0.16 s CPU in a worker, ~0.07 s in the process that ranked).
+        Only across a fork (another process id: the objects are the child's own copies), so two samplers
+        of one process never share a cache. True when adopted."""
+        import os
+
+        if not _RANKED_HERE:
+            return False
+        pid, other = _RANKED_HERE[0]
+        if pid == os.getpid() or other is self:
+            return False
+        mine, theirs = self.screen, other.screen
+        try:
+            same = (other.ranking_key() == self.ranking_key() and other.bound.choices == self.bound.choices
+                    and (theirs.model, theirs.cluster, theirs.workload, theirs.engine)
+                    == (mine.model, mine.cluster, mine.workload, mine.engine))
+        except Exception:       # noqa: BLE001 - a target that cannot be compared: no adoption
+            same = False
+        if not same:
+            return False
+        self.screen = theirs
+        self._plan_cache = other._plan_cache
         return True
 
     def _store_ranking(self, study: optuna.Study) -> None:
@@ -97,6 +133,9 @@ class SharedSearch:
             study._storage.set_study_system_attr(study._study_id, RANKING_ATTR, doc)
         except Exception as e:          # a storage that refuses it: every worker ranks for itself
             log.warning("layout sampler: cannot store the ranking (%s: %s)", type(e).__name__, e)
+        import os
+
+        _RANKED_HERE[:] = [(os.getpid(), self)]
 
     def _neighbours_key(self, base: Plan) -> str:
         import hashlib

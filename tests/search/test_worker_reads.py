@@ -8,7 +8,7 @@ import logging
 import optuna
 import pytest
 
-from autotune.search import make_sampler
+from autotune.search import make_sampler, shared
 from autotune.search.sampler import CLAIM_ATTR, plain_plan
 from autotune.search.shared import trials_holding
 from autotune.search.space import plan_params
@@ -27,6 +27,32 @@ def _quiet():
 
 def _sampler(t: Tuner, workload: Workload = W):
     return make_sampler(t.bound, model=MODEL, cluster=CLUSTER, workload=workload, engine=t.engine, seed=0)
+
+
+def test_a_forked_worker_takes_over_the_rankers_caches(tmp_path, monkeypatch):
+    t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=f"sqlite:///{tmp_path}/s.db")
+    first = _sampler(t)
+    first.rank(t.study)
+    assert shared._RANKED_HERE[0][1] is first
+    # in the process that ranked: a second sampler reads the stored ranking into its own, fresh screen
+    same = _sampler(t)
+    same.rank(t.study)
+    assert same.ranking_source == "storage" and same.screen is not first.screen
+    # in a process forked from it (another process id): the ranker's screen and plan cache are taken over
+    monkeypatch.setattr(shared, "_RANKED_HERE", [(-1, first)])
+    child = _sampler(t)
+    child.rank(t.study)
+    assert child.ranking_source == "storage"
+    assert child.screen is first.screen and child._plan_cache is first._plan_cache
+    # ... and give what a sampler that computed everything itself gives: layouts, neighbours and their order
+    alone = _sampler(t)
+    assert child.layouts() == alone.layouts()
+    best = alone.layouts()[0]
+    assert child._ranked_neighbours(best) == alone._ranked_neighbours(best)
+    # another target (another workload) takes nothing over, even with the same ranking key
+    other = _sampler(t, Workload.from_tokens(seq_len=4096, global_batch_tokens=2**20))
+    assert other.ranking_key() == first.ranking_key()
+    assert not other._adopt_warm() and other.screen is not first.screen
 
 
 def test_claim_holders_are_read_from_the_tables(tmp_path):
