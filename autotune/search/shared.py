@@ -19,6 +19,12 @@ log = logging.getLogger("autotune.search.sampler")
 RANKING_ATTR = "autotune:layout_ranking"
 #: study system attribute prefix of a base plan's ranked neighbours (:meth:`SharedSearch._load_neighbours`)
 NEIGHBOURS_ATTR = "autotune:neighbours:"
+#: suffix of the attribute saying which worker is screening a base plan's neighbours, and since when
+BUSY_SUFFIX = ":busy"
+#: how long (s) a worker waits for another worker's neighbours of a base plan before screening them itself,
+#: and the age (s) past which a busy mark is ignored (its worker died or is stuck); screening a base's
+#: neighbours takes ~0.1-0.3 s CPU (70B x 64 H100, issue 26)
+NEIGHBOURS_WAIT_S, BUSY_STALE_S = 3.0, 20.0
 
 #: the sampler that last stored a ranking in this process, with the process id: a worker forked from this
 #: process (``autotune run --workers N``, :mod:`autotune.workers`) takes over its warm caches
@@ -154,8 +160,12 @@ class SharedSearch:
         if study is None:
             return None
         try:
-            got = study._storage.get_study_system_attrs(study._study_id).get(self._neighbours_key(base))
+            key = self._neighbours_key(base)
+            attrs = study._storage.get_study_system_attrs(study._study_id)
+            got = attrs.get(key)
             if not isinstance(got, dict) or got.get("key") != self.ranking_key():
+                got = self._wait_for_neighbours(study, key, attrs.get(key + BUSY_SUFFIX))
+            if got is None:
                 return None
             out = []
             for d, e in got["plans"]:
@@ -166,6 +176,36 @@ class SharedSearch:
         except Exception as e:          # unreadable: compute here (the same result)
             log.warning("layout sampler: stored neighbours unreadable (%s: %s)", type(e).__name__, e)
             return None
+
+    def _wait_for_neighbours(self, study: optuna.Study, key: str, busy: Any) -> dict[str, Any] | None:
+        """The neighbours document ``key`` once the worker that marked itself screening them (``busy``: its
+        :data:`BUSY_SUFFIX` attribute) has stored it, or None, then marked as this worker's to screen.
+
+        Why (issue 26): workers reach local search together (trials 8-11 of ``--workers 4``) and each
+        screened the best plan's neighbours at once (3-4 times, ~0.1-0.3 s CPU each on 70B). A worker that
+        sees another's fresh mark polls the stored neighbours (one study attribute every 50 ms, sleeping in
+        between) for up to :data:`NEIGHBOURS_WAIT_S`; a mark older than :data:`BUSY_STALE_S` (its worker died)
+        or a wait that runs out means screening here. Two workers that mark at once both screen (the same
+        result, as before); nothing is decided by the mark but who computes."""
+        import os
+        import time
+
+        me = f"{os.uname().nodename}:{os.getpid()}"
+        deadline = time.monotonic() + NEIGHBOURS_WAIT_S
+        if isinstance(busy, dict) and busy.get("by") != me and busy.get("key") == self.ranking_key() \
+                and 0 <= time.time() - float(busy.get("at", 0)) < BUSY_STALE_S:
+            while time.monotonic() < deadline:
+                from autotune.signals import interrupted
+
+                if interrupted():
+                    raise KeyboardInterrupt
+                time.sleep(0.05)
+                got = study_attr(study, key)
+                if isinstance(got, dict) and got.get("key") == self.ranking_key():
+                    return got
+        study._storage.set_study_system_attr(study._study_id, key + BUSY_SUFFIX,
+                                             {"by": me, "at": time.time(), "key": self.ranking_key()})
+        return None
 
     def _store_neighbours(self, base: Plan, ranked: list[Plan]) -> None:
         study = self._study
@@ -178,6 +218,26 @@ class SharedSearch:
             study._storage.set_study_system_attr(study._study_id, self._neighbours_key(base), doc)
         except Exception as e:          # a storage that refuses it: every worker screens for itself
             log.warning("layout sampler: cannot store neighbours (%s: %s)", type(e).__name__, e)
+
+
+def study_attr(study: Any, key: str) -> Any:
+    """The study system attribute ``key`` of ``study`` (None if unset): on RDB storages read alone (Optuna's
+    ``get_study_system_attrs`` reads and parses every one, the layout ranking and every base's neighbours
+    included), elsewhere through the storage."""
+    import json
+
+    backend = getattr(study._storage, "_backend", study._storage)
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+    except ImportError:
+        backend = None
+    if not isinstance(backend, optuna.storages.RDBStorage):
+        return study._storage.get_study_system_attrs(study._study_id).get(key)
+    m = models.StudySystemAttributeModel
+    with _create_scoped_session(backend.scoped_session) as session:
+        row = session.query(m.value_json).filter(m.study_id == study._study_id, m.key == key).one_or_none()
+    return None if row is None else json.loads(row[0])
 
 
 def trials_holding(study: Any, value: Any, system_key: str, user_key: str) -> list[int] | None:
@@ -212,4 +272,4 @@ def trials_holding(study: Any, value: Any, system_key: str, user_key: str) -> li
     return out
 
 
-__all__ = ["NEIGHBOURS_ATTR", "RANKING_ATTR", "SharedSearch", "trials_holding"]
+__all__ = ["NEIGHBOURS_ATTR", "RANKING_ATTR", "SharedSearch", "study_attr", "trials_holding"]

@@ -119,3 +119,39 @@ def test_one_read_of_the_trials_per_trial_where_ask_made_two(tmp_path, monkeypat
     # + 3 outside trials (stale trials at the start; waiting for others and the best plan at the end); were
     # 3 each (the pop's, the snapshot's, the claim check's)
     assert n_reads <= 4 + 3
+
+
+def test_a_worker_waits_for_the_neighbours_another_is_screening(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=f"sqlite:///{tmp_path}/s.db")
+    study = t.study
+    a, b = _sampler(t), _sampler(t)
+    a.rank(study)
+    b.rank(study)
+    a._study = b._study = study
+    base = a.layouts()[0]
+    key = a._neighbours_key(base)
+    # nothing stored, no mark: None (screen here), and this worker's mark is left
+    assert b._load_neighbours(base) is None
+    mark = shared.study_attr(study, key + shared.BUSY_SUFFIX)
+    assert mark["key"] == b.ranking_key() and mark["by"].endswith(f":{__import__('os').getpid()}")
+    # another worker's fresh mark: wait for what it stores (a thread stores a's ranked neighbours 0.2 s later)
+    ranked = a._ranked_neighbours(base)         # screened by a (its mark is this process's) and stored
+    study._storage.set_study_system_attr(study._study_id, key, {"key": "another ranking", "plans": []})
+    monkeypatch.setattr(shared, "NEIGHBOURS_WAIT_S", 60.0)
+    study._storage.set_study_system_attr(study._study_id, key + shared.BUSY_SUFFIX,
+                                         {"by": "elsewhere:1", "at": time.time(), "key": a.ranking_key()})
+    store = threading.Timer(0.2, a._store_neighbours, (base, ranked))
+    store.start()
+    got = b._load_neighbours(base)
+    store.join()
+    assert got == ranked
+    # a mark older than BUSY_STALE_S (its worker died): not waited for
+    study._storage.set_study_system_attr(study._study_id, key, {"key": "another ranking", "plans": []})
+    study._storage.set_study_system_attr(study._study_id, key + shared.BUSY_SUFFIX,
+                                         {"by": "elsewhere:1", "at": time.time() - 2 * shared.BUSY_STALE_S,
+                                          "key": a.ranking_key()})
+    t0 = time.monotonic()
+    assert b._load_neighbours(base) is None and time.monotonic() - t0 < shared.NEIGHBOURS_WAIT_S
