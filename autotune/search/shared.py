@@ -161,10 +161,9 @@ class SharedSearch:
             return None
         try:
             key = self._neighbours_key(base)
-            attrs = study._storage.get_study_system_attrs(study._study_id)
-            got = attrs.get(key)
+            got = study_attr(study, key)    # one attribute, not every base's neighbours and the ranking
             if not isinstance(got, dict) or got.get("key") != self.ranking_key():
-                got = self._wait_for_neighbours(study, key, attrs.get(key + BUSY_SUFFIX))
+                got = self._wait_for_neighbours(study, key, study_attr(study, key + BUSY_SUFFIX))
             if got is None:
                 return None
             out = []
