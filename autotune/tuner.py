@@ -333,7 +333,7 @@ class Tuner:
         # real) or was given a bad option must not leave an empty study behind
         check_heartbeat(heartbeat_interval_s, self.storage, self.backend)
         self.evaluator  # noqa: B018 - fail fast on an unavailable backend, before any trial
-        study = self.study
+        self.study  # noqa: B018 - created (or checked) before the workers' storage is opened
         if heartbeat_interval_s is None and self.backend == "real" and storage_kind(self.storage) != "journal":
             heartbeat_interval_s = REAL_HEARTBEAT_INTERVAL_S
         if show_progress_bar is None:
@@ -346,6 +346,7 @@ class Tuner:
         with quiet():
             st = open_storage(self.storage, heartbeat_interval_s=heartbeat_interval_s)
             worker_study = optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
+            sampler.share_reads(worker_study)   # one read of the trials per trial where ask made two
             reap_stale(worker_study, stale_after_s=self._stale_after_s(), url=self.storage)  # dead workers': FAIL
             for params, attrs in self._pending:
                 worker_study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
@@ -438,7 +439,9 @@ class Tuner:
                 self._fail_running(worker_study, "interrupted")
                 raise KeyboardInterrupt
         trials = self._wait_for_others(worker_study)     # its storage has the heartbeat, if any
-        best = require_best_plan(study, self.info, self.storage)
+        # read through worker_study, whose storage cache holds the finished trials already (self.study's, a
+        # second _CachedStorage, would read all of them again: ~0.3 s CPU per worker for 100 trials of 70B)
+        best = require_best_plan(worker_study, self.info, self.storage)
         return TuneSummary(study=self.name, storage=self.storage, n_new_trials=len(mine),
                            n_trials=len(trials), states=outcome_counts(trials), best=best,
                            own_states=outcome_counts(mine), worker_id=worker_id or 0,

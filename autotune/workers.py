@@ -212,6 +212,14 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        # garbage left in this process (e.g. a finished Tuner's study, sampler and screen caches) is collected
+        # here, once, not by each worker's collector; what is left is frozen (gc.freeze, Python docs: "call
+        # gc.freeze() right before fork()"), so the workers' collections never walk this process's objects
+        # (issue 26: ~1.5 s more CPU in 4 workers of 70B when the parent held a finished run's objects)
+        import gc
+
+        gc.collect()
+        gc.freeze()
     out: mp.Queue = ctx.Queue()
     opt = {"n_trials": n_trials, "timeout": timeout, "heartbeat_interval_s": heartbeat_interval_s,
            "stop_when_converged": stop_when_converged}
@@ -224,6 +232,10 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
         return _run(procs, out, sigs, results, interrupted)
     finally:
         _stop_forkserver(ctx)
+        if ctx.get_start_method() == "fork":
+            import gc
+
+            gc.unfreeze()
 
 
 def _run(procs: dict[int, Any], out: Any, sigs: list[Any], results: dict[int, WorkerOutcome],

@@ -335,3 +335,33 @@ def test_forked_workers_leave_the_parents_storage_usable_and_print_nothing_twice
     # stdout is a pipe here, so block-buffered: the header lines were still in the buffer at the fork
     assert r.stdout.count("tuning llama3.1-8b") == 1 and r.stdout.count("study 'llama3.1-8b") == 1, r.stdout
     assert r.stdout.count("export it:") == 1, r.stdout
+
+
+def test_forked_workers_start_from_a_collected_and_frozen_heap(monkeypatch):
+    # run_workers collects this process's garbage once and freezes what is left before forking (gc.freeze),
+    # so the workers' collectors neither free the parent's garbage each (x N) nor walk its objects; the
+    # parent's collector is back to normal afterwards. _run stands in for starting the processes.
+    import gc
+
+    from autotune import workers
+
+    monkeypatch.delenv("AUTOTUNE_WORKER_START", raising=False)
+    monkeypatch.setattr(workers, "_context", lambda: workers.mp.get_context("fork"))
+    seen = []
+
+    class Cycle:
+        pass
+
+    def fake_run(procs, out, sigs, results, interrupted):
+        seen.append((gc.get_freeze_count(), len(procs)))
+        return []
+
+    monkeypatch.setattr(workers, "_run", fake_run)
+    before = gc.get_freeze_count()
+    c = Cycle()
+    c.me = c            # garbage only the cyclic collector frees
+    del c
+    assert workers.run_workers({}, 2, n_trials=1) == []
+    assert seen[0][1] == 2 and seen[0][0] > 0               # frozen while the workers are forked
+    assert not any(type(o) is Cycle for o in gc.get_objects())      # the cycle was collected first
+    assert gc.get_freeze_count() == before == 0             # and unfrozen after

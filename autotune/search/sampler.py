@@ -41,7 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.estimate import PlanScreen
 from autotune.search.ranking import LazyRanking
-from autotune.search.shared import NEIGHBOURS_ATTR, RANKING_ATTR, SharedSearch
+from autotune.search.shared import NEIGHBOURS_ATTR, RANKING_ATTR, SharedSearch, trials_holding
 from autotune.signals import interrupted
 from autotune.search.space import KNOBS, BoundSearchSpace, Pruned, plan_params
 from autotune.target.plan import Plan
@@ -170,19 +170,23 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         claim. Both kinds of clash make this trial pick again, so at most one of them keeps the plan: with
         the lower number alone winning, a later trial that wrote and read before the earlier one wrote
         kept the plan too (issue 26: a plan evaluated twice by ``--workers 4``). A plan given up for a later
-        trial's claim is skipped by this trial only (that trial may give it up too)."""
+        trial's claim is skipped by this trial only (that trial may give it up too). The read after the
+        write is of the matching attributes only on RDB storages (:func:`trials_holding`), else of every trial."""
         storage = study._storage
         d = plain_plan(plan)
         try:
             storage.set_trial_system_attr(trial._trial_id, CLAIM_ATTR, d)
-            others = storage.get_all_trials(study._study_id, deepcopy=False)
+            holders = trials_holding(study, d, CLAIM_ATTR, "plan")
+            if holders is None:
+                holders = [t.number for t in storage.get_all_trials(study._study_id, deepcopy=False)
+                           if t.system_attrs.get(CLAIM_ATTR) == d or t.user_attrs.get("plan") == d]
         except Exception as e:          # a storage that refuses it: the trial-number rule alone
             log.warning("layout sampler: cannot claim a plan (%s: %s)", type(e).__name__, e)
             return None
         clash = None
-        for t in others:
-            if t.number != trial.number and (t.system_attrs.get(CLAIM_ATTR) == d or t.user_attrs.get("plan") == d):
-                if t.number < trial.number:
+        for n in holders:
+            if n != trial.number:
+                if n < trial.number:
                     return "earlier"
                 clash = "later"
         return clash
