@@ -124,6 +124,7 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         self._neighbours: dict[Plan, list[Plan]] = {}
         self._chosen: dict[int, dict[str, Any]] = {}
         self._history: dict[int, tuple[Plan | None, float | None]] = {}
+        self._finished: set[int] = set()    # trial numbers _history holds as finished
         self._plan_cache: dict[Any, Plan | None] = {}
         self._base_plans: dict[tuple, Plan] = {}    # a plan per knob values but VARIANT_KNOBS (_plan)
         self._canon: dict[Plan, Plan] = {}
@@ -572,7 +573,7 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
     # ------------------------------------------------------------ the proposal
     def _update_history(self, study: optuna.Study) -> None:
         for t in study.get_trials(deepcopy=False):
-            if t.number in self._history and t.state.is_finished():
+            if t.number in self._finished:     # recorded finished: final (one recorded running is read again)
                 continue
             d = t.user_attrs.get("plan")
             plan = None
@@ -604,6 +605,8 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                 value = float(t.value)
             if t.state.is_finished() or plan is not None:
                 self._history[t.number] = (plan, value)
+                if t.state.is_finished():
+                    self._finished.add(t.number)
                 if value is not None and value > 0 and isinstance(t.user_attrs.get("step_time_ms"), (int, float)):
                     self._step_ms[t.number] = float(t.user_attrs["step_time_ms"])
 

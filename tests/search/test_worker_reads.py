@@ -155,3 +155,24 @@ def test_a_worker_waits_for_the_neighbours_another_is_screening(tmp_path, monkey
                                           "key": a.ranking_key()})
     t0 = time.monotonic()
     assert b._load_neighbours(base) is None and time.monotonic() - t0 < shared.NEIGHBOURS_WAIT_S
+
+
+def test_a_trial_seen_running_is_read_again_when_it_finishes(tmp_path):
+    # another worker's trial that this sampler first saw RUNNING (its claimed plan, no value yet) gets its
+    # value once it finishes: the convergence check and local search must see it (a fresh user's
+    # `--workers 4` run of 8B said "no better plan since trial 16 (74.84%)" while trials 17 and 20, seen
+    # running at first, had reached 75.00% and 74.97%)
+    t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=f"sqlite:///{tmp_path}/s.db")
+    s = _sampler(t)
+    plan = s.rank(t.study).first()
+    other = t.study.ask()                   # "another worker": claimed, parameters not yet written
+    other.storage.set_trial_system_attr(other._trial_id, CLAIM_ATTR, plain_plan(plan))
+    s._update_history(t.study)
+    assert s._history[other.number] == (plan, None)
+    other.set_user_attr("plan", plain_plan(plan))
+    other.set_user_attr("feasible", True)
+    other.set_user_attr("step_time_ms", 1234.5)
+    t.study.tell(other, 0.75)
+    s._update_history(t.study)
+    # the stored value and step time, read now that the trial is COMPLETE
+    assert s._history[other.number] == (plan, 0.75) and s._step_ms[other.number] == 1234.5
