@@ -272,7 +272,7 @@ def test_closed_pipe_ends_quietly(tmp_path):
 
 
 def _signal_a_run(tmp_path, sig: int, delay_s: float, *, poll_s: float, wait_s: float) -> tuple[int, str, str]:
-    """Start ``autotune run --size 405b --trials 100000`` on a fresh SQLite file, send ``sig`` ``delay_s``
+    """Start ``autotune run --size 405b --trials 100000 --no-early-stop`` on a fresh SQLite file, send ``sig`` ``delay_s``
     after the file appears, and return (exit code, stdout, stderr); fails if it has not ended ``wait_s``
     later (the run went on)."""
     import os
@@ -285,8 +285,9 @@ def _signal_a_run(tmp_path, sig: int, delay_s: float, *, poll_s: float, wait_s: 
 
     # start it with the signals at their defaults: a shell that started pytest in the background leaves
     # SIGINT ignored for its children, and an ignored SIGINT before the CLI installs its handler is lost
-    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "405b", "--trials", "100000", "--storage",
-                          url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # --no-early-stop: the convergence stop ends a default 405B run in ~7 s of CPU, before the signal
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "405b", "--trials", "100000",
+                          "--no-early-stop", "--storage", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()},
                          preexec_fn=lambda: _signal.signal(_signal.SIGINT, _signal.SIG_DFL))
     deadline = time.time() + 120
