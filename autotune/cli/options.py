@@ -487,21 +487,27 @@ def check_worker_id(worker_id, workers: int = 1):
     return require_int(int(v.strip()), "$SLURM_ARRAY_TASK_ID", lo=0, hi=hi)
 
 
-def check_workers(workers) -> int:
+def check_workers(workers, storage: str | None = None) -> int:
     """``--workers``: an integer from 1 to :func:`autotune.target.validate.max_workers` (8 per CPU core of
-    this host, at least 16): each worker is a process, so an unbounded count would exhaust memory.
+    this host, at least 16): each worker is a process, so an unbounded count would exhaust memory. With more
+    than one, ``storage`` must be one the worker processes can share: not SQLite's ``:memory:`` (a database
+    per connection, so each worker would see an empty one).
 
     Raises:
-        ConfigError: naming the value and the bound.
+        ConfigError: naming the value and the bound, or the in-memory storage.
     """
     from autotune.target.validate import WORKERS_PER_CPU, max_workers, require_int
 
     top = max_workers()
     try:
-        return require_int(workers, "--workers", lo=1, hi=top)
+        n = require_int(workers, "--workers", lo=1, hi=top)
     except ConfigError as e:
         raise ConfigError(f"{e} (the bound is {WORKERS_PER_CPU} worker processes per CPU core of this host, at "
                           "least 16; for more, start `autotune run --worker-id N` on other hosts)") from None
+    if n > 1 and storage is not None and ":memory:" in storage:
+        raise ConfigError(f"--workers {n} needs a storage the worker processes share; {storage} is a database "
+                          "of one process: use sqlite:///PATH, journal:PATH or postgresql://...")
+    return n
 
 
 def print_outcomes(outcomes, say=click.echo):

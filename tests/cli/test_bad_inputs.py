@@ -124,6 +124,10 @@ from autotune.target.validate import max_workers  # noqa: E402
 
 for v in ["0", "-1", str(max_workers() + 1), "1000000", str(2**31), str(2**63), "abc", "1.5"]:
     case(f"run--workers={v}", run_args("--workers", v), "--workers")
+# workers share the study: SQLite's :memory: is one database per connection (a fresh user's run failed with
+# "no such table: studies" in every worker)
+case("run--workers-2-memory", lambda e: ["run", "--size", "8b", "--workers", "2", "--storage", "sqlite:///:memory:"],
+     ":memory:")
 for v in ["-1", str(2**31), str(2**40), "abc", "-0.5"]:
     case(f"run--worker-id={v}", run_args("--worker-id", v), "--worker-id")
 case("run--worker-id-plus-workers-over-2**31", run_args("--worker-id", str(2**31 - 1), "--workers", "2"),
