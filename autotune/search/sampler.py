@@ -214,7 +214,8 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
     def _plan(self, assignment: Mapping[str, Any]) -> Plan | None:
         """``bound.suggest`` of ``assignment`` (a value per knob), or None when it is invalid; cached. A plan
         whose knobs but :data:`BoundSearchSpace.VARIANT_KNOBS` match one built before is derived from that one
-        (:meth:`BoundSearchSpace.variant`: the same plan, ~4x cheaper)."""
+        (:meth:`BoundSearchSpace.variant`: the same plan, 3.6 us instead of 64 us for a 405B plan of pp 16 x
+        v 8, docs/search.md)."""
         try:
             key = _knob_values(assignment)
             base_key: tuple | None = _base_values(assignment)

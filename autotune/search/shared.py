@@ -219,22 +219,35 @@ class SharedSearch:
             log.warning("layout sampler: cannot store neighbours (%s: %s)", type(e).__name__, e)
 
 
+def rdb_internals(storage: Any) -> tuple[Any, Any, Any] | None:
+    """(the ``RDBStorage`` behind ``storage``, ``optuna.storages._rdb.models``, ``_create_scoped_session``) for
+    reading or writing Optuna's tables in one session (Optuna 5.0, optuna/storages/_rdb/storage.py), or None
+    where ``storage`` (an ``RDBStorage`` or the ``_CachedStorage`` around one) is another kind or Optuna's
+    internals moved: the caller then goes through the public storage API. Used by :func:`study_attr`,
+    :func:`trials_holding` and :func:`autotune.study.trials.write_trial`."""
+    backend = getattr(storage, "_backend", storage)
+    if not isinstance(backend, optuna.storages.RDBStorage):
+        return None
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+    except ImportError:
+        return None
+    return backend, models, _create_scoped_session
+
+
 def study_attr(study: Any, key: str) -> Any:
     """The study system attribute ``key`` of ``study`` (None if unset): on RDB storages read alone (Optuna's
     ``get_study_system_attrs`` reads and parses every one, the layout ranking and every base's neighbours
     included), elsewhere through the storage."""
     import json
 
-    backend = getattr(study._storage, "_backend", study._storage)
-    try:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-    except ImportError:
-        backend = None
-    if not isinstance(backend, optuna.storages.RDBStorage):
+    rdb = rdb_internals(study._storage)
+    if rdb is None:
         return study._storage.get_study_system_attrs(study._study_id).get(key)
+    backend, models, session_of = rdb
     m = models.StudySystemAttributeModel
-    with _create_scoped_session(backend.scoped_session) as session:
+    with session_of(backend.scoped_session) as session:
         row = session.query(m.value_json).filter(m.study_id == study._study_id, m.key == key).one_or_none()
     return None if row is None else json.loads(row[0])
 
@@ -252,23 +265,18 @@ def trials_holding(study: Any, value: Any, system_key: str, user_key: str) -> li
     dict (here :func:`autotune.search.sampler.plain_plan`, the ``plan`` user attribute's form too)."""
     import json
 
-    storage = study._storage
-    backend = getattr(storage, "_backend", storage)
-    if not isinstance(backend, optuna.storages.RDBStorage):
+    rdb = rdb_internals(study._storage)
+    if rdb is None:
         return None
-    try:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-    except ImportError:
-        return None
+    backend, models, session_of = rdb
     text = json.dumps(value)
     trial = models.TrialModel
     out: list[int] = []
-    with _create_scoped_session(backend.scoped_session) as session:
+    with session_of(backend.scoped_session) as session:
         for model, key in ((models.TrialSystemAttributeModel, system_key), (models.TrialUserAttributeModel, user_key)):
             out += [n for (n,) in session.query(trial.number).join(model, model.trial_id == trial.trial_id)
                     .filter(trial.study_id == study._study_id, model.key == key, model.value_json == text)]
     return out
 
 
-__all__ = ["NEIGHBOURS_ATTR", "RANKING_ATTR", "SharedSearch", "study_attr", "trials_holding"]
+__all__ = ["NEIGHBOURS_ATTR", "RANKING_ATTR", "SharedSearch", "rdb_internals", "study_attr", "trials_holding"]

@@ -195,8 +195,8 @@ class Plan:
     fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
-        # one C-level pass over the integer and boolean fields (a search builds ~20,000 plans); the field
-        # by field checks below name the first offending value when it fails
+        # one C-level pass over the integer and boolean fields (a 405B x 1,024 B200 ranking built 17,495
+        # plans through suggest); the field-by-field checks name the first offending value when it fails
         ints = _int_fields(self)
         if not (set(map(type, ints)) <= {int} and min(ints) >= 1 and all(map(operator.le, ints, _INT_MAX))) \
                 or not set(map(type, _bool_fields(self))) <= {bool}:

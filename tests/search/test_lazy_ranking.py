@@ -275,4 +275,6 @@ def test_plans_with_one_chunk_key_have_equal_chunk_costs():
             z3_off = z3.replace(dp_grad_reduce_overlap=False, param_gather_overlap=False)
             assert _chunk_key(z3) != _chunk_key(z3_off) and _chunk_key(z3) != _chunk_key(base)
             z3_differs += costs(z3) != costs(z3_off)
+    # at most 25 layouts x 2 precisions x 3 twins = 150 checks (layouts without a DP group are skipped: their
+    # ZeRO stage and overlaps are inactive); the floor only guards against the loop skipping most of them
     assert checked >= 60 and z3_differs > 0
