@@ -210,10 +210,13 @@ class Tuner:
             if self.sampler_name == "tpe":
                 return optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True)
             from autotune.search import make_sampler
+            from autotune.study.trials import band_fraction
 
             costs = getattr(self._evaluator, "costs", None) if self._evaluator is not None else None
+            # the convergence stop waits for what could change the plan run reports (within the error band)
             return make_sampler(self.bound, model=self.model, cluster=self.cluster, workload=self.workload,
-                                engine=self.engine, costs=costs, seed=self.seed)
+                                engine=self.engine, costs=costs, seed=self.seed,
+                                band_frac=band_fraction(self.info))
 
     @property
     def evaluator(self) -> Evaluator:

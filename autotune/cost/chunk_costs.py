@@ -725,3 +725,28 @@ def chunk_costs(cb: CostBuilder, plan: Plan, model: ModelSpec, *, cached: bool =
             cc = by_class[key] = cb.chunk_cost(vs, layers[vs])
         out[vs] = cc
     return out
+
+
+def hidden_comm_ms(cb: CostBuilder, plan: Plan, model: ModelSpec) -> float:
+    """An upper bound on what exposing every overlapped collective would add to ``plan``'s step, ms: on the
+    stage where it is largest, the communication the overlaps hide in each micro-batch's chunks (TP, CP,
+    per-layer FSDP gathers and reduce-scatters: :attr:`ChunkCost.hidden_ms`) x micro-batches, plus the
+    stage's DP gradient buckets when they overlap backward and the part of the parameter gather that
+    overlaps the next forward; all of it added serially, as if nothing overlapped. The simulator's
+    ``step_time_exposed_ms`` is its step time plus this (autotune/cost/simulator.py); the layout sampler's
+    convergence stop bounds an untried plan's exposed step time with it (autotune/search/estimate.py
+    ``PlanScreen.hidden_ms``)."""
+    chunks = chunk_costs(cb, plan, model, cached=True)
+    P, v, m = plan.pp_degree, plan.effective_vpp, plan.num_micro_batches
+    overlap_dp = plan.async_collectives and plan.dp_grad_reduce_overlap and not cb.deferred_rs
+    worst = 0.0
+    for r in range(P):
+        vss = [c * P + r for c in range(v)]
+        total = m * sum(chunks[vs].hidden_ms for vs in vss)
+        params = sum(chunks[vs].params for vs in vss)
+        if overlap_dp:
+            total += sum(sum(cb.dp_bucket_ms(chunks[vs].params)) for vs in vss)
+        if plan.param_gather_overlap and plan.async_collectives:
+            total += cb.param_gather_ms(params, sum(chunks[vs].fp8_params for vs in vss))
+        worst = max(worst, total)
+    return float(worst)

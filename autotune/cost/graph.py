@@ -50,6 +50,7 @@ from autotune.cost.chunk_costs import (
     StepWeights,
     _add,
     chunk_costs,
+    hidden_comm_ms,
 )
 from autotune.cost.op_costs import OpCosts
 from autotune.cost.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)

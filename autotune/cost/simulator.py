@@ -42,6 +42,7 @@ from autotune.cost.graph import (
     build_step_graph,
     chunk_costs,
     delay_of,
+    hidden_comm_ms,
     step_structure,
     step_weights,
     weight_of,
@@ -406,30 +407,9 @@ class SimulatedEvaluator(Evaluator):
         # report the busiest stage (most non-idle time); ties -> the first stage
         crit = max(range(len(bds)), key=lambda i: (step - bds[i]["bubble"], -i))
         breakdown = {k: float(bds[crit][k]) for k in BREAKDOWN_KEYS}
-        hidden = self._hidden_comm_ms(plan, cb)
+        hidden = hidden_comm_ms(cb, plan, self.model)
         return step, breakdown, {"extrapolated": extrapolated, "breakdown_stage": crit,
                                  "hidden_comm_ms": hidden, "step_time_exposed_ms": step + hidden}
-
-    def _hidden_comm_ms(self, plan: Plan, cb: CostBuilder) -> float:
-        """An upper bound on what exposing every overlapped collective would add to the step, ms: on the
-        stage where it is largest, the communication the overlaps hide in each micro-batch's chunks (TP,
-        CP, per-layer FSDP gathers and reduce-scatters: ChunkCost.hidden_ms) x micro-batches, plus the
-        stage's DP gradient buckets when they overlap backward and the part of the parameter gather that
-        overlaps the next forward; all of it added serially, as if nothing overlapped."""
-        chunks = chunk_costs(cb, plan, self.model, cached=True)
-        P, v, m = plan.pp_degree, plan.effective_vpp, plan.num_micro_batches
-        overlap_dp = plan.async_collectives and plan.dp_grad_reduce_overlap and not cb.deferred_rs
-        worst = 0.0
-        for r in range(P):
-            vss = [c * P + r for c in range(v)]
-            total = m * sum(chunks[vs].hidden_ms for vs in vss)
-            params = sum(chunks[vs].params for vs in vss)
-            if overlap_dp:
-                total += sum(sum(cb.dp_bucket_ms(chunks[vs].params)) for vs in vss)
-            if plan.param_gather_overlap and plan.async_collectives:
-                total += cb.param_gather_ms(params, sum(chunks[vs].fp8_params for vs in vss))
-            worst = max(worst, total)
-        return float(worst)
 
 
 def make_result(*, backend: str, model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,

@@ -23,7 +23,7 @@ import operator
 from typing import Any
 
 from autotune.cost.calibration import default_calibration
-from autotune.cost.graph import CostBuilder, chunk_costs, step_weights
+from autotune.cost.graph import CostBuilder, chunk_costs, hidden_comm_ms, step_weights
 from autotune.cost.chunk_costs import LAYER_FIELDS, StepWeights
 from autotune.cost.memory import estimate_memory
 from autotune.cost.op_costs import CalibratedCosts, OpCosts
@@ -158,6 +158,7 @@ class PlanScreen:
         self._frag = self.costs.fragmentation()
         self._fits: dict[Plan, bool] = {}
         self._est: dict[Plan, float] = {}
+        self._hidden: dict[Plan, float] = {}
         self._layer: dict[tuple, float] = {}
         self._factor: dict[tuple, float] = {}     # layout_bound_ms: (m + (p - 1) / v) x the busiest rank's layers
         self._cbound: dict[tuple, float] = {}     # per _chunk_key
@@ -242,6 +243,21 @@ class PlanScreen:
         # TP / CP / ZeRO-3 communication and blocking p2p, DP bucket groups with their ready delays, the
         # optimizer step and the exposed parameter gather; no memory-dependent reclaim here (reserved = 0)
         return step_time_from_weights(plan, step_weights(cb, plan, self.model, m, chunks))
+
+    def hidden_ms(self, plan: Plan) -> float:
+        """What exposing every overlapped collective adds to ``plan``'s step, ms: the simulator's own term
+        (:func:`autotune.cost.chunk_costs.hidden_comm_ms`; the simulated ``step_time_exposed_ms`` is the step
+        time plus it) with this screen's op costs; 0 for a plan the cost model rejects. Cached per plan."""
+        r = self._hidden.get(plan)
+        if r is None:
+            try:
+                cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
+                                 costs=self.costs, engine=self.engine, memo=self._memo)
+                r = hidden_comm_ms(cb, plan, self.model)
+            except (PlanError, ValueError, ZeroDivisionError):
+                r = 0.0
+            self._hidden[plan] = r
+        return r
 
     def layer_ms(self, plan: Plan) -> float:
         """One transformer layer's forward + backward time per micro-batch on one rank, ms: the sum of

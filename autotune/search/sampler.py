@@ -39,6 +39,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.search.convergence import ConvergenceStop, study_finished_numbers  # noqa: F401 (re-exported)
 from autotune.search.estimate import PlanScreen
 from autotune.search.ranking import LazyRanking
 from autotune.search.shared import NEIGHBOURS_ATTR, RANKING_ATTR, SharedSearch, trials_holding
@@ -90,7 +91,7 @@ def plain_plan(plan: Plan) -> dict[str, Any]:
     return plain(plan.to_dict())
 
 
-class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
+class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
     """Structured sampler over a :class:`BoundSearchSpace` (module docstring).
 
     Args:
@@ -102,6 +103,9 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
         jitter: relative width of the band inside which the estimate's order is drawn at random.
         patience: :meth:`convergence` needs this many finished trials after the best one.
         bound_slack: :meth:`convergence`'s margin on the estimate's bound (0.05: 5% below it).
+        band_frac: the engine's error band as a fraction (``autotune.study.trials.band_fraction``; 0 =
+            none): ``run`` reports the first plan of the within-band order (:func:`autotune.search.band.
+            band_order`), and :meth:`convergence` waits for every layout that could change that plan.
 
     Raises:
         ValueError: ``explore_every`` < 2 or ``num_initial`` < 1.
@@ -109,14 +113,15 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
 
     def __init__(self, bound: BoundSearchSpace, screen: PlanScreen, *, seed: int | None = None,
                  num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03, patience: int = 16,
-                 bound_slack: float = 0.05) -> None:
+                 bound_slack: float = 0.05, band_frac: float = 0.0) -> None:
         if explore_every < 2 or num_initial < 1:
             raise ValueError(f"explore_every must be >= 2 and num_initial >= 1, got {explore_every}, {num_initial}")
         self.bound, self.screen = bound, screen
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.num_initial, self.explore_every, self.jitter = num_initial, explore_every, jitter
-        self.patience, self.bound_slack = patience, bound_slack
+        self.patience, self.bound_slack, self.band_frac = patience, bound_slack, band_frac
         self._step_ms: dict[int, float] = {}
+        self._exposed_ms: dict[int, float] = {}     # step time with every overlapped collective exposed
         self._random = optuna.samplers.RandomSampler(seed=self.seed)
         self._ranking: LazyRanking | None = None
         self._entries: list[tuple[int, dict[str, Any], float]] = []
@@ -609,7 +614,9 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                 if t.state.is_finished():
                     self._finished.add(t.number)
                 if value is not None and value > 0 and isinstance(t.user_attrs.get("step_time_ms"), (int, float)):
-                    self._step_ms[t.number] = float(t.user_attrs["step_time_ms"])
+                    step = self._step_ms[t.number] = float(t.user_attrs["step_time_ms"])
+                    exp = t.user_attrs.get("step_time_exposed_ms")
+                    self._exposed_ms[t.number] = max(step, float(exp)) if isinstance(exp, (int, float)) else step
 
     def next_plan(self, study: optuna.Study, number: int) -> Plan | None:
         """The plan trial ``number`` should evaluate (module docstring), or None to sample at random."""
@@ -652,70 +659,6 @@ class LayoutSampler(SharedSearch, optuna.samplers.BaseSampler):
                         return q
                     skip -= 1
         return next((q for q in layouts if q not in seen), None)
-
-    def convergence(self, study: optuna.Study) -> str | None:
-        """Why the search may stop now, or None to go on (the convergence stop of ``autotune run``).
-
-        Both must hold:
-
-        1. **No layout left that could beat the best.** A layout's bound is its estimate x ``r`` x
-           (1 - :attr:`bound_slack`), ``r`` = min(1, the lowest simulated / estimated step time over the
-           evaluated plans): the estimate corrected by its largest under-estimate seen so far (the
-           measured error, not an assumed one), less a margin. Every ranked layout whose bound is below the
-           best plan's step time has been tried (finished or running).
-        2. **Local search stopped improving.** At least :attr:`patience` trials have finished since the
-           best one (with the sampler's mix, ~3 / 4 of them local-search steps around the best plans).
-
-        The best plan is the highest MFU of the study's feasible trials (its ``step_time_ms`` user attribute;
-        MFU is inversely proportional to step time for one target). ``--trials`` stays the upper bound.
-        """
-        layouts = self.rank(study)
-        self._update_history(study)
-        state = self._bound_state()
-        if state is None:
-            return None
-        best_n, best_ms, r, scale = state
-        finished = [n for n in study_finished_numbers(study)]
-        since = sum(1 for n in finished if n > best_n)
-        if since < self.patience:
-            return None
-        seen = {p for p, _ in self._history.values() if p is not None}
-        # every layout whose estimate could be below best_ms / scale is screened (its bound is below that)
-        cands = [q for q in layouts.screen_below(best_ms / scale * (1 + 1e-9))
-                 if self.screen.estimate_ms(q) * scale < best_ms]
-        if any(q not in seen for q in cands):
-            return None
-        could = len(cands)
-        return (f"converged: no better plan in the {since} trials since trial {best_n} (MFU "
-                f"{100 * self._history[best_n][1]:.2f}%), and all {could} of {layouts.num_layouts} layouts whose "
-                f"estimate x {r:.2f} (the lowest simulated/estimated ratio seen) - {100 * self.bound_slack:g}% "
-                f"is below its {best_ms:.0f} ms step were tried")
-
-    def _bound_state(self) -> tuple[int, float, float, float] | None:
-        """(best trial number, its step time ms, r, r x (1 - bound_slack)) from the history
-        (:meth:`convergence`), or None before a feasible plan with its step time is known."""
-        done = [n for n, (p, v) in self._history.items() if p is not None and v is not None and v > 0
-                and n in self._step_ms]
-        if not done:
-            return None
-        best_n = max(done, key=lambda n: (self._history[n][1], -n))
-        ratios = [self._step_ms[n] / e for n in done
-                  if 0 < (e := self.screen.estimate_ms(self._history[n][0])) < float("inf")]
-        r = min([1.0] + ratios)
-        return best_n, self._step_ms[best_n], r, r * (1 - self.bound_slack)
-
-    def _stalled_candidate(self, layouts: LazyRanking, seen: set[Plan]) -> Plan | None:
-        """When local search has not improved the best plan for ``patience // 2`` trials: the best-ranked
-        unseen layout that could still beat it (:meth:`convergence`'s bound), so that the layouts the stop
-        rule waits for are tried next instead of one every ``explore_every`` trials; else None."""
-        state = self._bound_state()
-        if state is None:
-            return None
-        best_n, best_ms, _, scale = state
-        if sum(1 for n in self._history if n > best_n) < max(1, self.patience // 2):
-            return None
-        return layouts.first_where(lambda q: q not in seen and self.screen.estimate_ms(q) * scale < best_ms,
-                                   best_ms / scale * (1 + 1e-9))
 
     def _random_fitting(self, number: int, tries: int = 200) -> Plan | None:
         """A plan drawn at random (seeded by trial number) that is valid, fits in memory and is not in the
@@ -775,11 +718,6 @@ class _Assigned:
             return self.params[name]
         except KeyError:
             raise ValueError(f"The value of the parameter '{name}' is not found.") from None
-
-
-def study_finished_numbers(study: optuna.Study) -> list[int]:
-    """Numbers of the study's finished trials (any state but RUNNING / WAITING)."""
-    return [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
 
 
 def make_sampler(bound: BoundSearchSpace, *, model: Any, cluster: Any, workload: Any, engine: Any = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.cost.evaluator import StepResult
 from autotune.errors import AutotuneError, ConfigError, NoFeasiblePlanError
 from autotune.files import plain
+from autotune.search.band import band_order
 from autotune.study.identity import StudyInfo
 from autotune.study.storage_check import user_url
 from autotune.target.plan import Plan, PlanDocument
@@ -55,17 +57,14 @@ def robust_order(trials: Sequence[FrozenTrial], band_frac: float, k: int | None 
     the one with the highest MFU at its overlap-exposed bound (:func:`mfu_exposed`) comes first: its
     advantage rests least on communication the model says is hidden. ``band_frac`` 0 = plain MFU order.
     (docs/search.md, "Ranking within the error band".)"""
-    rest = sorted(trials, key=lambda t: (-float(t.value), t.number))
-    if band_frac <= 0:
-        return rest[:k] if k is not None else rest
-    out: list[FrozenTrial] = []
-    while rest and (k is None or len(out) < k):
-        lim = float(rest[0].value) * (1.0 - band_frac)
-        within = [t for t in rest if float(t.value) >= lim]
-        pick = max(within, key=lambda t: (mfu_exposed(t), float(t.value), -t.number))
-        out.append(pick)
-        rest.remove(pick)
-    return out
+    return band_order(trials, band_frac, value=_value, exposed=mfu_exposed, number=_number, k=k)
+
+
+def _value(t: FrozenTrial) -> float:
+    return float(t.value)
+
+
+_number = operator.attrgetter("number")
 
 
 def band_note(trials: Sequence[FrozenTrial], chosen: int, band_frac: float) -> str | None:
