@@ -156,7 +156,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             # nothing left by rank or by local search: a random plan, but only one the screen accepts
             plan = self._random_fitting(trial.number)
         self._yielded = set()
-        for _ in range(CLAIM_RETRIES):
+        for attempt in range(CLAIM_RETRIES + 1):
             clash = None if plan is None else self._claimed_earlier(study, trial, plan)
             if clash is None:
                 break
@@ -164,6 +164,18 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                 self._lost.add(plan)        # an earlier trial of another worker took it meanwhile
             else:
                 self._yielded.add(plan)     # a later trial claimed it first: not this trial's (see below)
+            if attempt == CLAIM_RETRIES:
+                # every pick claimed: a plan the screen accepts, drawn at random (seeded by trial number)
+                log.warning("layout sampler: trial %d found %d picks claimed by other trials; a random fitting "
+                            "plan instead", trial.number, CLAIM_RETRIES + 1)
+                plan = self._random_fitting(trial.number)
+                break
+            # the other workers' trials since the snapshot this trial started from (seeding.py _SnapshotStudy):
+            # a worker that sampled slowly picked again from a stale history and took a finished trial's plan
+            # (issue 26: a --workers 4 test drew trial 1's plan as trial 15's, 1 run in ~40 under load)
+            refresh = getattr(study, "refresh_snapshot", None)
+            if callable(refresh):
+                refresh()
             plan = self.next_plan(study, trial.number)
         if plan is not None:
             self._chosen[trial.number] = plan_params(plan)

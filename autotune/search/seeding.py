@@ -222,6 +222,12 @@ class _SnapshotStudy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
 
+    def refresh_snapshot(self) -> None:
+        """Read the study's trials again (the trial being sampled is stored by now): for a sampler that found
+        its pick claimed by another worker meanwhile (``LayoutSampler.before_trial``), so that it picks again
+        from what the other workers have done since the snapshot, not from the snapshot."""
+        self._trials = self._study._storage.get_all_trials(self._study._study_id, deepcopy=False)
+
     def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[FrozenTrial]:
         import copy
 

@@ -176,3 +176,41 @@ def test_a_trial_seen_running_is_read_again_when_it_finishes(tmp_path):
     s._update_history(t.study)
     # the stored value and step time, read now that the trial is COMPLETE
     assert s._history[other.number] == (plan, 0.75) and s._step_ms[other.number] == 1234.5
+
+
+def test_a_slow_worker_picks_again_from_a_fresh_read(tmp_path):
+    # A worker whose trial started from an old snapshot (it sampled slowly while other workers ran) finds its
+    # pick claimed; it must pick again from what the others did since, not from the snapshot. Before, every
+    # retry re-read the snapshot and took the next layout in rank order, each already another trial's, and
+    # after CLAIM_RETRIES the last pick went unchecked: trial 1 evaluated trial 15's plan (--workers 4, 1 run
+    # in ~40 under load).
+    from autotune.search.sampler import CLAIM_RETRIES
+    from autotune.search.seeding import _SnapshotStudy
+
+    t = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=f"sqlite:///{tmp_path}/s.db")
+    s = _sampler(t)
+    layouts = s.rank(t.study).all()
+    study, st = t.study, t.study._storage
+    mine = st.create_new_trial(study._study_id)          # trial 0: this worker's, sampled late
+    # trials 1 .. CLAIM_RETRIES + 1: other workers', finished, holding the first CLAIM_RETRIES + 1 layouts
+    taken = layouts[:CLAIM_RETRIES + 1]
+    for q in taken:
+        tid = st.create_new_trial(study._study_id)
+        st.set_trial_user_attr(tid, "plan", plain_plan(q))
+        st.set_trial_state_values(tid, optuna.trial.TrialState.COMPLETE, [0.5])
+    current = st.get_trial(mine)
+    stale = _SnapshotStudy(study, [], current)          # the snapshot from before the others' trials
+    checks = []
+    real = s._claimed_earlier
+
+    def counting(study_, trial_, plan_):
+        checks.append(plan_)
+        return real(study_, trial_, plan_)
+
+    s._claimed_earlier = counting
+    s.before_trial(stale, current)
+    chosen = s._plan({**s._prefs, **s._chosen[current.number]})
+    # layout 0 (trial 0's by its number) was claimed by trial 1: one retry, from the fresh read, takes the
+    # first layout nobody holds
+    assert chosen not in taken and chosen == layouts[CLAIM_RETRIES + 1]
+    assert checks == [layouts[0], chosen]
