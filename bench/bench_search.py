@@ -260,10 +260,12 @@ def print_table(rows: list[dict], trials: int, sampler: str) -> None:
     ref = json.loads(REFERENCE_FILE.read_text()) if REFERENCE_FILE.exists() else {}
     for r in rows:                                  # JSON turns the budget keys into strings
         r["best_at"] = {int(k): v for k, v in r["best_at"].items()}
-    print(f"sampler {sampler}; code {code_version()}; best MFU (simulated, causal, %) at 50 / 100 / {trials} trials; "
+    marks = [k for k in (50, 100) if k < trials] + [trials]     # the budgets a run of `trials` trials reaches
+    print(f"sampler {sampler}; code {code_version()}; best MFU (simulated, causal, %) at "
+          f"{' / '.join(map(str, marks))} trials; "
           f"'to opt': trials until the reference MFU; wall and CPU seconds per {trials}-trial run (wall > CPU: the "
           f"machine was busy; load at each run's start in 'load'); 'stop': the run with the convergence stop")
-    print(f"{'target':20} {'seed':>4} {'@50':>7} {'@100':>7} {'@' + str(trials):>7} {'ref':>7} {'gap %':>6} "
+    print(f"{'target':20} {'seed':>4} {' '.join(('@' + str(k)).rjust(7) for k in marks)} {'ref':>7} {'gap %':>6} "
           f"{'to opt':>6} {'wall s':>6} {'cpu s':>6} {'load':>5} {'plans':>5} | {'stop@':>5} {'best':>7} {'same':>4} "
           f"{'wall s':>6} {'cpu s':>6}")
     for t in dict.fromkeys(r["target"] for r in rows):
@@ -272,7 +274,7 @@ def print_table(rows: list[dict], trials: int, sampler: str) -> None:
         for r in mine:
             b = r["best_at"]
             r["gap_pct"] = 100 * (r_best - b[trials]) / r_best if r_best else float("nan")
-            cells = [f"{100 * b.get(k, float('nan')):7.2f}" for k in (50, 100, trials)]
+            cells = [f"{100 * b.get(k, float('nan')):7.2f}" for k in marks]
             st = r.get("stop")
             stop = (f"{st['ran']:>5} {100 * st['best_mfu']:7.2f} {'yes' if st['best_mfu'] >= b[trials] else 'NO':>4} "
                     f"{st['wall_s']:6.1f} {st['cpu_s']:6.1f}") if st else ""

@@ -6,10 +6,11 @@ and its worker processes), repeated plans, plans that do not fit and invalid (pr
 
 Both runs use fresh studies (temporary SQLite files), the default space and the simulated backend, as
 `autotune run --workers N` does: the parent ranks the layouts once, placing those the workers' trials
-take, and stores the ranking in the study; the workers (forked from a fork server that imported the
-tuner once, autotune/workers.py) read it and share base plans' neighbours through the study. The
-convergence stop is off, so both runs evaluate the same number of trials. CPU is this process's and its
-children's (the fork server is stopped and reaped by run_workers, so its CPU and its workers' count).
+take, and stores the ranking in the study; the workers (forked from that process where it is safe, as here
+with the simulated backend, else from a fork server: autotune/workers.py ``_context``) read it and share base
+plans' neighbours through the study. The convergence stop is off, so both runs evaluate the same number of
+trials. CPU is this process's and its children's (run_workers reaps its workers, and a fork server when there
+is one, so their CPU counts).
 """
 
 from __future__ import annotations

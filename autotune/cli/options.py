@@ -501,9 +501,11 @@ def check_workers(workers, storage: str | None = None) -> int:
     top = max_workers()
     try:
         n = require_int(workers, "--workers", lo=1, hi=top)
-    except ConfigError as e:
-        raise ConfigError(f"{e} (the bound is {WORKERS_PER_CPU} worker processes per CPU core of this host, at "
-                          "least 16; for more, start `autotune run --worker-id N` on other hosts)") from None
+    except ConfigError:
+        got = f"{workers:,}" if isinstance(workers, int) and not isinstance(workers, bool) else repr(workers)
+        raise ConfigError(f"--workers must be an integer from 1 to {top}, got {got}: the bound is "
+                          f"{WORKERS_PER_CPU} worker processes per CPU core of this host, at least 16; for more, "
+                          "start `autotune run --worker-id N` on other hosts") from None
     if n > 1 and storage is not None and ":memory:" in storage:
         raise ConfigError(f"--workers {n} needs a storage the worker processes share; {storage} is a database "
                           "of one process: use sqlite:///PATH, journal:PATH or postgresql://...")

@@ -50,6 +50,7 @@ class ConvergenceStop:
     _history: dict[int, tuple[Plan | None, float | None]]
     _step_ms: dict[int, float]
     _exposed_ms: dict[int, float]
+    _finished: set[int]
 
     def rank(self, study: optuna.Study | None = None, places: int | None = None) -> LazyRanking:
         raise NotImplementedError
@@ -88,7 +89,7 @@ class ConvergenceStop:
         state = self._bound_state()
         if state is None:
             return None
-        finished = study_finished_numbers(study)
+        finished = self._finished        # read by _update_history above: one read of the study per check
         since = sum(1 for n in finished if n > state.last_n)
         if since < self.patience:
             return None
@@ -174,9 +175,4 @@ class ConvergenceStop:
                                    thr / scale * (1 + 1e-9))
 
 
-def study_finished_numbers(study: optuna.Study) -> list[int]:
-    """Numbers of the study's finished trials (any state but RUNNING / WAITING)."""
-    return [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-
-
-__all__ = ["ConvergenceStop", "study_finished_numbers"]
+__all__ = ["ConvergenceStop"]

@@ -39,7 +39,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.convergence import ConvergenceStop, study_finished_numbers  # noqa: F401 (re-exported)
+from autotune.search.convergence import ConvergenceStop
 from autotune.search.estimate import PlanScreen
 from autotune.search.ranking import LazyRanking
 from autotune.search.shared import NEIGHBOURS_ATTR, RANKING_ATTR, SharedSearch, trials_holding
