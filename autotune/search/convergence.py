@@ -25,8 +25,7 @@ class _BoundState:
     ``best_ms``), of the reported one (``pick_n``, exposed step time ``pick_exposed_ms``) and of the later of
     the two (``last_n``); the slowest step time within the error band (``band_ms``); the step time (ms) an
     untried plan must reach to change the report (``threshold_ms``); the estimate's correction ``r``,
-    ``scale`` = ``r`` x (1 - bound_slack), and the hidden-communication correction ``hidden_scale`` = ``rh`` x
-    (1 - bound_slack). Without a band, ``pick_n`` = ``best_n`` and all three step times are ``best_ms``."""
+    and ``scale`` = ``r`` x (1 - bound_slack). Without a band, ``pick_n`` = ``best_n`` and all three step times are ``best_ms``."""
 
     best_n: int
     best_ms: float
@@ -37,7 +36,6 @@ class _BoundState:
     pick_exposed_ms: float
     r: float
     scale: float
-    hidden_scale: float
 
 
 class ConvergenceStop:
@@ -51,6 +49,8 @@ class ConvergenceStop:
     _step_ms: dict[int, float]
     _exposed_ms: dict[int, float]
     _finished: set[int]
+    _rh: float                  # _hidden_scale's rh so far, over the trials in _rh_seen
+    _rh_seen: set[int]
 
     def rank(self, study: optuna.Study | None = None, places: int | None = None) -> LazyRanking:
         raise NotImplementedError
@@ -131,7 +131,6 @@ class ConvergenceStop:
         best_ms = self._step_ms[best_n]
         pick_n = best_n
         thr = band_ms = pick_exposed_ms = best_ms
-        hidden_scale = 1.0
         if self.band_frac > 0:
             exp = self._exposed_ms
             # band_order's exposed-bound MFU is MFU x step / exposed step
@@ -140,14 +139,12 @@ class ConvergenceStop:
                                 number=lambda n: n, k=1)[0]
             band_ms, pick_exposed_ms = best_ms / (1 - self.band_frac), exp[pick_n]
             thr = max(best_ms, min(band_ms, pick_exposed_ms))
-            hr = [(exp[n] - self._step_ms[n]) / h for n in done if (h := self.screen.hidden_ms(hist[n][0])) > 0]
-            hidden_scale = min([1.0] + hr) * (1 - self.bound_slack)
         ratios = [self._step_ms[n] / e for n in done
                   if 0 < (e := self.screen.estimate_ms(hist[n][0])) < float("inf")]
         r = min([1.0] + ratios)
         return _BoundState(best_n=best_n, best_ms=best_ms, pick_n=pick_n, last_n=max(best_n, pick_n),
                            threshold_ms=thr, band_ms=band_ms, pick_exposed_ms=pick_exposed_ms, r=r,
-                           scale=r * (1 - self.bound_slack), hidden_scale=hidden_scale)
+                           scale=r * (1 - self.bound_slack))
 
     def _could_change(self, q: Plan, state: "_BoundState") -> bool:
         """Whether untried layout plan ``q`` could change the reported plan by :meth:`convergence`'s bounds:
@@ -158,7 +155,23 @@ class ConvergenceStop:
             return True
         if e > state.threshold_ms:
             return False
-        return e + self.screen.hidden_ms(q) * state.hidden_scale <= state.pick_exposed_ms
+        return e + self.screen.hidden_ms(q) * self._hidden_scale() <= state.pick_exposed_ms
+
+    def _hidden_scale(self) -> float:
+        """``rh`` x (1 - bound_slack): ``rh`` = min(1, the lowest simulated / screened hidden communication
+        over the evaluated plans), the simulated one being ``step_time_exposed_ms - step_time_ms``. Kept
+        up to date incrementally and computed only when a layout within the band needs it (a screen of a
+        plan's hidden communication costs a CostBuilder)."""
+        rh = self._rh
+        for n, step in self._step_ms.items():
+            if n in self._rh_seen:
+                continue
+            self._rh_seen.add(n)
+            plan = self._history[n][0]
+            if plan is not None and (h := self.screen.hidden_ms(plan)) > 0:
+                rh = min(rh, (self._exposed_ms[n] - step) / h)
+        self._rh = rh
+        return rh * (1 - self.bound_slack)
 
     def _stalled_candidate(self, layouts: LazyRanking, seen: set[Plan]) -> Plan | None:
         """When local search has not changed the fastest or the reported plan for ``patience // 2`` trials:

@@ -3,6 +3,9 @@ write_trial, record_result) store what Optuna's per-item calls store."""
 
 from __future__ import annotations
 
+import os
+import uuid
+
 import optuna
 import pytest
 
@@ -43,14 +46,25 @@ def _stored(study: optuna.Study) -> list[tuple]:
              {k: v for k, v in t.system_attrs.items()}, t.constraints) for t in study.get_trials(deepcopy=False)]
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "journal", "memory"])
+#: .ci/run starts a PostgreSQL (.ci/services.sh): write_trial's multi-row upserts there are PostgreSQL's dialect
+PG_URL = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal", "memory", pytest.param("postgresql", marks=pytest.mark.skipif(
+    not PG_URL, reason="no PostgreSQL: set AUTOTUNE_TEST_POSTGRES_URL (.ci/run starts one with .ci/services.sh)"))])
 def test_batched_writes_store_what_per_item_writes_store(tmp_path, kind, monkeypatch):
     # the same objective, seed and sampler, once through ParamBuffer / write_trial (one transaction on the RDB
     # storage; the per-item fallback elsewhere) and once through Optuna's per-item calls (write_trial
     # disabled): every trial's params, distributions, user and system attributes and constraints are equal
     import autotune.study.trials as trials
 
+    made = []
+
     def study(name: str) -> optuna.Study:
+        if kind == "postgresql":
+            made.append(f"{name}-{uuid.uuid4().hex[:12]}")
+            return optuna.create_study(storage=PG_URL, study_name=made[-1], direction="maximize",
+                                       sampler=optuna.samplers.RandomSampler(seed=3))
         if kind == "sqlite":
             storage = f"sqlite:///{tmp_path}/{name}.db"
         elif kind == "journal":
@@ -70,6 +84,8 @@ def test_batched_writes_store_what_per_item_writes_store(tmp_path, kind, monkeyp
     # the constraint reads back through Optuna's own accessor (Trial.set_constraint's key), the feasible
     # (even-numbered) trials <= 0 and the others > 0: 70 GiB peak against 80 GiB capacity = -10 GiB
     assert [t.constraints[MEMORY_CONSTRAINT] for t in batched.get_trials()] == [-10.0, 1e-3] * 3
+    for name in made:
+        optuna.delete_study(study_name=name, storage=PG_URL)
 
 
 def test_write_trial_is_one_transaction_on_sqlite(tmp_path):
@@ -92,3 +108,12 @@ def test_write_trial_is_one_transaction_on_sqlite(tmp_path):
     assert stored.user_attrs == {"a": 1} and stored.params == {}
     assert write_trial(t, params=[("tp_degree", 1, CategoricalDistribution((1, 2)))]) is True
     assert study._storage.get_trial(t._trial_id).params == {"tp_degree": 2}
+    # an attribute written again is replaced (the upsert on (trial_id, key), as set_user_attr does)
+    assert write_trial(t, user_attrs={"a": 5, "c": [1, 2]}, system_attrs={"s": "x"}) is True
+    again = study._storage.get_trial(t._trial_id)
+    assert again.user_attrs == {"a": 5, "c": [1, 2]} and again.system_attrs["s"] == "x"
+    # a finished trial is not updatable (Optuna's check, once per batch): nothing is written
+    study.tell(t, 0.5)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        write_trial(t, user_attrs={"late": 1})
+    assert "late" not in study._storage.get_trial(t._trial_id).user_attrs
