@@ -166,6 +166,12 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                      storage=storage, study=tuner.name)
         finally:
             tuner.close()
+        # a trial left RUNNING by a worker killed before this run (between a trial's creation and its stamp)
+        # is failed with why, as after --workers runs
+        from autotune.study.faults import with_retries
+        from autotune.study.stale import reap_after_run
+        with_retries(lambda: reap_after_run(tuner.study, url=storage), storage,
+                     what="failing the trials left running")
         st, own = summary.states, summary.own_states
         say(f"{summary.n_new_trials} trials run by this worker (worker {summary.worker_id}: "
             f"{own.get('feasible', 0)} feasible, {own.get('infeasible', 0)} do not fit in memory, "

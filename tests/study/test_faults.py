@@ -364,6 +364,24 @@ def test_kill_9_mid_run_leaves_nothing_running_after_the_next_run(tmp_path):
     assert reasonless == 0
 
 
+def test_a_single_run_fails_an_orphan_left_just_before_it(tmp_path):
+    # What test_kill_9_mid_run... hits when the kill lands between Optuna creating a trial and the worker
+    # stamping it (1 CI run in ~5): the orphan has no worker record, so it is failed only once it is
+    # UNSTAMPED_GRACE_S (10 s) old, and a 1-trial run ended sooner and left it RUNNING. Made here on purpose:
+    # an unstamped RUNNING trial created right before the run; the run waits it out and fails it with a reason.
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    args = [sys.executable, "-m", "autotune", "run", "--size", "8b", "--trials", "1", "--storage", url]
+    assert subprocess.run(args, env=_env(), capture_output=True, text=True).returncode == 0
+    (name,) = optuna.get_all_study_names(url)
+    study = optuna.load_study(study_name=name, storage=url)
+    orphan = study._storage.create_new_trial(study._study_id)          # RUNNING, no "worker" stamp
+    r = subprocess.run(args, env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t = optuna.load_study(study_name=name, storage=url)._storage.get_trial(orphan)
+    assert t.state == optuna.trial.TrialState.FAIL
+    assert "no worker recorded itself on it" in t.user_attrs["fail_reason"]
+
+
 # ---- foreign studies: refused, every byte and side file as it was
 def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
