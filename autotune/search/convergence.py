@@ -11,6 +11,7 @@ fastest plan and for those that could win the within-band choice (docs/search.md
 from __future__ import annotations
 
 import dataclasses
+
 import optuna
 
 from autotune.search.band import band_order
@@ -21,11 +22,12 @@ from autotune.target.plan import Plan
 
 @dataclasses.dataclass(frozen=True)
 class _BoundState:
-    """:meth:`LayoutSampler._bound_state`: trial numbers of the fastest plan (``best_n``, step time
+    """:meth:`ConvergenceStop._bound_state`: trial numbers of the fastest plan (``best_n``, step time
     ``best_ms``), of the reported one (``pick_n``, exposed step time ``pick_exposed_ms``) and of the later of
     the two (``last_n``); the slowest step time within the error band (``band_ms``); the step time (ms) an
-    untried plan must reach to change the report (``threshold_ms``); the estimate's correction ``r``,
-    and ``scale`` = ``r`` x (1 - bound_slack). Without a band, ``pick_n`` = ``best_n`` and all three step times are ``best_ms``."""
+    untried plan must reach to change the report (``threshold_ms``); the estimate's correction ``r`` and
+    ``scale`` = ``r`` x (1 - bound_slack). Without a band, ``pick_n`` = ``best_n`` and the three step times
+    are ``best_ms``."""
 
     best_n: int
     best_ms: float
@@ -53,9 +55,11 @@ class ConvergenceStop:
     _rh_seen: set[int]
 
     def rank(self, study: optuna.Study | None = None, places: int | None = None) -> LazyRanking:
+        """The sampler's layout ranking (``LayoutSampler.rank``)."""
         raise NotImplementedError
 
     def _update_history(self, study: optuna.Study) -> None:
+        """Read the study's trials into the history (``LayoutSampler._update_history``)."""
         raise NotImplementedError
 
     def convergence(self, study: optuna.Study) -> str | None:
