@@ -6,7 +6,7 @@ holds up best with every overlapped collective exposed comes first: its advantag
 communication the model says is hidden (docs/search.md, "Ranking within the error band").
 
 One rule, two users: :func:`autotune.study.trials.robust_order` orders a study's trials by it (what ``run``,
-``show`` and ``export`` report), and :meth:`autotune.search.sampler.LayoutSampler.convergence` stops a run
+``show`` and ``export`` report), and :meth:`autotune.search.convergence.ConvergenceStop.convergence` stops a run
 only when no untried plan could change its first place.
 """
 
