@@ -314,9 +314,9 @@ class Tuner:
             worker_id: this worker's index (``--worker-id``; ``--workers N`` gives 0..N-1); None = 0.
             heartbeat_interval_s: real backend: Optuna heartbeat interval (s) for this process's trials
                 (RDB storages); None = :data:`REAL_HEARTBEAT_INTERVAL_S` for ``real``, off otherwise.
-            stop_when_converged: layout sampler: end early once :meth:`ConvergenceStop.convergence` (search/convergence.py) says the
-                search has converged (``TuneSummary.stop_reason`` says why; ``autotune run`` sets it); ``n_trials``
-                stays the bound.
+            stop_when_converged: layout sampler: end early once :meth:`ConvergenceStop.convergence`
+                (search/convergence.py) says the search has converged (``TuneSummary.stop_reason`` says why;
+                ``autotune run`` sets it); ``n_trials`` stays the bound.
 
         Returns:
             :class:`TuneSummary`: ``n_new_trials`` and ``own_states`` count this call's trials only;
