@@ -392,9 +392,16 @@ class Tuner:
             bar = MfuProgressBar(n_trials) if show_progress_bar else None   # names MFU in %
             faults: list[float] = []      # when transient storage errors happened (retried, see below)
             try:
-                if self._layout_sampler is not None:    # rank (or read the ranking) before any trial exists
-                    self._layout_sampler.rank(worker_study)  # a signal meanwhile: KeyboardInterrupt, no trial
-                while True:
+                ls = self._layout_sampler
+                if ls is not None:    # rank (or read the ranking) before any trial exists
+                    ls.rank(worker_study)  # a signal meanwhile: KeyboardInterrupt, no trial
+                # a study an earlier run left converged gets no new trial (unless trials wait in its queue)
+                done = (stop_when_converged and ls is not None
+                        and not worker_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                        and (why := ls.convergence(worker_study)) is not None)
+                if done:
+                    self.stop_reason = why
+                while not done:
                     left = None if budget is None else budget - len(mine)
                     time_left = None if timeout is None else timeout - (_time.monotonic() - started)
                     if (left is not None and left <= 0) or (time_left is not None and time_left <= 0) \

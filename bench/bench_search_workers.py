@@ -50,7 +50,7 @@ def run(target: str, workers: int, per_worker: int) -> dict:
             t.optimize(per_worker, show_progress_bar=False)
         else:
             ls = t._sampler()       # as `autotune run --workers N`: rank once, before the workers
-            ls.rank(t.study, places=ls.num_initial + min(workers * per_worker, 100) // ls.explore_every + 1)
+            ls.rank_for_workers(t.study, workers, per_worker)
             outs = run_workers(kw, workers, n_trials=per_worker)
             assert all(o.error is None for o in outs), outs
         cpu, wall = cpu_s() - c0, time.perf_counter() - t0

@@ -518,13 +518,14 @@ def print_outcomes(outcomes, say=click.echo):
     bad = 0
     for o in outcomes:
         st = o.own_states
-        line = (f"worker {o.worker_id}: {o.n_new_trials} trials run: {st.get('feasible', 0)} feasible, "
+        line = (f"worker {o.worker_id}: {o.n_new_trials} trial{'s' if o.n_new_trials != 1 else ''} run: "
+                f"{st.get('feasible', 0)} feasible, "
                 f"{st.get('infeasible', 0)} do not fit, {st.get('pruned', 0)} pruned, {st.get('failed', 0)} failed")
         if o.error:
             bad += 1
             line += f"; stopped: {o.error}"
         elif getattr(o, "stop_reason", None):
-            line += f"; stopped early, {o.stop_reason}"
+            line += "; stopped early (converged)"
         say(line)
     return bad
 

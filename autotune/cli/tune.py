@@ -135,13 +135,16 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             t.study  # noqa: B018 - create the study once here, before the workers race for it
             if t.sampler_name == "layout":      # rank the layouts once, here; the workers read the ranking
                 ls = t._sampler()       # the layouts the workers' trials take (one in 4 after the first 8)
-                ls.rank(t.study, places=ls.num_initial + min(workers * (trials or 100), 100) // ls.explore_every + 1)
+                ls.rank_for_workers(t.study, workers, trials)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
                                   stop_when_converged=not no_early_stop)
 
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
+        stops = [o.stop_reason for o in outcomes if o.stop_reason]
+        if stops:       # each worker stopped on its own view: the last one's, once
+            say(f"stopped early, {stops[-1]}; --no-early-stop runs every trial")
         from autotune.study.faults import with_retries
         # a server restarted while the workers ran: the parent's read is retried on a fresh connection
         study, info = with_retries(lambda: load_study(tuner.name, storage), storage, what="reading the study")
@@ -150,11 +153,12 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         with_retries(lambda: reap_after_run(study, url=storage), storage, what="failing the trials left running")
         trials_all = with_retries(lambda: study.get_trials(deepcopy=False), storage, what="reading the study")
         n_new = sum(o.n_new_trials for o in outcomes)
-        say(f"{n_new} trials run by {workers} workers, {len(trials_all)} in the study")
+        say(f"{n_new} trial{'s' if n_new != 1 else ''} run by {workers} workers, {len(trials_all)} in the study")
         best = with_retries(lambda: require_best_plan(study, info, storage), storage, what="reading the study")
         if bad == workers:
             raise ConfigError(f"all {workers} workers stopped on an error (see above)")
         n_total, st = len(trials_all), {}
+        stop_why = stops[-1] if stops else None
     else:
         tuner = interruptible(_open, storage=storage, study=name)
         if screen is not None:
@@ -173,14 +177,16 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         with_retries(lambda: reap_after_run(tuner.study, url=storage), storage,
                      what="failing the trials left running")
         st, own = summary.states, summary.own_states
-        say(f"{summary.n_new_trials} trials run by this worker (worker {summary.worker_id}: "
+        stop_why = summary.stop_reason
+        plural = "s" if summary.n_new_trials != 1 else ""
+        say(f"{summary.n_new_trials} trial{plural} run by this worker (worker {summary.worker_id}: "
             f"{own.get('feasible', 0)} feasible, {own.get('infeasible', 0)} do not fit in memory, "
             f"{own.get('pruned', 0)} pruned (invalid), {own.get('failed', 0)} failed); "
             f"{summary.n_trials} in the study: {st.get('feasible', 0)} "
             f"feasible, {st.get('infeasible', 0)} do not fit in memory, {st.get('pruned', 0)} pruned (invalid), "
             f"{st.get('failed', 0)} failed")
         if summary.stop_reason:
-            say(f"stopped early, {summary.stop_reason}")
+            say(f"stopped early, {summary.stop_reason}; --no-early-stop runs every trial")
         best = summary.best
         n_new, n_total = summary.n_new_trials, summary.n_trials
     yours = _compare(imported, best, model=model, cluster=cluster, workload=workload, backend=backend,
@@ -206,7 +212,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                 extra["same_precision"] = {"precision": imported.plan.precision, "trial": same[0],
                                            "mfu": same[1].mfu if ok else None,
                                            "mfu_gain_points": 100 * (same[1].mfu - yours[0].mfu) if ok else None}
-        click.echo(json_document("run", entries, trials={"new": n_new, "total": n_total, "states": dict(st)}, **extra))
+        click.echo(json_document("run", entries, trials={"new": n_new, "total": n_total, "states": dict(st),
+                                                          "stop_reason": stop_why}, **extra))
         return
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,

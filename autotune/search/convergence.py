@@ -104,23 +104,14 @@ class ConvergenceStop:
         if any(q not in seen for q in cands):
             return None
         hist = self._history
+        which = f"the reported plan, trial {state.pick_n} (MFU {100 * hist[state.pick_n][1]:.2f}%"
         if state.pick_n != state.best_n:
-            which = (f"the reported plan (trial {state.pick_n}, MFU {100 * hist[state.pick_n][1]:.2f}%, chosen within "
-                     f"the {100 * self.band_frac:.1f}% error band of the fastest, trial {state.best_n} at "
-                     f"{100 * hist[state.best_n][1]:.2f}%)")
-        else:
-            which = f"the reported plan (trial {state.best_n}, MFU {100 * hist[state.best_n][1]:.2f}%)"
-        bound = (f"estimate x {state.r:.2f} - {100 * self.bound_slack:g}% ({state.r:.2f}: the lowest simulated / "
-                 f"estimated step time seen)")
-        if state.threshold_ms > state.best_ms:
-            test = (f"{bound} is below the fastest plan's {state.best_ms:,.0f} ms, or within the band (up to "
-                    f"{state.band_ms:,.0f} ms) and, plus the communication its overlaps hide, not above the "
-                    f"reported plan's {state.pick_exposed_ms:,.0f} ms with every collective exposed")
-        else:
-            test = f"{bound} is below the fastest plan's {state.best_ms:,.0f} ms"
-        return (f"converged after {len(finished)} trials: {which} has not changed in the last {since} trials, "
-                f"and every layout that could still change it was tried: all {len(cands)} of "
-                f"{layouts.num_layouts} whose {test}")
+            which += (f", chosen within the {100 * self.band_frac:.1f}% error band of the fastest, trial "
+                      f"{state.best_n} at {100 * hist[state.best_n][1]:.2f}%")
+        return (f"converged after {len(finished)} trials: {which}), has not changed in the last {since} trials, "
+                f"and all {len(cands)} of {layouts.num_layouts} layouts that could still change it were tried "
+                f"(each one's bound: its estimate x {state.scale:.2f}, the lowest simulated / estimated step-time "
+                f"ratio seen, {state.r:.2f}, less {100 * self.bound_slack:g}%)")
 
     def _bound_state(self) -> "_BoundState | None":
         """The fastest and the reported plan of the history, the step time an untried plan must be below to

@@ -219,3 +219,23 @@ def test_band_order_is_robust_order():
     # band 0: plain MFU order
     assert band_order(names, 0.0, value=lambda n: items[n][0], exposed=lambda n: items[n][1],
                       number=names.index) == ["a", "b", "c", "d"]
+
+
+def test_a_converged_study_gets_no_new_trial_and_json_says_why(tmp_path):
+    # `autotune run` again on a study an earlier run left converged: the stop holds before the first trial
+    # (it added one trial per run before), and --json carries the reason (trials.stop_reason)
+    from click.testing import CliRunner
+
+    from autotune.cli.app import main
+
+    args = ["run", "--size", "8b", "--storage", f"sqlite:///{tmp_path}/s.db"]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "stopped early, converged after" in first.output and "--no-early-stop runs every trial" in first.output
+    again = CliRunner().invoke(main, [*args, "--json"])
+    assert again.exit_code == 0, again.output
+    doc = json.loads(again.stdout)
+    assert doc["trials"]["new"] == 0 and doc["trials"]["stop_reason"].startswith("converged after")
+    # the same trials as the first run, the same reported plan
+    n_first = int(first.output.split("converged after ")[1].split()[0])
+    assert doc["trials"]["total"] == n_first
