@@ -213,7 +213,6 @@ class Tuner:
             from autotune.study.trials import band_fraction
 
             costs = getattr(self._evaluator, "costs", None) if self._evaluator is not None else None
-            # the convergence stop waits for what could change the plan run reports (within the error band)
             return make_sampler(self.bound, model=self.model, cluster=self.cluster, workload=self.workload,
                                 engine=self.engine, costs=costs, seed=self.seed,
                                 band_frac=band_fraction(self.info))
@@ -392,16 +391,10 @@ class Tuner:
             bar = MfuProgressBar(n_trials) if show_progress_bar else None   # names MFU in %
             faults: list[float] = []      # when transient storage errors happened (retried, see below)
             try:
-                ls = self._layout_sampler
-                if ls is not None:    # rank (or read the ranking) before any trial exists
+                if (ls := self._layout_sampler) is not None:    # rank (or read the ranking) before any trial
                     ls.rank(worker_study)  # a signal meanwhile: KeyboardInterrupt, no trial
-                # a study an earlier run left converged gets no new trial (unless trials wait in its queue)
-                done = (stop_when_converged and ls is not None
-                        and not worker_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                        and (why := ls.convergence(worker_study)) is not None)
-                if done:
-                    self.stop_reason = why
-                while not done:
+                    self.stop_reason = ls.converged_already(worker_study) if stop_when_converged else None
+                while self.stop_reason is None:
                     left = None if budget is None else budget - len(mine)
                     time_left = None if timeout is None else timeout - (_time.monotonic() - started)
                     if (left is not None and left <= 0) or (time_left is not None and time_left <= 0) \

@@ -113,6 +113,14 @@ class ConvergenceStop:
                 f"(each one's bound: its estimate x {state.scale:.2f}, the lowest simulated / estimated step-time "
                 f"ratio seen, {state.r:.2f}, less {100 * self.bound_slack:g}%)")
 
+    def converged_already(self, study: optuna.Study) -> str | None:
+        """:meth:`convergence` before a run's first trial: a study an earlier run left converged gets no new
+        trial (``autotune run`` again added one per run); None when trials wait in its queue (enqueued warm
+        starts or screened plans run first)."""
+        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return None
+        return self.convergence(study)
+
     def _bound_state(self) -> "_BoundState | None":
         """The fastest and the reported plan of the history, the step time an untried plan must be below to
         change the report, and the estimate's correction (:meth:`convergence`); None before a feasible plan
