@@ -53,6 +53,7 @@ class ConvergenceStop:
     _finished: set[int]
     _rh: float                  # _hidden_scale's rh so far, over the trials in _rh_seen
     _rh_seen: set[int]
+    _own: set[int]              # trial numbers this sampler sampled (before_trial)
 
     def rank(self, study: optuna.Study | None = None, places: int | None = None) -> LazyRanking:
         """The sampler's layout ranking (``LayoutSampler.rank``)."""
@@ -162,12 +163,14 @@ class ConvergenceStop:
 
     def _hidden_scale(self) -> float:
         """``rh`` x (1 - bound_slack): ``rh`` = min(1, the lowest simulated / screened hidden communication
-        over the evaluated plans), the simulated one being ``step_time_exposed_ms - step_time_ms``. Kept
-        up to date incrementally and computed only when a layout within the band needs it (a screen of a
-        plan's hidden communication costs a CostBuilder)."""
+        over the plans this sampler's own trials evaluated), the simulated one being ``step_time_exposed_ms -
+        step_time_ms``. Kept up to date incrementally and computed only when a layout within the band needs
+        it (a screen of a plan's hidden communication costs a CostBuilder). Own trials only: with ``--workers
+        4`` every worker screened every trial's plan for it, 4 times the single worker's screens (70B x 64
+        B200: 1.3-1.4x one worker's CPU); a single worker's trials are all its own."""
         rh = self._rh
         for n, step in self._step_ms.items():
-            if n in self._rh_seen:
+            if n in self._rh_seen or n not in self._own:
                 continue
             self._rh_seen.add(n)
             plan = self._history[n][0]

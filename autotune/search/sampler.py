@@ -122,7 +122,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         self.patience, self.bound_slack, self.band_frac = patience, bound_slack, band_frac
         self._step_ms: dict[int, float] = {}
         self._exposed_ms: dict[int, float] = {}     # step time with every overlapped collective exposed
-        self._rh, self._rh_seen = 1.0, set()        # ConvergenceStop._hidden_scale
+        self._rh, self._rh_seen, self._own = 1.0, set(), set()      # ConvergenceStop._hidden_scale
         self._random = optuna.samplers.RandomSampler(seed=self.seed)
         self._ranking: LazyRanking | None = None
         self._entries: list[tuple[int, dict[str, Any], float]] = []
@@ -148,6 +148,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         return {}
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._own.add(trial.number)
         try:
             plan = self.next_plan(study, trial.number)
         except Exception as e:      # a screen that cannot cost some plan must not stop the study
