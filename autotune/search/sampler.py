@@ -174,7 +174,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                 break
             # the other workers' trials since the snapshot this trial started from (seeding.py _SnapshotStudy):
             # a worker that sampled slowly picked again from a stale history and took a finished trial's plan
-            # (issue 26: a --workers 4 test drew trial 1's plan as trial 15's, 1 run in ~40 under load)
+            # (issue 26: a --workers 4 test drew trial 1's plan as trial 15's, 2 runs in 57 of a stress loop)
             refresh = getattr(study, "refresh_snapshot", None)
             if callable(refresh):
                 refresh()
@@ -368,7 +368,8 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         and ``bench/bench_search.py --rank-correlation``; the search itself screens lazily, :meth:`rank`)."""
         return self.rank(study).all()
 
-    def rank(self, study: optuna.Study | None = None, places: int | None = None) -> LazyRanking:
+    def rank(self, study: optuna.Study | None = None, places: int | None = None,
+             prescreen: bool = False) -> LazyRanking:
         """The layouts in estimate order, screened as far as asked (:class:`LazyRanking`; built once).
 
         With ``study``: the ranking is shared through the study's storage (system attribute
@@ -379,7 +380,8 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         ignored and replaced. Layouts past the stored ones are screened by the worker that needs them (the
         same result in every worker). ``places``: how many layouts to place before storing (default
         :attr:`num_initial`; ``autotune run --workers N`` places what N workers' trials will take, once:
-        :meth:`rank_for_workers`).
+        :meth:`rank_for_workers`); ``prescreen``: also screen, before storing, what :meth:`rank_for_workers`
+        says the stop will wait for.
         """
         if self._ranking is None and study is not None and self._load_ranking(study):
             return self._ranking        # type: ignore[return-value]
@@ -388,6 +390,12 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             if study is not None:
                 for _ in itertools.islice(self._ranking, max(places or 0, self.num_initial)):  # type: ignore[arg-type]
                     pass
+                first = self._ranking.first() if prescreen else None      # type: ignore[union-attr]
+                if first is not None:
+                    reach = self.screen.estimate_ms(first) / (1 - self.band_frac) / (1 - self.bound_slack)
+                    for q in self._ranking.screen_below(reach):     # type: ignore[union-attr]
+                        if self.band_frac > 0:      # the stop's within-band test reads it
+                            self.screen.hidden_ms(q)
                 self._store_ranking(study)
         return self._ranking            # type: ignore[return-value]
 
@@ -405,21 +413,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         here, so workers still screen some layouts past these, each for itself (sharing those through the study
         measured no gain: 70B x 64 B200, 4 x 25 trials, 9.3 / 10.7 s CPU shared against 9.1 / 10.9 s not)."""
         places = self.num_initial + min(num_workers * (trials_per_worker or 100), 100) // self.explore_every + 1
-        if self._ranking is None and self._load_ranking(study):
-            return self._ranking        # type: ignore[return-value]
-        if self._ranking is None:
-            self._compute_layouts()
-        ranking: LazyRanking = self._ranking        # type: ignore[assignment]
-        for _ in itertools.islice(ranking, places):
-            pass
-        first = ranking.first()
-        if first is not None:
-            reach = self.screen.estimate_ms(first) / (1 - self.band_frac) / (1 - self.bound_slack)
-            for q in ranking.screen_below(reach):
-                if self.band_frac > 0:      # the stop's within-band test reads it (forked workers inherit it)
-                    self.screen.hidden_ms(q)
-        self._store_ranking(study)
-        return ranking
+        return self.rank(study, places=places, prescreen=True)
 
     def _compute_layouts(self) -> None:
         self.ranking_source = "computed"

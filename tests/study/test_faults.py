@@ -366,8 +366,9 @@ def test_kill_9_mid_run_leaves_nothing_running_after_the_next_run(tmp_path):
 
 def test_a_single_run_fails_an_orphan_left_just_before_it(tmp_path):
     # What test_kill_9_mid_run... hits when the kill lands between Optuna creating a trial and the worker
-    # stamping it (1 CI run in ~5): the orphan has no worker record, so it is failed only once it is
-    # UNSTAMPED_GRACE_S (10 s) old, and a 1-trial run ended sooner and left it RUNNING. Made here on purpose:
+    # stamping it (one clean-clone CI run of 0e6bbe2, session 4; its rerun passed): the orphan has no worker
+    # record, so it is failed only once it is UNSTAMPED_GRACE_S (10 s) old, and a 1-trial run ended sooner
+    # and left it RUNNING. Made here on purpose:
     # an unstamped RUNNING trial created right before the run; the run waits it out and fails it with a reason.
     url = f"sqlite:///{tmp_path / 'a.db'}"
     args = [sys.executable, "-m", "autotune", "run", "--size", "8b", "--trials", "1", "--storage", url]
