@@ -1,0 +1,134 @@
+"""Reading trials from an RDB storage without building SQLAlchemy ORM objects.
+
+Optuna's ``RDBStorage`` reads a trial as one ORM object per row (the trial, each parameter, value, user and
+system attribute, intermediate value; ``selectinload``, optuna/storages/_rdb/storage.py ``_get_trials`` and
+``get_trial``, Optuna 5.0) and decodes each parameter's distribution JSON once per row. An autotune trial has
+~32 such rows (12 parameters, 16 user attributes, 3 system attributes, 1 value), so reading one cost ~2 ms CPU
+on the dev machine, and a run reads every trial several times (``ask`` re-reads the study before each trial;
+``Trial.__init__``, ``tell`` and the callbacks read the trial itself): ~25% of a simulated run's CPU, and
+with ``--workers N`` every worker reads every other worker's trials too (issue 26).
+
+:class:`TrialReadingRDBStorage` reads the same rows with SQLAlchemy Core selects (rows as tuples) in the same
+session and transaction as Optuna's (one consistent snapshot: the selects share one read transaction), and
+builds the same :class:`~optuna.trial.FrozenTrial` objects; decoded distributions are cached by their JSON
+text. ``tests/study/test_reads.py`` checks it against Optuna's own reader on studies with every kind of row.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Container
+
+import optuna
+from optuna.distributions import BaseDistribution, json_to_distribution
+from optuna.trial import FrozenTrial, TrialState
+
+
+@functools.lru_cache(maxsize=4096)
+def _distribution(distribution_json: str) -> BaseDistribution:
+    """A parameter's distribution from its stored JSON (the same text always decodes to an equal one)."""
+    return json_to_distribution(distribution_json)
+
+
+class TrialReadingRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's :class:`~optuna.storages.RDBStorage` whose trial reads (``get_trial``, ``_get_trials``, used by
+    ``get_all_trials`` and by Optuna's ``_CachedStorage``) select rows with SQLAlchemy Core instead of loading
+    ORM objects (module docstring). Same arguments, same results, same errors: a missing trial or study raises
+    ``KeyError``, a database error Optuna's ``StorageInternalError`` (both through Optuna's own session helper).
+    Writes are Optuna's."""
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        from optuna.storages._rdb.models import NOT_FOUND_MSG, TrialModel
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        t = TrialModel.__table__
+        with _create_scoped_session(self.scoped_session) as session:
+            trials = self._read(session, t.c.trial_id == trial_id)
+        if not trials:
+            raise KeyError(NOT_FOUND_MSG)
+        return trials[0]
+
+    def _get_trials(self, study_id: int, states: Container[TrialState] | None, included_trial_ids: set[int],
+                    trial_id_greater_than: int) -> list[FrozenTrial]:
+        """Optuna's ``RDBStorage._get_trials``: the study's trials (in ``states``, if given) whose id is
+        > ``trial_id_greater_than`` or in ``included_trial_ids`` (ids <= it), by trial id; all of them when
+        ``trial_id_greater_than`` is -1. ``KeyError`` if the study does not exist."""
+        import sqlalchemy as sa
+        from optuna.storages._rdb.models import StudyModel, TrialModel
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        t = TrialModel.__table__
+        included = sorted(i for i in included_trial_ids if i <= trial_id_greater_than)
+        cond = t.c.study_id == study_id
+        if states is not None:
+            cond = sa.and_(cond, t.c.state.in_(list(states)))   # type: ignore[call-overload]
+        with _create_scoped_session(self.scoped_session) as session:
+            StudyModel.find_or_raise_by_id(study_id, session)
+            if included and trial_id_greater_than > -1:
+                try:
+                    return self._read(session, sa.and_(cond, sa.or_(t.c.trial_id.in_(included),
+                                                                    t.c.trial_id > trial_id_greater_than)))
+                except sa.exc.OperationalError:
+                    # too many ids for one IN (the database's limit on bound variables): as Optuna does,
+                    # read the study's trials and keep the wanted ones
+                    session.rollback()
+                    keep = set(included)
+                    return [x for x in self._read(session, cond)
+                            if x._trial_id in keep or x._trial_id > trial_id_greater_than]
+            if trial_id_greater_than > -1:
+                cond = sa.and_(cond, t.c.trial_id > trial_id_greater_than)
+            return self._read(session, cond)
+
+    @staticmethod
+    def _read(session: Any, where: Any) -> list[FrozenTrial]:
+        """The trials matching ``where`` (a condition on the trials table), by trial id, read in ``session``."""
+        import sqlalchemy as sa
+        from optuna.storages._rdb import models
+
+        t = models.TrialModel.__table__
+        rows = session.execute(sa.select(t.c.trial_id, t.c.number, t.c.state, t.c.datetime_start,
+                                         t.c.datetime_complete).where(where).order_by(t.c.trial_id)).all()
+        if not rows:
+            return []
+        ids = sa.select(t.c.trial_id).where(where).scalar_subquery() if len(rows) > 1 else rows[0][0]
+
+        def children(model: Any, *cols: str) -> dict[int, list[Any]]:
+            tab = model.__table__
+            pk = tab.primary_key.columns.values()[0]
+            sel = sa.select(tab.c.trial_id, *(tab.c[c] for c in cols))
+            sel = sel.where(tab.c.trial_id.in_(ids) if len(rows) > 1 else tab.c.trial_id == ids).order_by(pk)
+            out: dict[int, list[Any]] = {}
+            for r in session.execute(sel):
+                out.setdefault(r[0], []).append(r[1:])
+            return out
+
+        params = children(models.TrialParamModel, "param_name", "param_value", "distribution_json")
+        values = children(models.TrialValueModel, "objective", "value", "value_type")
+        user = children(models.TrialUserAttributeModel, "key", "value_json")
+        system = children(models.TrialSystemAttributeModel, "key", "value_json")
+        inter = children(models.TrialIntermediateValueModel, "step", "intermediate_value", "intermediate_value_type")
+        to_value = models.TrialValueModel.stored_repr_to_value
+        to_inter = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value
+        trials = []
+        for trial_id, number, state, start, complete in rows:
+            vs = values.get(trial_id)
+            vals: list[float] | None = None
+            if vs:
+                vals = [0.0] * len(vs)
+                for objective, v, vt in vs:
+                    vals[objective] = to_value(v, vt)
+            ps = params.get(trial_id, ())
+            dists = {name: _distribution(dj) for name, _, dj in ps}
+            trials.append(FrozenTrial(
+                number=number, state=state, value=None, values=vals, datetime_start=start,
+                datetime_complete=complete,
+                params={name: dists[name].to_external_repr(v) for name, v, _ in ps}, distributions=dists,
+                user_attrs={k: json.loads(v) for k, v in user.get(trial_id, ())},
+                system_attrs={k: json.loads(v) for k, v in system.get(trial_id, ())},
+                intermediate_values={s: to_inter(v, vt) for s, v, vt in inter.get(trial_id, ())},
+                trial_id=trial_id))
+        return trials
+
+
+__all__ = ["TrialReadingRDBStorage"]
