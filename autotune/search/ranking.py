@@ -49,6 +49,7 @@ class LazyRanking:
         heapq.heapify(self._pending)
         self._ready: list[tuple[float, int]] = []
         self.screened: dict[int, Plan | None] = {}
+        self._keys: dict[int, float] = {}       # a screened layout's key (its place in the order)
         self._plans: set[Plan] = set()
         self.ranked: list[Plan] = []
         self._known = dict(known or {})
@@ -76,7 +77,8 @@ class LazyRanking:
         self.screened[i] = plan
         if plan is not None:
             self._plans.add(plan)
-            heapq.heappush(self._ready, (self._estimate(plan) * self._jitter(i), i))
+            self._keys[i] = key = self._estimate(plan) * self._jitter(i)
+            heapq.heappush(self._ready, (key, i))
 
     def _extend(self) -> bool:
         """Place the next layout in order; False when every layout is placed."""
@@ -119,10 +121,14 @@ class LazyRanking:
 
     def first_where(self, ok: Callable[[Plan], bool], below_ms: float) -> Plan | None:
         """The first layout in order with ``ok(plan)``, among those whose estimate is below ``below_ms``
-        (the caller's ``ok`` must imply that), or None; places no layout past the last candidate."""
-        if not any(ok(q) for q in self.screen_below(below_ms)):
-            return None
-        return next((q for q in self if ok(q)), None)
+        (the caller's ``ok`` must imply that), or None. Every such layout is screened (:meth:`screen_below`),
+        so the first is the one of least (key, index), the order's own sort: found without placing the
+        layouts before it, which would screen layouts whose bound is above ``below_ms`` (issue 26: with
+        ``--workers 4`` on 70B x 64 B200 each worker screened the same 29 such layouts)."""
+        self.screen_below(below_ms)
+        keys = self._keys
+        found = min(((keys[i], i) for i, q in self.screened.items() if q is not None and ok(q)), default=None)
+        return self.screened[found[1]] if found is not None else None
 
     def state(self) -> list[tuple[int, float, bool]]:
         """(index, bound, whether the bound is final) of every layout, to rebuild this ranking elsewhere."""
