@@ -8,8 +8,9 @@ on the dev machine, and a run reads every trial several times (``ask`` re-reads 
 ``Trial.__init__``, ``tell`` and the callbacks read the trial itself): ~25% of a simulated run's CPU, and
 with ``--workers N`` every worker reads every other worker's trials too (issue 26).
 
-:class:`TrialReadingRDBStorage` reads the same rows with SQLAlchemy Core selects (rows as tuples) in the same
-session and transaction as Optuna's (one consistent snapshot: the selects share one read transaction), and
+:class:`TrialReadingRDBStorage` reads the same rows with SQLAlchemy Core selects (rows as tuples), one select
+per table as Optuna's ``selectinload`` does, in a session of Optuna's own (so each select sees what it would
+have seen: on SQLite, whose driver opens no transaction for a select, what was committed when it ran), and
 builds the same :class:`~optuna.trial.FrozenTrial` objects; decoded distributions are cached by their JSON
 text. ``tests/study/test_reads.py`` checks it against Optuna's own reader on studies with every kind of row.
 """
