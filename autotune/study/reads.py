@@ -94,21 +94,34 @@ class TrialReadingRDBStorage(optuna.storages.RDBStorage):
             return []
         ids = sa.select(t.c.trial_id).where(where).scalar_subquery() if len(rows) > 1 else rows[0][0]
 
-        def children(model: Any, *cols: str) -> dict[int, list[Any]]:
-            tab = model.__table__
-            pk = tab.primary_key.columns.values()[0]
-            sel = sa.select(tab.c.trial_id, *(tab.c[c] for c in cols))
-            sel = sel.where(tab.c.trial_id.in_(ids) if len(rows) > 1 else tab.c.trial_id == ids).order_by(pk)
-            out: dict[int, list[Any]] = {}
-            for r in session.execute(sel):
-                out.setdefault(r[0], []).append(r[1:])
-            return out
+        # the five child tables in one UNION ALL select (kind, trial id, row id, text key, int, float, text): one
+        # statement where Optuna's selectinload issues five; enum columns come back as their member's name
+        str_, int_, float_ = sa.String(), sa.Integer(), sa.Float()
 
-        params = children(models.TrialParamModel, "param_name", "param_value", "distribution_json")
-        values = children(models.TrialValueModel, "objective", "value", "value_type")
-        user = children(models.TrialUserAttributeModel, "key", "value_json")
-        system = children(models.TrialSystemAttributeModel, "key", "value_json")
-        inter = children(models.TrialIntermediateValueModel, "step", "intermediate_value", "intermediate_value_type")
+        def part(kind: int, model: Any, row_id: str, key: Any, num: Any, val: Any, text: Any) -> Any:
+            tab = model.__table__
+            cols = [sa.literal(kind, int_), tab.c.trial_id, tab.c[row_id]] + [
+                sa.cast(tab.c[c] if isinstance(c, str) else sa.null(), ty)
+                for c, ty in ((key, str_), (num, int_), (val, float_), (text, str_))]
+            return sa.select(*cols).where(tab.c.trial_id.in_(ids) if len(rows) > 1 else tab.c.trial_id == ids)
+
+        union = sa.union_all(
+            part(0, models.TrialParamModel, "param_id", "param_name", None, "param_value", "distribution_json"),
+            part(1, models.TrialValueModel, "trial_value_id", None, "objective", "value", "value_type"),
+            part(2, models.TrialUserAttributeModel, "trial_user_attribute_id", "key", None, None, "value_json"),
+            part(3, models.TrialSystemAttributeModel, "trial_system_attribute_id", "key", None, None, "value_json"),
+            part(4, models.TrialIntermediateValueModel, "trial_intermediate_value_id", None, "step",
+                 "intermediate_value", "intermediate_value_type"))
+        got: list[dict[int, list[Any]]] = [{}, {}, {}, {}, {}]
+        for kind, trial_id, row_id, key, num, val, text in sorted(session.execute(union), key=lambda r: (r[0], r[2])):
+            got[kind].setdefault(trial_id, []).append((key, num, val, text))
+        params = {t: [(k, v, dj) for k, _, v, dj in rs] for t, rs in got[0].items()}
+        value_type = models.TrialValueModel.TrialValueType
+        values = {t: [(n, v, value_type[vt]) for _, n, v, vt in rs] for t, rs in got[1].items()}
+        user = {t: [(k, j) for k, _, _, j in rs] for t, rs in got[2].items()}
+        system = {t: [(k, j) for k, _, _, j in rs] for t, rs in got[3].items()}
+        inter_type = models.TrialIntermediateValueModel.TrialIntermediateValueType
+        inter = {t: [(n, v, inter_type[vt]) for _, n, v, vt in rs] for t, rs in got[4].items()}
         to_value = models.TrialValueModel.stored_repr_to_value
         to_inter = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value
         trials = []
