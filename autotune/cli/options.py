@@ -148,9 +148,9 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
                               "writable storage")
         from pathlib import Path
 
-        from autotune.study.storage_check import readonly_url, sqlite_path
+        from autotune.study.storage_check import fresh_sqlite_file, readonly_url, sqlite_path
         sp = sqlite_path(storage)
-        if sp is not None and Path(sp[0]).exists():
+        if sp is not None and Path(sp[0]).exists() and not fresh_sqlite_file(sp[0]):
             readonly_url(storage)       # an existing file must already be an Optuna storage (never adopted)
         from autotune.study.storage_check import check_journal_file
         check_journal_file(storage)     # likewise a journal:PATH file

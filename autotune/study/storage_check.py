@@ -173,15 +173,41 @@ def disk_full(path: str | Path, *, min_free_bytes: int = 64 * 1024) -> bool:
     return st.f_bavail * st.f_frsize < min_free_bytes
 
 
+def fresh_sqlite_file(path: str | Path) -> bool:
+    """Whether the SQLite file at ``path`` holds nothing yet: 0 bytes (SQLite creates the file before it writes
+    its first page), or a database with no table, index or view (another ``autotune run`` starting on the same
+    new storage is creating Optuna's tables: they come in one transaction). Such a file is opened as a new
+    storage rather than refused as a foreign one: nothing in it can be lost. Six runs started together on a new
+    file had one refuse it ("not an SQLite database") as it was being created (issue 26, session 5). False for
+    anything else, or when the file cannot be read."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            return False
+        if p.stat().st_size == 0:
+            return True
+        with open(p, "rb") as fh:
+            if fh.read(16) != SQLITE_HEADER:
+                return False
+        con = sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(p))}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error):
+        return False
+
+
 def existing_readonly(url: str) -> str:
     """``url`` opened read-only when it names an existing SQLite file (:func:`readonly_url`: no WAL switch, no
-    -wal/-shm files, nothing created), else ``url`` unchanged (a journal is only read until written to).
+    -wal/-shm files, nothing created), else ``url`` unchanged (a journal is only read until written to; a file
+    that holds nothing yet, :func:`fresh_sqlite_file`, is opened as a new storage).
 
     Raises:
         StorageError: as :func:`readonly_url`.
     """
     sp = sqlite_path(url)
-    if sp is not None and not is_readonly_url(url) and Path(sp[0]).is_file():
+    if sp is not None and not is_readonly_url(url) and Path(sp[0]).is_file() and not fresh_sqlite_file(sp[0]):
         return readonly_url(url)
     return url
 

@@ -90,3 +90,45 @@ def test_show_on_a_missing_journal_creates_nothing(tmp_path):
     r = CliRunner().invoke(main, ["show", "--storage", f"journal:{tmp_path}/none.log"])
     assert r.exit_code == 2 and "does not exist" in r.output, r.output
     assert list(tmp_path.iterdir()) == []
+
+
+def _empty_schema_sqlite(p):
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.execute("DROP TABLE t")        # an SQLite header and an empty schema
+    con.commit()
+    con.close()
+    return p
+
+
+@pytest.mark.parametrize("content", ["zero bytes", "no tables"])
+def test_run_opens_a_file_that_holds_nothing_yet_as_a_new_storage(tmp_path, content):
+    # a file another `autotune run` has just created on the same new storage: 0 bytes (SQLite creates the file
+    # before its first page) or an SQLite database whose tables are not there yet; nothing in it can be lost, so
+    # it is opened as a new storage (before: "not an SQLite database" for one of six runs started together)
+    from autotune.study.storage_check import fresh_sqlite_file
+
+    db = tmp_path / "s.db"
+    if content == "zero bytes":
+        db.write_bytes(b"")
+    else:
+        _empty_schema_sqlite(db)
+        assert db.read_bytes()[:16] == b"SQLite format 3\x00"
+    assert fresh_sqlite_file(db)
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "2", "--storage",
+                                  f"sqlite:///{db}"])
+    assert r.exit_code == 0, r.output
+    assert "2 trials run by this worker" in r.output, r.output
+    assert not fresh_sqlite_file(db)        # now an autotune storage
+
+
+def test_run_still_refuses_an_sqlite_file_of_other_tables(tmp_path):
+    from autotune.study.storage_check import fresh_sqlite_file
+
+    db = _foreign_sqlite(tmp_path / "other.db")
+    before = _digest(db)
+    assert not fresh_sqlite_file(db)
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "2", "--storage",
+                                  f"sqlite:///{db}"])
+    assert r.exit_code == 2 and "holds no Optuna study tables" in r.output and "Traceback" not in r.output, r.output
+    assert _digest(db) == before
