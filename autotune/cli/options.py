@@ -149,6 +149,13 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         from pathlib import Path
 
         from autotune.study.storage_check import fresh_sqlite_file, readonly_url, sqlite_path
+        if storage.startswith("sqlite:") and not storage.startswith("sqlite:///"):
+            raise ConfigError(f"--storage {redact(storage)}: expected sqlite:///PATH (a file, e.g. "
+                              "sqlite:///studies/autotune.db)")
+        if storage.startswith("sqlite:") and "mode=memory" in storage:
+            raise ConfigError(f"--storage {redact(storage)}: mode=memory is a database of one SQLite connection, "
+                              "which Optuna's connection pool does not keep; use sqlite:///PATH (or "
+                              "sqlite:///:memory: for a single run that keeps nothing)")
         sp = sqlite_path(storage)
         if sp is not None and Path(sp[0]).exists() and not fresh_sqlite_file(sp[0]):
             readonly_url(storage)       # an existing file must already be an Optuna storage (never adopted)

@@ -252,6 +252,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                       imported.engine), notes))
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
+    if ":memory:" in storage:       # nothing is kept once this process ends: no export command can read it
+        click.echo(f"\n{storage} keeps nothing after this run; to export the plan, run with --storage sqlite:///PATH")
+        return
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 

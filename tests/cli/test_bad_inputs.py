@@ -93,6 +93,11 @@ for opt, v in [("--top-k", "0"), ("--top-k", "-1"), ("--seed", "-1"), ("--timeou
 
 # storage URLs
 case("run-storage-empty", lambda e: ["run", "--size", "8b", "--storage", ""], "--storage")
+# refused before the run's header lines (they were printed first): no path; SQLite's per-connection memory database
+case("run-storage-sqlite-no-path", lambda e: ["run", "--size", "8b", "--workers", "2", "--storage", "sqlite://"],
+     "sqlite:///PATH")
+case("run-storage-mode-memory", lambda e: ["run", "--size", "8b", "--storage", "sqlite:///file:x?mode=memory&uri=true"],
+     "mode=memory")
 case("run-storage-foreign-sqlite", lambda e: ["run", "--size", "8b", "--space", "small", "--trials", "1",
                                               "--storage", f"sqlite:///{e['foreign']}"], "foreign.db")
 case("run-storage-text-file", lambda e: ["run", "--size", "8b", "--space", "small", "--trials", "1",
@@ -514,3 +519,10 @@ def test_bad_input_is_refused_cleanly(env, cid, argv, field):
     assert field.lower() in err[0].lower(), (field, err[0])
     assert _digest(env) == before, "a study or a foreign file changed"
     assert not (env["dir"] / "stduy.db").exists()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///file:x?mode=memory&uri=true"])
+def test_unusable_sqlite_url_is_refused_before_the_run_starts(url):
+    # no "tuning ..." / "study ..." header lines first (they were printed, then the storage error)
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--trials", "1", "--storage", url])
+    assert r.exit_code == 2 and r.stdout == "", r.output

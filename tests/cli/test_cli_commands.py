@@ -447,3 +447,11 @@ def test_show_with_an_engine_the_storage_lacks_says_what_it_holds(storage):
     assert r.exit_code == 0, r.output
     r = invoke("show", "--engine", "native", "--storage", storage)
     assert r.exit_code == 0 and "no native studies" in r.output and "engine megatron" in r.output, r.output
+
+
+def test_run_on_memory_storage_does_not_suggest_an_export_that_cannot_read_it():
+    # sqlite:///:memory: is gone when the run ends: the closing line says so instead of an `export` command
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--trials", "2", "--storage",
+                                  "sqlite:///:memory:"])
+    assert r.exit_code == 0, r.output
+    assert "export it:" not in r.output and "keeps nothing after this run" in r.output, r.output
