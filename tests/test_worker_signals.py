@@ -42,8 +42,11 @@ def test_json_with_workers_keeps_stdout_pure(tmp_path):
     r = subprocess.run(RUN + ["--trials", "2", "--json", "--storage", f"sqlite:///{tmp_path}/s.db"],
                        env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    json.loads(r.stdout)
+    doc = json.loads(r.stdout)
     assert "worker 0: 2 trials run" in r.stderr
+    # the whole study's outcome counts (docs/json-schema.md), as with one worker (before: {} with --workers):
+    # 2 workers x 2 trials, every one counted in some state
+    assert doc["trials"]["total"] == 4 and sum(doc["trials"]["states"].values()) == 4, doc["trials"]
 
 
 #: spawned workers (argv ends with --multiprocessing-fork) pause in sitecustomize, i.e. while Python is

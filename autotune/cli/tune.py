@@ -27,7 +27,7 @@ from autotune.cli.options import (
     tune_options,
     warn_real_only_options,
 )
-from autotune.errors import ConfigError, redact
+from autotune.errors import ConfigError, NoFeasiblePlanError, redact
 
 
 @main.command()
@@ -143,7 +143,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
         stops = [o.stop_reason for o in outcomes if o.stop_reason]
-        if stops:       # each worker stopped on its own view: the last one's, once
+        if stops:       # each worker stopped on its own view: the latest one's (most trials seen), once
+            stops.sort(key=_trials_seen)
             say(f"stopped early, {stops[-1]}; --no-early-stop runs every trial")
         from autotune.study.faults import with_retries
         # a server restarted while the workers ran: the parent's read is retried on a fresh connection
@@ -154,10 +155,13 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         trials_all = with_retries(lambda: study.get_trials(deepcopy=False), storage, what="reading the study")
         n_new = sum(o.n_new_trials for o in outcomes)
         say(f"{n_new} trial{'s' if n_new != 1 else ''} run by {workers} workers, {len(trials_all)} in the study")
+        if not trials_all and timeout is not None and bad < workers:
+            raise NoFeasiblePlanError(_timeout_before_first_trial(timeout))
         best = with_retries(lambda: require_best_plan(study, info, storage), storage, what="reading the study")
         if bad == workers:
             raise ConfigError(f"all {workers} workers stopped on an error (see above)")
-        n_total, st = len(trials_all), {}
+        from autotune.study.trials import outcome_counts
+        n_total, st = len(trials_all), outcome_counts(trials_all)
         stop_why = stops[-1] if stops else None
     else:
         tuner = interruptible(_open, storage=storage, study=name)
@@ -168,6 +172,10 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                                             heartbeat_interval_s=heartbeat_interval,
                                                             stop_when_converged=not no_early_stop),
                                      storage=storage, study=tuner.name)
+        except NoFeasiblePlanError:
+            if timeout is not None and not tuner.study.get_trials(deepcopy=False):
+                raise NoFeasiblePlanError(_timeout_before_first_trial(timeout)) from None
+            raise
         finally:
             tuner.close()
         # a trial left RUNNING by a worker killed before this run (between a trial's creation and its stamp)
@@ -258,6 +266,20 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
+
+
+def _trials_seen(stop_reason: str) -> int:
+    """The trial count a worker's stop line names ("converged after N trials"), -1 if it names none: the worker
+    whose view had the most trials stopped last (convergence.py ``ConvergenceStop.convergence`` writes it)."""
+    import re
+
+    m = re.search(r"after (\d+) trials?", stop_reason)
+    return int(m.group(1)) if m else -1
+
+
+def _timeout_before_first_trial(timeout: float) -> str:
+    return (f"--timeout {timeout:g} s ran out before the first trial (opening the study and ranking the layouts "
+            "come first); give a longer --timeout, or leave it out")
 
 
 def _launch_refusal(engine: str, model, workload) -> str | None:

@@ -455,3 +455,36 @@ def test_run_on_memory_storage_does_not_suggest_an_export_that_cannot_read_it():
                                   "sqlite:///:memory:"])
     assert r.exit_code == 0, r.output
     assert "export it:" not in r.output and "keeps nothing after this run" in r.output, r.output
+
+
+def test_timeout_that_ends_before_the_first_trial_says_so(tmp_path, monkeypatch):
+    # --timeout counts from the start of tuning, ranking the layouts included: a ranking slower than the timeout
+    # (405B on a busy machine, --timeout 1) left no trial, and the error said "no trials yet; run `autotune run`
+    # with the same options first" to a user who had just done that. Here the ranking is made to take 1.2 s.
+    import time
+
+    from autotune.search.sampler import LayoutSampler
+
+    rank = LayoutSampler.rank
+
+    def slow_rank(self, *a, **k):
+        time.sleep(1.2)
+        return rank(self, *a, **k)
+
+    monkeypatch.setattr(LayoutSampler, "rank", slow_rank)
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--timeout", "1", "--storage",
+                                  f"sqlite:///{tmp_path}/s.db"])
+    assert r.exit_code == 2, r.output
+    assert "--timeout 1 s ran out before the first trial" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_workers_stop_line_is_the_latest_workers_view():
+    # with --workers each worker stops on its own view of the study; the line printed is the one that saw the
+    # most trials (before: the highest-numbered worker's, "converged after 47 trials" where others had gone on
+    # to 55), whatever order the workers are listed in
+    from autotune.cli.tune import _trials_seen
+
+    lines = ["converged after 47 trials: a", "converged after 55 trials: b", "converged after 1 trial: c"]
+    assert [_trials_seen(x) for x in lines] == [47, 55, 1]
+    assert sorted(lines, key=_trials_seen)[-1] == "converged after 55 trials: b"
+    assert _trials_seen("stopped for another reason") == -1
