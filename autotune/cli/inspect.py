@@ -144,7 +144,7 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
     for i, t in enumerate(trials, 1):
         click.echo("")
         click.echo(format_best_plan(plan=trial_plan(t), result=trial_result(t), model=info.model, engine=info.engine,
-                                    title=f"#{i}: trial {t.number}, MFU {100 * t.value:.1f}%"))
+                                    gpu=info.gpu, title=f"#{i}: trial {t.number}, MFU {100 * t.value:.1f}%"))
 
 
 @main.command()

@@ -37,6 +37,12 @@ def test_show_top_lists_the_best_feasible_plans(tmp_path):
     heads = [ln for ln in r.output.splitlines() if ln.startswith("#")]
     assert heads == [f"#{i}: trial {t.number}, MFU {100 * t.value:.1f}%" for i, t in enumerate(want[:3], 1)]
     assert r.output.count("compute") >= 3
+    # each table's trust line is the study's GPU's error band, as `run` and `export` print it (before: the
+    # all-GPU figure under a header quoting the B200 band)
+    from autotune.report.summary import error_band_line
+
+    trust = error_band_line("megatron", "b200").split(": ", 1)[1]
+    assert r.output.count(trust) == 3, r.output
     # bad N: one error line, exit 2
     r = CliRunner().invoke(main, ["show", name, "--storage", url, "--top", "0"])
     assert r.exit_code == 2 and r.output.strip().startswith("error: --top 0"), r.output
