@@ -89,8 +89,8 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
             outcome = WorkerOutcome(worker_id, s.n_new_trials, dict(s.own_states), stop_reason=s.stop_reason)
         except KeyboardInterrupt:
             raise
-        except NoFeasiblePlanError:
-            outcome = WorkerOutcome(worker_id, error=None)
+        except NoFeasiblePlanError:     # the parent says why; this worker's own trials are still counted
+            outcome = WorkerOutcome(worker_id, error=None, **_own_counts(tuner))
         except AutotuneError as e:
             outcome = WorkerOutcome(worker_id, error=str(e))
         except Exception as e:  # noqa: BLE001 - reported by the parent
@@ -104,6 +104,20 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
     finally:
         if tuner is not None:
             tuner.close()
+
+
+def _own_counts(tuner: Any) -> dict[str, Any]:
+    """``n_new_trials`` and ``own_states`` of the trials ``tuner`` started (its ``_started`` trial ids), read
+    from the study: for a worker whose run ended without a feasible plan in the study (``Tuner.optimize``
+    raised before its summary), which reported 0 trials run before. Empty if they cannot be read."""
+    from autotune.study.trials import outcome_counts
+
+    try:
+        started = getattr(tuner, "_started", set())
+        mine = [t for t in tuner.study.get_trials(deepcopy=False) if t._trial_id in started]
+        return {"n_new_trials": len(mine), "own_states": outcome_counts(mine)}
+    except Exception:  # noqa: BLE001 - counts only; the parent reads the study itself
+        return {}
 
 
 #: what the fork server imports once for all workers (:func:`_context`): the tuner and the RDB storage

@@ -368,3 +368,17 @@ def test_forked_workers_start_from_a_frozen_heap(monkeypatch):
     gc.collect()
     assert not any(type(o) is Cycle for o in gc.get_objects())      # collected here, after the workers
     assert gc.get_freeze_count() == before == 0             # and unfrozen after
+
+
+def test_workers_count_their_trials_when_no_plan_fits(tmp_path):
+    # 70B on 2 A100s: no plan fits, each worker's run ends without a feasible plan in the study; its line still
+    # counts the trials it ran (before: "worker 0: 0 trials run: 0 feasible, 0 do not fit, 0 pruned, 0 failed")
+    url = f"sqlite:///{tmp_path}/s.db"
+    r = subprocess.run([sys.executable, "-m", "autotune", "run", "--size", "70b", "--gpu", "a100-80gb", "--gpus", "2",
+                        "--space", "small", "--trials", "2", "--workers", "2", "--storage", url], cwd=tmp_path,
+                       env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "4/4 trials gave no feasible plan" in r.stderr, r.stdout + r.stderr
+    for wid in (0, 1):      # 2 trials each, every one counted as not fitting or pruned
+        m = re.search(rf"^worker {wid}: 2 trials run: 0 feasible, (\d+) do not fit, (\d+) pruned, 0 failed", r.stdout,
+                      re.M)
+        assert m and int(m.group(1)) + int(m.group(2)) == 2, r.stdout

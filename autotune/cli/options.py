@@ -149,7 +149,8 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         from pathlib import Path
 
         from autotune.study.storage_check import fresh_sqlite_file, readonly_url, sqlite_path
-        if storage.startswith("sqlite:") and not storage.startswith("sqlite:///"):
+        if storage.startswith("sqlite:") and (not storage.startswith("sqlite:///")
+                                              or not storage[len("sqlite:///"):].partition("?")[0]):
             raise ConfigError(f"--storage {redact(storage)}: expected sqlite:///PATH (a file, e.g. "
                               "sqlite:///studies/autotune.db)")
         if storage.startswith("sqlite:") and "mode=memory" in storage:

@@ -256,7 +256,9 @@ def close_connections() -> None:
     connections, in this process and in a forked child (which inherits this cache)."""
     for storage in list(_STORAGES.values()):
         engine = getattr(storage, "engine", None)       # RDBStorage; a journal file holds no connection
-        if engine is not None:
+        # an in-memory SQLite database lives in its connection: disposing it would leave the cached storage on
+        # a new, empty database ("no such table: studies" for the next run in this process); no worker uses it
+        if engine is not None and engine.url.database not in (None, "", ":memory:"):
             with contextlib.suppress(Exception):
                 engine.dispose()
 

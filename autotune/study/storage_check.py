@@ -252,6 +252,9 @@ def readonly_url(url: str) -> str:
             head = fh.read(16)
     except OSError as e:
         raise StorageError(f"storage {url}: {p} cannot be read: {e.strerror or e}") from None
+    if not head:
+        raise StorageError(f"storage {url}: {p} is empty: no study is stored in it yet (`autotune run --storage "
+                           f"{redact(url)}` stores one)")
     if head != SQLITE_HEADER:
         raise StorageError(f"storage {url}: {p} is not an SQLite database; refused (left untouched)")
     abspath = os.path.abspath(p)

@@ -96,6 +96,7 @@ case("run-storage-empty", lambda e: ["run", "--size", "8b", "--storage", ""], "-
 # refused before the run's header lines (they were printed first): no path; SQLite's per-connection memory database
 case("run-storage-sqlite-no-path", lambda e: ["run", "--size", "8b", "--workers", "2", "--storage", "sqlite://"],
      "sqlite:///PATH")
+case("run-storage-sqlite-empty-path", lambda e: ["run", "--size", "8b", "--storage", "sqlite:///"], "sqlite:///PATH")
 case("run-storage-mode-memory", lambda e: ["run", "--size", "8b", "--storage", "sqlite:///file:x?mode=memory&uri=true"],
      "mode=memory")
 case("run-storage-foreign-sqlite", lambda e: ["run", "--size", "8b", "--space", "small", "--trials", "1",
@@ -521,7 +522,7 @@ def test_bad_input_is_refused_cleanly(env, cid, argv, field):
     assert not (env["dir"] / "stduy.db").exists()
 
 
-@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///file:x?mode=memory&uri=true"])
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///file:x?mode=memory&uri=true"])
 def test_unusable_sqlite_url_is_refused_before_the_run_starts(url):
     # no "tuning ..." / "study ..." header lines first (they were printed, then the storage error)
     r = CliRunner().invoke(main, ["run", "--size", "8b", "--trials", "1", "--storage", url])

@@ -132,3 +132,29 @@ def test_run_still_refuses_an_sqlite_file_of_other_tables(tmp_path):
                                   f"sqlite:///{db}"])
     assert r.exit_code == 2 and "holds no Optuna study tables" in r.output and "Traceback" not in r.output, r.output
     assert _digest(db) == before
+
+
+def test_closing_connections_before_a_fork_keeps_an_in_memory_storage(tmp_path):
+    # run_workers closes the cached storages' connections before forking; a cached sqlite:///:memory: storage
+    # (the real backend's screen runs one in-process) lost its database with its connection, so the next run on
+    # it in the same process failed with "no such table: studies" (seen in CI after a run_workers test)
+    import optuna
+
+    from autotune.study.storage import close_connections, open_storage
+
+    import uuid
+
+    name = f"kept-{uuid.uuid4().hex[:8]}"      # the cached in-memory storage is this process's, shared with others
+    optuna.create_study(storage=open_storage("sqlite:///:memory:"), study_name=name)
+    close_connections()
+    assert name in optuna.get_all_study_names(storage=open_storage("sqlite:///:memory:"))
+
+
+def test_show_on_an_empty_file_says_it_holds_no_study_yet(tmp_path):
+    # `run` opens a 0-byte file as a new storage; `show` (read-only) says it is empty rather than "not an SQLite
+    # database", and leaves it as it is
+    db = tmp_path / "e.db"
+    db.write_bytes(b"")
+    r = CliRunner().invoke(main, ["show", "--storage", f"sqlite:///{db}"])
+    assert r.exit_code == 2 and "is empty: no study is stored in it yet" in r.output, r.output
+    assert db.read_bytes() == b""
