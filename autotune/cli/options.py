@@ -338,7 +338,10 @@ def json_entry(*, plan, result, info=None, model=None, cluster=None, workload=No
 def tune_options(f):
     opts = [
         click.option("--trials", type=int, default=200, show_default=True, help="Trials to run at most (added to the study; `run` ends earlier once the search has converged: docs/search.md)."),
-        click.option("--timeout", type=float, default=None, help="Stop after this many seconds."),
+        click.option("--timeout", type=float, default=None,
+                     help="Stop tuning after this many seconds (s), counted from the start of tuning, ranking the "
+                          "layouts included; with --workers N, per worker, from each worker's start (the layouts "
+                          "are ranked before)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed (the layout sampler orders near-equal estimates with it; same seed and history, same trials)."),
         click.option("--workers", type=int, default=1, show_default=True,
                      help="Worker processes on this machine, all on one study (--trials is per worker)."),
