@@ -512,6 +512,18 @@ def _jsonable(x: Any) -> Any:
         return str(x)
 
 
+def _band_for(band: Mapping[str, Any] | None, gpu: str) -> Mapping[str, Any] | None:
+    """``band`` (an engine's error band, all GPUs) with ``for_gpu``: its ``by_gpu`` entry of ``gpu``'s hardware
+    family, the figure the text output quotes (:func:`error_band_line`), or None when none was measured."""
+    if band is None:
+        return None
+    from autotune.target.hardware import gpu_family
+
+    fam = gpu_family(gpu)
+    return {**band, "for_gpu": ({"family": fam, **band["by_gpu"][fam]}
+                                if fam and fam in (band.get("by_gpu") or {}) else None)}
+
+
 def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSpec, gpu: str, num_gpus: int,
                  fabric: str, workload: Workload, engine: str, label: str | None = None,
                  study: str | None = None, trial: int | None = None, memory: Any = None,
@@ -537,7 +549,7 @@ def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSp
         "engine": engine,
         "plan": plan.to_dict() if plan is not None else None,
         "prediction": None, "breakdown_ms": None, "memory_per_stage": None,
-        "error_band": _jsonable(error_band(engine)),
+        "error_band": _jsonable(_band_for(error_band(engine), gpu)),
         "provenance": None,
     }
     if result is not None:

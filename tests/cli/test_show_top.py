@@ -43,6 +43,14 @@ def test_show_top_lists_the_best_feasible_plans(tmp_path):
 
     trust = error_band_line("megatron", "b200").split(": ", 1)[1]
     assert r.output.count(trust) == 3, r.output
+    # and --json carries the same figure as error_band.for_gpu (by_gpu's b200 entry of the shipped bands)
+    from autotune.target.engines import error_band
+
+    for e in doc["results"]:
+        fg = e["error_band"]["for_gpu"]
+        assert fg["family"] == "b200" and fg["mean_abs_error_pct"] == error_band("megatron")["by_gpu"]["b200"][
+            "mean_abs_error_pct"], fg
+        assert f"{fg['mean_abs_error_pct']:.1f}%" in trust
     # bad N: one error line, exit 2
     r = CliRunner().invoke(main, ["show", name, "--storage", url, "--top", "0"])
     assert r.exit_code == 2 and r.output.strip().startswith("error: --top 0"), r.output
