@@ -229,7 +229,8 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
         # this process's objects are frozen (gc.freeze, Python docs: "call gc.freeze() right before fork()"), so
         # the workers' collections never walk them, garbage among them included (issue 26: ~1.5 s more CPU in 4
         # workers of 70B when the parent held a finished run's objects); this process collects its garbage once
-        # the workers are done (gc.unfreeze below). A gc.collect() here first cost 0.07-0.09 s CPU a run
+        # the workers are done (gc.unfreeze below). A gc.collect() here first cost 0.065-0.086 s CPU a run
+        # (8B x 8 H200, 70B x 64 H100: process time around it in bench_search_workers' parent)
         import gc
 
         gc.freeze()

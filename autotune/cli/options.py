@@ -149,15 +149,14 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         from pathlib import Path
 
         from autotune.study.storage_check import fresh_sqlite_file, readonly_url, sqlite_path
-        if storage.startswith("sqlite:") and (not storage.startswith("sqlite:///")
-                                              or not storage[len("sqlite:///"):].partition("?")[0]):
+        sp = sqlite_path(storage)       # (path, query) of sqlite:///PATH; None without a path or for :memory:
+        if storage.startswith("sqlite:") and sp is None and ":memory:" not in storage:
             raise ConfigError(f"--storage {redact(storage)}: expected sqlite:///PATH (a file, e.g. "
                               "sqlite:///studies/autotune.db)")
-        if storage.startswith("sqlite:") and "mode=memory" in storage:
+        if sp is not None and sp[1].get("mode") == "memory":
             raise ConfigError(f"--storage {redact(storage)}: mode=memory is a database of one SQLite connection, "
                               "which Optuna's connection pool does not keep; use sqlite:///PATH (or "
                               "sqlite:///:memory: for a single run that keeps nothing)")
-        sp = sqlite_path(storage)
         if sp is not None and Path(sp[0]).exists() and not fresh_sqlite_file(sp[0]):
             readonly_url(storage)       # an existing file must already be an Optuna storage (never adopted)
         from autotune.study.storage_check import check_journal_file

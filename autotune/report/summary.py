@@ -186,6 +186,14 @@ def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
             for k in keys]
 
 
+def _gpu_band(band: Mapping[str, Any], gpu: str | None) -> tuple[str | None, Mapping[str, Any] | None]:
+    """(``gpu``'s hardware family, the ``by_gpu`` entry of ``band`` for it or None when none was measured)."""
+    from autotune.target.hardware import gpu_family
+
+    fam = gpu_family(gpu)
+    return fam, ((band.get("by_gpu") or {}).get(fam) if fam else None)
+
+
 def error_band_line(engine: str, gpu: str | None = None) -> str:
     """How far to trust a prediction for ``engine``: its held-out (leave-one-source-out) error against
     published runs (``bench/published.py --cross-validate``) or, for ``native``, against real runs
@@ -197,10 +205,7 @@ def error_band_line(engine: str, gpu: str | None = None) -> str:
     if b is None:
         return f"error band: none measured yet for engine {engine}"
     q = b.get("quantity", "step time")
-    from autotune.target.hardware import gpu_family
-
-    fam = gpu_family(gpu)
-    g = (b.get("by_gpu") or {}).get(fam) if fam else None
+    fam, g = _gpu_band(b, gpu)
     if g:
         return (f"error band ({engine}, {fam}): predicted {q} off by {g['mean_abs_error_pct']:.1f}% on average "
                 f"(signed {g['mean_signed_error_pct']:+.1f}%), worst {g['worst_error_pct']:+.1f}% (predicted / "
@@ -513,15 +518,12 @@ def _jsonable(x: Any) -> Any:
 
 
 def _band_for(band: Mapping[str, Any] | None, gpu: str) -> Mapping[str, Any] | None:
-    """``band`` (an engine's error band, all GPUs) with ``for_gpu``: its ``by_gpu`` entry of ``gpu``'s hardware
-    family, the figure the text output quotes (:func:`error_band_line`), or None when none was measured."""
+    """``band`` (an engine's error band, all GPUs) with ``for_gpu``: its entry for ``gpu``'s hardware family
+    (:func:`_gpu_band`, the figure the text output quotes), or None when none was measured."""
     if band is None:
         return None
-    from autotune.target.hardware import gpu_family
-
-    fam = gpu_family(gpu)
-    return {**band, "for_gpu": ({"family": fam, **band["by_gpu"][fam]}
-                                if fam and fam in (band.get("by_gpu") or {}) else None)}
+    fam, g = _gpu_band(band, gpu)
+    return {**band, "for_gpu": {"family": fam, **g} if g else None}
 
 
 def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSpec, gpu: str, num_gpus: int,

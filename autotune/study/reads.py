@@ -3,9 +3,11 @@
 Optuna's ``RDBStorage`` reads a trial as one ORM object per row (the trial, each parameter, value, user and
 system attribute, intermediate value; ``selectinload``, optuna/storages/_rdb/storage.py ``_get_trials`` and
 ``get_trial``, Optuna 5.0) and decodes each parameter's distribution JSON once per row. An autotune trial has
-~32 such rows (12 parameters, 16 user attributes, 3 system attributes, 1 value), so reading one cost ~2 ms CPU
+~32 such rows (12 parameters, 16 user attributes, 3 system attributes, 1 value), so reading one cost 2-3 ms CPU
 on the dev machine, and a run reads every trial several times (``ask`` re-reads the study before each trial;
-``Trial.__init__``, ``tell`` and the callbacks read the trial itself): ~25% of a simulated run's CPU, and
+``Trial.__init__``, ``tell`` and the callbacks read the trial itself): in a 60-trial run of 8B x 8 H200, 180
+``get_trial`` calls took 0.58 s and 120 trials read by ``_get_trials`` 0.40 s of 3.8 s CPU (process-time
+wrappers, 2026-12-02), and
 with ``--workers N`` every worker reads every other worker's trials too (issue 26).
 
 :class:`TrialReadingRDBStorage` reads the same rows with SQLAlchemy Core selects (rows as tuples), one select

@@ -189,13 +189,19 @@ def fresh_sqlite_file(path: str | Path) -> bool:
         with open(p, "rb") as fh:
             if fh.read(16) != SQLITE_HEADER:
                 return False
-        con = sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(p))}?mode=ro", uri=True)
-        try:
-            return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
-        finally:
-            con.close()
+        return not _schema(p)
     except (OSError, sqlite3.Error):
         return False
+
+
+def _schema(p: Path, extra: str = "") -> list[tuple[str, str]]:
+    """(type, name) of every table, index, view and trigger of the SQLite file ``p``, opened read-only
+    (``extra``: more URI parameters, e.g. ``&immutable=1``). Raises ``sqlite3.Error``."""
+    con = sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(p))}?mode=ro{extra}", uri=True)
+    try:
+        return [(r[0], r[1]) for r in con.execute("SELECT type, name FROM sqlite_master")]
+    finally:
+        con.close()
 
 
 def existing_readonly(url: str) -> str:
@@ -262,11 +268,7 @@ def readonly_url(url: str) -> str:
     # file is then opened immutable (SQLite "URI filenames": immutable=1, no locks, no -shm; nobody can write it)
     extra = "&immutable=1" if read_only_fs(p) else ""
     try:
-        con = sqlite3.connect(f"file:{urllib.parse.quote(abspath)}?mode=ro{extra}", uri=True)
-        try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            con.close()
+        tables = {name for kind, name in _schema(p, extra) if kind == "table"}
     except sqlite3.Error as e:
         if disk_full(p):
             raise StorageError(f"storage {user_url(url)}: the disk (or quota) holding {p} is full ({e}); free space on "
