@@ -371,9 +371,11 @@ def _write_rows(backend: Any, models: Any, session: Any, tid: int, params: Seque
     it (``check_distribution_compatibility``), the parameters are added in one multi-row insert, and each
     attribute table gets one multi-row upsert on (trial_id, key) with ``json.dumps`` values, the statement Optuna 5.0 issues per
     attribute on SQLite >= 3.24 and PostgreSQL (optuna/storages/_rdb/storage.py
-    ``_set_trial_attr_without_commit``). False, with nothing written, on another database or a parameter of a
-    distribution the study has not stored yet (Optuna then reads the study's earlier record: the per-item
-    path does that). tests/study/test_trials.py compares the stored rows with Optuna's own writes."""
+    ``_set_trial_attr_without_commit``). False, with nothing written, on another database. A parameter whose
+    distribution this process has not cached yet (a worker's first trials) is checked against the study's
+    earlier record of it, as the per-item path does: Optuna reads that record in one query per parameter, here
+    one query reads them all (:func:`_stored_distributions`). tests/study/test_trials.py compares the stored
+    rows with Optuna's own writes."""
     import sqlite3
 
     from optuna import distributions
@@ -385,12 +387,14 @@ def _write_rows(backend: Any, models: Any, session: Any, tid: int, params: Seque
         from sqlalchemy.dialects.postgresql import insert
     else:
         return False
-    if any(known.get(name) is None for name, _, _ in params):
-        return False
     trial = models.TrialModel.find_or_raise_by_id(tid, session)
     backend.check_trial_is_updatable(tid, trial.state)
+    earlier = _stored_distributions(models, session, trial.study_id,
+                                    [name for name, _, _ in params if known.get(name) is None])
     for name, value, dist in params:
-        distributions.check_distribution_compatibility(known[name], dist)
+        previous = known.get(name) or earlier.get(name)
+        if previous is not None:
+            distributions.check_distribution_compatibility(previous, dist)
     if params:      # one multi-row INSERT (the ORM's add_all issued one per row on SQLite: 14.4 a
         # trial, 70B x 64 H100, 100 trials, counted with SQLAlchemy's before_cursor_execute event)
         session.execute(insert(models.TrialParamModel).values([
@@ -405,6 +409,23 @@ def _write_rows(backend: Any, models: Any, session: Any, tid: int, params: Seque
         session.execute(stmt.on_conflict_do_update(index_elements=[model_cls.trial_id, model_cls.key],
                                                    set_={"value_json": stmt.excluded.value_json}))
     return True
+
+
+def _stored_distributions(models: Any, session: Any, study_id: int, names: Sequence[str]) -> dict[str, Any]:
+    """The distribution the study ``study_id`` has stored for each of ``names`` (one earlier parameter row of
+    that name, as Optuna 5.0's ``_set_trial_param_without_commit`` reads it: ``.first()`` of the study's rows
+    of the name; here the row of least ``param_id``), in one query; a name the study has no row of is left
+    out. Empty when ``names`` is."""
+    if not names:
+        return {}
+    from optuna import distributions
+    from sqlalchemy import func, select
+
+    p, t = models.TrialParamModel, models.TrialModel
+    first = (select(func.min(p.param_id)).join(t, p.trial_id == t.trial_id)
+             .where(t.study_id == study_id, p.param_name.in_(list(names))).group_by(p.param_name))
+    rows = session.execute(select(p.param_name, p.distribution_json).where(p.param_id.in_(first)))
+    return {name: distributions.json_to_distribution(j) for name, j in rows}
 
 
 class ParamBuffer:

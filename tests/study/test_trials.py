@@ -117,3 +117,44 @@ def test_write_trial_is_one_transaction_on_sqlite(tmp_path):
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         write_trial(t, user_attrs={"late": 1})
     assert "late" not in study._storage.get_trial(t._trial_id).user_attrs
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+    not PG_URL, reason="no PostgreSQL: set AUTOTUNE_TEST_POSTGRES_URL (.ci/run starts one with .ci/services.sh)"))])
+def test_write_trial_checks_distributions_another_process_stored(tmp_path, kind, monkeypatch):
+    # a second storage object on the same study (a worker's, or another host's) has no cached distributions:
+    # write_trial checks each new parameter against the study's stored one in its single statement path,
+    # as Optuna's per-item path does with one query per parameter, and never falls back to that path
+    from autotune.study.trials import write_trial
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = PG_URL if kind == "postgresql" else f"sqlite:///{tmp_path}/s.db"
+    name = f"other-{uuid.uuid4().hex[:12]}"
+    first = optuna.create_study(storage=url, study_name=name)
+    t0 = first.ask()
+    t0.suggest_categorical("tp_degree", (1, 2))
+    t0.suggest_int("pp_degree", 1, 8)
+    first.tell(t0, 1.0)
+    other = optuna.load_study(study_name=name, storage=url)      # a new storage object: nothing cached
+    assert other._storage is not first._storage
+    per_item = []
+    rdb = other._storage._backend
+    monkeypatch.setattr(rdb, "_set_trial_param_without_commit", lambda *a, **k: per_item.append(a))
+    t = other.ask()
+    # Float where the study stored a categorical: Optuna's check_distribution_compatibility raises, nothing
+    # of the batch is written
+    with pytest.raises(ValueError):
+        write_trial(t, params=[("pp_degree", 2, IntDistribution(1, 8)), ("tp_degree", 0.5, FloatDistribution(0, 1))],
+                    user_attrs={"b": 2})
+    stored = other._storage.get_trial(t._trial_id)
+    assert stored.params == {} and stored.user_attrs == {}
+    # compatible (a wider int range is compatible: Optuna checks the class, and the choices of a categorical)
+    # and a name the study never stored: written, and read back through a third storage object
+    assert write_trial(t, params=[("tp_degree", 1, CategoricalDistribution((1, 2))),
+                                  ("pp_degree", 3, IntDistribution(1, 16)), ("new", 0.25, FloatDistribution(0, 1))]) is True
+    assert per_item == []
+    back = optuna.load_study(study_name=name, storage=url)._storage.get_trial(t._trial_id)
+    assert back.params == {"tp_degree": 2, "pp_degree": 3, "new": 0.25}
+    if kind == "postgresql":
+        optuna.delete_study(study_name=name, storage=PG_URL)
