@@ -126,14 +126,16 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
             from autotune.workers import run_workers
 
             with quiet():
+                study = slow.study      # checked above and opened here, once, before the workers (study_checked)
                 for params, attrs in slow._pending:
-                    slow.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+                    study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
             slow._pending.clear()
             outcomes = run_workers(dict(model=model, cluster=cluster, workload=workload, space=space_obj,
                                         storage=storage, backend=backend, seed=seed,
                                         evaluator_options=evaluator_options, engine=engine),
                                    workers, n_trials=max(n_trials, n_enq), timeout=timeout,
-                                   first_worker_id=worker_id, heartbeat_interval_s=heartbeat_interval_s)
+                                   first_worker_id=worker_id, heartbeat_interval_s=heartbeat_interval_s,
+                                   study_checked=True)
             for o in outcomes:
                 say(f"worker {o.worker_id}: {o.n_new_trials} trials" + (f"; stopped: {o.error}" if o.error else ""))
             trials = slow.study.get_trials(deepcopy=False)

@@ -38,8 +38,7 @@ from autotune.study.storage import (DEFAULT_BACKEND, DEFAULT_STORAGE, check_hear
                                     retry_races, storage_kind)
 from autotune.study.faults import StorageFault, classify, stop_reason, storage_fault, storage_guarded, with_retries
 from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_own_running, fail_trials, reap_stale, wait_for_others
-from autotune.study.trials import (BestPlan, ParamBuffer, is_feasible, outcome_counts, record_result,
-                                   require_best_plan)
+from autotune.study.trials import BestPlan, ParamBuffer, is_feasible, outcome_counts, record_result, require_best_plan
 from autotune.target.engines import resolve_engine
 from autotune.target.hardware import ClusterSpec, fabric_fingerprint
 from autotune.target.models import ModelSpec
@@ -121,6 +120,8 @@ class Tuner:
         self.name = study_name(model, cluster, workload, space_name=self.space.name, backend=backend,
                                engine=self.engine.name)
         self._study: optuna.Study | None = None
+        self.study_checked = False      # True: check_existing_study was done (a worker's parent did it)
+        self._started: set[int] = set()     # this tuner's trial ids (objective)
         self._pending: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
     @property
@@ -142,7 +143,8 @@ class Tuner:
     def study(self) -> optuna.Study:
         """The Optuna study (created, or resumed if it exists)."""
         if self._study is None:
-            self.check_existing_study()     # read-only first: a foreign study is refused untouched
+            if not self.study_checked:      # read-only first: a foreign study is refused untouched
+                self.check_existing_study()
             st = open_storage(self.storage)
             with quiet():
                 sampler = self._sampler()
@@ -248,8 +250,6 @@ class Tuner:
         (:func:`trial_interrupt_handler`): the trial is recorded FAIL with ``fail_reason`` "interrupted
         (signal N)"; one noted before the objective starts (or during a storage write) raises at its next check.
         """
-        if not hasattr(self, "_started"):
-            self._started: set[int] = set()
         self._started.add(trial._trial_id)
         IN_OBJECTIVE["on"] = True
         try:

@@ -51,7 +51,7 @@ def run(target: str, workers: int, per_worker: int) -> dict:
         else:
             ls = t._sampler()       # as `autotune run --workers N`: rank once, before the workers
             ls.rank_for_workers(t.study, workers, per_worker)
-            outs = run_workers(kw, workers, n_trials=per_worker)
+            outs = run_workers(kw, workers, n_trials=per_worker, study_checked=True)
             assert all(o.error is None for o in outs), outs
         cpu, wall = cpu_s() - c0, time.perf_counter() - t0
         trials = t.study.get_trials(deepcopy=False)

@@ -382,3 +382,32 @@ def test_workers_count_their_trials_when_no_plan_fits(tmp_path):
         m = re.search(rf"^worker {wid}: 2 trials run: 0 feasible, (\d+) do not fit, (\d+) pruned, 0 failed", r.stdout,
                       re.M)
         assert m and int(m.group(1)) + int(m.group(2)) == 2, r.stdout
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_workers_skip_the_check_their_parent_did(tmp_path, monkeypatch, checked):
+    # `run --workers N` opens the study in the parent (Tuner.study: check_existing_study, then created) before
+    # the workers start: with study_checked the forked workers do not check it again; without, each does.
+    # check_existing_study is replaced after the parent's check by one that fails, and the forked workers
+    # inherit the replacement: the workers' outcomes say whether they called it
+    from autotune import workers
+    from autotune.errors import ConfigError
+    from autotune.target.hardware import make_cluster
+    from autotune.target.models import get_model
+    from autotune.target.plan import Workload
+
+    monkeypatch.setenv("AUTOTUNE_WORKER_START", "fork")
+    kw = dict(model=get_model("8b"), cluster=make_cluster("h200", 8, None),
+              workload=Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20),
+              storage=f"sqlite:///{tmp_path}/s.db", seed=0)
+    Tuner(**kw).study  # noqa: B018 - the parent's check and create
+
+    def again(self):
+        raise ConfigError("checked again")
+
+    monkeypatch.setattr(Tuner, "check_existing_study", again)
+    outcomes = workers.run_workers(kw, 2, n_trials=1, study_checked=checked)
+    if checked:
+        assert [(o.error, o.n_new_trials) for o in outcomes] == [(None, 1), (None, 1)]
+    else:
+        assert [o.error for o in outcomes] == ["checked again", "checked again"]

@@ -138,7 +138,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                 ls.rank_for_workers(t.study, workers, trials)
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
-                                  stop_when_converged=not no_early_stop)
+                                  stop_when_converged=not no_early_stop, study_checked=True)
 
         tuner, outcomes = interruptible(_open_and_run, storage=storage, study=name)
         bad = print_outcomes(outcomes, say)
