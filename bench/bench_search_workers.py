@@ -5,8 +5,9 @@ and its worker processes), repeated plans, plans that do not fit and invalid (pr
     python bench/bench_search_workers.py --target 8b-h200x8 --workers 4 --trials 20
 
 Both runs use fresh studies (temporary SQLite files), the default space and the simulated backend, as
-`autotune run --workers N` does: the parent ranks the layouts once, placing those the workers' trials
-take, and stores the ranking in the study; the workers (forked from that process where it is safe, as here
+`autotune run --workers N` does (autotune/workers.py ``prepare_workers``): the parent ranks the layouts once,
+placing those the workers' trials take, stores the ranking in the study and, when it forks the workers,
+simulates the plans of the first layouts (their step structures are then inherited); the workers (forked from that process where it is safe, as here
 with the simulated backend, else from a fork server: autotune/workers.py ``_context``) read it and share base
 plans' neighbours through the study. The convergence stop is off, so both runs evaluate the same number of
 trials. CPU is this process's and its children's (run_workers reaps its workers, and a fork server when there
@@ -31,7 +32,7 @@ from bench_search import TARGETS, _target  # noqa: E402
 
 from autotune.study.trials import is_feasible  # noqa: E402
 from autotune.tuner import Tuner  # noqa: E402
-from autotune.workers import run_workers  # noqa: E402
+from autotune.workers import prepare_workers, run_workers  # noqa: E402
 
 
 def cpu_s() -> float:
@@ -49,8 +50,7 @@ def run(target: str, workers: int, per_worker: int) -> dict:
         if workers == 1:
             t.optimize(per_worker, show_progress_bar=False)
         else:
-            ls = t._sampler()       # as `autotune run --workers N`: rank once, before the workers
-            ls.rank_for_workers(t.study, workers, per_worker)
+            prepare_workers(t, workers, per_worker)     # as `autotune run --workers N`, before the workers
             outs = run_workers(kw, workers, n_trials=per_worker, study_checked=True)
             assert all(o.error is None for o in outs), outs
         cpu, wall = cpu_s() - c0, time.perf_counter() - t0

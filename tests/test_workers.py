@@ -4,6 +4,7 @@ trial fails through the heartbeat and is run once more by another worker."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -411,3 +412,26 @@ def test_workers_skip_the_check_their_parent_did(tmp_path, monkeypatch, checked)
         assert [(o.error, o.n_new_trials) for o in outcomes] == [(None, 1), (None, 1)]
     else:
         assert [o.error for o in outcomes] == ["checked again", "checked again"]
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_prepare_workers_simulates_the_first_layouts_only_for_forked_workers(tmp_path, monkeypatch, start):
+    # prepare_workers opens the study, stores the ranking and, when the workers are forked, evaluates the plans
+    # of the first num_initial (8) ranked layouts in this process, so the forked workers inherit their step
+    # structures; with 2 workers x 3 trials only the first 2 x 3 = 6 layouts are taken, so 6 are evaluated,
+    # in ranking order. Spawned workers inherit nothing: nothing is evaluated
+    from autotune import workers
+    from autotune.search.sampler import RANKING_ATTR
+    from autotune.target.hardware import make_cluster
+    from autotune.target.models import get_model
+    from autotune.target.plan import Workload
+
+    monkeypatch.setenv("AUTOTUNE_WORKER_START", start)
+    t = Tuner(model=get_model("8b"), cluster=make_cluster("h200", 8, None),
+              workload=Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20),
+              storage=f"sqlite:///{tmp_path}/s.db", seed=0)
+    seen = []
+    monkeypatch.setattr(Tuner, "evaluate", lambda self, plan: seen.append(plan))
+    workers.prepare_workers(t, 2, 3)
+    assert RANKING_ATTR in t.study._storage.get_study_system_attrs(t.study._study_id)     # the ranking is stored
+    assert seen == (list(itertools.islice(t._sampler().rank(t.study), 6)) if start == "fork" else [])

@@ -122,7 +122,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     if workers > 1:
         from autotune.study.identity import load_study
         from autotune.study.trials import require_best_plan
-        from autotune.workers import run_workers
+        from autotune.workers import prepare_workers, run_workers
 
         def _open_and_run():
             # opening the study, creating it and running the workers under one handler: a signal that
@@ -132,10 +132,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             # leave an empty study behind, as Tuner.optimize checks for one worker
             t.evaluator  # noqa: B018
             t.close()
-            t.study  # noqa: B018 - create the study once here, before the workers race for it
-            if t.sampler_name == "layout":      # rank the layouts once, here; the workers read the ranking
-                ls = t._sampler()       # the layouts the workers' trials take (one in 4 after the first 8)
-                ls.rank_for_workers(t.study, workers, trials)
+            prepare_workers(t, workers, trials)     # the study opened, the layouts ranked: once, here
             return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
                                   stop_when_converged=not no_early_stop, study_checked=True)
