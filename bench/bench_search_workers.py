@@ -51,7 +51,7 @@ def run(target: str, workers: int, per_worker: int) -> dict:
             t.optimize(per_worker, show_progress_bar=False)
         else:
             prepare_workers(t, workers, per_worker)     # as `autotune run --workers N`, before the workers
-            outs = run_workers(kw, workers, n_trials=per_worker, study_checked=True)
+            outs = run_workers({**kw, "space": t.space}, workers, n_trials=per_worker, study_checked=True)
             assert all(o.error is None for o in outs), outs
         cpu, wall = cpu_s() - c0, time.perf_counter() - t0
         trials = t.study.get_trials(deepcopy=False)

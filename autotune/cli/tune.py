@@ -133,7 +133,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             t.evaluator  # noqa: B018
             t.close()
             prepare_workers(t, workers, trials)     # the study opened, the layouts ranked: once, here
-            return t, run_workers(tuner_kwargs, workers, n_trials=trials, timeout=timeout,
+            # the space the parent loaded and checked (forked workers then parse no YAML)
+            return t, run_workers({**tuner_kwargs, "space": t.space}, workers, n_trials=trials, timeout=timeout,
                                   first_worker_id=wid, heartbeat_interval_s=heartbeat_interval,
                                   stop_when_converged=not no_early_stop, study_checked=True)
 
