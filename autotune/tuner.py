@@ -148,12 +148,12 @@ class Tuner:
             st = open_storage(self.storage)
             with quiet():
                 sampler = self._sampler()
-                def create() -> optuna.Study:
-                    try:
-                        return optuna.create_study(study_name=self.name, storage=st, direction="maximize",
-                                                   sampler=sampler, load_if_exists=True)
-                    except optuna.exceptions.DuplicatedStudyError:  # created by another worker meanwhile
-                        return optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
+                def create() -> optuna.Study:   # loaded where a worker's parent opened it (study_checked)
+                    with contextlib.suppress(optuna.exceptions.DuplicatedStudyError):  # another worker made it
+                        if not self.study_checked:
+                            return optuna.create_study(study_name=self.name, storage=st, direction="maximize",
+                                                       sampler=sampler, load_if_exists=True)
+                    return optuna.load_study(study_name=self.name, storage=st, sampler=sampler)
                 try:
                     study = retry_races(create, f"create study {self.name}")
                 except Exception as e:
@@ -161,14 +161,15 @@ class Tuner:
                         raise KeyboardInterrupt from None
                     raise storage_fault(e, self.storage) or StorageError(
                         f"cannot open study {self.name!r} in {user_url(self.storage)}: {e}") from None
-                self._check_identity(study.user_attrs, lambda: len(study.get_trials(deepcopy=False)))
+                attrs = study.user_attrs        # one read (each is a query)
+                self._check_identity(attrs, lambda: len(study.get_trials(deepcopy=False)))
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)
-                if "autotune_schema" not in study.user_attrs:
+                if "autotune_schema" not in attrs:
                     # several workers may do this at once: the same values, retried on a key race
                     for k, v in self._study_attrs().items():
                         retry_races(lambda k=k, v=v: study.set_user_attr(k, v), f"study {self.name} attrs")
-                elif "fabric_fingerprint" not in study.user_attrs:
+                elif "fabric_fingerprint" not in attrs:
                     # a study written before fabrics were fingerprinted: accepted, and its fabric recorded now
                     fp = fabric_fingerprint(self.cluster.fabric)
                     retry_races(lambda: study.set_user_attr("fabric_fingerprint", fp), f"study {self.name} attrs")
@@ -338,8 +339,7 @@ class Tuner:
         self.study  # noqa: B018 - created (or checked) before the workers' storage is opened
         if heartbeat_interval_s is None and self.backend == "real" and storage_kind(self.storage) != "journal":
             heartbeat_interval_s = REAL_HEARTBEAT_INTERVAL_S
-        if show_progress_bar is None:
-            show_progress_bar = sys.stdout.isatty()
+        show_progress_bar = sys.stdout.isatty() if show_progress_bar is None else show_progress_bar
         self._worker_seed = worker_seed(self.seed, worker_id)
         self._layout_sampler = None     # built by the sampler below (_seeded_sampler)
         self.stop_reason: str | None = None
