@@ -216,8 +216,11 @@ def prepare_workers(tuner: Any, num_workers: int, trials_per_worker: int | None)
     ranking = sampler.rank_for_workers(tuner.study, num_workers, trials_per_worker)
     if tuner.backend == "simulated" and _context().get_start_method() == "fork":
         n = sampler.num_initial if trials_per_worker is None else num_workers * trials_per_worker
+        from autotune.errors import PlanError
+
         for plan in itertools.islice(ranking, min(sampler.num_initial, n)):
-            tuner.evaluate(plan)
+            with contextlib.suppress(PlanError):     # a worker's trial of it records why (pruned)
+                tuner.evaluate(plan)
 
 
 def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: int | None,
