@@ -272,6 +272,10 @@ def main() -> int:
     ap.add_argument("--markdown", default=None, metavar="FILE",
                     help="rewrite the published-runs table between its markers in FILE (docs/fidelity.md)")
     args = ap.parse_args()
+    if not Path(args.runs).is_file():      # the shared file sits beside the checkout: ../shared/reference/
+        print(f"error: no published-runs file {args.runs} (it is read from shared/reference/ beside the checkout); "
+              "give one with --runs FILE", file=sys.stderr)
+        return 2
     data = load_runs(Path(args.runs))
     rows, skipped = [], []
     print("Published runs vs simulated predictions (shipped calibration; tokens/s per GPU; error = predicted / "

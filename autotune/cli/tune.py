@@ -100,6 +100,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         say(f"tuning {target_line(model, cluster, workload)}")
         say(f"study {t.name!r} in {redact(storage)}; search space {t.space.name!r}; backend {backend}; "
             f"engine {t.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
+            + ("" if no_early_stop else " at most (stops early once converged)")
             + (f", timeout {timeout:g} s" if timeout else ""))
         refusal = _launch_refusal(t.engine.name, model, workload)
         if refusal:
