@@ -131,13 +131,13 @@ class Tuner:
                          backend=self.backend, engine=self.engine.name)
 
     def _study_attrs(self) -> dict[str, Any]:
-        return {"autotune_schema": 1, "model": self.model.to_dict(), "gpu": self.cluster.gpu.name,
+        return {"model": self.model.to_dict(), "gpu": self.cluster.gpu.name,
                 "num_gpus": self.cluster.num_gpus, "fabric": plain(self.cluster.fabric.to_dict()),
                 "workload": {"seq_len": self.workload.seq_len, "global_batch_size": self.workload.global_batch_size,
                              "dtype": self.workload.dtype},
-                "fabric_fingerprint": fabric_fingerprint(self.cluster.fabric),
-                "space": self.space.name, "space_fingerprint": self.space.fingerprint, "backend": self.backend,
-                "engine": self.engine.name, "excluded_values": self.bound.excluded}
+                "fabric_fingerprint": fabric_fingerprint(self.cluster.fabric), "space": self.space.name,
+                "space_fingerprint": self.space.fingerprint, "backend": self.backend, "engine": self.engine.name,
+                "excluded_values": self.bound.excluded, "autotune_schema": 1}   # last: then the others are there
 
     @property
     def study(self) -> optuna.Study:
@@ -161,7 +161,9 @@ class Tuner:
                         raise KeyboardInterrupt from None
                     raise storage_fault(e, self.storage) or StorageError(
                         f"cannot open study {self.name!r} in {user_url(self.storage)}: {e}") from None
-                attrs = study.user_attrs        # one read (each is a query)
+                attrs = study.user_attrs        # one read (each is a query), again if the study has trials: its
+                if "autotune_schema" not in attrs and study.get_trials(deepcopy=False):  # attrs came before them
+                    attrs = study.user_attrs
                 self._check_identity(attrs, lambda: len(study.get_trials(deepcopy=False)))
                 if study.metric_names is None:
                     study.set_metric_names(METRIC_NAMES)
@@ -224,8 +226,7 @@ class Tuner:
     def evaluator(self) -> Evaluator:
         if self._evaluator is None:
             self._evaluator = make_evaluator(self.backend, model=self.model, cluster=self.cluster,
-                                             workload=self.workload, engine=self.engine.name,
-                                             **self._evaluator_options)
+                                             workload=self.workload, engine=self.engine.name, **self._evaluator_options)
         return self._evaluator
 
     def close(self) -> None:
@@ -293,8 +294,7 @@ class Tuner:
         Param sets already in the study are skipped when they run (``skip_if_exists``). Returns how many
         were queued.
         """
-        for t in trials:
-            self._pending.append((dict(t.params), {"warm_start_from": f"{source}#{t.number}"}))
+        self._pending.extend((dict(t.params), {"warm_start_from": f"{source}#{t.number}"}) for t in trials)
         return len(trials)
 
     def optimize(self, n_trials: int | None = 200, *, timeout: float | None = None,

@@ -339,3 +339,18 @@ def test_progress_bar_names_mfu_in_percent(tmp_path):
     bar.close()
     assert bar.best == (0.35, 2)
     assert "best MFU 35.0% (trial 2)" in out.getvalue() and "3/3" in out.getvalue()
+
+
+def test_study_attrs_are_written_with_autotune_schema_last(tmp_path, monkeypatch):
+    # several processes open a fresh study at once and the first to see no `autotune_schema` writes the
+    # attributes; one that sees `autotune_schema` writes none and relies on the others being there (a run
+    # then reads them all: identity.load_study). So `autotune_schema` must be the last one written (CI found a
+    # process that read the study between another's `autotune_schema` and its other attributes: "was not made
+    # by autotune (no autotune user_attrs)" after its own trials, journal storage, 6 processes)
+    order = []
+    real = optuna.Study.set_user_attr
+    monkeypatch.setattr(optuna.Study, "set_user_attr", lambda self, k, v: (order.append(k), real(self, k, v)))
+    t = tuner(tmp_path)
+    t.study  # noqa: B018
+    assert order[-1] == "autotune_schema" and len(order) == len(set(order)) > 5
+    assert set(order) <= set(t.study.user_attrs)
