@@ -457,7 +457,7 @@ class Tuner:
         run on this storage writes (:func:`autotune.study.stale.note_unwritten`)."""
         sig = interrupted()
         reason = f"{why} (signal {sig})" if sig else why
-        fail_trials(study._storage, {i: reason for i in getattr(self, "_started", set())}, url=self.storage)
+        fail_trials(study._storage, {i: reason for i in self._started}, url=self.storage)
 
     def _stale_after_s(self) -> float:
         """A RUNNING trial older than this (s) is a dead worker's: :data:`STALE_AFTER_S`, for the real backend at

@@ -353,4 +353,5 @@ def test_study_attrs_are_written_with_autotune_schema_last(tmp_path, monkeypatch
     t = tuner(tmp_path)
     t.study  # noqa: B018
     assert order[-1] == "autotune_schema" and len(order) == len(set(order)) > 5
+    assert len(order) == len(t._study_attrs())      # each of Tuner._study_attrs' keys, once (13 today)
     assert set(order) <= set(t.study.user_attrs)
