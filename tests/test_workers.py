@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -154,6 +155,16 @@ def test_sigint_of_a_real_run_leaves_no_process(tmp_path):
     assert t.state.name == "FAIL"                     # Optuna records the interrupted trial as failed
 
 
+def _cmdlines(pids: list[int]) -> dict[int, str]:
+    out = {}
+    for p in pids:
+        try:
+            out[p] = Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")[:160]
+        except OSError:
+            out[p] = "?"
+    return out
+
+
 @pytest.mark.slow
 def test_kill9_worker_trial_fails_by_heartbeat_and_is_retried(tmp_path):
     url = f"sqlite:///{tmp_path}/s.db"
@@ -164,8 +175,8 @@ def test_kill9_worker_trial_fails_by_heartbeat_and_is_retried(tmp_path):
         tree = descendants(a.pid)
         os.kill(a.pid, signal.SIGKILL)
         a.wait(timeout=30)
-        # torchrun was started with PR_SET_PDEATHSIG: it is told to stop when its worker dies
-        wait_for(lambda: not alive(tree), 60, f"A's torchrun processes {alive(tree)} to end")
+        # torchrun was started with PR_SET_PDEATHSIG = SIGKILL, and its ranks exit when their parent is gone
+        wait_for(lambda: not alive(tree), 60, lambda: f"A's torchrun processes {_cmdlines(alive(tree))} to end")
     finally:
         if a.poll() is None:
             os.killpg(a.pid, signal.SIGKILL)

@@ -64,14 +64,16 @@ def alive(pids: list[int]) -> list[int]:
     return out
 
 
-def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.2):
+def wait_for(cond, timeout_s: float, what, poll_s: float = 0.2):
+    """Poll ``cond`` until it is truthy; ``what`` (a string, or a callable read at the timeout so the
+    message shows the state then) names what was awaited."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         v = cond()
         if v:
             return v
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what() if callable(what) else what}")
 
 
 def phase_files_say(root: Path, phase: str) -> bool:

@@ -101,12 +101,16 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
-    """``prctl(PR_SET_PDEATHSIG, SIGTERM)``: torchrun gets SIGTERM when the launching thread dies (e.g. the
-    worker is ``kill -9``-ed), and torchrun's elastic agent then stops its workers (Linux prctl(2))."""
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills torchrun when the launching thread dies (e.g.
+    the worker is ``kill -9``-ed; Linux prctl(2)); its ranks then see their parent gone and exit
+    (:func:`autotune.runtime.worker.exit_when_orphaned`). SIGKILL, not SIGTERM: torchrun's own SIGTERM
+    path (``torch/distributed/elastic/agent/server/api.py`` ``SignalException`` -> ``_shutdown``) stopped
+    the ranks but once left torchrun running for over 60 s (CI, ``test_kill9_worker_...``); nothing a
+    process runs can delay SIGKILL."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -130,7 +134,7 @@ def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
 
 def run_in_session(argv: Sequence[str], *, stdout: Any, stderr: Any, env: Mapping[str, str], cwd: str | Path,
                    timeout_s: float, on_timeout: Callable[[], None] | None = None) -> tuple[int | None, bool]:
-    """Run ``argv`` in a session of its own (``start_new_session``; it gets SIGTERM if this thread dies,
+    """Run ``argv`` in a session of its own (``start_new_session``; the kernel kills it if this thread dies,
     :func:`_die_with_parent`) and wait up to ``timeout_s`` seconds. On a timeout ``on_timeout`` runs first
     (while the ranks are still alive), then the session and every descendant are killed; on Ctrl-C /
     SIGTERM of this process (SIGTERM raised as an interrupt meanwhile) they are killed and the interrupt is
@@ -177,8 +181,8 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         profile: run one more step under ``torch.profiler`` after the timed ones; each rank's summary
             (:func:`autotune.runtime.trace.summarize`) is returned as ``profile`` (a list by rank).
         launcher: None or ``{"kind": "local"}``: torchrun here, in a new session (killed with its whole
-            process group and descendants on timeout, Ctrl-C or SIGTERM of this process, and sent SIGTERM
-            by the kernel if this process dies: ``PR_SET_PDEATHSIG``); ``{"kind": "slurm", "nodes": ..,
+            process group and descendants on timeout, Ctrl-C or SIGTERM of this process; killed by the
+            kernel if this process dies, ``PR_SET_PDEATHSIG``, and its ranks then exit on their own); ``{"kind": "slurm", "nodes": ..,
             "gpus_per_node": .., "partition": .., "account": .., "time": ..}``: a Slurm job
             (:func:`autotune.launchers.slurm.run_slurm_job`; ``workdir`` must be on a file system the
             nodes share); ``nproc`` is then the processes per node.

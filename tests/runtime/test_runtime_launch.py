@@ -123,3 +123,99 @@ def test_gpu_tp2_run_and_context_parallel(tmp_path):
                      workdir=tmp_path / str(i))
         assert r["status"] == "ok", r["reason"]
         assert all(b > 0 for b in r["peak_allocated_bytes"])
+
+
+def repo_env() -> dict[str, str]:
+    """This environment with the repository root first on PYTHONPATH (the child imports autotune)."""
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"]
+                                                if os.environ.get("PYTHONPATH") else "")}
+
+
+def _gone_within(pid: int, timeout_s: float) -> bool:
+    """True when ``pid`` no longer exists or is a zombie within ``timeout_s`` seconds."""
+    import time
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# A launcher that ignores SIGTERM stands for a torchrun whose SIGTERM path does not end it (CI once saw
+# torchrun alive 60 s after its worker was kill -9-ed): only a SIGKILL from the kernel ends it.
+_LAUNCHER = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "open(sys.argv[1], 'w').write('up'); time.sleep(120)")
+_TUNER = """
+import subprocess, sys
+from autotune.runtime.launch import run_in_session
+run_in_session([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.DEVNULL,
+               stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"}, cwd=".", timeout_s=120)
+"""
+
+
+def test_kill9_of_the_tuner_kills_a_launcher_that_ignores_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    up = tmp_path / "up"
+    tuner = subprocess.Popen([sys.executable, "-c", _TUNER, _LAUNCHER, str(up)], env=repo_env(), cwd=tmp_path)
+    try:
+        t0 = time.monotonic()
+        while not up.exists() and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert up.exists(), "the launcher did not start"
+        from autotune.runtime.launch import _descendants
+        (launcher,) = _descendants(tuner.pid)
+        tuner.kill()
+        tuner.wait(timeout=30)
+        assert _gone_within(launcher, 10), f"launcher {launcher} still running 10 s after its tuner was killed"
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+
+
+_RANK = """
+import os, sys, time
+os.environ["TORCHELASTIC_RUN_ID"] = "test"
+from autotune.runtime.worker import exit_when_orphaned
+exit_when_orphaned(poll_s=0.05)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def test_a_rank_exits_when_its_launcher_is_killed(tmp_path):
+    # the stand-in launcher starts a rank and is SIGKILLed: it cannot stop its rank, the rank's own
+    # watch of its parent pid must end it (within poll_s = 0.05 s; 10 s allowed for a loaded machine)
+    import subprocess
+    import sys
+    import time
+    pidfile = tmp_path / "rank.pid"
+    launcher = subprocess.Popen([sys.executable, "-c",
+                                 "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], "
+                                 "sys.argv[2]]); time.sleep(120)", _RANK, str(pidfile)], env=repo_env())
+    try:
+        t0 = time.monotonic()
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        rank = int(pidfile.read_text())
+        launcher.kill()
+        launcher.wait(timeout=30)
+        assert _gone_within(rank, 10), f"rank {rank} still running 10 s after its launcher was killed"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_no_orphan_watch_outside_torchrun(monkeypatch):
+    from autotune.runtime.worker import exit_when_orphaned
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert exit_when_orphaned() is None
