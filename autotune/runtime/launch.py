@@ -182,10 +182,10 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
             (:func:`autotune.runtime.trace.summarize`) is returned as ``profile`` (a list by rank).
         launcher: None or ``{"kind": "local"}``: torchrun here, in a new session (killed with its whole
             process group and descendants on timeout, Ctrl-C or SIGTERM of this process; killed by the
-            kernel if this process dies, ``PR_SET_PDEATHSIG``, and its ranks then exit on their own); ``{"kind": "slurm", "nodes": ..,
-            "gpus_per_node": .., "partition": .., "account": .., "time": ..}``: a Slurm job
-            (:func:`autotune.launchers.slurm.run_slurm_job`; ``workdir`` must be on a file system the
-            nodes share); ``nproc`` is then the processes per node.
+            kernel if this process dies, ``PR_SET_PDEATHSIG``, and its ranks then exit on their own);
+            ``{"kind": "slurm", "nodes": .., "gpus_per_node": .., "partition": .., "account": ..,
+            "time": ..}``: a Slurm job (:func:`autotune.launchers.slurm.run_slurm_job`; ``workdir`` must
+            be on a file system the nodes share); ``nproc`` is then the processes per node.
 
     Returns:
         dict with ``status`` (``ok``/``oom``/``timeout``/``failed``), ``reason`` (None when ok),
