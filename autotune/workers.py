@@ -46,6 +46,7 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
     import sys
 
     from autotune.errors import AutotuneError, NoFeasiblePlanError
+    from autotune.launchers.reaper import term_when_gone
     from autotune.signals import interrupted, note_interrupt, safe_to_raise
     from autotune.tuner import Tuner
 
@@ -80,6 +81,9 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
                 if signal.getsignal(sig) is not signal.SIG_IGN:     # an ignored signal stays ignored
                     signal.signal(sig, on_signal)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)       # a pending signal is handled here
+            parent = mp.parent_process()
+            if parent is not None:      # the tuner killed with SIGKILL: SIGTERM here, handled as above
+                term_when_gone(parent.pid)
             if interrupted():
                 raise KeyboardInterrupt
             tuner = Tuner(**tuner_kwargs)

@@ -175,7 +175,7 @@ def test_kill9_worker_trial_fails_by_heartbeat_and_is_retried(tmp_path):
         tree = descendants(a.pid)
         os.kill(a.pid, signal.SIGKILL)
         a.wait(timeout=30)
-        # torchrun was started with PR_SET_PDEATHSIG = SIGKILL, and its ranks exit when their parent is gone
+        # torchrun runs under a guard (autotune.launchers.reaper) that ends it and its ranks when the worker dies
         wait_for(lambda: not alive(tree), 60, lambda: f"A's torchrun processes {_cmdlines(alive(tree))} to end")
     finally:
         if a.poll() is None:
@@ -446,3 +446,35 @@ def test_prepare_workers_simulates_the_first_layouts_only_for_forked_workers(tmp
     workers.prepare_workers(t, 2, 3)
     assert RANKING_ATTR in t.study._storage.get_study_system_attrs(t.study._study_id)     # the ranking is stored
     assert seen == (list(itertools.islice(t._sampler().rank(t.study), 6)) if start == "fork" else [])
+
+
+def _count(url) -> int:
+    try:
+        return len(_trials(url))
+    except Exception:  # noqa: BLE001 - no study yet (the storage or its first study is being made)
+        return 0
+
+
+@pytest.mark.slow
+def test_workers_stop_when_their_parent_is_killed(tmp_path):
+    # kill -9 of `run --workers 2` (nothing of the parent runs after it): each worker notices within 0.5 s
+    # (autotune.launchers.reaper.term_when_gone) and stops as if sent SIGTERM, its trial recorded FAIL;
+    # before, both ran their 2 x 400 trials to the end with init as their parent
+    url = f"sqlite:///{tmp_path}/k.db"
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--size", "8b", "--space", "small",
+                          "--workers", "2", "--no-early-stop", "--trials", "400", "--storage", url],
+                         cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        workers = wait_for(lambda: len(descendants(p.pid)) >= 2 and descendants(p.pid), 120, "the 2 workers")
+        wait_for(lambda: _count(url) >= 10, 120, "10 trials")
+        p.kill()
+        p.wait(timeout=30)
+        wait_for(lambda: not alive(workers), 20, lambda: f"workers {_cmdlines(alive(workers))} to end")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for w in alive(descendants(p.pid)):
+            os.kill(w, signal.SIGKILL)
+    trials = _trials(url)
+    assert len(trials) < 800, len(trials)
+    assert not [t.number for t in trials if t.state.name == "RUNNING"]

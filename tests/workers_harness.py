@@ -46,9 +46,9 @@ def start_worker(url: str, *, trials: int = 1, heartbeat_s: int = 1, launcher: s
 
 
 def descendants(pid: int) -> list[int]:
-    from autotune.runtime.launch import _descendants
+    from autotune.launchers.reaper import descendants as d
 
-    return _descendants(pid)
+    return d(pid)
 
 
 def alive(pids: list[int]) -> list[int]:

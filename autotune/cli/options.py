@@ -497,14 +497,17 @@ def check_worker_id(worker_id, workers: int = 1):
     return require_int(int(v.strip()), "$SLURM_ARRAY_TASK_ID", lo=0, hi=hi)
 
 
-def check_workers(workers, storage: str | None = None) -> int:
+def check_workers(workers, storage: str | None = None, *, backend: str | None = None,
+                  launcher: str | None = None) -> int:
     """``--workers``: an integer from 1 to :func:`autotune.target.validate.max_workers` (8 per CPU core of
     this host, at least 16): each worker is a process, so an unbounded count would exhaust memory. With more
     than one, ``storage`` must be one the worker processes can share: not SQLite's ``:memory:`` (a database
-    per connection, so each worker would see an empty one).
+    per connection, so each worker would see an empty one); and not ``--backend real --launcher local``, whose
+    every trial runs on all of this host's GPUs (:func:`autotune.runtime.launch.run_plan`): the workers'
+    trials would share the GPUs and time each other.
 
     Raises:
-        ConfigError: naming the value and the bound, or the in-memory storage.
+        ConfigError: naming the value and the bound, the in-memory storage, or the local real backend.
     """
     from autotune.target.validate import WORKERS_PER_CPU, max_workers, require_int
 
@@ -519,6 +522,10 @@ def check_workers(workers, storage: str | None = None) -> int:
     if n > 1 and storage is not None and ":memory:" in storage:
         raise ConfigError(f"--workers {n} needs a storage the worker processes share; {storage} is a database "
                           "of one process: use sqlite:///PATH, journal:PATH or postgresql://...")
+    if n > 1 and backend == "real" and launcher in (None, "local"):
+        raise ConfigError(f"--workers {n} with --backend real --launcher local: each trial runs on all of this "
+                          f"host's GPUs, so {n} workers would share them and time each other's trials; use "
+                          "--workers 1, or --launcher slurm (a job per trial)")
     return n
 
 

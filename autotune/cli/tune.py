@@ -74,7 +74,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                                   global_batch=global_batch)
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
-    check_workers(workers, storage)
+    check_workers(workers, storage, backend=backend, launcher=launcher)
     wid = check_worker_id(worker_id, workers)
     from autotune.study.storage import check_heartbeat
     check_heartbeat(heartbeat_interval, storage, backend)   # before any study is created
@@ -402,7 +402,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        top_k=top_k,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
-    check_workers(workers, storage)
+    check_workers(workers, storage, backend=backend, launcher=launcher)
     retune_wid = check_worker_id(worker_id, workers)
     warn_real_only_options(backend)
     from autotune.search.space import SearchSpace

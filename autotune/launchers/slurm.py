@@ -12,7 +12,10 @@ Flow of :func:`run_slurm_job` (what :func:`autotune.runtime.launch.run_plan` cal
    (time spent PENDING in the queue is limited separately, by the same number of seconds);
 4. on timeout, Ctrl-C or SIGTERM: ``scancel ID`` (Slurm signals every step's processes on every node),
    wait for the job to leave the RUNNING state, report; the caller classifies the work directory's files
-   exactly as for a local run (OOM / crash / hang), and Slurm's ``OUT_OF_MEMORY`` state counts as OOM.
+   exactly as for a local run (OOM / crash / hang), and Slurm's ``OUT_OF_MEMORY`` state counts as OOM;
+5. if this process dies without step 4 (``kill -9``), a guard started right after ``sbatch``
+   (:mod:`autotune.launchers.reaper`, ``--on-stop``) runs ``scancel ID``; a kill between ``sbatch``'s
+   answer and the guard's start (milliseconds) leaves the job to its ``--time`` limit.
 
 Sources: sbatch(1) ``--parsable``, ``--nodes``, ``--ntasks-per-node``, ``--gpus-per-node``, ``--time``,
 ``--chdir``, ``--output``/``--error``; srun(1) ``--kill-on-bad-exit``; scontrol(1) ``show job -o`` fields
@@ -34,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from autotune.errors import AutotuneError, ConfigError
 from autotune.launchers.process import read_phases, sigterm_as_interrupt
+from autotune.launchers.reaper import guarded
 
 #: Job states after which a job does not run any more (scontrol(1) / squeue(1) "JOB STATE CODES").
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
@@ -217,6 +221,10 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
         raise AutotuneError(f"--launcher slurm: sbatch refused the trial job: "
                             f"{(p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else p.returncode}")
     job_id = p.stdout.strip().split(";")[0]
+    # a guard cancels the job if this process dies without doing so itself (kill -9): reaper.py, --on-stop
+    guard = subprocess.Popen(guarded(["scancel", job_id], on_stop=True), env=dict(env), cwd=wd,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
     state, info, started, t_submit = "PENDING", None, None, time.monotonic()
     timed_out, phases_at_kill = False, {}
     try:
@@ -240,6 +248,9 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
     except BaseException:
         _cancel(job_id, env)
         raise
+    finally:
+        guard.kill()        # SIGKILL: the guard cancels nothing; this process has dealt with the job
+        guard.wait()
     return SlurmJob(job_id=job_id, state=state, returncode=_returncode(info), timed_out=timed_out,
                     phases_at_kill=phases_at_kill, command=cmd)
 

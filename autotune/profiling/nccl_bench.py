@@ -340,7 +340,9 @@ def launch(*, tier: str, nproc: int, out: str | Path, sizes: Iterable[int] | Non
         cmd += ["--overlap"]
     cmd += list(extra_args)
     logf = open(log, "w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, env=tier_env(tier), stdout=logf, stderr=subprocess.STDOUT,
+    # under a guard (autotune.launchers.reaper): torchrun and its ranks end with this process, kill -9 included
+    from autotune.launchers.reaper import guarded
+    proc = subprocess.Popen(guarded(cmd), env=tier_env(tier), stdout=logf, stderr=subprocess.STDOUT,
                             start_new_session=True)
     seen = 0
     lines: list[dict] = []
@@ -384,7 +386,8 @@ def launch(*, tier: str, nproc: int, out: str | Path, sizes: Iterable[int] | Non
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """Terminate the launcher's process group (torchrun and its workers), then kill if needed."""
+    """Terminate the guard's process group (the guard then ends torchrun and its ranks, which run in
+    sessions of their own), then kill if needed."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from autotune.errors import ConfigError
 from autotune.launchers.process import read_phases, sigterm_as_interrupt
+from autotune.launchers.reaper import descendants as _descendants, guarded
 from autotune.target.plan import PlanDocument
 
 #: Always in the worker environment: NVLink SHARP multicast off (NCCL) and symmetric-memory multicast
@@ -57,27 +58,6 @@ def worker_env(doc: PlanDocument, env: Optional[Mapping[str, str]] = None) -> di
     return e
 
 
-def _descendants(pid: int) -> list[int]:
-    """All descendant pids of ``pid`` (Linux ``/proc``), children before grandchildren."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """SIGTERM then SIGKILL the launcher's session and every descendant (workers may have started
     sessions of their own)."""
@@ -100,21 +80,6 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             pass
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
-    """``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills torchrun when the launching thread dies (e.g.
-    the worker is ``kill -9``-ed; Linux prctl(2)); its ranks then see their parent gone and exit
-    (:func:`autotune.runtime.worker.exit_when_orphaned`). SIGKILL, not SIGTERM: torchrun's own SIGTERM
-    path (``torch/distributed/elastic/agent/server/api.py`` ``SignalException`` -> ``_shutdown``) stopped
-    the ranks but once left torchrun running for over 60 s (CI, ``test_kill9_worker_...``); nothing a
-    process runs can delay SIGKILL."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _phase_text(phases: dict[int, str]) -> str:
     if not phases:
         return "startup (no rank reported a phase)"
@@ -134,17 +99,18 @@ def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
 
 def run_in_session(argv: Sequence[str], *, stdout: Any, stderr: Any, env: Mapping[str, str], cwd: str | Path,
                    timeout_s: float, on_timeout: Callable[[], None] | None = None) -> tuple[int | None, bool]:
-    """Run ``argv`` in a session of its own (``start_new_session``; the kernel kills it if this thread dies,
-    :func:`_die_with_parent`) and wait up to ``timeout_s`` seconds. On a timeout ``on_timeout`` runs first
-    (while the ranks are still alive), then the session and every descendant are killed; on Ctrl-C /
-    SIGTERM of this process (SIGTERM raised as an interrupt meanwhile) they are killed and the interrupt is
-    re-raised: torchrun runs in its own session, so the terminal's signal never reaches it.
+    """Run ``argv`` under a guard (:mod:`autotune.launchers.reaper`: it ends ``argv`` and every descendant
+    when this process dies, ``kill -9`` included) in a session of its own, and wait up to ``timeout_s``
+    seconds. On a timeout ``on_timeout`` runs first (while the ranks are still alive), then the session and
+    every descendant are killed; on Ctrl-C / SIGTERM of this process (SIGTERM raised as an interrupt
+    meanwhile) they are killed and the interrupt is re-raised: torchrun runs in its own session, so the
+    terminal's signal never reaches it.
 
     Returns:
-        (return code, timed out).
+        (return code of ``argv``, negative for a signal as in :mod:`subprocess`; timed out).
     """
-    proc = subprocess.Popen(list(argv), stdout=stdout, stderr=stderr, env=dict(env), cwd=str(cwd),
-                            start_new_session=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(guarded(list(argv)), stdout=stdout, stderr=stderr, env=dict(env), cwd=str(cwd),
+                            start_new_session=True)
     try:
         with sigterm_as_interrupt():
             return proc.wait(timeout=timeout_s), False
@@ -181,8 +147,8 @@ def run_plan(doc: PlanDocument, *, layers: Optional[int] = None, steps: int = 5,
         profile: run one more step under ``torch.profiler`` after the timed ones; each rank's summary
             (:func:`autotune.runtime.trace.summarize`) is returned as ``profile`` (a list by rank).
         launcher: None or ``{"kind": "local"}``: torchrun here, in a new session (killed with its whole
-            process group and descendants on timeout, Ctrl-C or SIGTERM of this process; killed by the
-            kernel if this process dies, ``PR_SET_PDEATHSIG``, and its ranks then exit on their own);
+            process group and descendants on timeout, Ctrl-C or SIGTERM of this process, and ended
+            by its guard, :mod:`autotune.launchers.reaper`, if this process dies);
             ``{"kind": "slurm", "nodes": .., "gpus_per_node": .., "partition": .., "account": ..,
             "time": ..}``: a Slurm job (:func:`autotune.launchers.slurm.run_slurm_job`; ``workdir`` must
             be on a file system the nodes share); ``nproc`` is then the processes per node.

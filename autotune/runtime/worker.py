@@ -32,7 +32,6 @@ import platform
 import resource
 import statistics
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -67,30 +66,6 @@ class _Phase:
                 if kind == "hang":
                     while True:
                         time.sleep(3600)
-
-
-def exit_when_orphaned(poll_s: float = 0.5) -> threading.Thread | None:
-    """Under torchrun (``TORCHELASTIC_RUN_ID`` set), start a daemon thread that ends this rank
-    (``os._exit(1)``) within ``poll_s`` seconds of its parent process ending: when the tuner is
-    ``kill -9``-ed the kernel kills its torchrun (``autotune.runtime.launch._die_with_parent``), and
-    torchrun's ranks would otherwise be left running (a rank stuck in a collective or a hang never exits).
-
-    The parent is watched with ``os.getppid()`` (an orphan is re-parented to init or a subreaper), not with
-    ``PR_SET_PDEATHSIG``, which fires when the *thread* that started the rank ends and so depends on
-    torchrun's threading. Returns the thread, or None when not under torchrun.
-    """
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return None
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    t = threading.Thread(target=watch, name="autotune-orphan-watch", daemon=True)
-    t.start()
-    return t
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -159,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the timed steps, run one more step under torch.profiler and write its "
                          "summary (autotune.runtime.trace) to DIR/profile.rank<R>.json")
     a = ap.parse_args(argv)
-    exit_when_orphaned()
 
     rank = int(os.environ.get("RANK", "0"))
     phase = _Phase(a.phase_dir, rank)

@@ -176,6 +176,12 @@ for opts, field in [
 # the real backend without a GPU, with --workers: refused before the study is created (the digest check below)
 case("run-workers-real-no-gpu", lambda e: (run_args("--workers", "2", "--backend", "real")(e),
                                            {"CUDA_VISIBLE_DEVICES": ""}), "GPU")
+# several workers of the local real backend would share this host's GPUs: refused whatever the GPUs (QA, session 8)
+case("run-workers-real-local", lambda e: run_args("--workers", "2", "--backend", "real", "--launcher", "local")(e),
+     "--launcher slurm")
+case("retune-workers-real-local", lambda e: ["retune", "--size", "8b", "--space", "small", "--interconnect",
+                                             "nvlink5+eth100", "--workers", "2", "--backend", "real",
+                                             "--storage", e["url"]], "--workers 1")
 # secrets: an unreachable PostgreSQL URL's password never printed (the error line shows ***)
 case("run-storage-pg-password", lambda e: ["run", "--size", "8b", "--space", "small", "--trials", "1",
                                            "--storage", "postgresql+psycopg://me:s3cret@127.0.0.1:1/db"], "me:***@")

@@ -133,89 +133,132 @@ def repo_env() -> dict[str, str]:
                                                 if os.environ.get("PYTHONPATH") else "")}
 
 
-def _gone_within(pid: int, timeout_s: float) -> bool:
-    """True when ``pid`` no longer exists or is a zombie within ``timeout_s`` seconds."""
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(cond, timeout_s: float) -> bool:
     import time
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except OSError:
+        if cond():
             return True
         time.sleep(0.05)
-    return False
+    return cond()
 
 
-# A launcher that ignores SIGTERM stands for a torchrun whose SIGTERM path does not end it (CI once saw
-# torchrun alive 60 s after its worker was kill -9-ed): only a SIGKILL from the kernel ends it.
-_LAUNCHER = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-             "open(sys.argv[1], 'w').write('up'); time.sleep(120)")
-_TUNER = """
-import subprocess, sys
-from autotune.runtime.launch import run_in_session
-run_in_session([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.DEVNULL,
-               stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"}, cwd=".", timeout_s=120)
-"""
-
-
-def test_kill9_of_the_tuner_kills_a_launcher_that_ignores_sigterm(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-    up = tmp_path / "up"
-    tuner = subprocess.Popen([sys.executable, "-c", _TUNER, _LAUNCHER, str(up)], env=repo_env(), cwd=tmp_path)
-    try:
-        t0 = time.monotonic()
-        while not up.exists() and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        assert up.exists(), "the launcher did not start"
-        from autotune.runtime.launch import _descendants
-        (launcher,) = _descendants(tuner.pid)
-        tuner.kill()
-        tuner.wait(timeout=30)
-        assert _gone_within(launcher, 10), f"launcher {launcher} still running 10 s after its tuner was killed"
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-
-
-_RANK = """
-import os, sys, time
-os.environ["TORCHELASTIC_RUN_ID"] = "test"
-from autotune.runtime.worker import exit_when_orphaned
-exit_when_orphaned(poll_s=0.05)
-open(sys.argv[1], "w").write(str(os.getpid()))
+# A stand-in torchrun that ignores SIGTERM (CI once saw torchrun alive 60 s after its tuner was kill -9-ed)
+# and starts a rank in a session of its own that ignores SIGTERM too (torch starts ranks with
+# start_new_session=True; an engine's ranks have no parent-death signal): each writes its pid to a file.
+_JOB = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+d = sys.argv[1]
+if len(sys.argv) > 2:                  # the rank
+    open(os.path.join(d, "rank.pid"), "w").write(str(os.getpid()))
+else:                                  # the launcher
+    open(os.path.join(d, "launcher.pid"), "w").write(str(os.getpid()))
+    job = open(os.path.join(d, "job.py")).read()
+    subprocess.Popen([sys.executable, "-c", job, d, "rank"], start_new_session=True)
 time.sleep(120)
 """
+_TUNER = """
+import os, subprocess, sys
+from autotune.runtime.launch import run_in_session
+d = sys.argv[1]
+open(os.path.join(d, "tuner.pid"), "w").write(str(os.getpid()))
+print(run_in_session([sys.executable, "-c", open(os.path.join(d, "job.py")).read(), d], stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, env=dict(os.environ), cwd=d, timeout_s=float(sys.argv[2])))
+"""
 
 
-def test_a_rank_exits_when_its_launcher_is_killed(tmp_path):
-    # the stand-in launcher starts a rank and is SIGKILLed: it cannot stop its rank, the rank's own
-    # watch of its parent pid must end it (within poll_s = 0.05 s; 10 s allowed for a loaded machine)
+def _start_tuner(d, timeout_s: float = 120.0):
     import subprocess
     import sys
-    import time
-    pidfile = tmp_path / "rank.pid"
-    launcher = subprocess.Popen([sys.executable, "-c",
-                                 "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], "
-                                 "sys.argv[2]]); time.sleep(120)", _RANK, str(pidfile)], env=repo_env())
+    (d / "job.py").write_text(_JOB)
+    return subprocess.Popen([sys.executable, "-c", _TUNER, str(d), str(timeout_s)], env=repo_env(),
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _pid(path) -> int | None:
     try:
-        t0 = time.monotonic()
-        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        rank = int(pidfile.read_text())
-        launcher.kill()
-        launcher.wait(timeout=30)
-        assert _gone_within(rank, 10), f"rank {rank} still running 10 s after its launcher was killed"
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_kill9_of_the_tuner_ends_a_launcher_and_a_rank_that_ignore_sigterm(tmp_path):
+    # the guard SIGTERMs both, then SIGKILLs them after its 5 s grace: 15 s allowed on a loaded machine
+    tuner = _start_tuner(tmp_path)
+    try:
+        assert _wait(lambda: _pid(tmp_path / "rank.pid"), 60), "the stand-in rank did not start"
+        launcher, rank = _pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")
+        tuner.kill()
+        tuner.wait(timeout=30)
+        assert _wait(lambda: not _alive(launcher) and not _alive(rank), 15), \
+            f"still running 15 s after the tuner was killed: launcher {_alive(launcher)}, rank {_alive(rank)}"
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
+        for p in (_pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")):
+            if p and _alive(p):
+                os.kill(p, 9)
 
 
-def test_no_orphan_watch_outside_torchrun(monkeypatch):
-    from autotune.runtime.worker import exit_when_orphaned
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    assert exit_when_orphaned() is None
+def test_a_rank_orphaned_by_its_launcher_is_ended_when_the_tuner_dies(tmp_path):
+    # the launcher is SIGKILLed first (its rank is re-parented to the guard, a child subreaper), then the
+    # tuner: the rank is still found and ended
+    tuner = _start_tuner(tmp_path)
+    try:
+        assert _wait(lambda: _pid(tmp_path / "rank.pid"), 60), "the stand-in rank did not start"
+        launcher, rank = _pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")
+        os.kill(launcher, 9)
+        assert _wait(lambda: not _alive(launcher), 10)
+        tuner.kill()
+        tuner.wait(timeout=30)
+        assert _wait(lambda: not _alive(rank), 15), "the orphaned rank still runs 15 s after the tuner was killed"
+    finally:
+        for p in (_pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")):
+            if p and _alive(p):
+                os.kill(p, 9)
+
+
+def test_kill9_of_the_tuner_while_its_guard_starts_leaves_nothing(tmp_path):
+    # the tuner is killed as soon as its guard exists, before (or while) the job starts: the guard either
+    # sees its parent gone after its prctl and starts nothing, or gets SIGTERM and ends what it started
+    from autotune.launchers.reaper import descendants
+    for i in range(5):
+        d = tmp_path / str(i)
+        d.mkdir()
+        tuner = _start_tuner(d)
+        assert _wait(lambda: _pid(d / "tuner.pid") and descendants(tuner.pid), 60)
+        tuner.kill()
+        tuner.wait(timeout=30)
+        import time
+        time.sleep(1.0)
+        started = [p for p in (_pid(d / "launcher.pid"), _pid(d / "rank.pid")) if p]
+        try:
+            assert _wait(lambda: not any(_alive(p) for p in started), 15), f"round {i}: {started} still run"
+        finally:
+            for p in started:
+                if _alive(p):
+                    os.kill(p, 9)
+
+
+def test_the_guard_passes_the_exit_status_and_ends_what_the_job_left(tmp_path):
+    import subprocess
+    import sys
+    from autotune.runtime.launch import run_in_session
+    kw = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ), cwd=tmp_path,
+              timeout_s=60)
+    assert run_in_session([sys.executable, "-c", "import sys; sys.exit(3)"], **kw) == (3, False)
+    # killed by a signal: the subprocess convention, -9
+    assert run_in_session([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], **kw) == (-9, False)
+    # a process the job left behind in a session of its own is ended when the job ends
+    left = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "start_new_session=True); open(sys.argv[1], 'w').write(str(p.pid))")
+    assert run_in_session([sys.executable, "-c", left, str(tmp_path / "left.pid")], **kw) == (0, False)
+    pid = _pid(tmp_path / "left.pid")
+    assert pid and _wait(lambda: not _alive(pid), 10), f"the left-behind process {pid} still runs"
