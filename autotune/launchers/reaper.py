@@ -8,8 +8,8 @@ this command line; the file imports only the standard library, and ``-I`` keeps 
 Lifecycle of one guard process:
 
 1. ``prctl(PR_SET_PDEATHSIG, SIGTERM)``, then ``getppid() == PID`` is checked: a tuner that died between
-   its fork and the ``prctl`` is seen here, and the guard exits 1 before starting anything (prctl(2)'s
-   race-free idiom).
+   its fork and the ``prctl`` is seen here, and the guard exits 1 before starting anything, or in the
+   ``--on-stop`` form below runs its command at once (prctl(2)'s race-free idiom).
 2. ``prctl(PR_SET_CHILD_SUBREAPER)``: a descendant orphaned by its own parent's death (a rank whose
    torchrun was killed) is re-parented to the guard, not to init, so the guard still finds it.
 3. ``CMD`` is started (it gets SIGTERM if the guard itself dies) and waited for.
@@ -204,11 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         if not _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM):
             print("reaper: prctl(PR_SET_PDEATHSIG) is not available: the job is not ended if the tuner is "
                   "killed with SIGKILL", file=sys.stderr)
+        if "--on-stop" in opts:
+            while os.getppid() == parent:             # (not yet, if the tuner died before the prctl above)
+                signal.pause()
+            raise _Stop(signal.SIGTERM)
         if os.getppid() != parent:
             return 1                                  # the tuner died before the prctl above
-        if "--on-stop" in opts:
-            while True:
-                signal.pause()
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         child = subprocess.Popen(cmd, preexec_fn=_term_with_parent)   # this process runs no other thread
         while True:

@@ -89,3 +89,15 @@ def test_the_guard_refuses_a_bad_command_line():
     from autotune.launchers.reaper import main
     assert main(["--parent", "x", "--", "true"]) == 2
     assert main(["--parent", str(os.getppid()), "--"]) == 2
+
+
+def test_an_on_stop_guard_whose_tuner_is_already_gone_runs_its_command(tmp_path):
+    # --parent names a process that is not the guard's parent (as when the tuner died between its fork and
+    # the guard's prctl): the command runs at once
+    from autotune.launchers.reaper import guarded
+    out = tmp_path / "ran"
+    argv = guarded(["bash", "-c", f"echo done > {out}"], on_stop=True)
+    i = argv.index("--parent")
+    argv[i + 1] = "1"
+    assert subprocess.run(argv, timeout=60).returncode == 0
+    assert out.read_text().strip() == "done"
