@@ -37,7 +37,8 @@ from autotune.study.storage_check import existing_readonly, user_url
 from autotune.study.storage import (DEFAULT_BACKEND, DEFAULT_STORAGE, check_heartbeat, lost_enqueued_race, open_storage,
                                     retry_races, storage_kind)
 from autotune.study.faults import StorageFault, classify, stop_reason, storage_fault, storage_guarded, with_retries
-from autotune.study.stale import STALE_AFTER_S, StampedSampler, fail_own_running, fail_trials, reap_stale, wait_for_others
+from autotune.study.stale import (STALE_AFTER_S, StampedSampler, fail_own_running, fail_trials, reap_stale, trials_created_here,
+                                  wait_for_others)
 from autotune.study.trials import BestPlan, ParamBuffer, is_feasible, outcome_counts, record_result, require_best_plan
 from autotune.target.engines import resolve_engine
 from autotune.target.hardware import ClusterSpec, fabric_fingerprint
@@ -451,13 +452,12 @@ class Tuner:
                            stop_reason=self.stop_reason)
 
     def _fail_running(self, study: optuna.Study, why: str) -> None:
-        """Mark FAIL (with ``user_attrs['fail_reason']``) the trials this tuner started that are still
-        RUNNING in the storage, e.g. when a signal stopped the run between Optuna's ask and tell; other
-        workers' trials are left alone. A reason the storage refuses (a full disk) is kept in a note that the next
-        run on this storage writes (:func:`autotune.study.stale.note_unwritten`)."""
+        """Mark FAIL (``user_attrs['fail_reason']``) the still RUNNING trials this process created (its objective's,
+        and any a signal stopped inside Optuna's trial creation: ``trials_created_here``), not other workers'. A
+        reason the storage refuses (a full disk) is noted for the next run (:func:`~autotune.study.stale.note_unwritten`)."""
         sig = interrupted()
         reason = f"{why} (signal {sig})" if sig else why
-        fail_trials(study._storage, {i: reason for i in self._started}, url=self.storage)
+        fail_trials(study._storage, {i: reason for i in self._started | trials_created_here()}, url=self.storage)
 
     def _stale_after_s(self) -> float:
         """A RUNNING trial older than this (s) is a dead worker's: :data:`STALE_AFTER_S`, for the real backend at

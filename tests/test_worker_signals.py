@@ -68,7 +68,7 @@ def _ctrl_c_while_starting(tmp_path, slow_start, start_method, num_starting, wha
     (site / "sitecustomize.py").write_text(slow_start.format(d=str(tmp_path)))
     env = _env(site)
     env["AUTOTUNE_WORKER_START"] = start_method
-    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], env)
+    p = _start(["--trials", "200", "--no-early-stop", "--storage", f"sqlite:///{tmp_path}/s.db"], env)
     try:
         wait_for(lambda: len(list(tmp_path.glob("starting.*"))) >= num_starting, 120, what)
     except BaseException:
@@ -139,7 +139,7 @@ def test_sigint_right_after_start_of_a_background_job(tmp_path):
     # (no handler until the study was opened): the run finished with exit 0. Now `run` notes SIGINT /
     # SIGTERM from its first line. A signal that lands before `run` starts (Python's own start-up) is
     # still lost, so the test sends it once `run` has installed its handler (SigCgt in /proc).
-    p = _start(["--trials", "200", "--storage", f"sqlite:///{tmp_path}/s.db"], _env(), ignore_sigint=True)
+    p = _start(["--trials", "200", "--no-early-stop", "--storage", f"sqlite:///{tmp_path}/s.db"], _env(), ignore_sigint=True)
 
     def caught():
         with open(f"/proc/{p.pid}/status") as f:
@@ -158,11 +158,12 @@ def test_sigint_right_after_start_of_a_background_job(tmp_path):
 
 
 def test_sigterm_to_the_parent_alone_stops_the_workers(tmp_path):
+    # (--no-early-stop: the 8B run would otherwise converge and end with exit 0, seen once, as the signal came)
     # `kill -TERM PID` (not the group). Before: the workers never got it and ran on; the parent waited
     # 30 s for them before terminating them. After: the parent forwards it at once, exit 143 before the
     # 30 s grace of run_workers is over.
     url = f"sqlite:///{tmp_path}/s.db"
-    p = _start(["--trials", "100000", "--storage", url], _env())
+    p = _start(["--trials", "100000", "--no-early-stop", "--storage", url], _env())
     db = tmp_path / "s.db"
 
     def trials_running():

@@ -1,7 +1,7 @@
 """A guard between the tuner and a launched job (torchrun and its ranks, an engine's torchrun, the NCCL
 bench): the job never outlives the tuner, even one killed with ``kill -9``.
 
-``python -I autotune/launchers/reaper.py --parent PID [--grace-s S] -- CMD ...`` (:func:`guarded` builds
+``python -I autotune/launchers/reaper.py --parent PID [--grace-s S] [--on-stop] -- CMD ...`` (:func:`guarded` builds
 this command line; the file imports only the standard library, and ``-I`` keeps the script's folder off
 ``sys.path``, so it runs with any interpreter and environment).
 
@@ -42,6 +42,7 @@ import time
 _PR_SET_PDEATHSIG = 1          # linux/prctl.h
 _PR_SET_CHILD_SUBREAPER = 36   # linux/prctl.h (Linux 3.4)
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_POLL_S = 0.1                  # s between checks of the job and of the tuner
 #: seconds between SIGTERM and SIGKILL of what is left (torchrun's own grace is 30 s: ``_shutdown`` in
 #: ``torch/distributed/elastic/agent/server/api.py``; a guard ended by its tuner's timeout gets the tuner's
 #: SIGKILL after ``autotune.runtime.launch._kill_tree``'s 5 s anyway)
@@ -198,28 +199,33 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum: int, frame: object) -> None:
         raise _Stop(signum)
 
+    # a tuner started with SIGCHLD ignored passes that on, and then the kernel reaps the children itself:
+    # waitpid() would never return the job's status (QA, session 8: the guard spun, the trial timed out)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for s in _STOP_SIGNALS:
         signal.signal(s, on_signal)
     try:
         if not _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM):
             print("reaper: prctl(PR_SET_PDEATHSIG) is not available: the job is not ended if the tuner is "
                   "killed with SIGKILL", file=sys.stderr)
+        # polled with short sleeps, not pause() / a blocking waitpid(): a signal that lands just before such a
+        # call would wait for the next one (the handler runs between bytecodes; a sleep is cut short by it)
         if "--on-stop" in opts:
             while os.getppid() == parent:             # (not yet, if the tuner died before the prctl above)
-                signal.pause()
+                time.sleep(_POLL_S)
             raise _Stop(signal.SIGTERM)
         if os.getppid() != parent:
             return 1                                  # the tuner died before the prctl above
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         child = subprocess.Popen(cmd, preexec_fn=_term_with_parent)   # this process runs no other thread
-        while True:
-            for pid, status in _reap(block=True):
-                if pid == child.pid:
-                    code = os.waitstatus_to_exitcode(status)
-                    break
-            else:
-                continue
-            break
+        code = None
+        while code is None:
+            ended = _reap(block=False)
+            code = next((os.waitstatus_to_exitcode(st) for pid, st in ended if pid == child.pid), None)
+            if code is None and not ended and not os.path.exists(f"/proc/{child.pid}"):
+                code = 1                              # reaped elsewhere: no status to pass on
+            if code is None:
+                time.sleep(_POLL_S)
     except _Stop as e:
         for s in _STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)

@@ -221,13 +221,14 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
         raise AutotuneError(f"--launcher slurm: sbatch refused the trial job: "
                             f"{(p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else p.returncode}")
     job_id = p.stdout.strip().split(";")[0]
-    # a guard cancels the job if this process dies without doing so itself (kill -9): reaper.py, --on-stop
-    guard = subprocess.Popen(guarded(["scancel", job_id], on_stop=True), env=dict(env), cwd=wd,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
     state, info, started, t_submit = "PENDING", None, None, time.monotonic()
-    timed_out, phases_at_kill = False, {}
+    timed_out, phases_at_kill, guard = False, {}, None
     try:
+        # a guard cancels the job if this process dies without doing so itself (kill -9): reaper.py, --on-stop;
+        # what its scancel says goes to guard.log in the work directory
+        with open(wd / "guard.log", "ab") as log:
+            guard = subprocess.Popen(guarded(["scancel", job_id], on_stop=True), env=dict(env), cwd=wd,
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         with sigterm_as_interrupt():
             while True:
                 info = _scontrol_job(job_id, env)
@@ -249,8 +250,9 @@ def run_slurm_job(worker_argv: Sequence[str], *, nproc_per_node: int, wd: Path, 
         _cancel(job_id, env)
         raise
     finally:
-        guard.kill()        # SIGKILL: the guard cancels nothing; this process has dealt with the job
-        guard.wait()
+        if guard is not None:
+            guard.kill()    # SIGKILL: the guard cancels nothing; this process has dealt with the job
+            guard.wait()
     return SlurmJob(job_id=job_id, state=state, returncode=_returncode(info), timed_out=timed_out,
                     phases_at_kill=phases_at_kill, command=cmd)
 

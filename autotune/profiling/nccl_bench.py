@@ -387,15 +387,19 @@ def launch(*, tier: str, nproc: int, out: str | Path, sizes: Iterable[int] | Non
 
 def _kill(proc: subprocess.Popen) -> None:
     """Terminate the guard's process group (the guard then ends torchrun and its ranks, which run in
-    sessions of their own), then kill if needed."""
+    sessions of their own); if that takes over 10 s, SIGKILL the group and every descendant."""
+    from autotune.launchers.reaper import descendants
+
+    pids = descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for kill, pid in [(os.killpg, proc.pid)] + [(os.kill, p) for p in pids + descendants(proc.pid)]:
+            try:
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait()
 
 

@@ -101,3 +101,18 @@ def test_an_on_stop_guard_whose_tuner_is_already_gone_runs_its_command(tmp_path)
     argv[i + 1] = "1"
     assert subprocess.run(argv, timeout=60).returncode == 0
     assert out.read_text().strip() == "done"
+
+
+def test_a_guard_started_with_sigchld_ignored_passes_the_status_on():
+    # a tuner started with SIGCHLD ignored passes that disposition on through exec; the guard must still get
+    # its job's status (QA, session 8: it spun at 100% CPU and the trial timed out)
+    import signal
+
+    from autotune.launchers.reaper import guarded
+    p = subprocess.Popen(guarded([sys.executable, "-c", "import sys; sys.exit(3)"]),
+                         preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    try:
+        assert p.wait(timeout=20) == 3
+    finally:
+        if p.poll() is None:
+            p.kill()
