@@ -23,13 +23,11 @@ from autotune.tuner import Tuner
 from autotune.study.storage import open_storage, storage_kind
 from autotune.logs import quiet
 from autotune.errors import StorageError
-from workers_harness import ROOT, alive, descendants, phase_files_say, start_worker, wait_for
+from workers_harness import ROOT, alive, descendants, phase_files_say, repo_env, start_worker, wait_for
 
 
 def _env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
-    return e
+    return repo_env()
 
 
 def _trials(url):

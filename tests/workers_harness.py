@@ -30,12 +30,18 @@ print("OWN", s.n_new_trials, dict(s.own_states), flush=True)
 '''.format(runtime_tests=str(ROOT / "tests" / "runtime"), space=ONE_PLAN)
 
 
+def repo_env() -> dict[str, str]:
+    """This environment with the repository root first on PYTHONPATH (a child process imports autotune)."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    return e
+
+
 def start_worker(url: str, *, trials: int = 1, heartbeat_s: int = 1, launcher: str = "local",
                  timeout_s: float = 120.0, env: dict[str, str] | None = None, log: Path | None = None
                  ) -> subprocess.Popen:
     """The worker script above in its own session (signals reach only what the test sends)."""
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e = repo_env()
     e.update(env or {})
     out = open(log, "wb") if log else subprocess.DEVNULL
     # SIGINT as in a terminal's foreground process: a shell that starts a job in the background without

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from workers_harness import repo_env, wait_for
 
 _TUNER = """
 import sys
@@ -40,30 +40,20 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     state = tmp_path / "state"
     state.mkdir()
     _fake_slurm(tmp_path / "bin", state)
-    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    env = dict(repo_env(), PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     (tmp_path / "wd").mkdir()
     return subprocess.Popen([sys.executable, "-c", _TUNER, str(tmp_path / "wd")], env=env), state
-
-
-def _wait(cond, timeout_s: float) -> bool:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def test_kill9_of_the_tuner_cancels_its_slurm_job(tmp_path):
     tuner, state = _start(tmp_path)
     try:
-        assert _wait(lambda: (state / "submitted").exists(), 60), "sbatch was not called"
+        wait_for(lambda: (state / "submitted").exists(), 60, "sbatch to be called")
         time.sleep(1.0)         # the guard starts right after sbatch's answer
         tuner.kill()
         tuner.wait(timeout=30)
         # the guard gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and runs `scancel 4242`
-        assert _wait(lambda: (state / "cancelled").exists(), 15), "no scancel 15 s after the tuner was killed"
+        wait_for(lambda: (state / "cancelled").exists(), 15, "scancel after the tuner was killed")
         assert (state / "cancelled").read_text().split() == ["4242"]
     finally:
         if tuner.poll() is None:
@@ -74,7 +64,7 @@ def test_a_job_the_tuner_saw_end_is_not_cancelled_again(tmp_path):
     # the tuner's own Ctrl-C path cancels the job once; its guard is then SIGKILLed and cancels nothing
     tuner, state = _start(tmp_path)
     try:
-        assert _wait(lambda: (state / "submitted").exists(), 60), "sbatch was not called"
+        wait_for(lambda: (state / "submitted").exists(), 60, "sbatch to be called")
         time.sleep(1.0)
         tuner.terminate()       # SIGTERM: an interrupt inside run_slurm_job -> scancel, then the guard is killed
         tuner.wait(timeout=60)

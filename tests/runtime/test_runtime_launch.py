@@ -8,6 +8,7 @@ import pytest
 from autotune.target.plan import Plan, PlanDocument, Workload
 from autotune.runtime.launch import FIXED_ENV, run_plan, worker_env
 from runtime_harness import SEQ, TINY
+from workers_harness import alive, repo_env, wait_for
 
 
 def _doc(model=TINY, seq=SEQ, **kw):
@@ -125,32 +126,6 @@ def test_gpu_tp2_run_and_context_parallel(tmp_path):
         assert all(b > 0 for b in r["peak_allocated_bytes"])
 
 
-def repo_env() -> dict[str, str]:
-    """This environment with the repository root first on PYTHONPATH (the child imports autotune)."""
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parents[2])
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"]
-                                                if os.environ.get("PYTHONPATH") else "")}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait(cond, timeout_s: float) -> bool:
-    import time
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 # A stand-in torchrun that ignores SIGTERM (CI once saw torchrun alive 60 s after its tuner was kill -9-ed)
 # and starts a rank in a session of its own that ignores SIGTERM too (torch starts ranks with
 # start_new_session=True; an engine's ranks have no parent-death signal): each writes its pid to a file.
@@ -195,15 +170,15 @@ def test_kill9_of_the_tuner_ends_a_launcher_and_a_rank_that_ignore_sigterm(tmp_p
     # the guard SIGTERMs both, then SIGKILLs them after its 5 s grace: 15 s allowed on a loaded machine
     tuner = _start_tuner(tmp_path)
     try:
-        assert _wait(lambda: _pid(tmp_path / "rank.pid"), 60), "the stand-in rank did not start"
+        wait_for(lambda: _pid(tmp_path / "rank.pid"), 60, "the stand-in rank to start")
         launcher, rank = _pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")
         tuner.kill()
         tuner.wait(timeout=30)
-        assert _wait(lambda: not _alive(launcher) and not _alive(rank), 15), \
-            f"still running 15 s after the tuner was killed: launcher {_alive(launcher)}, rank {_alive(rank)}"
+        wait_for(lambda: not alive([launcher, rank]), 15,
+                 lambda: f"{alive([launcher, rank])} (launcher {launcher}, rank {rank}) to end after the tuner was killed")
     finally:
         for p in (_pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")):
-            if p and _alive(p):
+            if p and alive([p]):
                 os.kill(p, 9)
 
 
@@ -212,16 +187,16 @@ def test_a_rank_orphaned_by_its_launcher_is_ended_when_the_tuner_dies(tmp_path):
     # tuner: the rank is still found and ended
     tuner = _start_tuner(tmp_path)
     try:
-        assert _wait(lambda: _pid(tmp_path / "rank.pid"), 60), "the stand-in rank did not start"
+        wait_for(lambda: _pid(tmp_path / "rank.pid"), 60, "the stand-in rank to start")
         launcher, rank = _pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")
         os.kill(launcher, 9)
-        assert _wait(lambda: not _alive(launcher), 10)
+        wait_for(lambda: not alive([launcher]), 10, "the killed launcher to end")
         tuner.kill()
         tuner.wait(timeout=30)
-        assert _wait(lambda: not _alive(rank), 15), "the orphaned rank still runs 15 s after the tuner was killed"
+        wait_for(lambda: not alive([rank]), 15, "the orphaned rank to end after the tuner was killed")
     finally:
         for p in (_pid(tmp_path / "launcher.pid"), _pid(tmp_path / "rank.pid")):
-            if p and _alive(p):
+            if p and alive([p]):
                 os.kill(p, 9)
 
 
@@ -233,17 +208,17 @@ def test_kill9_of_the_tuner_while_its_guard_starts_leaves_nothing(tmp_path):
         d = tmp_path / str(i)
         d.mkdir()
         tuner = _start_tuner(d)
-        assert _wait(lambda: _pid(d / "tuner.pid") and descendants(tuner.pid), 60)
+        wait_for(lambda: _pid(d / "tuner.pid") and descendants(tuner.pid), 60, "the tuner's guard to start")
         tuner.kill()
         tuner.wait(timeout=30)
         import time
         time.sleep(1.0)
         started = [p for p in (_pid(d / "launcher.pid"), _pid(d / "rank.pid")) if p]
         try:
-            assert _wait(lambda: not any(_alive(p) for p in started), 15), f"round {i}: {started} still run"
+            wait_for(lambda: not alive(started), 15, lambda: f"round {i}: {alive(started)} to end")
         finally:
             for p in started:
-                if _alive(p):
+                if alive([p]):
                     os.kill(p, 9)
 
 
@@ -261,4 +236,5 @@ def test_the_guard_passes_the_exit_status_and_ends_what_the_job_left(tmp_path):
             "start_new_session=True); open(sys.argv[1], 'w').write(str(p.pid))")
     assert run_in_session([sys.executable, "-c", left, str(tmp_path / "left.pid")], **kw) == (0, False)
     pid = _pid(tmp_path / "left.pid")
-    assert pid and _wait(lambda: not _alive(pid), 10), f"the left-behind process {pid} still runs"
+    assert pid
+    wait_for(lambda: not alive([pid]), 10, f"the left-behind process {pid} to end")
