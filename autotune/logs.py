@@ -23,7 +23,7 @@ def quiet() -> Iterator[None]:
     With ``AUTOTUNE_DEBUG=1`` Optuna keeps WARNING level (failed trials print their traceback).
     """
     prev = optuna.logging.get_verbosity()
-    plan_log = logging.getLogger("autotune.target.plan")
+    plan_log = logging.getLogger("autotune.spec.plan")
     prev_plan = plan_log.level
     optuna.logging.set_verbosity(optuna.logging.WARNING if debug_enabled() else optuna.logging.ERROR)
     if not debug_enabled():

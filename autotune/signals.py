@@ -2,7 +2,7 @@
 
 A signal handler calls :func:`note_interrupt`; :func:`safe_to_raise` says whether the interrupted frame may
 take a KeyboardInterrupt (never inside SQLAlchemy or a ``__del__`` finalizer); the tuner raises a noted
-interrupt at its next trial boundary (:meth:`autotune.tuner.Tuner.optimize`). Moved from ``tuner.py``.
+interrupt at its next trial boundary (:meth:`autotune.tune.tuner.Tuner.optimize`). Moved from ``tune/tuner.py``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.target.plan import PlanDocument  # noqa: E402
+from autotune.spec.plan import PlanDocument  # noqa: E402
 from autotune.runtime.launch import run_plan  # noqa: E402
 
 BASELINE = Path(__file__).resolve().parents[1] / "examples" / "8b-2xh200-baseline-fsdp-fullrecompute.yaml"

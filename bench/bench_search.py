@@ -42,10 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.target.hardware import make_cluster  # noqa: E402
-from autotune.target.models import get_model  # noqa: E402
-from autotune.target.plan import Workload  # noqa: E402
-from autotune.tuner import Tuner  # noqa: E402
+from autotune.spec.hardware import make_cluster  # noqa: E402
+from autotune.spec.models import get_model  # noqa: E402
+from autotune.spec.plan import Workload  # noqa: E402
+from autotune.tune.tuner import Tuner  # noqa: E402
 from autotune.study.trials import is_feasible  # noqa: E402
 
 M = 2**20

@@ -5,10 +5,10 @@ and its worker processes), repeated plans, plans that do not fit and invalid (pr
     python bench/bench_search_workers.py --target 8b-h200x8 --workers 4 --trials 20
 
 Both runs use fresh studies (temporary SQLite files), the default space and the simulated backend, as
-`autotune run --workers N` does (autotune/workers.py ``prepare_workers``): the parent ranks the layouts once,
+`autotune run --workers N` does (autotune/tune/workers.py ``prepare_workers``): the parent ranks the layouts once,
 placing those the workers' trials take, stores the ranking in the study and, when it forks the workers,
 simulates the plans of the first layouts (their step structures are then inherited); the workers (forked from that process where it is safe, as here
-with the simulated backend, else from a fork server: autotune/workers.py ``_context``) read it and share base
+with the simulated backend, else from a fork server: autotune/tune/workers.py ``_context``) read it and share base
 plans' neighbours through the study. The convergence stop is off, so both runs evaluate the same number of
 trials. CPU is this process's and its children's (run_workers reaps its workers, and a fork server when there
 is one, so their CPU counts).
@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_search import TARGETS, _target  # noqa: E402
 
 from autotune.study.trials import is_feasible  # noqa: E402
-from autotune.tuner import Tuner  # noqa: E402
-from autotune.workers import prepare_workers, run_workers  # noqa: E402
+from autotune.tune.tuner import Tuner  # noqa: E402
+from autotune.tune.workers import prepare_workers, run_workers  # noqa: E402
 
 
 def usage() -> tuple[float, float, int]:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.target.hardware import ClusterSpec, make_cluster  # noqa: E402
+from autotune.spec.hardware import ClusterSpec, make_cluster  # noqa: E402
 from autotune.cost.memory import estimate_memory  # noqa: E402
-from autotune.target.models import get_model  # noqa: E402
-from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.spec.models import get_model  # noqa: E402
+from autotune.spec.plan import Plan, Workload  # noqa: E402
 from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 W16M = Workload.from_tokens(seq_len=8192, global_batch_tokens=16 * 2**20)

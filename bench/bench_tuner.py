@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cli.options import resolve_target
-from autotune.tuner import Tuner  # noqa: E402
+from autotune.tune.tuner import Tuner  # noqa: E402
 
 
 def main(trials: int = 200) -> None:

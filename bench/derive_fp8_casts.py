@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.cost.op_costs import CalibratedCosts
 from autotune.cost.calibration import default_calibration
 from autotune.cost.graph import CostBuilder
-from autotune.target.hardware import get_gpu, make_cluster  # noqa: E402
-from autotune.target.models import get_model  # noqa: E402
-from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.spec.hardware import get_gpu, make_cluster  # noqa: E402
+from autotune.spec.models import get_model  # noqa: E402
+from autotune.spec.plan import Plan, Workload  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parents[1] / "docs" / "results" / "profile-fp8-plans-h200x1-2026-12-01.json"
 

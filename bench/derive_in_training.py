@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.cost.op_costs import CalibratedCosts
 from autotune.cost.calibration import default_calibration
-from autotune.target.hardware import ClusterSpec, make_cluster  # noqa: E402
-from autotune.target.models import get_model  # noqa: E402
-from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.spec.hardware import ClusterSpec, make_cluster  # noqa: E402
+from autotune.spec.models import get_model  # noqa: E402
+from autotune.spec.plan import Plan, Workload  # noqa: E402
 from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 DEFAULTS = [ROOT / "docs" / "results" / "profile-plans-h200x1-2026-12-01.json",

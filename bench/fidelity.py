@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu  # noqa: E402
-from autotune.target.models import get_model  # noqa: E402
-from autotune.target.plan import Plan, PlanDocument, Workload  # noqa: E402
+from autotune.spec.hardware import ClusterSpec, get_fabric, get_gpu  # noqa: E402
+from autotune.spec.models import get_model  # noqa: E402
+from autotune.spec.plan import Plan, PlanDocument, Workload  # noqa: E402
 from autotune.runtime.evaluator import TIER_ENV  # noqa: E402
 from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 

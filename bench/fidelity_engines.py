@@ -2,7 +2,7 @@
 
 Reads the per-trial records that ``bench/engine_smoke/dump_study.py`` wrote for ``autotune run --backend
 real --engine torchtitan|megatron`` (``docs/results/engines/*/trials.json``), re-simulates each plan now with
-the engine profile the runner uses (:func:`autotune.target.engines.resolve_engine` ``(engine, "real")``, the
+the engine profile the runner uses (:func:`autotune.spec.engines.resolve_engine` ``(engine, "real")``, the
 depth the trials ran: the job file kept beside each log), and prints measured vs predicted step time and
 peak memory (measured: the engine's peak *reserved* memory of rank 0), with the mean absolute and worst
 error per engine. Megatron-LM runs with ``--transformer-impl local`` (no Transformer Engine on the host)
@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 
 from autotune.cost.simulator import SimulatedEvaluator
-from autotune.target.engines import resolve_engine
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
+from autotune.spec.engines import resolve_engine
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

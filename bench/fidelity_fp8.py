@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.target.hardware import ClusterSpec, make_cluster  # noqa: E402
+from autotune.spec.hardware import ClusterSpec, make_cluster  # noqa: E402
 from autotune.cost.memory import estimate_memory  # noqa: E402
-from autotune.target.models import get_model  # noqa: E402
-from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.spec.models import get_model  # noqa: E402
+from autotune.spec.plan import Plan, Workload  # noqa: E402
 from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
 TRIALS = ROOT / "docs" / "results" / "fp8-1gpu-2026-12-01" / "trials.json"

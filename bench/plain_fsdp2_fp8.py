@@ -16,7 +16,7 @@ What it runs, with nothing from :mod:`autotune.runtime.parallelize` (the model c
 
 Output: one JSON line (``--json FILE`` too) with the step times (ms, CUDA-synchronized wall clock per
 step), the median, tokens/s, MFU against the dense BF16 peak with causal attention FLOPs
-(:mod:`autotune.cost.flops`, 989 TFLOP/s for H200 from :mod:`autotune.target.hardware`), the PaLM-convention MFU and
+(:mod:`autotune.cost.flops`, 989 TFLOP/s for H200 from :mod:`autotune.spec.hardware`), the PaLM-convention MFU and
 peak memory (GiB).
 
 Run: ``python bench/plain_fsdp2_fp8.py [--layers 16] [--micro-batch 2] [--recipe tensorwise]``
@@ -46,7 +46,7 @@ def main() -> int:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--gpu", default="h200", help="GPU name for the BF16 peak (autotune.target.hardware)")
+    ap.add_argument("--gpu", default="h200", help="GPU name for the BF16 peak (autotune.spec.hardware)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
@@ -55,8 +55,8 @@ def main() -> int:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from autotune.cost import flops
-    from autotune.target.hardware import get_gpu
-    from autotune.target.models import get_model
+    from autotune.spec.hardware import get_gpu
+    from autotune.spec.models import get_model
     from autotune.runtime.model import build_llama, cross_entropy_loss
 
     if not torch.cuda.is_available():

@@ -13,7 +13,7 @@ for v in bf16:false fp8_tensorwise:false fp8_tensorwise:true fp8_rowwise:true; d
   prec=${v%%:*}; comp=${v##*:}; tag=${prec}_compile-${comp}
   python3 - "$prec" "$comp" "/tmp/pf/$tag.yaml" <<'PY'
 import sys
-from autotune.target.plan import PlanDocument
+from autotune.spec.plan import PlanDocument
 doc = PlanDocument.load("docs/results/fp8-1gpu-2026-12-01/best.yaml")
 plan = doc.plan.replace(precision=sys.argv[1], compile=sys.argv[2] == "true", memory_reclaim="none")
 PlanDocument(**{**doc.__dict__, "plan": plan}).save(sys.argv[3])

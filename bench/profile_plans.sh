@@ -13,7 +13,7 @@ for v in $VARIANTS; do
   IFS=: read -r prec comp rc mbs <<<"$v"; tag=${prec}_compile-${comp}_rc-${rc}_mbs-${mbs}
   python3 - "$prec" "$comp" "$rc" "$mbs" "/tmp/pp/$tag.yaml" <<'PY'
 import sys
-from autotune.target.plan import PlanDocument, Workload
+from autotune.spec.plan import PlanDocument, Workload
 doc = PlanDocument.load("docs/results/fp8-1gpu-2026-12-01/best.yaml")
 mbs = int(sys.argv[4])
 plan = doc.plan.replace(precision=sys.argv[1], compile=sys.argv[2] == "true", recompute=sys.argv[3],

@@ -38,13 +38,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.target.engines import get_engine  # noqa: E402
+from autotune.spec.engines import get_engine  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
 from autotune.cost.flops import model_flops_per_token  # noqa: E402
-from autotune.target.hardware import ClusterSpec, GPUSpec, get_fabric, get_gpu  # noqa: E402
+from autotune.spec.hardware import ClusterSpec, GPUSpec, get_fabric, get_gpu  # noqa: E402
 from autotune.cost.memory import estimate_memory  # noqa: E402
-from autotune.target.models import get_model  # noqa: E402
-from autotune.target.plan import Plan, Workload  # noqa: E402
+from autotune.spec.models import get_model  # noqa: E402
+from autotune.spec.plan import Plan, Workload  # noqa: E402
 from autotune.search.space import derive_stage_layers  # noqa: E402
 from autotune.cost.simulator import SimulatedEvaluator  # noqa: E402
 
@@ -171,7 +171,7 @@ MB_RECIPE_RECOMPUTE_NUM_LAYERS = {
 # scripts/performance/configs/llama/llama31_workload_base_configs.py
 # LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2 (256 GPUs, tp 4, pp 16, cp 1, vp 4, gbs 1536,
 # use_megatron_fsdp=False, cpu_offloading_num_layers=None, no recompute setting). Placed as
-# Megatron-Bridge launches GB200 jobs (4 NVLink domains of 64 GPUs: autotune.target.hardware.ClusterSpec).
+# Megatron-Bridge launches GB200 jobs (4 NVLink domains of 64 GPUs: autotune.spec.hardware.ClusterSpec).
 
 
 def inexpressible(run: dict[str, Any]) -> str | None:
@@ -435,8 +435,8 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], skipped: list, errs: 
 
 
 def family(gpu: str) -> str:
-    """Hardware family of a row's GPU (:func:`autotune.target.hardware.gpu_family`): the 500 W H100 variant is h100."""
-    from autotune.target.hardware import gpu_family
+    """Hardware family of a row's GPU (:func:`autotune.spec.hardware.gpu_family`): the 500 W H100 variant is h100."""
+    from autotune.spec.hardware import gpu_family
 
     return gpu_family(gpu) or gpu
 

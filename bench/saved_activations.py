@@ -100,8 +100,8 @@ def main() -> int:
     import torch
 
     from autotune.cost.memory import activation_bytes_per_layer
-    from autotune.target.models import get_model
-    from autotune.target.plan import Plan, Workload
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Plan, Workload
 
     spec = get_model(a.model)
     rows = []

@@ -3,7 +3,7 @@
 torchtitan's trainer runs its own block (``torchtitan.models.llama3.model.model.TransformerBlock``: eager
 ``nn.RMSNorm``, complex-number RoPE, SDPA, SwiGLU), converted by torchao's ``convert_to_float8_training``
 for FP8, wrapped by torchtitan's ``apply_ac`` (op-level selective AC, ``selective_ac_option = "op"``, as
-``autotune.runners.torchtitan_job`` writes it) and compiled per block by torchtitan's ``apply_compile``
+``autotune.engines.torchtitan.job`` writes it) and compiled per block by torchtitan's ``apply_compile``
 (``torch.compile(block, fullgraph=True)``). Which tensors autograd (eager) or AOTAutograd's min-cut
 partitioner (compiled) keep differs, and with it the peak memory of a step. This script builds three such
 blocks with Llama 3.1 8B widths exactly as torchtitan 0.2.2 does, runs them forward and backward, and

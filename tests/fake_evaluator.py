@@ -11,7 +11,7 @@ from __future__ import annotations
 from autotune.cost.evaluator import Evaluator, StepResult
 from autotune.cost.flops import recompute_flops_per_token, step_model_flops
 from autotune.cost.memory import estimate_memory
-from autotune.target.plan import Plan, validate_plan
+from autotune.spec.plan import Plan, validate_plan
 
 
 class FakeEvaluator(Evaluator):

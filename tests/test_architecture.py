@@ -29,7 +29,7 @@ def test_the_layers_contract_is_kept():
     lint = Path(sys.executable).with_name("lint-imports")
     r = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "1 kept, 0 broken" in r.stdout
+    assert "2 kept, 0 broken" in r.stdout
 
 
 def test_no_import_cycle():
@@ -43,10 +43,10 @@ def test_function_level_imports_are_seen():
     # the cycle check would be blind to imports inside functions if grimp skipped them: `autotune run`
     # imports the tuner inside its function (keeping `autotune --help` fast), so that edge must be in the graph
     g = _import_graph()
-    assert g.has_edge("autotune.cli.tune", "autotune.tuner")
+    assert g.has_edge("autotune.cli.tune", "autotune.tune.tuner")
 
 
 def test_module_sizes():
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "autotune").rglob("*.py")}
     assert {k: v for k, v in sizes.items() if v > 800} == {}
-    assert sizes["autotune/tuner.py"] < 500
+    assert sizes["autotune/tune/tuner.py"] < 500

@@ -137,8 +137,8 @@ def test_real_trial_through_the_local_slurm(tmp_path):
 @needs_slurm
 @pytest.mark.slow
 def test_slurm_trial_timeout_cancels_the_job(tmp_path):
-    from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu
-    from autotune.target.plan import Plan, PlanDocument, Workload
+    from autotune.spec.hardware import ClusterSpec, get_fabric, get_gpu
+    from autotune.spec.plan import Plan, PlanDocument, Workload
     from autotune.runtime.launch import run_plan
     sys.path.insert(0, str(ROOT / "tests" / "runtime"))
     from runtime_harness import TINY

@@ -18,9 +18,9 @@ WORKER = r'''
 import sys
 sys.path.insert(0, {runtime_tests!r})
 from runtime_harness import TINY
-from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu
-from autotune.target.plan import Workload
-from autotune.tuner import Tuner
+from autotune.spec.hardware import ClusterSpec, get_fabric, get_gpu
+from autotune.spec.plan import Workload
+from autotune.tune.tuner import Tuner
 url, trials, hb, launcher, timeout_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
 t = Tuner(model=TINY, cluster=ClusterSpec(gpu=get_gpu("h200"), num_gpus=2, fabric=get_fabric("nvlink4")),
           workload=Workload(seq_len=32, global_batch_size=4), space={space!r}, storage=url, backend="real",

@@ -32,7 +32,7 @@ def read_launch(path: str, fmt: str | None, gpus: int | None):
         ConfigError: see :func:`autotune.export.launch_import.import_launch`.
     """
     from autotune.export.launch_import import import_launch
-    from autotune.target.validate import MAX_NUM_GPUS, require_int
+    from autotune.spec.validate import MAX_NUM_GPUS, require_int
     if gpus is not None:
         require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)
     return import_launch(path, fmt, num_gpus=gpus)
@@ -48,7 +48,7 @@ def imported_target(imp, *, size, model_path, gpu, gpus, interconnect, seq_len, 
     import dataclasses
 
     from autotune.cli.options import DEFAULT_GPU, resolve_target
-    from autotune.target.hardware import make_cluster
+    from autotune.spec.hardware import make_cluster
 
     if size or model_path:
         model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
@@ -63,7 +63,7 @@ def imported_target(imp, *, size, model_path, gpu, gpus, interconnect, seq_len, 
         model = imp.model
         cluster = make_cluster(gpu or DEFAULT_GPU, gpus, interconnect)
         from autotune.cli.options import parse_tokens
-        from autotune.target.plan import Workload
+        from autotune.spec.plan import Workload
         workload = imp.workload
         if seq_len is not None or global_batch is not None:
             workload = Workload.from_tokens(seq_len=seq_len or imp.workload.seq_len,
@@ -80,7 +80,7 @@ def evaluate_imported(imp, *, model, cluster, workload, backend: str):
     """The user's plan on the run's target, with its own engine (the one it launches): its StepResult and the
     plan's warnings (settings with no effect)."""
     from autotune.cost.evaluator import make_evaluator
-    from autotune.target.plan import validate_plan
+    from autotune.spec.plan import validate_plan
 
     warnings = validate_plan(imp.plan, model, cluster.num_gpus, workload, gpus_per_node=cluster.gpus_per_node,
                              gpu=cluster.gpu)

@@ -114,8 +114,8 @@ def export(study, plan_file, size, model_path, gpu, gpus, interconnect, seq_len,
 
 
 def _cluster(doc):
-    """The :class:`~autotune.target.hardware.ClusterSpec` of a plan document."""
-    from autotune.target.hardware import ClusterSpec, fabric_from_dict, get_gpu
+    """The :class:`~autotune.spec.hardware.ClusterSpec` of a plan document."""
+    from autotune.spec.hardware import ClusterSpec, fabric_from_dict, get_gpu
     return ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
                        fabric=fabric_from_dict(doc.fabric, where="plan: cluster.fabric"))
 
@@ -131,8 +131,8 @@ def _plan_source(plan_file, study, engine, **target):
     import dataclasses
 
     from autotune.cost.evaluator import make_evaluator
-    from autotune.target.engines import get_engine
-    from autotune.target.plan import PlanDocument
+    from autotune.spec.engines import get_engine
+    from autotune.spec.plan import PlanDocument
 
     if study is not None:
         raise ConfigError(f"--plan {plan_file} and --study {study}: export one of them (a plan YAML or a "

@@ -37,7 +37,7 @@ def show(study, storage, engine, top, as_json):
         return
     ro_storage = readonly_url(storage)
     if engine is not None:
-        from autotune.target.engines import get_engine
+        from autotune.spec.engines import get_engine
         get_engine(engine)
     if top is not None or study is not None:
         _show_top(study, storage, ro_storage, 1 if top is None else top, as_json)

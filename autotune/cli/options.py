@@ -13,7 +13,7 @@ from autotune.errors import ConfigError, redact
 #: --size -> (default GPU count, default global batch in tokens); M = 2**20 tokens.
 SIZE_DEFAULTS = {"8b": (8, "1M"), "70b": (64, "4M"), "405b": (1024, "16M")}
 DEFAULT_GPU = "b200"
-DEFAULT_STORAGE = "sqlite:///studies/autotune.db"  # == autotune.tuner.DEFAULT_STORAGE (not imported: keeps --help fast)
+DEFAULT_STORAGE = "sqlite:///studies/autotune.db"  # == autotune.tune.tuner.DEFAULT_STORAGE (not imported: keeps --help fast)
 DEFAULT_SEQ_LEN = 8192
 
 
@@ -42,10 +42,10 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
         ConfigError: unknown size/GPU/fabric (lists the known ones), both or neither of --size/--model,
             a batch that is not a whole number of sequences.
     """
-    from autotune.target.hardware import make_cluster
-    from autotune.target.models import CATALOG, get_model, model_from_hf_config
-    from autotune.target.plan import Workload
-    from autotune.target.validate import (
+    from autotune.spec.hardware import make_cluster
+    from autotune.spec.models import CATALOG, get_model, model_from_hf_config
+    from autotune.spec.plan import Workload
+    from autotune.spec.validate import (
         MAX_GLOBAL_BATCH_SEQUENCES,
         MAX_NUM_GPUS,
         MAX_SEQ_LEN,
@@ -109,7 +109,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         ConfigError: naming the option, the value and the valid range.
     """
     from autotune.study.storage_check import is_readonly_url
-    from autotune.target.validate import (
+    from autotune.spec.validate import (
         MAX_SEED,
         MAX_TIMEOUT_S,
         MAX_TRIALS,
@@ -362,7 +362,7 @@ def target_line(model, cluster, workload) -> str:
 
 def segment_note(cluster) -> str:
     """``; 4 NVLink domains of 64 GPUs`` when the cluster uses part of each multi-host domain (NVL72
-    segments, :class:`autotune.target.hardware.ClusterSpec`), else empty."""
+    segments, :class:`autotune.spec.hardware.ClusterSpec`), else empty."""
     used, full = cluster.nvlink_domain_size, cluster.fabric.nvlink_domain_size
     if cluster.num_gpus <= full or used == full:
         return ""
@@ -483,7 +483,7 @@ def check_worker_id(worker_id, workers: int = 1):
     import os
     import re
 
-    from autotune.target.validate import MAX_WORKER_ID, require_int, show
+    from autotune.spec.validate import MAX_WORKER_ID, require_int, show
 
     hi = MAX_WORKER_ID - max(1, workers) + 1
     if worker_id is not None:
@@ -499,7 +499,7 @@ def check_worker_id(worker_id, workers: int = 1):
 
 def check_workers(workers, storage: str | None = None, *, backend: str | None = None,
                   launcher: str | None = None) -> int:
-    """``--workers``: an integer from 1 to :func:`autotune.target.validate.max_workers` (8 per CPU core of
+    """``--workers``: an integer from 1 to :func:`autotune.spec.validate.max_workers` (8 per CPU core of
     this host, at least 16): each worker is a process, so an unbounded count would exhaust memory. With more
     than one, ``storage`` must be one the worker processes can share: not SQLite's ``:memory:`` (a database
     per connection, so each worker would see an empty one); and not ``--backend real --launcher local``, whose
@@ -509,7 +509,7 @@ def check_workers(workers, storage: str | None = None, *, backend: str | None = 
     Raises:
         ConfigError: naming the value and the bound, the in-memory storage, or the local real backend.
     """
-    from autotune.target.validate import WORKERS_PER_CPU, max_workers, require_int
+    from autotune.spec.validate import WORKERS_PER_CPU, max_workers, require_int
 
     top = max_workers()
     try:
@@ -567,7 +567,7 @@ def open_selected(study, size, model_path, gpu, gpus, interconnect, seq_len, glo
     from autotune.search.space import SearchSpace
     from autotune.study.identity import load_study, study_name
     from autotune.study.storage_check import readonly_url
-    from autotune.target.engines import get_engine, resolve_engine
+    from autotune.spec.engines import get_engine, resolve_engine
     storage = readonly_url(storage)
     if study:
         from autotune.study.identity import check_own_trials

@@ -25,7 +25,7 @@ compiled``; leaving ``collectives`` out skips NCCL entirely (e.g. on a 1-GPU hos
 merges the exported profile into a shipped one (:mod:`autotune.profiling.merge`).
 
 Ends with a table of achieved GEMM / attention TFLOP/s, HBM GB/s and NCCL bus bandwidth per tier
-against the datasheet (:func:`autotune.target.hardware.get_gpu`; link presets for tiers) and against the
+against the datasheet (:func:`autotune.spec.hardware.get_gpu`; link presets for tiers) and against the
 shipped calibration (the probe figures of shared/design.md).
 """
 
@@ -495,7 +495,7 @@ def write_fabrics(session: Any, env: ProfileEnvironment, dirs: Sequence[Path]) -
 # ----------------------------------------------------------------------------- summary
 def summary_rows(session: Any, env: ProfileEnvironment) -> list[tuple[str, float | None, float | None, float | None]]:
     """(label, achieved, datasheet, shipped-calibration figure) per summary line."""
-    from autotune.target.hardware import get_gpu
+    from autotune.spec.hardware import get_gpu
 
     gpu = catalog_gpu(env.gpu_name)
     spec = get_gpu(gpu) if gpu else None

@@ -9,7 +9,7 @@ from autotune.cli.options import JSON_OPTION, json_entry, make_say, target_line
 from autotune.errors import ConfigError
 
 
-#: command-line plan options -> Plan fields (autotune.target.plan.Plan); other fields: --set FIELD=VALUE
+#: command-line plan options -> Plan fields (autotune.spec.plan.Plan); other fields: --set FIELD=VALUE
 PLAN_FLAGS = {"tp": "tp_degree", "pp": "pp_degree", "cp": "cp_degree", "vpp": "vpp_degree",
               "mbs": "micro_batch_size", "schedule": "pipeline_schedule", "recompute": "recompute",
               "zero": "zero_stage", "precision": "precision", "sp": "sequence_parallel"}
@@ -46,8 +46,8 @@ def default_zero_stage(engine: str, pp: int) -> int:
     """The ZeRO stage a command-line plan gets without ``--zero``: the engine's own default. torchtitan:
     FSDP2 with ``fsdp_reshard_after_forward = "default"``, which reshards after forward without a pipeline
     (ZeRO-3) and keeps the parameters gathered with one (ZeRO-2) (torchtitan distributed/fsdp.py
-    ``get_fsdp_reshard_after_forward_policy``; engines.yaml); other engines: Plan's default (ZeRO-1)."""
-    from autotune.target.plan import Plan
+    ``get_fsdp_reshard_after_forward_policy``; facts.yaml); other engines: Plan's default (ZeRO-1)."""
+    from autotune.spec.plan import Plan
     if engine == "torchtitan":
         return 3 if pp == 1 else 2
     return Plan.__dataclass_fields__["zero_stage"].default
@@ -55,7 +55,7 @@ def default_zero_stage(engine: str, pp: int) -> int:
 
 def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, global_batch, engine, backend, sets,
                       **flags):
-    """A :class:`~autotune.target.plan.PlanDocument` from command-line degrees and target options: dp =
+    """A :class:`~autotune.spec.plan.PlanDocument` from command-line degrees and target options: dp =
     GPUs / (tp pp cp), micro-batches = global batch / (micro-batch x dp), both whole numbers.
 
     Raises:
@@ -65,8 +65,8 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
     import yaml
 
     from autotune.cli.options import resolve_target
-    from autotune.target.engines import resolve_engine
-    from autotune.target.plan import Plan, PlanDocument
+    from autotune.spec.engines import resolve_engine
+    from autotune.spec.plan import Plan, PlanDocument
 
     if size is None and model_path is None:
         raise ConfigError("without PLAN_FILE, give the model: --size 8b|70b|405b or --model config.json "
@@ -151,14 +151,14 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
     from autotune.cost.evaluator import make_evaluator
     from autotune.cost.memory import estimate_memory
     from autotune.report.summary import format_best_plan
-    from autotune.target.engines import resolve_engine
-    from autotune.target.hardware import (
+    from autotune.spec.engines import resolve_engine
+    from autotune.spec.hardware import (
         ClusterSpec,
         fabric_from_dict,
         get_fabric,
         get_gpu,
     )
-    from autotune.target.plan import PlanDocument, validate_plan
+    from autotune.spec.plan import PlanDocument, validate_plan
 
     # output paths are checked before anything is written, so a bad one leaves no file behind
     for opt, path, suffixes in (("--trace", trace_path, (".json",)), ("--gantt", gantt_path, (".png", ".svg", ".pdf"))):
@@ -196,7 +196,7 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
         from autotune.cli.compare import print_import_report, read_launch
         imported = read_launch(launch[0][1], launch[0][0][len("--from-"):], gpus)
         from autotune.cli.options import DEFAULT_GPU
-        from autotune.target.hardware import make_cluster
+        from autotune.spec.hardware import make_cluster
         cl = make_cluster(gpu or DEFAULT_GPU, imported.num_gpus, interconnect)
         doc = PlanDocument(plan=imported.plan, model=imported.model, gpu=cl.gpu.name, num_gpus=cl.num_gpus,
                            fabric=cl.fabric.to_dict(), workload=imported.workload, engine=imported.engine)
@@ -214,11 +214,11 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
     fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)
     # the "has no effect" notes are printed here once, as warning: lines on stderr: validate_plan also
-    # logs them and the evaluator (and --trace's timeline) validate again, so the autotune.target.plan logger
+    # logs them and the evaluator (and --trace's timeline) validate again, so the autotune.spec.plan logger
     # is quiet until this command ends
     import logging
 
-    plan_log = logging.getLogger("autotune.target.plan")
+    plan_log = logging.getLogger("autotune.spec.plan")
     prev_level = plan_log.level
     plan_log.setLevel(logging.ERROR)
     click.get_current_context().call_on_close(lambda: plan_log.setLevel(prev_level))
@@ -284,7 +284,7 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
 
 def _save_plan(path, doc, cluster, engine: str, result, say) -> None:
     """Write ``doc`` as simulated (``cluster``'s fabric, ``engine``, ``result`` as its prediction) to ``path``:
-    the :class:`~autotune.target.plan.PlanDocument` YAML that ``simulate PLAN_FILE`` and ``export --plan`` read."""
+    the :class:`~autotune.spec.plan.PlanDocument` YAML that ``simulate PLAN_FILE`` and ``export --plan`` read."""
     import dataclasses
 
     from autotune.study.trials import prediction_of

@@ -54,7 +54,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     """
     early_signals()
     from autotune.report.summary import format_best_plan
-    from autotune.tuner import Tuner
+    from autotune.tune.tuner import Tuner
 
     imported = None
     if compare_to is not None:
@@ -112,7 +112,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     # same way as one during tuning, not with a traceback
     from autotune.search.space import SearchSpace
     from autotune.study.identity import study_name
-    from autotune.target.engines import resolve_engine
+    from autotune.spec.engines import resolve_engine
     loaded_space = SearchSpace.load(space)
     for line in loaded_space.no_effect_warnings():
         click.echo(f"warning: {line}", err=True)
@@ -123,7 +123,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     if workers > 1:
         from autotune.study.identity import load_study
         from autotune.study.trials import require_best_plan
-        from autotune.workers import prepare_workers, run_workers
+        from autotune.tune.workers import prepare_workers, run_workers
 
         def _open_and_run():
             # opening the study, creating it and running the workers under one handler: a signal that
@@ -284,13 +284,11 @@ def _timeout_before_first_trial(timeout: float) -> str:
 def _launch_refusal(engine: str, model, workload) -> str | None:
     """Why ``autotune export --launcher`` will refuse to write ``engine``'s launch files for ``model`` (the
     export modules' ``model_refusal``, the same check), or None; said when the run starts, not after it."""
-    if engine == "megatron":
-        from autotune.export.megatron import model_refusal
-        return model_refusal(model, workload.seq_len)
-    if engine == "torchtitan":
-        from autotune.export.torchtitan import model_refusal as tt_refusal
-        return tt_refusal(model)
-    return None
+    from autotune.engines.registry import ENGINES, export_module
+
+    if engine not in ENGINES:
+        return None
+    return export_module(engine).launch_refusal(model, workload.seq_len)
 
 
 def _compare(imported, best, *, model, cluster, workload, backend, engine):
@@ -340,20 +338,18 @@ def _same_precision(imported, best, feas, *, model, cluster, workload, backend, 
 
 
 class _Queued:
-    """A screened plan's Optuna params in the shape :meth:`autotune.tuner.Tuner.enqueue` reads."""
+    """A screened plan's Optuna params in the shape :meth:`autotune.tune.tuner.Tuner.enqueue` reads."""
 
     def __init__(self, params, number):
         self.params, self.number = params, number
 
 
 def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, layers, workers, launcher, say):
-    """The simulator's screen before real engine trials (:func:`autotune.screen.screen_plans`); prints
+    """The simulator's screen before real engine trials (:func:`autotune.tune.screen.screen_plans`); prints
     its counts and the kept plans' predictions."""
-    import importlib
-
-    from autotune.cost.evaluator import ENGINE_RUNNERS
-    from autotune.screen import screen_plans
-    from autotune.target.engines import resolve_engine
+    from autotune.engines.registry import runner_module
+    from autotune.tune.screen import screen_plans
+    from autotune.spec.engines import resolve_engine
 
     profile = resolve_engine(engine, "real")
     if workers > 1:
@@ -361,7 +357,7 @@ def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, lay
     # --launcher slurm: each trial is a batch job (autotune.runners.engine_runner); the engine must be
     # installed on the nodes as here (the same Python runs the job)
     # a missing engine is one error before any simulation (the runner checks again when it starts)
-    runner = importlib.import_module(ENGINE_RUNNERS[profile.name][0])
+    runner = runner_module(profile.name)
     runner.check_engine()
     if (note := getattr(runner, "run_note", lambda: None)()):
         say(f"note: {note}")
@@ -394,8 +390,8 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     """
     early_signals()
     from autotune.report.summary import format_side_by_side
-    from autotune.retune import explain_changes
-    from autotune.retune import retune as do_retune
+    from autotune.tune.retune import explain_changes
+    from autotune.tune.retune import retune as do_retune
 
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
@@ -407,7 +403,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     warn_real_only_options(backend)
     from autotune.search.space import SearchSpace
     from autotune.study.identity import study_name
-    from autotune.target.engines import resolve_engine
+    from autotune.spec.engines import resolve_engine
     loaded_space = SearchSpace.load(space)
     for line in loaded_space.no_effect_warnings():
         click.echo(f"warning: {line}", err=True)

@@ -33,8 +33,8 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine
     engine's trainer, predicted with its engine profile)."""
     from autotune.errors import AutotuneError
     from autotune.runtime.evaluator import RealEvaluator, TrialFailed
-    from autotune.target.hardware import ClusterSpec, fabric_from_dict, get_gpu
-    from autotune.target.plan import PlanDocument
+    from autotune.spec.hardware import ClusterSpec, fabric_from_dict, get_gpu
+    from autotune.spec.plan import PlanDocument
 
     if steps < 1 or warmup < 0:
         raise AutotuneError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
@@ -49,7 +49,7 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
                           fabric=fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric"))
     # the plan's own errors first (before any question about the machine it would run on)
-    from autotune.target.plan import validate_plan
+    from autotune.spec.plan import validate_plan
 
     validate_plan(doc.plan, doc.model, doc.num_gpus, doc.workload, gpu=cluster.gpu)
     if device == "cpu":

@@ -11,5 +11,5 @@
 * :mod:`autotune.cost.simulator`: :class:`SimulatedEvaluator`, the graph's critical path.
 * :mod:`autotune.cost.evaluator`: the :class:`Evaluator` interface, :class:`StepResult` and the backends.
 
-Imports :mod:`autotune.target` and the bottom layer only.
+Imports :mod:`autotune.spec` and the bottom layer only.
 """

@@ -12,10 +12,10 @@ from typing import Any
 from autotune.cost import overlap
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
-from autotune.target.engines import EngineProfile, engine_for_plan
-from autotune.target.hardware import ClusterSpec, LinkSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload, fp8_gemm_dims
+from autotune.spec.engines import EngineProfile, engine_for_plan
+from autotune.spec.hardware import ClusterSpec, LinkSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload, fp8_gemm_dims
 
 BF16 = 2  # bytes per element
 FP8_PARAM_BYTES = 1  # an FP8 parameter's element (Megatron-LM --fp8-param-gather)
@@ -31,7 +31,7 @@ COMPILED_LOSS_TIME_RATIO = 0.202
 #: when the FP32 master is the parameter) = 28 either way.
 ADAM_BYTES_PER_PARAM = 28
 #: Bytes per gradient element in DP reductions: the engine's (EngineProfile.grad_reduce_bytes, FP32 in
-#: every engine; sources in autotune/data/engines.yaml).
+#: every engine; sources in autotune/engines/<engine>/facts.yaml).
 #: Mixed precision with FP32 master weights, per parameter and micro-batch (memory-bound, bytes
 #: read + written): casting FP32 weights to BF16 for the forward or the BF16 weight gradient back to
 #: FP32 moves 4 + 2 = 6 bytes; adding a micro-batch's FP32 gradient into the accumulated one moves
@@ -96,7 +96,7 @@ def _add(d: dict[str, float], key: str, v: float) -> None:
 def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
     """The slowest link a process group spanning ``extent`` consecutive global ranks crosses: the
     intra-node tier if the extent fits in one NVLink domain, else one member's inter-node NIC path
-    (bandwidth x the GPU's NIC share, :attr:`autotune.target.hardware.FabricSpec.nics_per_gpu`).
+    (bandwidth x the GPU's NIC share, :attr:`autotune.spec.hardware.FabricSpec.nics_per_gpu`).
 
     Kept for callers that want one link; the step graph costs collectives from the group's placement
     (:func:`autotune.cost.topology.place_group`, :meth:`autotune.cost.calibration.OpCosts.placed_collective_ms`).
@@ -187,7 +187,7 @@ class CostBuilder:
         """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).
 
         Each linear computes Y = X W with X (T x K), W (K x N), per rank; dY is (T x N). What runs the
-        casts is the engine's ``fp8_library`` (autotune/data/engines.yaml), not the recipe alone:
+        casts is the engine's ``fp8_library`` (autotune/engines/<engine>/facts.yaml), not the recipe alone:
 
         * torchao's ``fp8_tensorwise`` / ``fp8_rowwise`` (torchao ``matmul_with_hp_or_float8_args``,
           torchao/float8/float8_linear.py: saves the BF16 X and W and re-casts in backward): forward
@@ -243,7 +243,7 @@ class CostBuilder:
         heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)
         seq = self.w.seq_len
         attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=m.head_dim)
-        # the engine's attention kernel (engines.yaml attention_kernel: default dispatch or FlashAttention-2)
+        # the engine's attention kernel (facts.yaml attention_kernel: default dispatch or FlashAttention-2)
         kern = self.engine.attention_kernel
         attn_fwd = costs.attention_kernel_ms(kern, **attn_kw) / p.cp_degree
         attn_bwd = costs.attention_kernel_ms(kern, **attn_kw, backward=True) / p.cp_degree
@@ -630,7 +630,7 @@ class CostBuilder:
         total = chunk_params * self.grad_reduce_bytes
         bucket = p.bucket_size_mib * 2**20
         if self.engine.one_bucket_without_overlap and not (p.dp_grad_reduce_overlap and p.async_collectives):
-            bucket = max(total, 1)      # Megatron-LM: bucket_size None without --overlap-grad-reduce (engines.yaml)
+            bucket = max(total, 1)      # Megatron-LM: bucket_size None without --overlap-grad-reduce (facts.yaml)
         n_full, rem = divmod(total, bucket)
         return [bucket] * int(n_full) + ([rem] if rem else [])
 

@@ -1,4 +1,4 @@
-"""Evaluators: what turns a :class:`~autotune.target.plan.Plan` into a step time, MFU and memory.
+"""Evaluators: what turns a :class:`~autotune.spec.plan.Plan` into a step time, MFU and memory.
 
 Lifecycle (the same for every implementation):
 
@@ -21,11 +21,12 @@ import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
+from autotune.engines.registry import engine_runners
 from autotune.errors import AutotuneError, ConfigError
-from autotune.target.engines import EngineProfile, get_engine
-from autotune.target.hardware import ClusterSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload
+from autotune.spec.engines import EngineProfile, get_engine
+from autotune.spec.hardware import ClusterSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload
 
 #: Keys of :attr:`StepResult.breakdown_ms`, in report order.
 BREAKDOWN_KEYS = ("compute", "recompute", "exposed_tp_comm", "exposed_cp_comm", "exposed_pp_comm",
@@ -98,8 +99,8 @@ class Evaluator(abc.ABC):
         model: the model to train.
         cluster: the GPUs and fabric the plan runs on.
         workload: sequence length and global batch.
-        engine: the training engine that runs the plan (:func:`autotune.target.engines.get_engine` name or
-            profile; None = :data:`autotune.target.engines.DEFAULT_ENGINE`). Raises ConfigError if unknown.
+        engine: the training engine that runs the plan (:func:`autotune.spec.engines.get_engine` name or
+            profile; None = :data:`autotune.spec.engines.DEFAULT_ENGINE`). Raises ConfigError if unknown.
     """
 
     backend: str = "abstract"
@@ -129,7 +130,7 @@ class Evaluator(abc.ABC):
         self.close()
 
 
-# ------------------------------------------------------------------ backends (moved from tuner.py)
+# ------------------------------------------------------------------ backends (moved from tune/tuner.py)
 #: backend name -> (module, class) imported lazily, or a factory ``f(*, model, cluster, workload, **opts)``.
 BACKENDS: dict[str, tuple[str, str] | Callable[..., Evaluator]] = {
     "simulated": ("autotune.cost.simulator", "SimulatedEvaluator"),
@@ -137,10 +138,8 @@ BACKENDS: dict[str, tuple[str, str] | Callable[..., Evaluator]] = {
     "real": ("autotune.runtime.evaluator", "RealEvaluator"),
 }
 #: real-backend runners of engines other than the native runtime: engine name -> (module, class)
-ENGINE_RUNNERS: dict[str, tuple[str, str]] = {
-    "torchtitan": ("autotune.runners.torchtitan_runner", "TorchtitanEvaluator"),
-    "megatron": ("autotune.runners.megatron_runner", "MegatronEvaluator"),
-}
+#: (autotune.engines.registry, each engine's ``runner`` part)
+ENGINE_RUNNERS: dict[str, tuple[str, str]] = engine_runners()
 
 
 # ------------------------------------------------------------------ evaluators

@@ -21,7 +21,7 @@ Reference values at T = 8192 (GFLOP/token): causal 51.47 / 449.22 / 2523.96 and 
 
 from __future__ import annotations
 
-from autotune.target.models import ModelSpec
+from autotune.spec.models import ModelSpec
 
 
 def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = True) -> float:

@@ -54,10 +54,10 @@ from autotune.cost.chunk_costs import (
 )
 from autotune.cost.op_costs import OpCosts
 from autotune.cost.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)
-from autotune.target.engines import EngineProfile
-from autotune.target.hardware import ClusterSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload
+from autotune.spec.engines import EngineProfile
+from autotune.spec.hardware import ClusterSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload
 
 
 def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batches: int,

@@ -30,7 +30,7 @@ For every pipeline rank the estimate adds, in bytes per GPU:
   FSDP 6.0 GiB (formula: root unit 1.05 B params -> 5.9), 70B 2-layer 12.6 GiB (formula 11.7).
 
 The OOM verdict uses the largest stage (never the average) against the GPU's usable HBM
-(:attr:`autotune.target.hardware.GPUSpec.usable_hbm_bytes`: HBM minus the CUDA context).
+(:attr:`autotune.spec.hardware.GPUSpec.usable_hbm_bytes`: HBM minus the CUDA context).
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from autotune.cost import torchtitan_block
 from autotune.cost.schedule import count_inflight
 from autotune.errors import ConfigError, PlanError
-from autotune.target.engines import EngineProfile, engine_for_plan, get_engine
-from autotune.target.hardware import GIB, GPUSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import (
+from autotune.spec.engines import EngineProfile, engine_for_plan, get_engine
+from autotune.spec.hardware import GIB, GPUSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import (
     MEMORY_RECLAIM_POLICIES,
     RECOMPUTE_MODES,
     Plan,
@@ -92,7 +91,7 @@ PP_INFLIGHT_LOGITS_BYTES = 4 + 2
 COMPILED_LOSS_BYTES_PER_LOGIT = 2 + 2
 COMPILED_LOSS_INFLIGHT_BYTES = 2
 #: What an FP8 linear saves depends on the library the engine runs it with
-#: (:attr:`autotune.target.engines.EngineProfile.fp8_library`). Transformer Engine (Megatron-LM, every FP8
+#: (:attr:`autotune.spec.engines.EngineProfile.fp8_library`). Transformer Engine (Megatron-LM, every FP8
 #: recipe: Float8CurrentScaling for ``fp8_tensorwise``, DelayedScaling, MXFP8BlockScaling):
 #: ``_Linear.forward`` (transformer_engine/pytorch/module/linear.py) saves the quantized input (1 byte
 #: per element) instead of the BF16 input, and the module caches its FP8 weight and FP8 transpose from
@@ -126,6 +125,14 @@ DEFAULT_FRAGMENTATION: Mapping[str, float] = {
     "empty_cache_per_microbatch": 0.04,
     "expandable_segments": 0.03,
 }
+
+
+def _torchtitan_block():
+    """The measured torchtitan block table (``torchtitan_block`` accounting), through the engine registry:
+    :mod:`autotune.engines.torchtitan.block_saved`."""
+    from autotune.engines.registry import accounting_module
+
+    return accounting_module("torchtitan_block")
 
 
 def _gib(x: float) -> float:
@@ -342,7 +349,7 @@ def te_fp8_weight_copy_bytes(model: ModelSpec, plan: Plan, num_layers: int,
                              engine: EngineProfile | str | None = "native") -> int:
     """Bytes of Transformer Engine's cached FP8 weight + FP8 transpose copies on one GPU.
 
-    2 bytes x the per-rank linear weights (:func:`autotune.target.plan.fp8_gemm_dims`, K x N each) of
+    2 bytes x the per-rank linear weights (:func:`autotune.spec.plan.fp8_gemm_dims`, K x N each) of
     ``num_layers`` layers when the plan's FP8 runs through TE on ``engine`` (:func:`te_fp8`); 0 otherwise,
     and 0 with FP8 parameters (``fp8_param_gather``, Megatron-LM --fp8-param-gather: "keep the compute
     param in fp8"): the FP8 weight and its transpose then are the parameter, 1 + 1 bytes in place of the
@@ -368,7 +375,7 @@ _SELECTIVE_DROPPED_EAGER = ("attn_logsumexp", "kv_repeat", "mlp_silu")
 def _selective_bytes(terms: Mapping[str, int], mode: str, model: ModelSpec, plan: Plan,
                      workload: Workload) -> int:
     """Bytes one layer keeps under ``recompute: selective`` as engine mode ``mode`` defines it
-    (:attr:`autotune.target.engines.EngineProfile.selective_recompute`):
+    (:attr:`autotune.spec.engines.EngineProfile.selective_recompute`):
 
     * ``core_attention_and_mlp_act`` (native runtime): all terms but the attention output and the MLP
       activation output (:data:`_SELECTIVE_DROPPED`);
@@ -395,10 +402,10 @@ def _compiled_layer_bytes(eager_bytes: int, plan: Plan, engine: EngineProfile | 
     """A layer's saved bytes under ``plan.compile`` for an engine with eager-autograd accounting: the
     eager count x :data:`COMPILED_OVER_EAGER` (measured); unchanged otherwise or with full recompute. For
     the ``torchtitan_block`` accounting (eager or compiled) the count x the measured factor of
-    :data:`autotune.cost.torchtitan_block.TORCHTITAN_BLOCK_SAVED`."""
+    :data:`autotune.engines.torchtitan.block_saved.TORCHTITAN_BLOCK_SAVED`."""
     accounting = get_engine(engine).activation_accounting
     if accounting == "torchtitan_block" and plan.recompute != "full":
-        return math.ceil(eager_bytes * torchtitan_block.block_factors(plan)[0])
+        return math.ceil(eager_bytes * _torchtitan_block().block_factors(plan)[0])
     if not getattr(plan, "compile", False) or accounting != "pytorch_eager":
         return eager_bytes
     if plan.recompute == "full":
@@ -463,9 +470,9 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
 def _block_input_bytes(terms: Mapping[str, int], plan: Plan, engine: EngineProfile | str | None) -> int:
     """The layer input's bytes (all a fully recomputed layer keeps; also the embedding output): the BF16
     count, x 2 for torchtitan under autocast, whose residual stream is FP32
-    (:func:`autotune.cost.torchtitan_block.residual_bytes`)."""
+    (:func:`autotune.engines.torchtitan.block_saved.residual_bytes`)."""
     if get_engine(engine).activation_accounting == "torchtitan_block":
-        return terms["attn_norm_input"] * torchtitan_block.residual_bytes(plan) // BF16_BYTES
+        return terms["attn_norm_input"] * _torchtitan_block().residual_bytes(plan) // BF16_BYTES
     return terms["attn_norm_input"]
 
 
@@ -583,7 +590,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             (``usable_hbm_bytes``); workload: sequence length (global batch is not needed here).
         fragmentation: overrides of the allocator fraction per ``memory_reclaim`` policy (a partial
             mapping is fine; the calibration profile supplies measured values).
-        engine: the engine that runs the plan (:mod:`autotune.target.engines`): its parameter and optimizer
+        engine: the engine that runs the plan (:mod:`autotune.spec.engines`): its parameter and optimizer
             bytes replace the 4 + 8 above (Megatron-LM: BF16 parameters 2 B + FP32 main param and
             Adam moments 12 B in the (distributed) optimizer, no transient BF16 copy), its gradient
             buffer's bytes the grads' 4 (:attr:`EngineProfile.grad_buffer_bytes`: Megatron's main-grad
@@ -649,7 +656,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # (partial recompute too: every chunk with a layer recomputes at least one)
         common_transient += _compiled_layer_bytes(full_layer_act, none_plan, eng)
     # DP buckets in flight; none staged when the engine reduces the whole gradient buffer in place without
-    # an overlapped reduction (Megatron-LM: bucket_size None, engines.yaml one_bucket_without_overlap)
+    # an overlapped reduction (Megatron-LM: bucket_size None, facts.yaml one_bucket_without_overlap)
     if g > 1 and not (eng.one_bucket_without_overlap
                       and not (plan.dp_grad_reduce_overlap and plan.async_collectives)):
         common_transient += 2 * plan.bucket_size_mib * MIB
@@ -681,7 +688,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         deferred = eng.pp_defers_fsdp_grad_reduce and p > 1 and z >= 2 and g > 1
         if deferred:
             # torch.distributed.pipelining turns FSDP's gradient sync off for every backward and
-            # reduce-scatters after the last (engines.yaml): the rank's gradients accumulate unsharded
+            # reduce-scatters after the last (facts.yaml): the rank's gradients accumulate unsharded
             # in the reduction dtype until then
             grads = eng.grad_reduce_bytes * params
         optim = eng.optimizer_bytes * (_ceil_div(params, g) if z >= 1 else params)
@@ -731,12 +738,12 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             # (ZeRO-3 under a deferring pipeline: set_reshard_after_backward(False) keeps each layer's
             # gathered BF16 parameters from its first backward on, torch/distributed/pipelining/stage.py)
             copies = BF16_BYTES * params
-        if eng.activation_accounting == "torchtitan_block" and torchtitan_block.param_mode(plan) == "autocast":
+        if eng.activation_accounting == "torchtitan_block" and _torchtitan_block().param_mode(plan) == "autocast":
             # torchtitan under autocast: the BF16 weight casts its matmuls save (measured fraction per layer,
             # torchtitan_block.TORCHTITAN_BLOCK_SAVED; none under full recompute, whose forward keeps only the
             # block input) and the LM head's (a BF16 linear for every precision: filter_fqns ["output"]);
             # the embedding lookup casts nothing
-            kept_copies = torchtitan_block.block_factors(plan)[1] if plan.recompute != "full" else 0.0
+            kept_copies = _torchtitan_block().block_factors(plan)[1] if plan.recompute != "full" else 0.0
             copies = BF16_BYTES * (math.ceil(kept_copies * n * layer_params) + (vocab_shard * h if r == p - 1 else 0))
         # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
         copies += fp8_copy_per_layer * (min(n, 1) if z == 3 else n)

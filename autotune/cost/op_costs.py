@@ -19,7 +19,7 @@ from autotune.cost.calibration import (
 )
 from autotune.cost.topology import GroupPlacement
 from autotune.errors import ConfigError
-from autotune.target.hardware import GPUSpec, LinkSpec
+from autotune.spec.hardware import GPUSpec, LinkSpec
 
 
 # ----------------------------------------------------------------------------- cost model
@@ -36,7 +36,7 @@ class OpCosts(abc.ABC):
     def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False, precision: str = "bf16") -> float:
         """GEMM (m x k) @ (k x n), 2 m n k FLOPs; backward=True for one dgrad or wgrad GEMM.
 
-        ``precision`` is a :data:`autotune.target.plan.PRECISIONS` value (``bf16`` or an FP8 recipe); callers
+        ``precision`` is a :data:`autotune.spec.plan.PRECISIONS` value (``bf16`` or an FP8 recipe); callers
         pass it only when it is not ``bf16``, so BF16-only implementations stay valid.
         """
 
@@ -136,7 +136,7 @@ class OpCosts(abc.ABC):
 
     def attention_kernel_ms(self, kernel: str, *, batch: int, seq_len: int, heads: int, kv_heads: int,
                             head_dim: int, backward: bool = False) -> float:
-        """Causal attention with a named kernel (:data:`autotune.target.engines.ATTENTION_KERNELS`: ``default``
+        """Causal attention with a named kernel (:data:`autotune.spec.engines.ATTENTION_KERNELS`: ``default``
         = SDPA's default dispatch / the engine's fused attention, ``flash2`` = FlashAttention-2), ms.
         Here: :meth:`attention_ms` for every kernel (no kernel-specific table)."""
         return self.attention_ms(batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads,
@@ -286,7 +286,7 @@ class CalibratedCosts(OpCosts):
         peak8 = profile.peak_fp8_tflops
         if peak8 is None:
             try:
-                from autotune.target.hardware import get_gpu
+                from autotune.spec.hardware import get_gpu
 
                 peak8 = get_gpu(profile.gpu).fp8_tflops
             except ConfigError:
@@ -317,7 +317,7 @@ class CalibratedCosts(OpCosts):
 
         Raises:
             ValueError: an FP8 precision on a GPU without a datasheet FP8 peak (``fp8_tflops``), or an
-                unknown precision (plans are validated first: :func:`autotune.target.plan.validate_precision`).
+                unknown precision (plans are validated first: :func:`autotune.spec.plan.validate_precision`).
         """
         key = ("g", m, n, k, backward, precision)
         v = self._cache.get(key)
@@ -443,7 +443,7 @@ class CalibratedCosts(OpCosts):
         table = self.profile.overlap_sm_slowdown
         mine = self.gpu.sm_count
         try:
-            from autotune.target.hardware import get_gpu
+            from autotune.spec.hardware import get_gpu
 
             theirs = get_gpu(self.profile.gpu).sm_count
         except ConfigError:

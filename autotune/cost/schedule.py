@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from autotune.errors import PlanError
-from autotune.target.plan import PIPELINE_SCHEDULES, Plan
+from autotune.spec.plan import PIPELINE_SCHEDULES, Plan
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -49,10 +49,10 @@ from autotune.cost.graph import (
 )
 from autotune.cost.memory import estimate_memory
 from autotune.cost.op_costs import CalibratedCosts, OpCosts
-from autotune.target.engines import EngineProfile, check_plan_for_engine
-from autotune.target.hardware import ClusterSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload, validate_plan
+from autotune.spec.engines import EngineProfile, check_plan_for_engine
+from autotune.spec.hardware import ClusterSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload, validate_plan
 
 
 @dataclass(frozen=True)

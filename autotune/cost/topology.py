@@ -11,7 +11,7 @@ Rank order is Megatron-LM's (``megatron/core/parallel_state.py``, ``RankGenerato
   the plain DP group: ``size = dp``, ``stride = tp x cp``;
 * PP (one pair of adjacent stages, what a send/recv crosses): ``size = 2``, ``stride = tp x cp x dp``.
 
-A "node" here is an NVLink domain as the cluster uses it (:attr:`autotune.target.hardware.ClusterSpec.nvlink_domain_size`:
+A "node" here is an NVLink domain as the cluster uses it (:attr:`autotune.spec.hardware.ClusterSpec.nvlink_domain_size`:
 8 GPUs on HGX, 72 on NVL72, or an equal segment of NVL72 trays, e.g. 64 of 72 for 256 GPUs); members inside one domain talk over the intra-node tier, members in different
 domains over the inter-node tier (the NICs).
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autotune.errors import ConfigError
-from autotune.target.hardware import ClusterSpec, LinkSpec
+from autotune.spec.hardware import ClusterSpec, LinkSpec
 
 
 @dataclass(frozen=True)

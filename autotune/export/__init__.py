@@ -1,15 +1,15 @@
 """Launch files for a tuned plan: ``autotune export --launcher torchrun|slurm -o DIR``.
 
-What is written, for the plan's engine (:attr:`autotune.target.plan.PlanDocument.engine`):
+What is written, for the plan's engine (:attr:`autotune.spec.plan.PlanDocument.engine`):
 
 * ``megatron``: ``launch_torchrun.sh`` running Megatron-LM's ``pretrain_gpt.py`` (architecture, plan
-  and run arguments, :mod:`autotune.export.megatron`) under torchrun with the environment variables the
+  and run arguments, :mod:`autotune.engines.megatron.export`) under torchrun with the environment variables the
   settings need; Megatron-LM's checkout is ``$MEGATRON_LM``;
 * ``torchtitan``: ``autotune_torchtitan.py`` (a torchtitan >= 0.3.0 config module,
-  :mod:`autotune.export.torchtitan`) and ``launch_torchrun.sh`` running ``-m torchtitan.train`` with it;
+  :mod:`autotune.engines.torchtitan.export`) and ``launch_torchrun.sh`` running ``-m torchtitan.train`` with it;
 * ``native``: ``launch_torchrun.sh`` running ``autotune validate plan.yaml`` (autotune's runtime on the
   local GPUs);
-* always ``plan.yaml`` (the :class:`~autotune.target.plan.PlanDocument`); with ``slurm`` also
+* always ``plan.yaml`` (the :class:`~autotune.spec.plan.PlanDocument`); with ``slurm`` also
   ``launch_slurm.sbatch``, which starts ``launch_torchrun.sh`` on every node with ``srun`` (one task
   per node; torchrun spawns one process per GPU, c10d rendezvous on the first node).
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autotune.errors import ConfigError
 from autotune.files import write_output_text
-from autotune.target.plan import PlanDocument
+from autotune.spec.plan import PlanDocument
 
 LAUNCHERS = ("torchrun", "slurm")
 
@@ -52,63 +52,19 @@ class LaunchCommand:
     use_torchrun: bool = True
 
 
-def native_unsupported_features(model, seq_len: int) -> list[str]:
-    """Features of ``model`` that autotune's runtime does not build (autotune/runtime/model.py: a Llama
-    block with RMSNorm before attention and MLP, SwiGLU, no biases, an untied LM head and RoPE with the
-    Llama 3 scaling of factor 8 always applied), as readable names; empty when ``autotune validate``
-    runs this very model."""
-    from autotune.target.models import LLAMA31_ROPE_SCALING
-
-    out = []
-    if not (model.gated_mlp and model.mlp_activation in ("silu", "swish")):
-        out.append(f"{'gated ' if model.gated_mlp else ''}{model.mlp_activation} MLP (the runtime has SwiGLU)")
-    if model.qkv_bias:
-        out.append("Q/K/V biases")
-    if model.tied_embeddings:
-        out.append("tied embeddings")
-    if model.rope_scaling != LLAMA31_ROPE_SCALING:
-        rs = "no RoPE scaling" if model.rope_scaling is None else f"RoPE scaling {model.rope_scaling.describe()}"
-        out.append(f"{rs} (the runtime applies Llama 3.1's llama3 scaling, factor 8)")
-    if model.norms_per_layer != 2:
-        out.append(f"{model.norms_per_layer} RMSNorms per layer")
-    if model.sliding_window is not None and seq_len > model.sliding_window:
-        out.append(f"sliding-window attention (window {model.sliding_window} < seq_len {seq_len})")
-    return out + list(model.features)
-
-
 def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> LaunchCommand:
-    """The per-engine command of ``doc``.
+    """The per-engine command of ``doc``: the engine's export ``launch_command``
+    (:func:`autotune.engines.registry.export_module`).
 
     Raises:
-        ConfigError: unknown engine, or a plan the engine's launch format cannot express (see
-            :mod:`autotune.export.megatron` and :mod:`autotune.export.torchtitan`).
+        ConfigError: unknown engine, or a plan the engine's launch format cannot express (see the engine's
+            export module, ``autotune/engines/<engine>/export.py``).
     """
-    from autotune.target.hardware import get_gpu
+    from autotune.engines.registry import ENGINES, export_module
 
-    if doc.engine == "megatron":
-        from autotune.export.megatron import megatron_args, megatron_env
-        env = megatron_env(doc.plan, get_gpu(doc.gpu).arch)
-        return LaunchCommand(program=('"$MEGATRON_LM/pretrain_gpt.py"',),
-                             args=tuple(megatron_args(doc.plan, doc.model, doc.workload)),
-                             env=tuple(env.items()),
-                             notes=("Megatron-LM checkout: $MEGATRON_LM (option names checked against commit "
-                                    "d98e8a64ddf3 of NVIDIA/Megatron-LM)",
-                                    "synthetic data (--mock-data): use --data-path and your tokenizer for real runs"))
-    if doc.engine == "torchtitan":
-        from autotune.export.torchtitan import CONFIG_FUNCTION, MODULE_NAME
-        env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} \
-            if doc.plan.memory_reclaim == "expandable_segments" else {}
-        return LaunchCommand(program=("-m", "torchtitan.train"),
-                             args=("--module", MODULE_NAME, "--config", CONFIG_FUNCTION), env=tuple(env.items()),
-                             notes=("torchtitan >= 0.3.0 (pip install torchtitan); config: autotune_torchtitan.py",))
-    if doc.engine == "native":
-        bad = native_unsupported_features(doc.model, doc.workload.seq_len)
-        if bad:
-            raise ConfigError(f"model {doc.model.name}: autotune's runtime (engine native) cannot run {'; '.join(bad)}; "
-                              "export the plan for megatron or torchtitan where they can")
-        return LaunchCommand(program=("autotune",), args=("validate", plan_file), use_torchrun=False,
-                             notes=("autotune's runtime on the local GPUs (autotune validate)",))
-    raise ConfigError(f"engine {doc.engine!r}: valid engines are megatron, torchtitan, native")
+    if doc.engine not in ENGINES:
+        raise ConfigError(f"engine {doc.engine!r}: valid engines are {', '.join(ENGINES)}")
+    return export_module(doc.engine).launch_command(doc, plan_file=plan_file)
 
 
 def _q(x: str) -> str:
@@ -211,10 +167,9 @@ def launch_file_names(doc: PlanDocument, launcher: str) -> list[str]:
     """File names (no directory) that :func:`write_launch_files` writes for ``doc`` and ``launcher``, in
     the order written: ``plan.yaml``, ``autotune_torchtitan.py`` (torchtitan only), ``launch_torchrun.sh``,
     ``launch_slurm.sbatch`` (slurm only). Other files of the directory are never touched."""
-    names = ["plan.yaml"]
-    if doc.engine == "torchtitan":
-        from autotune.export.torchtitan import MODULE_NAME
-        names.append(f"{MODULE_NAME}.py")
+    from autotune.engines.registry import export_module
+
+    names = ["plan.yaml", *export_module(doc.engine).EXTRA_FILES]
     names.append("launch_torchrun.sh")
     if launcher == "slurm":
         names.append("launch_slurm.sbatch")
@@ -231,7 +186,7 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
     """
     if launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher {launcher!r}: valid launchers are {', '.join(LAUNCHERS)}")
-    from autotune.target.hardware import ClusterSpec, fabric_from_dict, get_gpu
+    from autotune.spec.hardware import ClusterSpec, fabric_from_dict, get_gpu
 
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus,
                           fabric=fabric_from_dict(doc.fabric, where="plan: cluster.fabric"))
@@ -239,10 +194,9 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
     segment = cluster.nvlink_domain_size // gpn if cluster.fabric.gpus_per_host < cluster.fabric.nvlink_domain_size else None
     cmd = launch_command(doc)
     files: dict[str, tuple[str, bool]] = {"plan.yaml": (doc.to_yaml(), False)}
-    if doc.engine == "torchtitan":
-        from autotune.export.torchtitan import MODULE_NAME, torchtitan_config_module
-        hdr = f"{doc.model.name} on {doc.num_gpus} x {doc.gpu}; study {doc.study}, trial {doc.trial_id}."
-        files[f"{MODULE_NAME}.py"] = (torchtitan_config_module(doc.plan, doc.model, doc.workload, header=hdr), False)
+    from autotune.engines.registry import export_module
+
+    files.update((name, (text, False)) for name, text in export_module(doc.engine).extra_files(doc).items())
     files["launch_torchrun.sh"] = (torchrun_script(doc, cmd, gpn), True)
     if launcher == "slurm":
         files["launch_slurm.sbatch"] = (slurm_script(doc, gpn, here=out_dir, segment_nodes=segment), True)
@@ -261,4 +215,5 @@ def write_launch_files(doc: PlanDocument, out_dir: str | os.PathLike, launcher: 
     return written
 
 
-__all__ = ["LAUNCHERS", "LaunchCommand", "host_gpus_per_node", "launch_command", "launch_file_names", "slurm_script", "torchrun_script", "write_launch_files"]
+__all__ = ["LAUNCHERS", "LaunchCommand", "host_gpus_per_node", "launch_command", "launch_file_names", "slurm_script",
+           "torchrun_script", "write_launch_files"]

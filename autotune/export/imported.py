@@ -1,5 +1,5 @@
 """What a user's launch file means to autotune (:class:`ImportedLaunch`), shared by the readers
-(:mod:`autotune.export.megatron_import`, :mod:`autotune.export.torchtitan_import`; the dispatcher is
+(:mod:`autotune.engines.megatron.importer`, :mod:`autotune.engines.torchtitan.importer`; the dispatcher is
 :mod:`autotune.export.launch_import`)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,22 @@ def catalog_name(model: ModelSpec) -> ModelSpec:
     else unchanged: a launch of Llama 3.1 70B is tuned and exported as ``llama3.1-70b``."""
     import dataclasses
 
-    from autotune.target.models import CATALOG
+    from autotune.spec.models import CATALOG
     for m in CATALOG.values():
         if dataclasses.replace(model, name=m.name) == m:
             return m
     return model
 
 
-__all__ = ["ImportedLaunch", "catalog_name", "label_from_path"]
+def allocator_reclaim(env: dict[str, str]) -> str | None:
+    """``expandable_segments`` when the launch's ``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on
+    (PyTorch CUDA semantics notes, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF": comma-separated
+    ``option:value``; ``expandable_segments:True``), else None."""
+    for part in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
+        k, _, v = part.strip().partition(":")
+        if k == "expandable_segments" and v.strip().lower() == "true":
+            return "expandable_segments"
+    return None
+
+
+__all__ = ["allocator_reclaim", "ImportedLaunch", "catalog_name", "label_from_path"]

@@ -1,8 +1,8 @@
 """Read a user's own launch back as autotune's target and plan: ``autotune simulate --from-megatron FILE``,
 ``--from-torchtitan FILE`` and ``autotune run --compare-to FILE``.
 
-The readers are the inverse of the exporters beside them (:mod:`autotune.export.megatron_import` for a
-Megatron-LM ``pretrain_gpt.py`` argument list, :mod:`autotune.export.torchtitan_import` for a torchtitan
+The readers are the inverse of the exporters beside them (:mod:`autotune.engines.megatron.importer` for a
+Megatron-LM ``pretrain_gpt.py`` argument list, :mod:`autotune.engines.torchtitan.importer` for a torchtitan
 0.2.x TOML job file or a 0.3.0 Python config module). Every setting of the file is accounted for: it is
 *modelled* (it sets a field of the model, the plan or the workload, and ``autotune export`` writes it back
 with the same value), *ignored* (listed, with why: a run setting that changes no step time or memory, or
@@ -47,14 +47,9 @@ def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None) ->
     fmt = fmt or detected
     if fmt not in FORMATS:
         raise ConfigError(f"format {fmt!r}: valid formats are {', '.join(FORMATS)}")
-    if fmt == "megatron":       # the launcher's --nnodes x --nproc-per-node may give it
-        from autotune.export.megatron_import import import_megatron_args
-        return import_megatron_args(path, num_gpus=num_gpus)
-    if num_gpus is None:
-        raise ConfigError(f"{path}: give --gpus N, the world size the launch runs on (TP x PP x CP x DP; a "
-                          "launch file does not hold it)")
-    from autotune.export.torchtitan_import import import_torchtitan
-    return import_torchtitan(path, num_gpus=num_gpus)
+    from autotune.engines.registry import import_formats, importer_module
+
+    return importer_module(import_formats()[fmt]).import_launch(path, num_gpus=num_gpus)
 
 
 __all__ = ["FORMATS", "ImportedLaunch", "detect_format", "import_launch"]

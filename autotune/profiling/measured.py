@@ -56,7 +56,7 @@ from autotune.profiling.store import (
     rows,
     tflops_of,
 )
-from autotune.target.hardware import GPUSpec, LinkSpec
+from autotune.spec.hardware import GPUSpec, LinkSpec
 
 SOURCES = ("measured", "looked_up", "interpolated", "fallback")
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from autotune.cost.calibration import COLLECTIVE_KINDS
-from autotune.target.hardware import NCCL_TIER_ENV
+from autotune.spec.hardware import NCCL_TIER_ENV
 
 ALWAYS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 TIER_ENV: dict[str, dict[str, str]] = NCCL_TIER_ENV

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.target.models import ModelSpec, get_model
+from autotune.spec.models import ModelSpec, get_model
 
 TP_DEGREES = (1, 2, 4, 8)
 FULL_TOKENS = (2048, 4096, 8192, 16384)

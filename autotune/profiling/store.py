@@ -284,7 +284,7 @@ class EnvironmentInfo:
 
 
 def catalog_gpu(gpu_name: str) -> str | None:
-    """Catalog key (:func:`autotune.target.hardware.get_gpu`) of a CUDA device name, or None.
+    """Catalog key (:func:`autotune.spec.hardware.get_gpu`) of a CUDA device name, or None.
 
     ``"NVIDIA H200"`` -> ``h200``, ``"NVIDIA H100 80GB HBM3"`` -> ``h100``,
     ``"NVIDIA A100-SXM4-80GB"`` -> ``a100-80gb``, ``"NVIDIA B200"`` -> ``b200``, ``"NVIDIA GB200"`` -> ``gb200``.
@@ -441,7 +441,7 @@ def _r(x: float, nd: int = 4) -> float:
 
 def nominal_tier_bandwidth(tier: str, gpu: str, fallback: float) -> float:
     """Nominal (datasheet) bandwidth of the path a tier measures, GB/s; see TIER_NOMINAL_PRESET."""
-    from autotune.target.hardware import get_fabric, get_gpu
+    from autotune.spec.hardware import get_fabric, get_gpu
 
     try:
         if tier == "nvlink":
@@ -485,7 +485,7 @@ def export_profile(session_or_url: Session | str, env: ProfileEnvironment) -> di
     Raises:
         ConfigError: unknown GPU, or no GEMM or attention timings stored for ``env``.
     """
-    from autotune.target.hardware import get_gpu
+    from autotune.spec.hardware import get_gpu
 
     with _session(session_or_url) as s:
         gpu = catalog_gpu(env.gpu_name)

@@ -16,7 +16,7 @@ matplotlib), both in the ``plot`` extra (``pip install -e '.[plot]' (in the auto
 
 Every MFU axis is in %, and every title names the study's backend (``simulated``: predicted by the
 simulator; ``measured``: the simulator with stored op measurements; ``real``: run on GPUs), read from
-the study's ``user_attrs['backend']`` (autotune.tuner ``Tuner._study_attrs``).
+the study's ``user_attrs['backend']`` (autotune.tune.tuner ``Tuner._study_attrs``).
 
 Only COMPLETE trials are plotted (pruned ones have no MFU); an out-of-memory trial has MFU 0 and is
 drawn as such, marked.

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from autotune.cost.evaluator import BREAKDOWN_KEYS, StepResult
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload
 
 GIB = 2**30
 
@@ -72,10 +72,10 @@ def backend_word(backend: str) -> str:
 
 def _bucket_text(plan: Plan, engine: str | None) -> str:
     """The DP bucket row: ``N MiB``, or, for an engine that reduces each gradient buffer as one bucket without
-    an overlapped reduction (engines.yaml ``one_bucket_without_overlap``: Megatron-LM), that it does."""
+    an overlapped reduction (facts.yaml ``one_bucket_without_overlap``: Megatron-LM), that it does."""
     if engine and not (plan.dp_grad_reduce_overlap and plan.async_collectives):
         from autotune.errors import ConfigError
-        from autotune.target.engines import get_engine
+        from autotune.spec.engines import get_engine
         try:
             one = get_engine(engine).one_bucket_without_overlap
         except ConfigError:
@@ -188,7 +188,7 @@ def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
 
 def _gpu_band(band: Mapping[str, Any], gpu: str | None) -> tuple[str | None, Mapping[str, Any] | None]:
     """(``gpu``'s hardware family, the ``by_gpu`` entry of ``band`` for it or None when none was measured)."""
-    from autotune.target.hardware import gpu_family
+    from autotune.spec.hardware import gpu_family
 
     fam = gpu_family(gpu)
     return fam, ((band.get("by_gpu") or {}).get(fam) if fam else None)
@@ -199,7 +199,7 @@ def error_band_line(engine: str, gpu: str | None = None) -> str:
     published runs (``bench/published.py --cross-validate``) or, for ``native``, against real runs
     (``docs/fidelity.md``), read from ``autotune/data/error_bands.yaml``; with ``gpu``, the figure of that
     hardware family when one was measured; says so when the engine has no measured error yet."""
-    from autotune.target.engines import error_band
+    from autotune.spec.engines import error_band
 
     b = error_band(engine)
     if b is None:
@@ -343,7 +343,7 @@ def short_plan(plan: Plan) -> str:
 
 def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     """Megatron-LM flags and a torchtitan TOML snippet equivalent to ``plan`` (hints, check your version).
-    For an engine that cannot launch ``model`` (autotune/export/megatron.py / torchtitan.py
+    For an engine that cannot launch ``model`` (autotune/engines/megatron/export.py / torchtitan.py
     ``model_refusal``, the check ``export --launcher`` refuses with), one line naming why instead.
 
     Megatron-LM names: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
@@ -392,7 +392,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         if p.zero_stage >= 2:
             meg_notes.append(f"# ZeRO-{p.zero_stage}: Megatron-FSDP (--use-megatron-fsdp) shards grads/params; "
                              "`autotune export --launcher torchrun -o DIR` writes its flags")
-    from autotune.export.megatron import ddp_bucket_size
+    from autotune.engines.registry import export_module
+
+    ddp_bucket_size = export_module("megatron").ddp_bucket_size
 
     if p.dp_grad_reduce_overlap and p.async_collectives:
         meg.append("--overlap-grad-reduce")
@@ -464,10 +466,10 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
     # an engine that cannot launch this model gets one line saying why instead of flags for another model
     # (the check `export --launcher` refuses with: megatron.model_refusal, torchtitan.model_refusal)
-    from autotune.export import megatron as _meg
-    from autotune.export import torchtitan as _tt
+    from autotune.engines.registry import export_module
 
-    meg_refusal, tt_refusal = _meg.model_refusal(model, workload.seq_len), _tt.model_refusal(model)
+    meg_refusal = export_module("megatron").launch_refusal(model, workload.seq_len)
+    tt_refusal = export_module("torchtitan").launch_refusal(model, workload.seq_len)
     if meg_refusal:
         out = [f"Megatron-LM: flags not printed: {meg_refusal}"]
     else:
@@ -535,13 +537,13 @@ def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSp
     Args:
         plan / result: the plan and its evaluation (both None for a study without a feasible plan).
         model, gpu (catalog name), num_gpus, fabric (name), workload: the target.
-        engine: engine name; its error band (:func:`autotune.target.engines.error_band`) is attached.
+        engine: engine name; its error band (:func:`autotune.spec.engines.error_band`) is attached.
         memory: an :class:`autotune.cost.memory.MemoryEstimate` for the per-stage components; when None
             (and a plan is given) it is estimated here with the default calibration's fragmentation.
         extra: more keys merged into the entry (e.g. ``n_trials`` for ``show``).
     Returns: a dict of plain JSON values (str keys; bytes as int, times in ms, MFU as a fraction).
     """
-    from autotune.target.engines import error_band
+    from autotune.spec.engines import error_band
 
     e: dict[str, Any] = {
         "label": label, "study": study, "trial": trial,
@@ -580,7 +582,7 @@ def _estimate_memory_for(model: ModelSpec, plan: Plan, gpu: str, workload: Workl
     from autotune.cost.memory import estimate_memory
     from autotune.cost.op_costs import CalibratedCosts
     from autotune.errors import AutotuneError
-    from autotune.target.hardware import get_gpu
+    from autotune.spec.hardware import get_gpu
 
     try:
         g = get_gpu(gpu)

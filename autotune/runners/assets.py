@@ -11,7 +11,7 @@ outside this script is read.
 
     python -m autotune.runners.assets OUT_DIR [--docs 2000] [--vocab 8192]
 
-(:class:`autotune.runners.torchtitan_runner.TorchtitanEvaluator` calls :func:`write_assets` once per
+(:class:`autotune.engines.torchtitan.runner.TorchtitanEvaluator` calls :func:`write_assets` once per
 evaluator, into its temporary folder; ``bench/engine_smoke/make_assets.py`` is the same command)
 
 writes ``OUT_DIR/tokenizer/{tokenizer.json,tokenizer_config.json}`` (byte-level BPE trained with the

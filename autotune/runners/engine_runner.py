@@ -1,15 +1,15 @@
 """What every engine runner shares (issue 23): one trial of a plan through an engine's own training entry
 point, in its own process session, and the engine's log turned into a :class:`StepResult`.
 
-:class:`EngineRunner` is the lifecycle; an engine subclass (:mod:`autotune.runners.torchtitan_runner`,
-:mod:`autotune.runners.megatron_runner`) supplies what differs: the check that the engine is installed
+:class:`EngineRunner` is the lifecycle; an engine subclass (:mod:`autotune.engines.torchtitan.runner`,
+:mod:`autotune.engines.megatron.runner`) supplies what differs: the check that the engine is installed
 (:meth:`EngineRunner.check_engine`), the launch (:meth:`EngineRunner.build`: argv, environment and the job
 text kept beside the log) and the log parser (:meth:`EngineRunner.parse`: per-step records and facts).
 
 One trial (:meth:`EngineRunner.evaluate`):
 
-1. the plan is checked in this process: :func:`autotune.target.plan.validate_plan`,
-   :func:`autotune.target.engines.check_plan_for_engine`, the simulator's screen (``only_plans``) and the
+1. the plan is checked in this process: :func:`autotune.spec.plan.validate_plan`,
+   :func:`autotune.spec.engines.check_plan_for_engine`, the simulator's screen (``only_plans``) and the
    engine's own builder; a refusal raises ``PlanError`` (a pruned trial) before anything starts;
 2. ``python -m torch.distributed.run --standalone --nproc-per-node N <entry point>`` runs ``warmup +
    steps`` steps in its own session (:func:`run_job`), stdout and stderr into one log, with a wall-clock
@@ -50,10 +50,10 @@ from autotune.cost.evaluator import Evaluator, StepResult
 from autotune.errors import AutotuneError, ConfigError, PlanError
 from autotune.runtime.evaluator import TrialFailed, local_gpu_count, tier_env
 from autotune.runtime.launch import FIXED_ENV, run_in_session
-from autotune.target.engines import check_plan_for_engine, resolve_engine
-from autotune.target.hardware import ClusterSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload, validate_plan
+from autotune.spec.engines import check_plan_for_engine, resolve_engine
+from autotune.spec.hardware import ClusterSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload, validate_plan
 
 #: exceptions an engine raises for a configuration it does not run (torchtitan's config/manager.py,
 #: train.py, parallelize.py and Megatron-LM's arguments.py ``validate_args`` check with ``ValueError`` /

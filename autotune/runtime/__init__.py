@@ -1,4 +1,4 @@
-"""The real runtime: a Llama 3.1 training step executed under a :class:`~autotune.target.plan.Plan`.
+"""The real runtime: a Llama 3.1 training step executed under a :class:`~autotune.spec.plan.Plan`.
 
 Modules (all import torch; nothing here is imported by the CLI or the simulator at import time):
 

@@ -28,9 +28,9 @@ from typing import Any, Mapping
 
 from autotune.cost.evaluator import Evaluator, StepResult
 from autotune.errors import AutotuneError, ConfigError, PlanError
-from autotune.target.hardware import NCCL_TIER_ENV, ClusterSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, PlanDocument, Workload, validate_plan
+from autotune.spec.hardware import NCCL_TIER_ENV, ClusterSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, PlanDocument, Workload, validate_plan
 
 #: NCCL environment per interconnect tier (see the module docstring; one table for the profiler and here).
 TIER_ENV = NCCL_TIER_ENV
@@ -75,7 +75,7 @@ class RealEvaluator(Evaluator):
                  steps: int = 3, warmup: int = 2, timeout_s: float = 900.0, device: str = "auto",
                  predict: bool = True, env: Mapping[str, str] | None = None, engine: str | None = None,
                  launcher: Mapping[str, Any] | None = None) -> None:
-        from autotune.target.engines import REAL_BACKEND_ENGINE
+        from autotune.spec.engines import REAL_BACKEND_ENGINE
 
         if engine not in (None, REAL_BACKEND_ENGINE):
             raise ConfigError(f"--backend real runs autotune's own runtime (engine {REAL_BACKEND_ENGINE}); "

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from autotune.errors import ConfigError
 from autotune.launchers.process import read_phases, sigterm_as_interrupt
 from autotune.launchers.reaper import descendants as _descendants, guarded
-from autotune.target.plan import PlanDocument
+from autotune.spec.plan import PlanDocument
 
 #: Always in the worker environment: NVLink SHARP multicast off (NCCL) and symmetric-memory multicast
 #: off (torch), as the project's H200 hosts require.

@@ -1,4 +1,4 @@
-"""The Llama 3.1 architecture in plain PyTorch, built from a :class:`~autotune.target.models.ModelSpec`.
+"""The Llama 3.1 architecture in plain PyTorch, built from a :class:`~autotune.spec.models.ModelSpec`.
 
 Structure follows torchtitan's ``models/llama3/model.py`` so that its parallelization recipe applies
 unchanged: ``tok_embeddings`` -> ``layers`` (an ``nn.ModuleDict`` keyed ``"0" .. "L-1"``, each a
@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.errors import ConfigError
-from autotune.target.models import ModelSpec
+from autotune.spec.models import ModelSpec
 
 #: Llama 3 RoPE scaling (HF config.json ``rope_scaling`` of Llama-3.1-*: rope_type llama3).
 LLAMA3_ROPE_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,

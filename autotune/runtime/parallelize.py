@@ -1,4 +1,4 @@
-"""Apply a :class:`~autotune.target.plan.Plan` to the Llama model with PyTorch's own parallel APIs.
+"""Apply a :class:`~autotune.spec.plan.Plan` to the Llama model with PyTorch's own parallel APIs.
 
 Order of application (torchtitan ``parallelize_llama`` / ``pipeline_llama``):
 
@@ -106,8 +106,8 @@ from autotune.runtime.model import (
     cross_entropy_loss,
     prune_to_stage,
 )
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload, validate_plan
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload, validate_plan
 
 log = logging.getLogger(__name__)
 
@@ -550,7 +550,7 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         compute_dtype: BF16 by default on CUDA, FP32 on CPU. Parameters and AdamW states stay FP32.
         seed: weight-initialization seed (identical on every rank).
         lr: AdamW learning rate (betas 0.9/0.95, weight decay 0.1, eps 1e-8: Llama 3 paper Sec. 3.4).
-        validate: run :func:`autotune.target.plan.validate_plan` for the truncated model first.
+        validate: run :func:`autotune.spec.plan.validate_plan` for the truncated model first.
         meta_init: build on the meta device and initialize after sharding (torchtitan's way; the
             weights then differ from the unparallelized model's); None = only for models over
             :data:`FULL_INIT_MAX_BYTES` of FP32 parameters.

@@ -178,8 +178,8 @@ def _run(a, phase: _Phase, device) -> int:
 
     from autotune.cost import flops
     from autotune.runtime.parallelize import parallelize
-    from autotune.target.hardware import get_gpu
-    from autotune.target.plan import PlanDocument
+    from autotune.spec.hardware import get_gpu
+    from autotune.spec.plan import PlanDocument
 
     doc = PlanDocument.load(a.plan)
     plan, spec, wl = doc.plan, doc.model, doc.workload

@@ -17,7 +17,7 @@ import optuna
 from autotune.search.band import band_order
 from autotune.search.estimate import PlanScreen
 from autotune.search.ranking import LazyRanking
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 
 
 @dataclasses.dataclass(frozen=True)

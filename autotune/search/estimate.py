@@ -28,10 +28,10 @@ from autotune.cost.chunk_costs import LAYER_FIELDS, StepWeights
 from autotune.cost.memory import estimate_memory
 from autotune.cost.op_costs import CalibratedCosts, OpCosts
 from autotune.errors import PlanError
-from autotune.target.engines import EngineProfile, check_plan_for_engine, get_engine
-from autotune.target.hardware import ClusterSpec
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Plan, Workload
+from autotune.spec.engines import EngineProfile, check_plan_for_engine, get_engine
+from autotune.spec.hardware import ClusterSpec
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan, Workload
 
 
 def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
@@ -167,7 +167,7 @@ class PlanScreen:
         self._memo: dict[Any, Any] = {}     # CostBuilder's per-layer costs and placements, shared
 
     def fits(self, plan: Plan) -> bool:
-        """True when the engine can run ``plan`` (:func:`autotune.target.engines.check_plan_for_engine`) and
+        """True when the engine can run ``plan`` (:func:`autotune.spec.engines.check_plan_for_engine`) and
         :func:`autotune.cost.memory.estimate_memory` puts every pipeline stage within the GPU's usable memory
         (False also for a plan the memory model rejects as invalid)."""
         r = self._fits.get(plan)

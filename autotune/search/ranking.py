@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Iterator
 
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 
 
 class LazyRanking:

@@ -45,7 +45,7 @@ from autotune.search.ranking import LazyRanking
 from autotune.search.shared import NEIGHBOURS_ATTR, RANKING_ATTR, SharedSearch, trials_holding
 from autotune.signals import interrupted
 from autotune.search.space import KNOBS, BoundSearchSpace, Pruned, plan_params
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Per-trial sampler seeding for workers that share one study, and the redraw of repeated proposals.
 
-Moved from ``tuner.py``.
+Moved from ``tune/tuner.py``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 
 log = logging.getLogger("autotune.search.sampler")
 
@@ -27,7 +27,7 @@ BUSY_SUFFIX = ":busy"
 NEIGHBOURS_WAIT_S, BUSY_STALE_S = 3.0, 20.0
 
 #: the sampler that last stored a ranking in this process, with the process id: a worker forked from this
-#: process (``autotune run --workers N``, :mod:`autotune.workers`) takes over its warm caches
+#: process (``autotune run --workers N``, :mod:`autotune.tune.workers`) takes over its warm caches
 #: (:meth:`SharedSearch._adopt_warm`)
 _RANKED_HERE: list[tuple[int, Any]] = []
 

@@ -1,4 +1,4 @@
-"""The tuner's search space: which values each knob of a :class:`~autotune.target.plan.Plan` may take.
+"""The tuner's search space: which values each knob of a :class:`~autotune.spec.plan.Plan` may take.
 
 A search space is data (``search_spaces/<name>.yaml``)::
 
@@ -11,7 +11,7 @@ A search space is data (``search_spaces/<name>.yaml``)::
       pp_degree: [1, 2, 4, 8, 16]
       ...
 
-Knob names are :class:`~autotune.target.plan.Plan` field names and are also the Optuna parameter names. A
+Knob names are :class:`~autotune.spec.plan.Plan` field names and are also the Optuna parameter names. A
 knob left out is fixed at the Plan default. ``dp_degree`` and ``num_micro_batches`` are *derived*,
 never sampled: ``dp = num_gpus / (tp x pp x cp)`` and ``m = global_batch / (micro_batch_size x dp)``.
 ``stage_layers`` is derived from ``layer_split``: ``even`` needs pp x vpp to divide the layer count;
@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.errors import ConfigError, PlanError
-from autotune.target.models import ModelSpec
-from autotune.target.plan import (
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import (
     MEMORY_RECLAIM_POLICIES,
     PIPELINE_SCHEDULES,
     PRECISIONS,
@@ -207,7 +207,7 @@ class SearchSpace:
             choices[k] = tuple(vals)
         for k in KNOBS:
             choices.setdefault(k, (_PLAN_DEFAULTS[k],))
-        from autotune.target.validate import require_name
+        from autotune.spec.validate import require_name
 
         name = require_name(d.get("name", default_name), f"{source}: field name")
         desc = d.get("description", "")
@@ -269,8 +269,8 @@ class SearchSpace:
     def bind(self, *, model: ModelSpec, num_gpus: int, workload: Workload, gpu: Any = None,
              engine: Any = None) -> "BoundSearchSpace":
         """Restrict the choices to values that can be valid for this model, GPU count and workload (and,
-        given ``gpu``, an :class:`autotune.target.hardware.GPUSpec`, the precisions its architecture runs; given
-        ``engine``, an :class:`autotune.target.engines.EngineProfile`, the ZeRO stages, schedules, precisions,
+        given ``gpu``, an :class:`autotune.spec.hardware.GPUSpec`, the precisions its architecture runs; given
+        ``engine``, an :class:`autotune.spec.engines.EngineProfile`, the ZeRO stages, schedules, precisions,
         compile and TP communication overlap it can run).
 
         Raises:
@@ -484,7 +484,7 @@ class BoundSearchSpace:
         """Sample one plan with ``trial`` (an Optuna Trial or FixedTrial), define-by-run.
 
         Returns:
-            A plan that passed :func:`autotune.target.plan.validate_plan`.
+            A plan that passed :func:`autotune.spec.plan.validate_plan`.
 
         Raises:
             Pruned: the sampled combination is invalid (``reason`` names the numbers).

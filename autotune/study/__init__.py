@@ -5,5 +5,5 @@
 * :mod:`autotune.study.identity`: study names, :class:`StudyInfo`, listing, loading, fingerprint checks.
 * :mod:`autotune.study.trials`: what a trial records, feasibility, the best plan, failure summaries.
 
-Imports :mod:`autotune.search`, :mod:`autotune.cost`, :mod:`autotune.target` and the bottom layer.
+Imports :mod:`autotune.search`, :mod:`autotune.cost`, :mod:`autotune.spec` and the bottom layer.
 """

@@ -1,7 +1,7 @@
 """Study naming and identity: the study name of a target, what a study was tuned for (:class:`StudyInfo`),
 listing and loading studies, and the fingerprint checks that keep two targets out of one study.
 
-Moved from ``tuner.py``.
+Moved from ``tune/tuner.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from autotune.logs import quiet
 from autotune.search.space import SearchSpace
 from autotune.study.storage import DEFAULT_BACKEND, DEFAULT_STORAGE, open_storage
 from autotune.study.storage_check import user_url
-from autotune.target.engines import DEFAULT_ENGINE
-from autotune.target.hardware import (
+from autotune.spec.engines import DEFAULT_ENGINE
+from autotune.spec.hardware import (
     ClusterSpec,
     FabricSpec,
     fabric_differences,
@@ -25,8 +25,8 @@ from autotune.target.hardware import (
     fabric_from_dict,
     get_gpu,
 )
-from autotune.target.models import ModelSpec
-from autotune.target.plan import Workload
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Workload
 
 
 # ------------------------------------------------------------------ naming and study identity
@@ -74,7 +74,7 @@ class StudyInfo:
                 and self.backend == other.backend and self.engine == other.engine)
 
 
-#: the LinkSpec fields that decide a fabric's costs (autotune/target/hardware.py ``LinkSpec``); the link names
+#: the LinkSpec fields that decide a fabric's costs (autotune/spec/hardware.py ``LinkSpec``); the link names
 #: are labels and are left out
 
 def _study_info_from_attrs(name: str, attrs: Mapping[str, Any], n_trials: int = 0) -> StudyInfo | None:
@@ -138,7 +138,7 @@ def check_identity(attrs: Mapping[str, Any], *, name: str, storage: str, space: 
     other contents. ``space_fingerprint`` (:attr:`SearchSpace.fingerprint`) and ``fabric_fingerprint``
     (:func:`fabric_fingerprint`) in the study's user_attrs must match; a study without them (written
     before they were recorded) is accepted. (A ``--model`` config.json carries its architecture's
-    fingerprint in the model name, :func:`autotune.target.models.model_from_hf_config`.)
+    fingerprint in the model name, :func:`autotune.spec.models.model_from_hf_config`.)
 
     ``n_trials`` (called only for a study without autotune's user_attrs): its number of trials. A study
     with trials and no ``autotune_schema`` was made by another tool (a plain Optuna study that happens to
@@ -171,7 +171,7 @@ def check_identity(attrs: Mapping[str, Any], *, name: str, storage: str, space: 
             "another name, or use another --storage")
 
 
-#: user_attrs one of which every trial autotune writes carries (:meth:`autotune.tuner.Tuner._objective`: the
+#: user_attrs one of which every trial autotune writes carries (:meth:`autotune.tune.tuner.Tuner._objective`: the
 #: worker stamp with its first write, the plan, the reason of a pruned or failed trial; warm starts)
 AUTOTUNE_TRIAL_KEYS = ("worker", "plan", "pruned_reason", "fail_reason", "warm_start_from")
 

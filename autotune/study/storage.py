@@ -1,6 +1,6 @@
 """Study storages: open an Optuna storage URL (SQLite, PostgreSQL, journal file) with clear errors.
 
-Moved from ``tuner.py``; the checks on files and URLs are in :mod:`autotune.study.storage_check`.
+Moved from ``tune/tuner.py``; the checks on files and URLs are in :mod:`autotune.study.storage_check`.
 """
 
 from __future__ import annotations

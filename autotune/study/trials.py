@@ -1,5 +1,5 @@
 """Trial records: what a trial stores (:func:`record_result`), which trials are feasible, the best plan,
-failure summaries and outcome counts. Moved from ``tuner.py``.
+failure summaries and outcome counts. Moved from ``tune/tuner.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from autotune.files import plain
 from autotune.search.band import band_order
 from autotune.study.identity import StudyInfo
 from autotune.study.storage_check import user_url
-from autotune.target.plan import Plan, PlanDocument
+from autotune.spec.plan import Plan, PlanDocument
 
 MEMORY_CONSTRAINT = "memory_over_capacity_gib"
 #: The objective's name in optuna-dashboard (``study.set_metric_names``).
@@ -92,12 +92,12 @@ def band_fraction(info: "StudyInfo | None") -> float:
     predictions are not told apart."""
     if info is None:
         return 0.0
-    from autotune.target.engines import error_band
+    from autotune.spec.engines import error_band
 
     b = error_band(info.engine)
     if not b:
         return 0.0
-    from autotune.target.hardware import gpu_family
+    from autotune.spec.hardware import gpu_family
 
     fam = gpu_family(info.gpu)
     g = (b.get("by_gpu") or {}).get(fam) if fam else None

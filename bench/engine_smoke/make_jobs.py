@@ -4,8 +4,8 @@ One plan per variant, for Llama 3.1 8B cut to 16 of 32 layers (flavour ``8B_L16`
 a global batch of 2 sequences as 2 micro-batches of 1 on one GPU (16K tokens a step, torchtitan
 accumulating gradients over the 2), no activation recomputation: the shape of
 docs/results/fp8-1gpu-2026-12-01 (autotune's own runtime, same machine kind), at micro-batch 1 so that
-eager BF16 fits. Each goes through :func:`autotune.runners.torchtitan_job.job_toml`, i.e. through
-:func:`autotune.export.torchtitan.torchtitan_settings`, the settings ``autotune export --engine
+eager BF16 fits. Each goes through :func:`autotune.engines.torchtitan.job.job_toml`, i.e. through
+:func:`autotune.engines.torchtitan.export.torchtitan_settings`, the settings ``autotune export --engine
 torchtitan`` writes.
 
     python bench/engine_smoke/make_jobs.py [OUT_DIR]     # default bench/engine_smoke/jobs
@@ -16,9 +16,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune.runners.torchtitan_job import job_toml
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
+from autotune.engines.torchtitan.job import job_toml
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
 
 LAYERS = 16
 STEPS = 12

@@ -47,7 +47,7 @@ done
 python3 - "$OUT" $VARIANTS <<'EOF'
 import json, sys
 from pathlib import Path
-from autotune.runners.torchtitan_log import parse_file
+from autotune.engines.torchtitan.log import parse_file
 out, names = Path(sys.argv[1]), sys.argv[2:]
 res = {n: parse_file(out / f"{n}.log") for n in names if (out / f"{n}.log").exists()}
 (out / "summary.json").write_text(json.dumps(res, indent=1))

@@ -125,8 +125,8 @@ case("plot-study-nosuch", lambda e: ["plot", "nosuch", "--storage", e["url"], "-
 
 
 # ---- issue 25: faults and hostile inputs, checked before any work -------------------------------------
-# --workers is bounded by max(16, 8 x the CPU cores) (autotune.target.validate.max_workers); ids < 2**31
-from autotune.target.validate import max_workers  # noqa: E402
+# --workers is bounded by max(16, 8 x the CPU cores) (autotune.spec.validate.max_workers); ids < 2**31
+from autotune.spec.validate import max_workers  # noqa: E402
 
 for v in ["0", "-1", str(max_workers() + 1), "1000000", str(2**31), str(2**63), "abc", "1.5"]:
     case(f"run--workers={v}", run_args("--workers", v), "--workers")

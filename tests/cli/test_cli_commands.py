@@ -11,12 +11,12 @@ from click.testing import CliRunner
 
 from autotune.cost.evaluator import BACKENDS
 from autotune.study.storage import DEFAULT_STORAGE
-from autotune.retune import retune
+from autotune.tune.retune import retune
 from autotune.cli.app import main
 from autotune.cli.options import parse_tokens
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import PlanDocument, Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import PlanDocument, Workload
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +194,8 @@ def test_launch_hints_uneven_layout():
     # Llama 3 style split (one layer fewer on the first and last of 16 stages): Megatron-LM's first/last
     # flags cannot express it with virtual stages, so the explicit layout is emitted: 16 entries,
     # 'E' + 7 t, 14 x 8 t, 7 t + 'L' (7 + 14*8 + 7 = 126 layers).
-    from autotune.target.models import get_model
-    from autotune.target.plan import Plan, Workload
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Plan, Workload
     from autotune.report.summary import launch_hints
     plan = Plan(tp_degree=8, pp_degree=16, dp_degree=8, micro_batch_size=1, num_micro_batches=16,
                 stage_layers=(7,) + (8,) * 14 + (7,))

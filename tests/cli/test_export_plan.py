@@ -41,7 +41,7 @@ def _study(tmp_path, name, cfg, engine):
     assert r.exit_code == 0, r.output
     # the run says at its start that the engine's launch files will be refused (the export's own check)
     from autotune.cli.tune import _launch_refusal
-    from autotune.target.models import model_from_hf_config
+    from autotune.spec.models import model_from_hf_config
     refusal = _launch_refusal(engine, model_from_hf_config(f), _workload_4096())
     warned = [x for x in r.output.splitlines() if x.startswith("warning: ") and "launch files" in x]
     assert (warned == [f"warning: {refusal}; the tuned plan can be exported as YAML, not as {engine} launch files"]
@@ -51,14 +51,14 @@ def _study(tmp_path, name, cfg, engine):
 
 
 def _workload_4096():
-    from autotune.target.plan import Workload
+    from autotune.spec.plan import Workload
     return Workload(seq_len=4096, global_batch_size=1)
 
 
 @pytest.mark.parametrize("family,engine", [("GEMMA2_9B", "megatron"), ("QWEN25_7B", "torchtitan")])
 def test_plain_export_names_the_engines_that_cannot_launch_the_model(tmp_path, family, engine):
     from autotune.export import megatron, torchtitan
-    from autotune.target.plan import PlanDocument
+    from autotune.spec.plan import PlanDocument
 
     m = _matrix()
     url, study = _study(tmp_path, family.lower(), getattr(m, family), engine)
@@ -96,11 +96,11 @@ def test_imported_megatron_launch_round_trips_through_the_cli(tmp_path):
     launched Megatron-LM flags carry every modelled setting of the user's file with the user's value."""
     import shlex
 
-    from autotune.export.megatron_import import (
+    from autotune.engines.megatron.importer import (
         import_megatron_args,
         parse_megatron_args,
     )
-    from autotune.target.plan import PlanDocument
+    from autotune.spec.plan import PlanDocument
 
     plan = tmp_path / "p.yaml"
     r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(ARGS_70B), "--gpus", "512", "--gpu", "h100",

@@ -8,9 +8,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from autotune.cli.app import main
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, PlanDocument, Workload
 
 ARGS_70B = str(Path(__file__).resolve().parents[1] / "data" / "launches" / "llama3.1-70b_megatron_args.sh")
 ARGS_8B = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
@@ -65,7 +65,7 @@ def test_simulate_from_launch_errors(tmp_path):
 
 
 def test_simulate_from_torchtitan_toml(tmp_path):
-    from autotune.runners.torchtitan_job import job_toml
+    from autotune.engines.torchtitan.job import job_toml
     plan = Plan(tp_degree=2, dp_degree=4, sequence_parallel=True, zero_stage=3, micro_batch_size=1, num_micro_batches=32,
                 recompute="full")
     f = tmp_path / "job.toml"

@@ -44,7 +44,7 @@ def test_show_top_lists_the_best_feasible_plans(tmp_path):
     trust = error_band_line("megatron", "b200").split(": ", 1)[1]
     assert r.output.count(trust) == 3, r.output
     # and --json carries the same figure as error_band.for_gpu (by_gpu's b200 entry of the shipped bands)
-    from autotune.target.engines import error_band
+    from autotune.spec.engines import error_band
 
     for e in doc["results"]:
         fg = e["error_band"]["for_gpu"]

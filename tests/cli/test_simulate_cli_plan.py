@@ -7,9 +7,9 @@ import json
 from click.testing import CliRunner
 
 from autotune.cli.app import main
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, PlanDocument, Workload
 
 
 def test_command_line_plan_equals_the_yaml_plan(tmp_path):
@@ -58,7 +58,7 @@ def test_command_line_plan_errors_are_one_line():
 
 
 def test_command_line_plan_takes_the_engines_zero_stage():
-    # torchtitan has no ZeRO-1 (engines.yaml zero_stages [0, 2, 3]); without --zero the plan takes torchtitan's
+    # torchtitan has no ZeRO-1 (facts.yaml zero_stages [0, 2, 3]); without --zero the plan takes torchtitan's
     # default FSDP: fsdp_reshard_after_forward "default" = reshard (ZeRO-3) without PP, keep gathered (ZeRO-2)
     # with PP (torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy)
     for pp, zero in (("4", 2), ("1", 3)):

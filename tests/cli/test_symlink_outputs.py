@@ -51,9 +51,9 @@ def test_plain_path_is_written_and_truncated(tmp_path):
 
 
 def test_plan_save_refuses_a_symlink(link):
-    from autotune.target.hardware import make_cluster
-    from autotune.target.models import get_model
-    from autotune.target.plan import Plan, PlanDocument, Workload
+    from autotune.spec.hardware import make_cluster
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Plan, PlanDocument, Workload
     ln, victim = link
     cl = make_cluster("h200", 8, None)
     doc = PlanDocument(plan=Plan(dp_degree=8), model=get_model("8b"), gpu=cl.gpu.name, num_gpus=8,
@@ -81,9 +81,9 @@ def test_gantt_and_trace_writers_refuse_a_symlink(tmp_path):
     # the writers themselves, not only simulate's up-front check (which the bad-input table covers)
     from autotune.cost.simulator import SimulatedEvaluator
     from autotune.report.trace import write_chrome_trace, write_gantt
-    from autotune.target.hardware import make_cluster
-    from autotune.target.models import get_model
-    from autotune.target.plan import Plan, Workload
+    from autotune.spec.hardware import make_cluster
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Plan, Workload
     ev = SimulatedEvaluator(model=get_model("8b"), cluster=make_cluster("h200", 8, None),
                             workload=Workload(seq_len=8192, global_batch_size=16), engine="megatron")
     g, tl = ev.step_timeline(Plan(pp_degree=2, dp_degree=4, pipeline_schedule="1f1b", micro_batch_size=1,

@@ -13,9 +13,9 @@ import math
 
 import pytest
 
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
 from autotune.cost.simulator import SimulatedEvaluator
 
 M = 2**20

@@ -3,7 +3,7 @@
 import pytest
 
 from autotune.cost.flops import attention_flops_per_token, mfu, model_flops_per_token
-from autotune.target.models import get_model
+from autotune.spec.models import get_model
 
 
 # design.md / issue 2: causal 51.47 / 449.22 / 2523.96 and PaLM 57.91 / 481.44 / 2625.45 GFLOP per token

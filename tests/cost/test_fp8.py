@@ -9,13 +9,13 @@ import yaml
 
 from autotune.cost.op_costs import CalibratedCosts
 from autotune.cost.calibration import default_calibration
-from autotune.target.engines import get_engine
+from autotune.spec.engines import get_engine
 from autotune.errors import PlanError
 from autotune.cost.graph import CostBuilder
-from autotune.target.hardware import get_gpu, make_cluster
+from autotune.spec.hardware import get_gpu, make_cluster
 from autotune.cost.memory import activation_bytes_per_layer, estimate_memory
-from autotune.target.models import ModelSpec, get_model
-from autotune.target.plan import PRECISIONS, Plan, PlanDocument, Workload, validate_plan
+from autotune.spec.models import ModelSpec, get_model
+from autotune.spec.plan import PRECISIONS, Plan, PlanDocument, Workload, validate_plan
 from autotune.report.summary import format_best_plan, launch_hints
 from autotune.search.space import SearchSpace
 from autotune.cost.simulator import SimulatedEvaluator
@@ -162,7 +162,7 @@ def test_quantization_overhead_by_hand():
 
 
 def test_megatron_tensorwise_casts_through_transformer_engine():
-    # Megatron-LM's --fp8-recipe tensorwise is TE Float8CurrentScaling (engines.yaml fp8_library:
+    # Megatron-LM's --fp8-recipe tensorwise is TE Float8CurrentScaling (facts.yaml fp8_library:
     # transformer_engine): TE caches the FP8 weight on the first of m = 4 micro-batches like every TE
     # recipe (is_first_microbatch), and current scaling reads each tensor twice (amax, then cast) and writes
     # both FP8 layouts: 2 + 2 + 1 + 1 = 6 bytes per element of X and W/4 forward, of dY backward. The

@@ -11,7 +11,7 @@ import pytest
 from autotune.cost.op_costs import CalibratedCosts, InTrainingCosts
 from autotune.cost.calibration import CalibrationProfile, default_calibration
 from autotune.errors import ConfigError
-from autotune.target.hardware import get_gpu
+from autotune.spec.hardware import get_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,13 +21,13 @@ import json
 from pathlib import Path
 
 from autotune.cost import memory as _memory
-from autotune.target.engines import get_engine
+from autotune.spec.engines import get_engine
 from autotune.errors import ConfigError, PlanError
-from autotune.target.hardware import get_gpu
+from autotune.spec.hardware import get_gpu
 from autotune.cost.memory import (COMPILED_OVER_EAGER, DEFAULT_FRAGMENTATION, MemoryEstimate, StageMemory,
                              inflight_microbatches)
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
 
 #: The hand derivations below are of the minimal saved set (Korthikanti et al. 2022's count, what an
 #: engine with fused kernels keeps) with gradients alive at the peak, on the native engine's other
@@ -492,7 +492,7 @@ def test_native_gradients_absent_at_a_peak_before_any_backward():
 
 def test_pipeline_with_fsdp_accumulates_unsharded_gradients():
     # torch.distributed.pipelining defers FSDP2's reduce-scatter to the step's last backward
-    # (engines.yaml pp_defers_fsdp_grad_reduce): with m > 1 the rank's gradients are unsharded FP32
+    # (facts.yaml pp_defers_fsdp_grad_reduce): with m > 1 the rank's gradients are unsharded FP32
     # (reduce_dtype) until then. 8B at 16 layers, pp 2, dp 2, ZeRO-2, torchtitan: rank 0 holds 8 layers
     # and the embedding: 8 x 218,112,000 + 525,336,576 = 2,270,232,576 parameters -> 4 B each, not / 2.
     m16 = replace(M8, num_layers=16)
@@ -513,7 +513,7 @@ def test_pipeline_with_fsdp_accumulates_unsharded_gradients():
 
 
 def test_compiled_loss_keeps_the_bf16_logits_and_their_gradient_only():
-    # torchtitan compiles its loss with compile=true (engines.yaml compile_loss): 2 + 2 bytes per logit
+    # torchtitan compiles its loss with compile=true (facts.yaml compile_loss): 2 + 2 bytes per logit
     # at the loss's backward instead of the eager FP32 loss's 12 (measured: bench/loss_memory.py, peak
     # 2.0 bytes per logit beyond the BF16 logits, eager 12.0). 8B, one GPU, s = 8192, b = 1:
     # 8192 x 128256 x (12 - 4) = 8,405,385,216 bytes less; the native runtime compiles no loss.

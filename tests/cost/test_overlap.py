@@ -8,7 +8,7 @@ import pytest
 from autotune.cost import overlap
 from autotune.cost.calibration import default_calibration
 from autotune.cost.op_costs import CalibratedCosts
-from autotune.target.hardware import get_gpu
+from autotune.spec.hardware import get_gpu
 
 
 def test_ring_exchange_by_hand():

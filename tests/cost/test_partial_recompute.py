@@ -14,13 +14,13 @@ from dataclasses import replace
 import pytest
 
 from autotune.cost import memory as _memory
-from autotune.target.engines import check_plan_for_engine, get_engine
+from autotune.spec.engines import check_plan_for_engine, get_engine
 from autotune.errors import PlanError
-from autotune.export.megatron import megatron_args
+from autotune.engines.megatron.export import megatron_args
 from autotune.cost.graph import CostBuilder
-from autotune.target.hardware import get_gpu, make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.hardware import get_gpu, make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, PlanDocument, Workload
 from autotune.cost.schedule import schedule_order
 from autotune.cost.simulator import SimulatedEvaluator
 

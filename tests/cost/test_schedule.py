@@ -9,7 +9,7 @@ import pytest
 
 from autotune.cost import graph
 from autotune.errors import PlanError
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 from autotune.cost.schedule import _count, count_inflight, saturating_micro_batches, schedule_order
 
 

@@ -7,9 +7,9 @@ import pytest
 
 from autotune.cost.op_costs import OpCosts
 from autotune.cost.graph import build_step_graph, schedule_order
-from autotune.target.hardware import make_cluster
-from autotune.target.models import ModelSpec, get_model
-from autotune.target.plan import Plan, PlanError, Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import ModelSpec, get_model
+from autotune.spec.plan import Plan, PlanError, Workload
 from autotune.cost.simulator import SimulatedEvaluator, simulate_graph
 
 TINY = ModelSpec(name="tiny", hidden_size=256, num_layers=16, num_heads=8, num_kv_heads=4,
@@ -129,7 +129,7 @@ def test_blocking_collectives_expose_more_communication_than_async():
     assert slow.breakdown_ms["exposed_tp_comm"] > fast.breakdown_ms["exposed_tp_comm"]
     # and the DP reduction: blocking, it is all exposed; overlapped, part of it hides behind the backward.
     # (The step as a whole is not compared: Megatron reduces a gradient buffer that is not overlapped as ONE
-    # bucket (engines.yaml one_bucket_without_overlap), which the cost model finds cheaper than 64 MiB
+    # bucket (facts.yaml one_bucket_without_overlap), which the cost model finds cheaper than 64 MiB
     # buckets, so the two steps differ in bucketing as well as in blocking.)
     assert slow.breakdown_ms["exposed_dp_comm"] > fast.breakdown_ms["exposed_dp_comm"]
 

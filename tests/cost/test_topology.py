@@ -9,9 +9,9 @@ from autotune.cost.calibration import CalibrationProfile, default_calibration
 from autotune.errors import ConfigError
 from autotune.cost.graph import CostBuilder
 from autotune.cost.chunk_costs import group_link
-from autotune.target.hardware import get_fabric, get_gpu, make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
+from autotune.spec.hardware import get_fabric, get_gpu, make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
 from autotune.cost.topology import place_group, plan_placements
 
 GIB = 2**30
@@ -239,7 +239,7 @@ def test_nvl72_needs_whole_hosts_and_hgx_whole_nodes():
 
 
 def test_fabric_file_gpus_per_host_is_validated(tmp_path):
-    from autotune.target.hardware import get_fabric
+    from autotune.spec.hardware import get_fabric
 
     f = tmp_path / "nvl.yaml"
     f.write_text("name: nvl\nintra_node: {bandwidth_gbs: 900, latency_us: 5, gpus_per_node: 72, gpus_per_host: 5}\n"
@@ -251,7 +251,7 @@ def test_fabric_file_gpus_per_host_is_validated(tmp_path):
     fab = get_fabric(str(f))
     assert fab.gpus_per_host == 4
     # the plan YAML's fabric mapping round-trips the host size
-    from autotune.target.hardware import fabric_from_dict
+    from autotune.spec.hardware import fabric_from_dict
 
     assert fabric_from_dict(fab.to_dict()) == fab
 
@@ -277,7 +277,7 @@ def test_published_bench_predicts_every_shared_run():
 def test_tp_that_does_not_divide_the_used_domain_warns():
     # 100 GB200 = 25 trays -> 5 domains of 20 GPUs (5 trays); tp 8 puts ranks 16-23 in one TP group
     # across domains 0 and 1, which the placement counts (2 domains) and validate_plan says
-    from autotune.target.plan import validate_plan
+    from autotune.spec.plan import validate_plan
 
     c = make_cluster("gb200", 100, "nvlink5-nvl72+ib-ndr400")
     assert place_group(c, 8, 1).num_nodes == 2

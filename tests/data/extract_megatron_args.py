@@ -1,7 +1,7 @@
 """Write tests/data/megatron_args.txt: every option string of Megatron-LM's argument parser.
 
 Usage: python tests/data/extract_megatron_args.py PATH/TO/Megatron-LM COMMIT > tests/data/megatron_args.txt
-       python tests/data/extract_megatron_args.py PATH/TO/Megatron-LM COMMIT --facts > autotune/data/megatron_arg_facts.jsonl
+       python tests/data/extract_megatron_args.py PATH/TO/Megatron-LM COMMIT --facts > autotune/engines/megatron/arg_facts.jsonl
 
 ``--facts``: one JSON object per option string with what the parser does with its value (facts, no
 code): ``action`` (store, store_true, store_false, store_const, append, ...), ``type`` (the name of the

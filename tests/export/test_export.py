@@ -14,11 +14,11 @@ from torchtitan_loader import torchtitan_available
 
 from autotune.errors import ConfigError
 from autotune.export import launch_file_names, write_launch_files
-from autotune.export.megatron import megatron_args, megatron_env
-from autotune.export.torchtitan import module_fqns_per_model_part, torchtitan_settings
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.engines.megatron.export import megatron_args, megatron_env
+from autotune.engines.torchtitan.export import module_fqns_per_model_part, torchtitan_settings
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, PlanDocument, Workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 #: option strings of Megatron-LM's parser at a pinned commit (tests/data/extract_megatron_args.py)
@@ -312,7 +312,7 @@ def test_launch_hints_torchtitan_async_tp_only_with_compile_and_dp_comment_match
     assert "data_parallel_shard_degree = 1" in z1 and "data_parallel_replicate_degree = 8" in z1
     note = next(ln for ln in z1.splitlines() if "ZeRO-1" in ln and "torchtitan" in ln)
     assert "this is DDP" in note and "nearest" not in note, note
-    # partial recompute: Megatron's block method with N, not uniform 1 (export/megatron.py emits the same)
+    # partial recompute: Megatron's block method with N, not uniform 1 (engines/megatron/export.py emits the same)
     pr = launch_hints(Plan(dp_degree=8, num_micro_batches=16, recompute="full", recompute_num_layers=5), M8, W8)
     assert "--recompute-method block --recompute-num-layers 5" in pr
 

@@ -1,8 +1,8 @@
 """Every export of a model x engine x precision x ZeRO x schedule matrix, checked against the engine.
 
 Megatron-LM: a parser rebuilt from the recorded facts of Megatron-LM's own parser
-(autotune/data/megatron_arg_facts.jsonl: action, type, nargs and choices of every option at the commit
-engines.yaml cites, written by tests/data/extract_megatron_args.py --facts) parses every exported
+(autotune/engines/megatron/arg_facts.jsonl: action, type, nargs and choices of every option at the commit
+facts.yaml cites, written by tests/data/extract_megatron_args.py --facts) parses every exported
 argument list: unknown flags, a value of the wrong type (``--rotary-base 1e+06`` for an int) or outside
 the choices fail here as they fail in ``pretrain_gpt.py``. torchtitan: the settings' fields against
 torchtitan 0.3.0's recorded dataclass fields (tests/export/test_export.py runs torchtitan's own loader
@@ -19,15 +19,16 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.export import launch_command, native_unsupported_features
-from autotune.export.megatron import ddp_bucket_size, megatron_args, unsupported_features
-from autotune.export.torchtitan import torchtitan_settings
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model, model_from_hf_config
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.engines.native.export import native_unsupported_features
+from autotune.export import launch_command
+from autotune.engines.megatron.export import ddp_bucket_size, megatron_args, unsupported_features
+from autotune.engines.torchtitan.export import torchtitan_settings
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model, model_from_hf_config
+from autotune.spec.plan import Plan, PlanDocument, Workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-FACTS_FILE = Path(__file__).resolve().parents[2] / "autotune" / "data" / "megatron_arg_facts.jsonl"
+FACTS_FILE = Path(__file__).resolve().parents[2] / "autotune" / "engines" / "megatron" / "arg_facts.jsonl"
 FACTS = [json.loads(ln) for ln in FACTS_FILE.read_text().splitlines()[1:]]
 TYPES = {"int": int, "float": float, "str": str}
 
@@ -288,7 +289,7 @@ def test_torchtitan_empty_cache_is_in_the_config_module():
     # torchtitan has no empty_cache setting: the module subclasses Trainer and empties the cache after each
     # train_step (per step, or per micro-batch with PP where the schedule runs them all in one call) or
     # forward_backward_step (per micro-batch without PP)
-    from autotune.export.torchtitan import torchtitan_config_module
+    from autotune.engines.torchtitan.export import torchtitan_config_module
     m, wl = get_model("8b"), Workload(seq_len=8192, global_batch_size=128)
     cases = [(Plan(dp_degree=8, num_micro_batches=16, zero_stage=2, memory_reclaim="empty_cache_per_step"),
               "train_step"),
@@ -401,16 +402,16 @@ def test_bf16_gradient_reduction_launches_twice_the_parameters_per_bucket():
     # are BF16, 2 bytes per gradient, so the simulated 64 MiB bucket holds 64 x 2^20 / 2 = 33,554,432
     # gradients, and the launch says so; the flag itself is exported too
     from autotune.cost.chunk_costs import CostBuilder
-    from autotune.target.plan import Plan
+    from autotune.spec.plan import Plan
 
     plan = Plan(tp_degree=1, dp_degree=8, bucket_size_mib=64, grad_reduce_in_bf16=True)
     assert ddp_bucket_size(plan) == 33_554_432
     assert ddp_bucket_size(plan.replace(grad_reduce_in_bf16=False)) == 16_777_216
     from autotune.cost.op_costs import CalibratedCosts
     from autotune.cost.calibration import default_calibration
-    from autotune.target.hardware import make_cluster
-    from autotune.target.models import get_model
-    from autotune.target.plan import Workload
+    from autotune.spec.hardware import make_cluster
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Workload
 
     cluster = make_cluster("h100", 8, "nvlink4")
     cb = CostBuilder(model=get_model("8b"), plan=plan, cluster=cluster, workload=Workload(seq_len=8192, global_batch_size=8),

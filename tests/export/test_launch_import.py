@@ -1,4 +1,4 @@
-"""Importing a user's own launch (autotune/export/megatron_import.py, torchtitan_import.py): a Megatron-LM
+"""Importing a user's own launch (autotune/engines/megatron/importer.py, autotune/engines/torchtitan/importer.py): a Megatron-LM
 argument list for Llama 3.1 70B round-trips through import -> predict -> export with every modelled flag
 unchanged; torchtitan job files and config modules round-trip through their writers; errors name the flag."""
 
@@ -14,16 +14,16 @@ from torchtitan_loader import torchtitan_available
 from autotune.errors import ConfigError
 from autotune.export import launch_command
 from autotune.export.launch_import import import_launch
-from autotune.export.megatron_import import (
+from autotune.engines.megatron.importer import (
     NOT_MODELLED,
     RUN,
     import_megatron_args,
     parse_megatron_args,
     read_args_file,
 )
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, PlanDocument, Workload
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "launches"
 ARGS_70B = DATA / "llama3.1-70b_megatron_args.sh"
@@ -198,8 +198,8 @@ TT_PLAN = Plan(tp_degree=8, pp_degree=4, dp_degree=16, vpp_degree=5, pipeline_sc
 
 
 def test_torchtitan_toml_round_trip(tmp_path):
-    from autotune.export.torchtitan import torchtitan_settings
-    from autotune.runners.torchtitan_job import job_toml
+    from autotune.engines.torchtitan.export import torchtitan_settings
+    from autotune.engines.torchtitan.job import job_toml
     f = _write(tmp_path, job_toml(TT_PLAN, M70, W70, steps=10, hf_assets_path="/tok"), "job.toml")
     imp = import_launch(f, None, num_gpus=512)
     assert imp.engine == "torchtitan" and imp.model == M70 and imp.workload == W70
@@ -209,7 +209,7 @@ def test_torchtitan_toml_round_trip(tmp_path):
 
 
 def test_torchtitan_toml_defaults_and_refusals(tmp_path):
-    from autotune.export.torchtitan_import import import_toml
+    from autotune.engines.torchtitan.importer import import_toml
     base = '[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "full"\n'
     imp = import_toml(_write(tmp_path, base, "a.toml"), num_gpus=8)
     # 0.2.x defaults: seq 2048, local batch 8, data_parallel_shard_degree -1 -> 8 (FSDP, reshard default =
@@ -229,7 +229,7 @@ def test_torchtitan_toml_defaults_and_refusals(tmp_path):
 
 
 def test_torchtitan_default_split_is_torchtitans():
-    from autotune.export.torchtitan_import import stage_split
+    from autotune.engines.torchtitan.importer import stage_split
     # by hand: 80 layers + 1 + 1 = 82 units over 8 stages: 10 each, the first 2 get 11; stage 0 gives one to
     # the embedding, stage 7 one to the output -> 10, 11, 10, 10, 10, 10, 10, 9
     assert stage_split(80, 8) == (10, 11, 10, 10, 10, 10, 10, 9)
@@ -248,7 +248,7 @@ def test_torchtitan_config_module_round_trip(tmp_path):
     if not torchtitan_available():
         pytest.skip("torchtitan >= 0.3.0 not importable (pip install -e '.[torchtitan]' (in the autotune checkout))")
     from autotune.export import write_launch_files
-    from autotune.export.torchtitan import torchtitan_settings
+    from autotune.engines.torchtitan.export import torchtitan_settings
     for plan in (TT_PLAN, dataclasses.replace(TT_PLAN, pp_degree=2, vpp_degree=1, dp_degree=32, pipeline_schedule="1f1b",
                                               num_micro_batches=16, zero_stage=2, precision="mxfp8",
                                               memory_reclaim="empty_cache_per_step"),
@@ -279,7 +279,7 @@ def test_every_megatron_export_of_the_matrix_imports_to_the_same_launch(tmp_path
     off, reclaim policies) of a catalog and a Qwen2-style model (Q/K/V biases, no RoPE scaling)."""
     from test_export_matrix import QWEN25_7B, _hf, _plans
 
-    from autotune.export.megatron import megatron_args
+    from autotune.engines.megatron.export import megatron_args
     models = [(get_model("70b"), 8192), (_hf(tmp_path, "qwen", QWEN25_7B), 8192)]
     n = 0
     for model, seq in models:
@@ -307,7 +307,7 @@ def test_uneven_interleaved_first_last_and_bad_torchtitan_values_are_named(tmp_p
                                       "--decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 10"),
                                num_gpus=8)
     assert imp.plan.stage_layers == (6, 8, 8, 10)
-    from autotune.export.torchtitan_import import import_toml
+    from autotune.engines.torchtitan.importer import import_toml
     f = _write(tmp_path, '[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "none"\n'
                          '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 0\n', "z.toml")
     with pytest.raises(ConfigError, match="pipeline_parallel_microbatch_size 0"):
@@ -442,7 +442,7 @@ def test_bucket_without_overlap_costs_the_same_from_the_plan_and_from_its_launch
 
 
 def test_torchtitan_toml_typo_in_a_known_section_is_an_error(tmp_path):
-    from autotune.export.torchtitan_import import import_toml
+    from autotune.engines.torchtitan.importer import import_toml
     base = ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "full"\n[parallelism]\n')
     # torchtitan's Parallelism has tensor_parallel_degree; "tensor_paralel_degree" is a typo torchtitan's parser
     # refuses, so it must not be costed as TP 1

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.errors import ConfigError, NoGPUError
-from autotune.target.hardware import get_fabric
+from autotune.spec.hardware import get_fabric
 from autotune.cli import profile as C
 from autotune.profiling.measure import NO_GPU_MESSAGE, cuda_available
 

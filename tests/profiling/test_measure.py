@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from autotune.target.models import get_model
+from autotune.spec.models import get_model
 from autotune.profiling import measure as M
 from autotune.profiling.shapes import AttentionShape, attention_shapes, gemm_shapes, layer_gemms
 

@@ -7,9 +7,9 @@ import pytest
 
 from autotune.cost.op_costs import CalibratedCosts
 from autotune.cost.calibration import default_calibration
-from autotune.target.hardware import LinkSpec, get_fabric, get_gpu, make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
+from autotune.spec.hardware import LinkSpec, get_fabric, get_gpu, make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
 from autotune.profiling import store as S
 from autotune.profiling.measured import (MeasuredCosts, collective_time_ms, interp_attention_tflops,
                                          interp_gemm_tflops, interp_log)

@@ -12,7 +12,7 @@ import yaml
 from autotune.cost.op_costs import CalibratedCosts
 from autotune.cost.calibration import CalibrationProfile, default_calibration
 from autotune.errors import ConfigError
-from autotune.target.hardware import get_gpu
+from autotune.spec.hardware import get_gpu
 from autotune.cli import profile as C
 from autotune.profiling import measure as M
 from autotune.profiling import store as S

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from autotune.cost.calibration import CalibrationProfile
-from autotune.target.hardware import get_fabric
+from autotune.spec.hardware import get_fabric
 from autotune.cli import profile as C
 from autotune.profiling import measure as M
 from autotune.profiling import store as S

@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, inspect
 from autotune.cost.op_costs import CalibratedCosts
 from autotune.cost.calibration import CalibrationProfile, default_calibration
 from autotune.errors import ConfigError
-from autotune.target.hardware import get_gpu
+from autotune.spec.hardware import get_gpu
 from autotune.profiling import store as S
 
 from profiling_fixtures import ENV

@@ -26,10 +26,10 @@ def study_url(tmp_path_factory):
     assert r.exit_code == 0, r.output
     # `run`'s layout sampler proposes only plans that fit (issue 26: not even its random fallback draws one
     # the memory screen rejects), so the plans that do not fit come from TPE trials added to the same study
-    from autotune.target.hardware import make_cluster
-    from autotune.target.models import get_model
-    from autotune.target.plan import Workload
-    from autotune.tuner import Tuner
+    from autotune.spec.hardware import make_cluster
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Workload
+    from autotune.tune.tuner import Tuner
 
     t = Tuner(model=get_model("8b"), cluster=make_cluster("h200", 2), space="small", storage=url, sampler="tpe",
               workload=Workload.from_tokens(seq_len=8192, global_batch_tokens=2 * 2**20))

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli.app import main
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, PlanDocument, Workload
 from autotune.cost.simulator import SimulatedEvaluator
 from autotune.report.trace import chrome_trace, write_gantt
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.options import resolve_target
-from autotune.runners import megatron_runner as mr
-from autotune.runners.megatron_log import parse_iterations
+from autotune.engines.megatron import runner as mr
+from autotune.engines.megatron.log import parse_iterations
 from autotune.runtime.evaluator import TrialFailed
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 
 RECORDED = (Path(__file__).resolve().parents[2] / "docs" / "results" / "engines" / "megatron-h200x1-2026-12-02"
             / "megatron-8b-l16.log")

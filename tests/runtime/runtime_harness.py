@@ -8,7 +8,7 @@ import os
 import socket
 import traceback
 
-from autotune.target.models import ModelSpec
+from autotune.spec.models import ModelSpec
 
 TINY = ModelSpec(name="tiny-llama", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                  ffn_hidden_size=128, vocab_size=256, head_dim=16, max_seq_len=32)
@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, port: int, plans: list[dict], out_dir: str) -
     import torch
     import torch.distributed as dist
     from datetime import timedelta
-    from autotune.target.plan import Plan
+    from autotune.spec.plan import Plan
     from autotune.runtime.parallelize import parallelize
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))

@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.errors import PlanError
-from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.hardware import ClusterSpec, get_fabric, get_gpu
+from autotune.spec.plan import Plan, PlanDocument, Workload
 from autotune.runtime.evaluator import RealEvaluator, TrialFailed, tier_env
 
 from runtime_harness import TINY
@@ -84,7 +84,7 @@ def test_cpu_validate_refuses_a_plan_larger_than_host_memory():
 
     doc = PlanDocument(plan=Plan(dp_degree=2, micro_batch_size=1, num_micro_batches=4), model=TINY, gpu="h200",
                        num_gpus=2, fabric=get_fabric("nvlink4").to_dict(), workload=WL)
-    from autotune.target.hardware import ClusterSpec, get_gpu
+    from autotune.spec.hardware import ClusterSpec, get_gpu
     cluster = ClusterSpec(gpu=get_gpu("h200"), num_gpus=2, fabric=get_fabric("nvlink4"))
     need = 2 * estimate_memory(TINY, doc.plan, cluster.gpu, WL).peak_bytes
     _check_host_memory(doc, cluster, None, available_bytes=need)          # exactly enough: accepted

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.target.engines import check_plan_for_engine, get_engine
+from autotune.spec.engines import check_plan_for_engine, get_engine
 from autotune.errors import PlanError
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 from autotune.runtime import converters
 from autotune.runtime import parallelize as par
 from runtime_harness import SEQ, TINY, run_plans
@@ -131,7 +131,7 @@ def test_fp8_compile_plan_runs_on_the_gpu(tmp_path):
     pytest.importorskip("torchao")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from autotune.target.plan import PlanDocument, Workload
+    from autotune.spec.plan import PlanDocument, Workload
     from autotune.runtime.launch import run_plan
     p = Plan(micro_batch_size=2, precision="fp8_tensorwise", compile=True)
     doc = PlanDocument(plan=p, model=TINY, gpu="h200", num_gpus=1, fabric={},
@@ -143,8 +143,8 @@ def test_fp8_compile_plan_runs_on_the_gpu(tmp_path):
 
 def test_real_evaluator_prunes_only_what_the_runtime_refuses(monkeypatch):
     """FP8 / compile plans are no longer pruned wholesale: the reason is the runtime's own."""
-    from autotune.target.hardware import ClusterSpec, get_fabric, get_gpu
-    from autotune.target.plan import Workload
+    from autotune.spec.hardware import ClusterSpec, get_fabric, get_gpu
+    from autotune.spec.plan import Workload
     from autotune.runtime.evaluator import RealEvaluator
     ev = RealEvaluator(model=TINY, cluster=ClusterSpec(gpu=get_gpu("h200"), num_gpus=1,
                                                        fabric=get_fabric("nvlink4")),

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.plan import Plan, PlanDocument, Workload
 from autotune.runtime.launch import FIXED_ENV, run_plan, worker_env
 from runtime_harness import SEQ, TINY
 from workers_harness import alive, repo_env, wait_for

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autotune.errors import ConfigError, PlanError
-from autotune.target.plan import Plan
+from autotune.spec.plan import Plan
 from autotune.runtime.model import (Llama, build_llama, cross_entropy_loss, llama3_inv_freq, prune_to_stage)
 from autotune.runtime.parallelize import check_runtime_support
 from runtime_harness import SEQ, TINY

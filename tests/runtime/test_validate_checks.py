@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli.app import main
-from autotune.target.hardware import get_fabric
-from autotune.target.plan import Plan, PlanDocument, Workload
+from autotune.spec.hardware import get_fabric
+from autotune.spec.plan import Plan, PlanDocument, Workload
 
 from runtime_harness import TINY
 

@@ -15,10 +15,10 @@ from autotune.search import PlanScreen, make_sampler
 from autotune.search.sampler import RANKING_ATTR
 from autotune.search.space import Pruned, SearchSpace
 from autotune.study.trials import is_feasible
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
-from autotune.tuner import Tuner
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
+from autotune.tune.tuner import Tuner
 
 MODEL = get_model("8b")
 CLUSTER = make_cluster("b200", 8, "nvlink5+ib-ndr400")
@@ -27,7 +27,7 @@ W = Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
 
 def exhaustive(cluster, workload):
     """Every feasible plan of the small space for 8B on ``cluster`` with its simulated (MFU, MFU with every
-    overlapped collective exposed), by BruteForceSampler over every combination (as tests/test_tuner.py does),
+    overlapped collective exposed), by BruteForceSampler over every combination (as tests/tune/test_tuner.py does),
     with the engine the tuner uses by default (megatron)."""
     ev = SimulatedEvaluator(model=MODEL, cluster=cluster, workload=workload, engine="megatron")
     bound = SearchSpace.load("small").bind(model=MODEL, num_gpus=cluster.num_gpus, workload=workload,
@@ -140,7 +140,7 @@ def test_ranking_is_shared_through_the_storage(tmp_path):
 
 
 def test_four_workers_draw_no_repeated_unfit_or_invalid_plan(tmp_path):
-    from autotune.workers import run_workers
+    from autotune.tune.workers import run_workers
 
     storage = f"sqlite:///{tmp_path}/s.db"
     kw = dict(model=MODEL, cluster=CLUSTER, workload=W, space="default", storage=storage, seed=0)

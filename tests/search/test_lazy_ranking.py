@@ -17,16 +17,16 @@ from autotune.search import make_sampler
 from autotune.search.estimate import PlanScreen
 from autotune.search.sampler import _Assigned
 from autotune.search.space import Pruned, SearchSpace
-from autotune.target.hardware import make_cluster
-from autotune.target.models import get_model
-from autotune.target.plan import Workload
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_model
+from autotune.spec.plan import Workload
 
 MODEL = get_model("8b")
 W = Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
 
 
 def _sampler(cluster, seed=0):
-    from autotune.target.engines import get_engine
+    from autotune.spec.engines import get_engine
 
     bound = SearchSpace.load("default").bind(model=MODEL, num_gpus=cluster.num_gpus, workload=W, gpu=cluster.gpu,
                                              engine=get_engine("megatron"))
@@ -175,7 +175,7 @@ def test_shipped_yaml_loads_as_safe_load():
 def test_plan_fields_cover_the_dataclass():
     # the cache keys name real Plan fields or properties
     from autotune.search.estimate import _CHUNK_FIELDS, _MEMORY_FIELDS, LAYER_FIELDS
-    from autotune.target.plan import Plan
+    from autotune.spec.plan import Plan
 
     names = {f.name for f in dataclasses.fields(Plan)}
     assert set(_MEMORY_FIELDS) == names - {"tp_comm_overlap", "precision"}
@@ -221,7 +221,7 @@ def test_fp8_recipes_share_one_memory_estimate(engine):
     # estimate_memory itself, for Transformer Engine (megatron) and torchao (native) alike, over the
     # recompute levels and ZeRO stages of 30 layouts; BF16 differs (TE saves FP8 inputs, caches FP8 weights)
     from autotune.search.estimate import _memory_key
-    from autotune.target.engines import get_engine
+    from autotune.spec.engines import get_engine
 
     c = make_cluster("b200", 64, "nvlink5+ib-ndr400")
     eng = get_engine(engine)

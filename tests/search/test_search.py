@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from autotune.target.hardware import make_cluster
+from autotune.spec.hardware import make_cluster
 from autotune.cost.memory import estimate_memory
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload
 from autotune.search import PlanScreen
 from autotune.search.sampler import LAYOUT_KNOBS
 from autotune.cost.simulator import SimulatedEvaluator
-from autotune.tuner import Tuner
+from autotune.tune.tuner import Tuner
 from fake_evaluator import FakeEvaluator
 
 MODEL = get_model("8b")

@@ -8,8 +8,8 @@ import optuna
 import pytest
 
 from autotune.errors import ConfigError, PlanError
-from autotune.target.models import get_model
-from autotune.target.plan import Plan, Workload, validate_plan
+from autotune.spec.models import get_model
+from autotune.spec.plan import Plan, Workload, validate_plan
 from autotune.search.space import (KNOBS, Pruned, SearchSpace, derive_stage_layers, known_search_spaces,
                                    plan_params)
 
@@ -207,8 +207,8 @@ def test_variant_is_what_suggest_builds(gpu, gpus, size):
     import itertools
 
     from autotune.search.sampler import _Assigned
-    from autotune.target.engines import get_engine
-    from autotune.target.hardware import make_cluster
+    from autotune.spec.engines import get_engine
+    from autotune.spec.hardware import make_cluster
 
     c = make_cluster(gpu, gpus, "nvlink4+ib-ndr400" if gpu != "b200" else "nvlink5+ib-ndr400")
     m = get_model(size)

@@ -12,8 +12,8 @@ from autotune.search import make_sampler, shared
 from autotune.search.sampler import CLAIM_ATTR, plain_plan
 from autotune.search.shared import trials_holding
 from autotune.search.space import plan_params
-from autotune.target.plan import Workload
-from autotune.tuner import Tuner
+from autotune.spec.plan import Workload
+from autotune.tune.tuner import Tuner
 
 from test_convergence import CLUSTER, MODEL, W
 

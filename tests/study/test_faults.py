@@ -445,8 +445,8 @@ def test_trial_temp_dir_is_removed_whatever_the_outcome(monkeypatch, tmp_path):
     import tempfile
 
     from autotune.runtime import launch
-    from autotune.target.models import get_model
-    from autotune.target.plan import Plan, PlanDocument, Workload
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Plan, PlanDocument, Workload
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     made = []

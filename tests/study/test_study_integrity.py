@@ -86,7 +86,7 @@ def test_fabric_file_named_like_a_preset_with_other_links_is_refused(tmp_path):
 def test_fabric_file_with_a_presets_name_and_links_is_accepted(tmp_path):
     import yaml
 
-    from autotune.target.hardware import get_fabric
+    from autotune.spec.hardware import get_fabric
 
     f = tmp_path / "same.yaml"
     f.write_text(yaml.safe_dump(get_fabric("nvlink5+ib-ndr400").to_dict()))
@@ -189,7 +189,7 @@ def _study_with_failed_trials(tmp_path, reasons):
     import optuna
 
     from autotune.cli.options import resolve_target
-    from autotune.tuner import Tuner
+    from autotune.tune.tuner import Tuner
 
     model, cluster, workload = resolve_target(size="8b", model_path=None, gpu=None, gpus=None, interconnect=None,
                                               seq_len=None, global_batch=None)

@@ -1,0 +1,532 @@
+"""A user's torchtitan launch as autotune's model, plan and workload (``autotune simulate --from-torchtitan``);
+the inverse of :mod:`autotune.engines.torchtitan.export` (0.3.0 config module) and
+:mod:`autotune.engines.torchtitan.job` (0.2.x TOML job file).
+
+Two formats:
+
+* a 0.2.x TOML job file (``--job.config_file``), read with :mod:`tomllib`; fields and defaults of
+  torchtitan 0.2.2's torchtitan/config/job_config.py (``[model] name = "llama3"``, ``flavor``;
+  ``[parallelism]`` degrees with ``data_parallel_shard_degree = -1`` filling the rest, ``fsdp_reshard_after_
+  forward = "default"`` (always without PP, never with it), ``pipeline_parallel_schedule = "1F1B"``,
+  ``enable_async_tensor_parallel``; ``[training] local_batch_size = 8``, ``global_batch_size = -1`` (local x
+  DP), ``seq_len = 2048``; ``[activation_checkpoint] mode = "selective"`` with ``selective_ac_option = "2"``
+  (every 2nd layer fully recomputed; ``"op"`` is per-op selective); ``[compile]``; ``[model] converters``
+  ``quantize.linear.float8`` (``recipe_name`` None = tensorwise, rowwise) and ``quantize.linear.mx``; TP
+  always runs sequence-parallel (models/llama3/infra/parallelize.py ``apply_tp``);
+* a 0.3.0 Python config module (``--module M --config F``), loaded with torchtitan's own ``ConfigManager``
+  (torchtitan/config/manager.py), never executed by autotune itself: it needs torchtitan installed
+  (``pip install -e '.[torchtitan]' (in the autotune checkout)``). ``FILE.py:FUNCTION`` names the config function (default: the
+  module's ``autotune_plan``, or its only top-level function, found without running it). The converters
+  passed to ``model_registry`` are recorded while it loads (their GPU checks are not run: the BF16 model
+  is built), as tests/export/test_export.py does.
+
+Without ``module_fqns_per_model_part`` the pipeline split is torchtitan's (distributed/pipeline_parallel.py,
+both releases): ``pipeline_parallel_layers_per_stage`` or 1 stage per rank (single-stage schedules) / 2
+(multi-stage), the embedding and the output counting as ``pipeline_parallel_first/last_stage_less_layers``
+layers, the remainder to the first stages. Only the llama3 flavours of Llama 3.1 (8B, 70B, 405B) are
+autotune models; schedules GPipe, 1F1B, Interleaved1F1B; HSDP (shard and replicate > 1) is refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError, PlanError
+from autotune.export.imported import ImportedLaunch, allocator_reclaim
+
+SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}
+SINGLE_STAGE = ("GPipe", "1F1B")
+RUN = "run settings: no effect on a step's time or memory"
+NOT_MODELLED = "not modelled: may change step time or memory"
+#: 0.2.x sections / fields that are run settings
+RUN_SECTIONS = ("job", "metrics", "checkpoint", "optimizer", "lr_scheduler", "validation", "profiling", "comm",
+                "fault_tolerance", "experimental", "memory_estimation", "float8", "debug")
+RUN_FIELDS = ("model.hf_assets_path", "model.tokenizer_path", "model.print_after_conversion", "training.steps",
+              "training.dataset", "training.dataset_path", "training.max_norm", "training.gc_freq",
+              "training.gc_debug", "training.seed", "training.deterministic", "training.dtype",
+              "quantize.linear.float8.filter_fqns", "quantize.linear.mx.filter_fqns",
+              "activation_checkpoint.selective_ac_option", "compile.backend")
+
+#: known keys of the sections autotune reads (torchtitan's JobConfig dataclasses Parallelism, Training,
+#: ActivationCheckpoint, Compile, Model: torchtitan/config/job_config.py of the 0.1/0.2 line, plus the
+#: 0.3.0 fields of tests/data/torchtitan_config_fields.txt and the keys read here); an unknown key there is a
+#: typo torchtitan's own parser would reject ("unrecognized arguments"), not a setting to ignore
+KNOWN_KEYS = {
+    "parallelism": ("data_parallel_replicate_degree", "enable_compiled_autograd", "data_parallel_shard_degree",
+                    "fsdp_reshard_after_forward", "tensor_parallel_degree", "disable_loss_parallel",
+                    "enable_async_tensor_parallel", "pipeline_parallel_degree", "pipeline_parallel_split_points",
+                    "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
+                    "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+                    "pipeline_parallel_microbatch_size", "context_parallel_degree", "context_parallel_rotate_method",
+                    "context_parallel_load_balancer", "context_parallel_ptrr_mask_key", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree", "enable_fsdp_symm_mem", "enable_sequence_parallel",
+                    "spmd_backend", "pipeline_parallel_expert_parallel_overlap"),
+    "training": ("dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
+                 "enable_cpu_offload", "mixed_precision_param", "mixed_precision_reduce", "compile", "gc_freq",
+                 "gc_debug", "seed", "deterministic", "dtype", "disable_cuda_graphs", "debug_moe_force_load_balance"),
+    "activation_checkpoint": ("mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
+                              "early_stop", "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state",
+                              "determinism_check", "debug"),
+    "compile": ("enable", "components", "backend", "enable_async_tensor_parallel"),
+    "model": ("name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"),
+}
+
+
+def _check_known_keys(flat: dict, source: str) -> None:
+    """Raise on a key of a :data:`KNOWN_KEYS` section that the section does not have (with the nearest)."""
+    import difflib
+    for key in flat:
+        sec, _, name = key.partition(".")
+        known = KNOWN_KEYS.get(sec)
+        if known is None or "." in name or name in known:
+            continue
+        near = difflib.get_close_matches(name, known, n=1)
+        raise ConfigError(f"{source}: [{sec}] {name} is not a torchtitan setting of [{sec}]"
+                          + (f"; did you mean {near[0]}?" if near else f" (known: {', '.join(known)})"))
+
+
+def _flavor_model(flavor: Any, source: str):
+    from autotune.engines.torchtitan.export import FLAVORS
+    from autotune.spec.models import get_model
+    names = {f: name for name, (f, _) in FLAVORS.items()}
+    if flavor not in names:
+        raise ConfigError(f"{source}: llama3 flavour {flavor!r}: autotune simulates the Llama 3.1 flavours "
+                          f"{', '.join(names)} only")
+    return get_model(names[flavor])
+
+
+def stage_split(num_layers: int, stages: int, first_less: int = 1, last_less: int = 1) -> tuple[int, ...]:
+    """Layers per virtual stage of torchtitan's default split (see the module docstring): ``num_layers +
+    first_less + last_less`` units over ``stages``, the remainder one each to the first stages, the first
+    stage's share less the embedding's weight and the last's less the output's."""
+    if stages == 1:
+        return (num_layers,)
+    units = num_layers + first_less + last_less
+    per, extra = divmod(units, stages)
+    out, left = [], num_layers
+    for i in range(stages):
+        n = per + (i < extra) - (first_less if i == 0 else 0) - (last_less if i == stages - 1 else 0)
+        n = min(max(n, 0), left) if i < stages - 1 else left
+        out.append(n)
+        left -= n
+    return tuple(out)
+
+
+def _fqn_split(parts: list, num_layers: int, source: str, head: str) -> tuple[int, ...]:
+    """Layers per part of ``module_fqns_per_model_part`` (``layers.<i>`` in order, the embedding first and
+    ``norm`` / the LM head last)."""
+    seen, out = [], []
+    for i, part in enumerate(parts):
+        layers = [int(f.split(".")[1]) for f in part if isinstance(f, str) and f.startswith("layers.")]
+        for f in part:
+            if f in ("tok_embeddings",) and i != 0 or f in ("norm", head) and i != len(parts) - 1:
+                raise ConfigError(f"{source}: module_fqns_per_model_part puts {f} in part {i}; autotune's plans place "
+                                  "the embedding in the first part and the norm and LM head in the last")
+        seen += layers
+        out.append(len(layers))
+    if seen != list(range(num_layers)):
+        raise ConfigError(f"{source}: module_fqns_per_model_part does not hold layers.0 .. layers.{num_layers - 1} "
+                          "once each in order")
+    return tuple(out)
+
+
+def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignored: list, approx: list):
+    """Model, plan and workload from the normalized settings ``s`` (keys below)."""
+    from autotune.spec.plan import Plan, Workload
+
+    model = _flavor_model(s["flavor"], source)
+    p = s["par"]
+    for k in ("tp", "pp", "cp", "replicate"):
+        if not isinstance(p[k], int) or isinstance(p[k], bool) or p[k] < 1:
+            raise ConfigError(f"{source}: {p['names'][k]} {p[k]!r}: must be an integer >= 1")
+    for k, lo in (("pp_mbs", 1), ("first_less", 0), ("last_less", 0), ("layers_per_stage", 1)):
+        v = p[k]
+        if (v is not None or k != "layers_per_stage") and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+            name = {"pp_mbs": "pipeline_parallel_microbatch_size",
+                    "first_less": "pipeline_parallel_first_stage_less_layers",
+                    "last_less": "pipeline_parallel_last_stage_less_layers",
+                    "layers_per_stage": "pipeline_parallel_layers_per_stage"}[k]
+            raise ConfigError(f"{source}: {name} {v!r}: must be an integer >= {lo}")
+    if p["ep"] != 1:
+        raise ConfigError(f"{source}: expert_parallel_degree {p['ep']}: expert parallelism (autotune simulates dense "
+                          "decoders)")
+    tp, pp, cp, rep = p["tp"], p["pp"], p["cp"], p["replicate"]
+    shard = p["shard"]
+    if shard == -1:
+        if num_gpus % (tp * pp * cp * rep):
+            raise ConfigError(f"{source}: TP {tp} x PP {pp} x CP {cp} x replicate {rep} does not divide --gpus "
+                              f"{num_gpus}")
+        shard = num_gpus // (tp * pp * cp * rep)
+    if not isinstance(shard, int) or shard < 1 or tp * pp * cp * rep * shard != num_gpus:
+        raise ConfigError(f"{source}: TP {tp} x PP {pp} x CP {cp} x DP shard {shard} x DP replicate {rep} = "
+                          f"{tp * pp * cp * rep * (shard if isinstance(shard, int) else 1)}, not --gpus {num_gpus}")
+    if shard > 1 and rep > 1:
+        raise ConfigError(f"{source}: HSDP (data_parallel_shard_degree {shard} x data_parallel_replicate_degree "
+                          f"{rep}): autotune models FSDP (shard) or DDP (replicate), not both")
+    dp = shard * rep
+    reshard = p["reshard"]
+    if reshard not in ("default", "always", "never"):
+        raise ConfigError(f"{source}: fsdp_reshard_after_forward {reshard!r}: valid: default, always, never")
+    fsdp = shard > 1 or cp > 1 or reshard != "default"
+    zero = (3 if (reshard == "always" or (reshard == "default" and pp == 1)) else 2) if fsdp else 0
+    sched = p["schedule"]
+    if pp > 1 and sched not in SCHEDULES:
+        raise ConfigError(f"{source}: pipeline_parallel_schedule {sched!r}: autotune simulates "
+                          f"{', '.join(SCHEDULES)}")
+    stage_layers, vpp = None, 1
+    if pp > 1:
+        if p["fqns"] is not None:
+            stage_layers = _fqn_split(p["fqns"], model.num_layers, source, s["head"])
+        else:
+            if p["layers_per_stage"] is not None:
+                stages = math.ceil((model.num_layers + p["first_less"] + p["last_less"]) / p["layers_per_stage"])
+            else:
+                stages = pp * (1 if sched in SINGLE_STAGE else 2)
+            stage_layers = stage_split(model.num_layers, stages, p["first_less"], p["last_less"])
+        if len(stage_layers) % pp:
+            raise ConfigError(f"{source}: {len(stage_layers)} pipeline stages are not a multiple of PP {pp}")
+        vpp = len(stage_layers) // pp
+        if (vpp > 1) != (sched not in SINGLE_STAGE):
+            raise ConfigError(f"{source}: schedule {sched} with {vpp} stage(s) per rank: single-stage schedules "
+                              "(GPipe, 1F1B) take one, Interleaved1F1B more")
+    t = s["training"]
+    seq, local, glob = t["seq_len"], t["local"], t["global"]
+    for k, v in (("seq_len", seq), ("local_batch_size", local)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{source}: training.{k} {v!r}: must be an integer >= 1")
+    if glob in (-1, None):
+        glob = local * dp
+    if glob % (local * dp):
+        raise ConfigError(f"{source}: training.global_batch_size {glob} is not a multiple of local_batch_size {local} "
+                          f"x DP {dp}")
+    mbs = p["pp_mbs"] if pp > 1 else local
+    if pp > 1 and local % mbs:
+        raise ConfigError(f"{source}: local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size "
+                          f"{mbs}")
+    accum = glob // (local * dp)
+    if pp > 1 and accum > 1:
+        approx.append(f"PP with gradient accumulation ({accum} steps of {local // mbs} micro-batches): costed as one "
+                      f"pipeline pass of {accum * local // mbs} micro-batches")
+    try:
+        workload = Workload(seq_len=seq, global_batch_size=glob)
+        plan = Plan(tp_degree=tp, pp_degree=pp, cp_degree=cp, dp_degree=dp, vpp_degree=vpp, micro_batch_size=mbs,
+                    num_micro_batches=glob // (mbs * dp),
+                    pipeline_schedule=SCHEDULES.get(sched, "1f1b") if pp > 1 else "1f1b",
+                    sequence_parallel=bool(p["sp"]) and tp > 1, recompute=s["ac"], zero_stage=zero,
+                    tp_comm_overlap=bool(s["async_tp"]) and tp > 1, dp_grad_reduce_overlap=True,
+                    param_gather_overlap=zero >= 2, memory_reclaim=s["reclaim"],
+                    stage_layers=stage_layers if stage_layers and len(set(stage_layers)) > 1 else None,
+                    precision=s["precision"], compile=s["compile"])
+        plan.layers_per_virtual_stage(model.num_layers)
+    except (ConfigError, PlanError) as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return ImportedLaunch(source=source, engine="torchtitan", fmt=fmt, model=model, plan=plan, workload=workload,
+                          num_gpus=num_gpus, modelled=modelled, ignored=tuple(ignored), approximated=tuple(approx))
+
+
+def _leaves(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _leaves(v, key + ".")
+        else:
+            yield key, v
+
+
+def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
+    """Read a torchtitan 0.2.x job file (see the module docstring).
+
+    Raises:
+        ConfigError: not TOML, a model / schedule / setting autotune cannot simulate (named), bad degrees.
+    """
+    import tomllib
+    source = str(path)
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{source}: not a readable TOML job file: {e}") from None
+    flat = dict(_leaves(doc))
+    _check_known_keys(flat, source)
+    used: dict[str, Any] = {}
+
+    def get(key: str, default: Any) -> Any:
+        if key in flat:
+            used[key] = flat[key]
+            return flat[key]
+        return default
+
+    name = get("model.name", "llama3")
+    if name != "llama3":
+        raise ConfigError(f"{source}: model.name {name!r}: autotune simulates torchtitan's llama3 (Llama 3.1) models")
+    flavor = get("model.flavor", "debugmodel")
+    _flavor_model(flavor, source)            # the model first: nothing else matters for another model
+    ignored: list = []
+    approx: list = []
+    ac_mode = get("activation_checkpoint.mode", "selective")
+    if ac_mode not in ("none", "selective", "full"):
+        raise ConfigError(f"{source}: activation_checkpoint.mode {ac_mode!r}: autotune models none, selective (per "
+                          "op) and full")
+    if ac_mode == "selective":
+        opt = str(flat.get("activation_checkpoint.selective_ac_option", "2"))
+        if opt != "op":
+            raise ConfigError(f"{source}: activation_checkpoint selective_ac_option {opt!r}"
+                              + ("" if "activation_checkpoint.selective_ac_option" in flat else " (torchtitan's default)")
+                              + ": full recomputation of every n-th layer; autotune models per-op selective ('op'), "
+                              "full and none")
+    converters = get("model.converters", [])
+    precision = "bf16"
+    for c in converters:
+        if c == "quantize.linear.float8":
+            recipe = get("quantize.linear.float8.recipe_name", None)
+            if recipe not in (None, "rowwise"):
+                raise ConfigError(f"{source}: float8 recipe {recipe}: autotune costs tensorwise and rowwise")
+            precision = "fp8_tensorwise" if recipe is None else "fp8_rowwise"
+        elif c == "quantize.linear.mx":
+            precision = "mxfp8"
+            get("quantize.linear.mx.recipe_name", None)
+        else:
+            raise ConfigError(f"{source}: model converter {c!r}: autotune models quantize.linear.float8 and "
+                              "quantize.linear.mx")
+    if get("training.mixed_precision_param", "bfloat16") != "bfloat16":
+        raise ConfigError(f"{source}: training.mixed_precision_param float32: autotune simulates BF16 compute")
+    get("training.mixed_precision_reduce", "float32")
+    compile_on = bool(get("compile.enable", False))
+    comps = get("compile.components", ["model", "loss"])
+    if compile_on and "model" not in comps:
+        approx.append("compile of the loss only: costed as eager (compile: false)")
+        compile_on = False
+    s = {"flavor": flavor, "head": "output",
+         "par": {"tp": get("parallelism.tensor_parallel_degree", 1), "pp": get("parallelism.pipeline_parallel_degree", 1),
+                 "cp": get("parallelism.context_parallel_degree", 1),
+                 "replicate": get("parallelism.data_parallel_replicate_degree", 1),
+                 "shard": get("parallelism.data_parallel_shard_degree", -1),
+                 "reshard": get("parallelism.fsdp_reshard_after_forward", "default"),
+                 "schedule": get("parallelism.pipeline_parallel_schedule", "1F1B"),
+                 "pp_mbs": get("parallelism.pipeline_parallel_microbatch_size", 1),
+                 "layers_per_stage": get("parallelism.pipeline_parallel_layers_per_stage", None),
+                 "fqns": get("parallelism.module_fqns_per_model_part", None),
+                 "first_less": get("parallelism.pipeline_parallel_first_stage_less_layers", 1),
+                 "last_less": get("parallelism.pipeline_parallel_last_stage_less_layers", 1),
+                 "ep": get("parallelism.expert_parallel_degree", 1), "sp": True,
+                 "names": {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree",
+                           "cp": "context_parallel_degree", "replicate": "data_parallel_replicate_degree"}},
+         "training": {"seq_len": get("training.seq_len", 2048), "local": get("training.local_batch_size", 8),
+                      "global": get("training.global_batch_size", -1)},
+         "ac": ac_mode, "async_tp": get("parallelism.enable_async_tensor_parallel", False),
+         "compile": compile_on, "precision": precision, "reclaim": "none"}
+    for key, v in flat.items():
+        if key in used:
+            continue
+        sec = key.split(".")[0]
+        ignored.append((f"{key} = {v!r}", RUN if sec in RUN_SECTIONS or key in RUN_FIELDS else NOT_MODELLED))
+    return _target(s, num_gpus, source, "torchtitan 0.2 TOML", used, ignored, approx)
+
+
+def _config_function(path: Path, fn: str | None, source: str) -> str:
+    """The config function of a module: ``fn``, else ``autotune_plan`` or the only top-level function (read with
+    :mod:`ast`, nothing run)."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, UnicodeDecodeError, SyntaxError) as e:
+        raise ConfigError(f"{source}: not a readable Python config module: {e}") from None
+    funcs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    if fn is not None:
+        if fn not in funcs:
+            raise ConfigError(f"{source}: no top-level function {fn!r}; its functions: {', '.join(funcs) or 'none'}")
+        return fn
+    from autotune.engines.torchtitan.export import CONFIG_FUNCTION
+    if CONFIG_FUNCTION in funcs:
+        return CONFIG_FUNCTION
+    if len(funcs) == 1:
+        return funcs[0]
+    raise ConfigError(f"{source}: name the config function as {path}:FUNCTION (its functions: "
+                      f"{', '.join(funcs) or 'none'})")
+
+
+@contextlib.contextmanager
+def _recording_registry(seen: dict):
+    """llama3 ``model_registry`` recording each call's converters by the ModelSpec it returns, building the
+    BF16 model (the converters' GPU checks are not run)."""
+    import importlib
+    ll3 = importlib.import_module("torchtitan.models.llama3")
+    reg = importlib.import_module("torchtitan.models.llama3.config_registry")
+    real = ll3.model_registry
+
+    def registry(flavor, *a, converters=None, **kw):
+        spec = real(flavor, *a, **kw)
+        seen[id(spec)] = list(converters or [])
+        return spec
+
+    saved = (ll3.model_registry, reg.model_registry)
+    ll3.model_registry = reg.model_registry = registry
+    try:
+        yield
+    finally:
+        ll3.model_registry, reg.model_registry = saved
+
+
+def import_python_config(spec: str, *, num_gpus: int) -> ImportedLaunch:
+    """Read a torchtitan 0.3.0 config module ``FILE.py[:FUNCTION]`` with torchtitan's ConfigManager.
+
+    Raises:
+        ConfigError: torchtitan not installed (names the extra), a file torchtitan cannot load, or a setting
+            autotune cannot simulate (named).
+    """
+    path_s, _, fn = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    path = Path(path_s)
+    source = str(spec)
+    if not path.is_file():
+        raise ConfigError(f"{source}: no such file")
+    fn = _config_function(path, fn or None, source)
+    try:
+        from torchtitan.config.manager import ConfigManager
+    except Exception as e:       # noqa: BLE001 - any import failure: torchtitan is not usable here
+        raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
+                          f"and torchtitan does not import here ({type(e).__name__}: {str(e)[:120]}); install it: "
+                          "pip install -e '.[torchtitan]' (in the autotune checkout)") from None
+    mod = path.stem
+    seen: dict = {}
+    sys.path.insert(0, str(path.resolve().parent))
+    old = sys.modules.pop(mod, None)
+    import logging
+    quiet = logging.root.manager.disable
+    logging.disable(logging.WARNING)         # torchtitan's notes on paths the config names (assets, checkpoints)
+    import os
+    before = os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    alloc: str | None = None
+    try:
+        with _recording_registry(seen):
+            cfg = ConfigManager().parse_args(["--module", mod, "--config", fn])
+        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")      # what the config function sets, if anything
+    except SystemExit as e:
+        raise ConfigError(f"{source}: torchtitan's ConfigManager refused it (exit {e.code})") from None
+    except Exception as e:       # noqa: BLE001 - the user's module or torchtitan raised: report it, one line
+        raise ConfigError(f"{source}: torchtitan's ConfigManager could not load {fn}(): {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+    finally:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if before is not None:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = before
+        logging.disable(quiet)
+        sys.path.remove(str(path.resolve().parent))
+        sys.modules.pop(mod, None)
+        if old is not None:
+            sys.modules[mod] = old
+    return _from_config(cfg, seen, source, num_gpus, alloc)
+
+
+def _from_config(cfg, seen: dict, source: str, num_gpus: int, alloc: str | None = None) -> ImportedLaunch:
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    ms = cfg.model_spec
+    if getattr(ms, "name", None) != "llama3":
+        raise ConfigError(f"{source}: model {getattr(ms, 'name', '?')!r}: autotune simulates torchtitan's llama3 "
+                          "(Llama 3.1) models")
+    ignored: list = []
+    approx: list = []
+    ac = cfg.activation_checkpoint
+    if ac is None:
+        mode = "none"
+    elif type(ac) is SelectiveAC.Config:
+        mode = "selective"
+    elif type(ac) is FullAC.Config:
+        mode = "full"
+    else:
+        raise ConfigError(f"{source}: activation_checkpoint {type(ac).__qualname__}: autotune models none, "
+                          "SelectiveAC and FullAC")
+    precision = "bf16"
+    for c in seen.get(id(ms), []):
+        kind = type(c).__qualname__
+        if kind.startswith("Float8LinearConverter"):
+            if c.recipe_name != "rowwise":
+                raise ConfigError(f"{source}: Float8LinearConverter recipe {c.recipe_name!r}: autotune costs rowwise")
+            precision = "fp8_rowwise"
+        elif kind.startswith("MXFP8LinearConverter"):
+            precision = "mxfp8"
+        else:
+            raise ConfigError(f"{source}: model converter {kind}: autotune models Float8LinearConverter (rowwise) and "
+                              "MXFP8LinearConverter")
+    tr, par, comp = cfg.training, cfg.parallelism, cfg.compile
+    if tr.mixed_precision_param != "bfloat16":
+        raise ConfigError(f"{source}: training.mixed_precision_param {tr.mixed_precision_param}: autotune simulates "
+                          "BF16 compute")
+    compile_on = bool(comp.enable) and "model" in comp.components
+    if comp.enable and not compile_on:
+        approx.append("compile of the loss only: costed as eager (compile: false)")
+    owner = getattr(type(cfg), "_owner", None)
+    reclaim = "none"
+    if owner is not None and owner.__name__ == "AutotuneTrainer":
+        # autotune's own Trainer subclass (autotune/engines/torchtitan/export.py): empty_cache after the hooked method
+        reclaim = "empty_cache_per_step" if "train_step" in vars(owner) else "empty_cache_per_microbatch"
+    elif owner is not None and owner.__name__ != "Trainer":
+        ignored.append((f"trainer {owner.__qualname__}", NOT_MODELLED))
+    if alloc is not None and allocator_reclaim({"PYTORCH_CUDA_ALLOC_CONF": alloc}):
+        if reclaim == "none":
+            reclaim = "expandable_segments"      # the config function sets the allocator (export writes it so)
+        else:
+            approx.append(f"PYTORCH_CUDA_ALLOC_CONF={alloc} with an empty_cache trainer: autotune has one memory "
+                          f"reclaim setting; costed as {reclaim}")
+    for name, v in (("training.enable_cpu_offload", tr.enable_cpu_offload),
+                    ("parallelism.enable_fsdp_symm_mem", getattr(par, "enable_fsdp_symm_mem", False))):
+        if v:
+            ignored.append((f"{name} = {v!r}", NOT_MODELLED))
+    ignored.append(("the optimizer, data, checkpoint and logging sections", RUN))
+    s = {"flavor": ms.flavor, "head": "lm_head",
+         "par": {"tp": par.tensor_parallel_degree, "pp": par.pipeline_parallel_degree,
+                 "cp": par.context_parallel_degree, "replicate": par.data_parallel_replicate_degree,
+                 "shard": par.data_parallel_shard_degree, "reshard": par.fsdp_reshard_after_forward,
+                 "schedule": par.pipeline_parallel_schedule, "pp_mbs": par.pipeline_parallel_microbatch_size,
+                 "layers_per_stage": par.pipeline_parallel_layers_per_stage,
+                 "fqns": par.module_fqns_per_model_part,
+                 "first_less": par.pipeline_parallel_first_stage_less_layers,
+                 "last_less": par.pipeline_parallel_last_stage_less_layers,
+                 "ep": par.expert_parallel_degree, "sp": par.enable_sequence_parallel,
+                 "names": {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree",
+                           "cp": "context_parallel_degree", "replicate": "data_parallel_replicate_degree"}},
+         "training": {"seq_len": tr.seq_len, "local": tr.local_batch_size, "global": tr.global_batch_size},
+         "ac": mode, "async_tp": comp.enable_async_tensor_parallel and compile_on, "compile": compile_on,
+         "precision": precision, "reclaim": reclaim}
+    modelled = {"flavor": ms.flavor, "parallelism": {k: getattr(par, k) for k in (
+        "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "data_parallel_shard_degree",
+        "data_parallel_replicate_degree", "fsdp_reshard_after_forward", "enable_sequence_parallel")},
+        "training": {"local_batch_size": tr.local_batch_size, "global_batch_size": tr.global_batch_size,
+                     "seq_len": tr.seq_len}, "activation_checkpoint": mode, "compile": compile_on,
+        "precision": precision, "memory_reclaim": reclaim}
+    return _target(s, num_gpus, source, "torchtitan 0.3 config", modelled, ignored, approx)
+
+
+def import_torchtitan(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
+    """A torchtitan launch file: ``.toml`` (0.2.x job file) or ``.py[:FUNCTION]`` (0.3.0 config module).
+
+    Raises:
+        ConfigError: another suffix, or what the format's reader refuses.
+    """
+    p = str(path)
+    base = p if Path(p).is_file() else p.partition(":")[0]
+    if base.lower().endswith(".toml"):
+        return import_toml(base, num_gpus=num_gpus)
+    if base.lower().endswith(".py"):
+        return import_python_config(p, num_gpus=num_gpus)
+    raise ConfigError(f"{p}: a torchtitan launch is a .toml job file (0.2.x) or a .py config module (0.3.0)")
+
+
+__all__ = ["import_launch", "import_python_config", "import_toml", "import_torchtitan", "stage_split"]
+
+
+def import_launch(path: str | Path, *, num_gpus: int | None) -> ImportedLaunch:
+    """The importer part of the engine (:class:`autotune.engines.base.EngineParts`): :func:`import_torchtitan`.
+
+    Raises:
+        ConfigError: ``num_gpus`` None (a torchtitan file does not hold the world size), or what
+            :func:`import_torchtitan` refuses.
+    """
+    if num_gpus is None:
+        raise ConfigError(f"{path}: give --gpus N, the world size the launch runs on (TP x PP x CP x DP; a "
+                          "launch file does not hold it)")
+    return import_torchtitan(path, num_gpus=num_gpus)

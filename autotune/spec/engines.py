@@ -1,0 +1,368 @@
+"""Engine profiles: the training engine that runs a plan is part of the target.
+
+An :class:`EngineProfile` states, as data (``autotune/engines/<engine>/facts.yaml``, every fact with its source
+file and flag), what an engine does in a training step beside the GEMMs: the bytes per parameter it
+keeps (BF16 or FP32 parameters, FP32 main params in the optimizer), whether weights are cast to BF16
+every micro-batch, how gradients accumulate (a fused FP32 main-grad or per-micro-batch FP32 adds),
+which kernels it fuses, what selective recomputation recomputes, how CP exchanges K/V, and which plan
+settings it can run at all. The cost model (:mod:`autotune.cost.graph`, :mod:`autotune.cost.memory`) reads
+these fields; :func:`check_plan_for_engine` refuses a plan the engine cannot run, with the reason.
+
+Engines: ``megatron`` (Megatron-LM / Megatron-Core with Transformer Engine), ``torchtitan`` and
+``native`` (autotune's own runtime, the one ``--backend real`` launches). The default is
+:data:`DEFAULT_ENGINE` (``megatron``, what large runs launch with and what ``autotune export``'s flags
+target); ``--backend real`` runs the native runtime, or with ``--engine torchtitan`` torchtitan's own
+trainer or ``--engine megatron`` Megatron-LM's ``pretrain_gpt.py`` (:data:`REAL_ENGINES`, :mod:`autotune.runners`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Mapping
+
+from autotune.errors import ConfigError, PlanError
+
+#: Engine used when none is named (simulated and measured backends).
+DEFAULT_ENGINE = "megatron"
+#: The engine the real backend runs when none is named (autotune's own runtime).
+REAL_BACKEND_ENGINE = "native"
+#: Engines the real backend can launch: the native runtime (autotune/runtime/), torchtitan's trainer
+#: (autotune/engines/torchtitan/runner.py, torchtitan 0.2.x job files) and Megatron-LM's pretrain_gpt.py
+#: (autotune/engines/megatron/runner.py).
+REAL_ENGINES = ("native", "torchtitan", "megatron")
+#: Precisions a real engine runner adds to the profile's: the torchtitan runner launches torchtitan
+#: 0.2.2 (the last release that imports under torch 2.11, autotune/engines/torchtitan/job.py), whose
+#: torchtitan/components/quantization/float8.py still runs tensorwise scaling (``[quantize.linear.float8]``
+#: with no ``recipe_name``; the 0.3.0 profile in engines/<engine>/facts.yaml dropped it)
+REAL_RUNNER_PRECISIONS = {"torchtitan": ("fp8_tensorwise",)}
+#: Other facts of the release a real engine runner launches that differ from the profile's commit
+#: (applied by :func:`resolve_engine` for the real backend):
+#: torchtitan 0.2.2: ``train.py`` ``train_step`` calls ``self.optimizers.zero_grad()``, torch's default
+#: ``set_to_none=True`` (0.3.0's ``trainer.py`` passes ``set_to_none=training.disable_cuda_graphs``, False
+#: by default, so the profile keeps them), and its block's saved set was measured
+#: (``torchtitan_block``: :mod:`autotune.engines.torchtitan.block_saved`).
+REAL_RUNNER_OVERRIDES: dict[str, dict[str, Any]] = {
+    "torchtitan": {"frees_grads_between_steps": True, "activation_accounting": "torchtitan_block"},
+}
+
+GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
+SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
+CP_COMM_MODES = ("all_gather", "p2p")
+#: how TP communication overlap is implemented (EngineProfile.tp_overlap_mechanism)
+TP_OVERLAP_MECHANISMS = ("userbuffers", "async_tp")
+FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "residual", "cross_entropy", "fp8_cast")
+#: attention kernels the calibration has tables for: ``default`` (PyTorch SDPA's default dispatch, cuDNN
+#: on Hopper with torch >= 2.10, or an engine's cuDNN fused attention) and ``flash2`` (SDPA's flash
+#: backend, FlashAttention-2)
+ATTENTION_KERNELS = ("default", "flash2")
+#: libraries that run an engine's FP8 linears: ``transformer_engine`` (saves the linears' inputs in FP8
+#: and caches FP8 weights) and ``torchao`` (saves them in high precision, re-quantizes in backward)
+FP8_LIBRARIES = ("transformer_engine", "torchao")
+#: what a layer saves for backward: ``minimal`` (the tensors the backward needs, each once: fused
+#: kernels, Korthikanti et al. 2022's count) or ``pytorch_eager`` (autograd's saved set of autotune's
+#: eager block, measured: :mod:`autotune.cost.memory`)
+ACTIVATION_ACCOUNTINGS = ("minimal", "pytorch_eager", "torchtitan_block")
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """What one training engine does per step (see ``autotune/engines/<engine>/facts.yaml`` for sources).
+
+    Attributes:
+        name: ``megatron``, ``torchtitan`` or ``native``.
+        display_name, source: for reports; source names the repository and commit the facts are from.
+        param_bytes: bytes per parameter of the module's weight at rest (4 = FP32 master is the
+            parameter, 2 = BF16 parameter with an FP32 main copy in the optimizer).
+        optimizer_bytes: optimizer bytes per parameter (8 = Adam moments; 12 = FP32 main param + moments).
+        bf16_compute_copy: a transient BF16 copy of the FP32 weights exists during compute.
+        cast_weights_per_microbatch: FP32 -> BF16 weight casts run every micro-batch (6 B/param).
+        grad_accumulation: ``fp32_add`` (BF16 wgrad cast to FP32 and added per micro-batch) or
+            ``fused_main_grad`` (the wgrad GEMM accumulates into an FP32 buffer, no extra kernel).
+        fsdp_gather_copy_out: FSDP copies all-gathered parameters out of the gather buffer (4 B/param).
+        shard_params_at_zero2: ZeRO-2 shards the parameters at rest as well (FSDP2 without resharding).
+        fsdp_stream_pool: FSDP reduce-scatters on its own CUDA stream (an allocator pool of its own).
+        grad_reduce_bytes: bytes per gradient element in DP reductions.
+        zero_stages: ZeRO stages the engine can run; zero_stage_reasons: why not, per refused stage.
+        schedules: pipeline schedules it implements.
+        fused_kernels: memory-bound kernels it fuses (subset of :data:`FUSABLE_KERNELS`).
+        selective_recompute: what ``recompute: selective`` recomputes (:data:`SELECTIVE_RECOMPUTE_MODES`).
+        tp_comm_overlap: whether TP communication overlap exists; tp_comm_overlap_reason: why not;
+        tp_comm_overlap_needs_sp: it needs sequence parallelism; tp_comm_overlap_needs_compile: it
+        needs ``compile`` (async TP is an inductor pass).
+        cp_comm: how context parallelism exchanges K/V (``all_gather`` or ``p2p`` ring).
+        attention_kernel: the attention kernel it runs (:data:`ATTENTION_KERNELS`).
+        fp8_library: what runs its FP8 linears (:data:`FP8_LIBRARIES`); decides what an FP8 linear saves
+            for backward and whether FP8 weight copies are cached (:mod:`autotune.cost.memory`).
+        activation_accounting: what a layer saves (:data:`ACTIVATION_ACCOUNTINGS`: ``minimal``, the derived
+            set; ``pytorch_eager``, the native block under autograd; ``torchtitan_block``, torchtitan 0.2.x's
+            block as measured, :mod:`autotune.engines.torchtitan.block_saved`).
+        frees_grads_between_steps: gradients are set to None after the optimizer step (except under
+            DDP, whose gradients are bucket views), so a step whose activations peak before any
+            backward holds no gradients at that peak.
+        pp_defers_fsdp_grad_reduce: with a pipeline (pp > 1) and FSDP (ZeRO 2/3), gradients are
+            reduce-scattered once, after the step's last backward, and accumulate unsharded in the
+            reduction dtype until then (torch.distributed.pipelining).
+        compile_loss: with ``compile``, the loss is compiled too (inductor fuses the FP32 cast,
+            log-softmax and NLL: :data:`autotune.cost.memory.COMPILED_LOSS_BYTES_PER_LOGIT`).
+        fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
+            are FP8 parameters (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside TE's FP8
+            copies, and the ZeRO-1/2 parameter all-gather moves 1 byte per linear weight.
+        partial_recompute: it can fully recompute only the first N layers of each model chunk
+            (``Plan.recompute_num_layers`` >= 1: Megatron-LM ``--recompute-method block``);
+            partial_recompute_reason: why not, where it cannot.
+        tp_overlap_mechanism: how ``tp_comm_overlap`` hides TP communication (:data:`TP_OVERLAP_MECHANISMS`):
+            ``userbuffers`` (Transformer Engine: ring exchange for the all-gather side, a pipelined
+            reduce-scatter on ``tp_overlap_pipeline_sms`` SMs in ``tp_overlap_pipeline_splits`` chunks,
+            bulk overlap on ``tp_overlap_bulk_sms`` SMs in backward) or ``async_tp`` (torch's micro-pipeline
+            TP: every all-gather / reduce-scatter decomposed into tp ring steps beside tp GEMM chunks);
+            the timing rules are :mod:`autotune.cost.overlap`'s.
+        sp_regathers_input_for_wgrad: with sequence parallelism a column-parallel linear saves its input
+            sharded and all-gathers it again in backward for the weight gradient (one more all-gather per
+            such linear in backward).
+        grad_reduce_bf16: the engine can reduce gradients in BF16 (``Plan.grad_reduce_in_bf16``).
+        one_bucket_without_overlap: without ``Plan.dp_grad_reduce_overlap`` the engine reduces each gradient
+            buffer in one collective, in place, after the backward (the bucket size then has no effect).
+        fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
+            FP8 (1-byte) activations: the input is quantized before it is gathered.
+        precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
+        error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
+
+    Raises:
+        ConfigError: a field missing or outside its valid values (names the engine and the field).
+    """
+
+    name: str
+    display_name: str
+    source: str
+    param_bytes: int
+    optimizer_bytes: int
+    bf16_compute_copy: bool
+    cast_weights_per_microbatch: bool
+    grad_accumulation: str
+    fsdp_gather_copy_out: bool
+    shard_params_at_zero2: bool
+    fsdp_stream_pool: bool
+    grad_reduce_bytes: int
+    zero_stages: tuple[int, ...]
+    schedules: tuple[str, ...]
+    fused_kernels: tuple[str, ...]
+    selective_recompute: str
+    tp_comm_overlap: bool
+    cp_comm: str
+    precisions: tuple[str, ...]
+    compile: bool
+    error_source: str
+    tp_comm_overlap_needs_sp: bool = False
+    tp_comm_overlap_needs_compile: bool = False
+    tp_comm_overlap_reason: str = ""
+    zero_stage_reasons: Mapping[int, str] = field(default_factory=dict)
+    attention_kernel: str = "default"
+    fp8_library: str = "torchao"
+    fp8_param_gather: bool = False
+    activation_accounting: str = "minimal"
+    frees_grads_between_steps: bool = False
+    pp_defers_fsdp_grad_reduce: bool = False
+    compile_loss: bool = False
+    partial_recompute: bool = False
+    partial_recompute_reason: str = ""
+    tp_overlap_mechanism: str = "async_tp"
+    tp_overlap_pipeline_sms: int = 16
+    tp_overlap_pipeline_splits: int = 4
+    tp_overlap_bulk_sms: int = 16
+    sp_regathers_input_for_wgrad: bool = False
+    fp8_tp_all_gather: tuple[str, ...] = ()
+    grad_reduce_bf16: bool = False
+    one_bucket_without_overlap: bool = False
+
+    def __post_init__(self) -> None:
+        checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
+                  ("cp_comm", CP_COMM_MODES), ("attention_kernel", ATTENTION_KERNELS),
+                  ("fp8_library", FP8_LIBRARIES), ("activation_accounting", ACTIVATION_ACCOUNTINGS),
+                  ("tp_overlap_mechanism", TP_OVERLAP_MECHANISMS))
+        for f, valid in checks:
+            if getattr(self, f) not in valid:
+                raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not valid; "
+                                  f"choose one of {', '.join(valid)}")
+        bad = [k for k in self.fused_kernels if k not in FUSABLE_KERNELS]
+        if bad:
+            raise ConfigError(f"engine {self.name}: fused_kernels {bad} unknown; valid: {', '.join(FUSABLE_KERNELS)}")
+        for f in ("param_bytes", "optimizer_bytes", "grad_reduce_bytes"):
+            if getattr(self, f) not in (2, 4, 8, 12):
+                raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not a byte count of 2, 4, 8 or 12")
+
+    @property
+    def grad_buffer_bytes(self) -> int:
+        """Bytes per element of the gradient the engine keeps between micro-batches: with a fused
+        main-grad the buffer has the reduction dtype (Megatron-Core
+        megatron/core/distributed/param_and_grad_buffer.py group_params_for_buffers: grad_dtype =
+        float32 if grad_reduce_in_fp32 else the parameter's dtype), else the FP32 ``.grad`` of the FP32
+        parameter (4)."""
+        return self.grad_reduce_bytes if self.grad_accumulation == "fused_main_grad" else 4
+
+    def fuses(self, kernel: str) -> bool:
+        """True if the engine runs ``kernel`` (``rope``, ``swiglu``, ``rmsnorm``, ``residual``, ``cross_entropy``) fused."""
+        return kernel in self.fused_kernels
+
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> "EngineProfile":
+        """Build from one ``facts.yaml`` entry.
+
+        Raises:
+            ConfigError: missing or unknown fields (names them).
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"engine {name}: expected a mapping of fields")
+        known = set(cls.__dataclass_fields__) - {"name"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"engine {name}: unknown field(s) {unknown}; valid: {sorted(known)}")
+        kw = dict(d)
+        for f in ("zero_stages", "schedules", "fused_kernels", "precisions", "fp8_tp_all_gather"):
+            if f in kw:
+                kw[f] = tuple(kw[f])
+        if "zero_stage_reasons" in kw:
+            kw["zero_stage_reasons"] = {int(k): str(v) for k, v in kw["zero_stage_reasons"].items()}
+        try:
+            return cls(name=name, **kw)
+        except TypeError as e:
+            raise ConfigError(f"engine {name}: {e}") from None
+
+
+@lru_cache(maxsize=None)
+def _catalog() -> dict[str, EngineProfile]:
+    from autotune.engines.registry import ENGINES, facts_file
+    from autotune.files import load_shipped_yaml
+
+    out = {}
+    for name in ENGINES:
+        data = load_shipped_yaml(facts_file(name).read_text())
+        data.pop("schema_version", None)
+        out[name] = EngineProfile.from_dict(name, data)
+    return out
+
+
+def engine_names() -> tuple[str, ...]:
+    """Names of the known engines, catalog order."""
+    return tuple(_catalog())
+
+
+def get_engine(name: str | EngineProfile | None = None) -> EngineProfile:
+    """The profile of engine ``name`` (None: :data:`DEFAULT_ENGINE`).
+
+    Raises:
+        ConfigError: unknown engine (lists the known ones).
+    """
+    if isinstance(name, EngineProfile):
+        return name
+    key = DEFAULT_ENGINE if name is None else name
+    cat = _catalog()
+    if not isinstance(key, str) or key not in cat:
+        raise ConfigError(f"unknown engine {key!r}; known engines: {', '.join(cat)}")
+    return cat[key]
+
+
+def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated") -> EngineProfile:
+    """The engine a run uses: ``name``, or when None :data:`REAL_BACKEND_ENGINE` for the real backend
+    (it launches autotune's own runtime) and :data:`DEFAULT_ENGINE` otherwise. With the real backend the
+    profile gains the precisions its runner's release adds (:data:`REAL_RUNNER_PRECISIONS`) and that
+    release's other facts (:data:`REAL_RUNNER_OVERRIDES`).
+
+    Raises:
+        ConfigError: unknown engine, or with the real backend an engine not in :data:`REAL_ENGINES`.
+    """
+    if name is None:
+        return get_engine(REAL_BACKEND_ENGINE if backend == "real" else DEFAULT_ENGINE)
+    e = get_engine(name)
+    if backend == "real" and e.name not in REAL_ENGINES:
+        raise ConfigError(f"--backend real runs engines {', '.join(REAL_ENGINES)}; --engine {e.name} can only be "
+                          "simulated (--backend simulated or measured)")
+    if backend != "real":
+        return e
+    from dataclasses import replace
+
+    extra = REAL_RUNNER_PRECISIONS.get(e.name, ())
+    if any(p not in e.precisions for p in extra):
+        e = replace(e, precisions=tuple(e.precisions) + tuple(p for p in extra if p not in e.precisions))
+    overrides = REAL_RUNNER_OVERRIDES.get(e.name, {})
+    if any(getattr(e, k) != v for k, v in overrides.items()):
+        e = replace(e, **overrides)
+    return e
+
+
+def error_band(engine: str) -> dict[str, Any] | None:
+    """The measured prediction error of ``engine`` from ``autotune/data/error_bands.yaml`` (written by
+    ``bench/published.py --write-error-bands`` and, for ``native``, from ``docs/fidelity.md``'s real-run
+    table), or None when none was measured. Keys: mean_abs_error_pct, worst_error_pct, num_runs,
+    against, source, date."""
+    return _error_bands().get(engine)
+
+
+@lru_cache(maxsize=None)
+def _error_bands() -> dict[str, dict[str, Any]]:
+    from importlib import resources
+
+    import yaml
+
+    f = resources.files("autotune").joinpath("data", "error_bands.yaml")
+    if not f.is_file():
+        return {}
+    return dict((yaml.safe_load(f.read_text()) or {}).get("engines") or {})
+
+
+def engine_for_plan(engine: EngineProfile | str | None, plan: Any) -> EngineProfile:
+    """``engine`` as the plan runs it: with ``plan.grad_reduce_in_bf16`` its gradients are reduced and
+    buffered in BF16 (2 bytes), with ``plan.fp8_param_gather`` its FP8 linears keep FP8 parameters
+    (:attr:`EngineProfile.fp8_param_gather`). Unchanged when the plan asks for neither (or the plan is None).
+    Whether the engine can do it is :func:`check_plan_for_engine`'s question."""
+    e = get_engine(engine)
+    kw: dict[str, Any] = {}
+    if getattr(plan, "grad_reduce_in_bf16", False) and e.grad_reduce_bytes != 2:
+        kw["grad_reduce_bytes"] = 2
+    if getattr(plan, "fp8_param_gather", False) and not e.fp8_param_gather:
+        kw["fp8_param_gather"] = True
+    if not kw:
+        return e
+    import dataclasses
+
+    return dataclasses.replace(e, **kw)
+
+
+def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
+    """Refuse a plan setting ``engine`` cannot run.
+
+    Checks the ZeRO stage, the pipeline schedule (only when pp > 1), TP communication overlap (with
+    TP > 1 and async collectives), partial full recomputation (``recompute_num_layers`` >= 1 needs
+    :attr:`EngineProfile.partial_recompute`) and, where the plan has them, ``precision`` and ``compile``.
+
+    Raises:
+        PlanError: naming the setting, the engine and what it supports.
+    """
+    e = engine
+    if plan.zero_stage not in e.zero_stages and plan.dp_degree * plan.cp_degree > 1:
+        why = e.zero_stage_reasons.get(plan.zero_stage) or (
+            f"{e.name} runs zero_stage {', '.join(map(str, e.zero_stages))}")
+        raise PlanError(f"zero_stage={plan.zero_stage} cannot run on engine {e.name}: {why}")
+    if plan.pp_degree > 1 and plan.pipeline_schedule not in e.schedules:
+        raise PlanError(f"pipeline_schedule={plan.pipeline_schedule} cannot run on engine {e.name}; it has "
+                        f"{', '.join(e.schedules)}")
+    if plan.tp_comm_overlap and plan.tp_degree > 1 and plan.async_collectives:
+        if not e.tp_comm_overlap:
+            raise PlanError(f"tp_comm_overlap=true cannot run on engine {e.name}: "
+                            f"{e.tp_comm_overlap_reason or 'it has no TP communication overlap'}")
+        if e.tp_comm_overlap_needs_compile and not getattr(plan, "compile", False):
+            raise PlanError(f"tp_comm_overlap=true on engine {e.name} needs compile=true (async TP is "
+                            "torch.compile's micro-pipeline TP pass)")
+        if e.tp_comm_overlap_needs_sp and not plan.sp_active:
+            raise PlanError(f"tp_comm_overlap=true on engine {e.name} needs sequence_parallel=true "
+                            "(Megatron-LM --tp-comm-overlap requires --sequence-parallel)")
+    rn = getattr(plan, "recompute_num_layers", 0)
+    if rn and getattr(plan, "recompute", "none") == "full" and not e.partial_recompute:
+        raise PlanError(f"recompute_num_layers={rn} cannot run on engine {e.name}: "
+                        f"{e.partial_recompute_reason or 'it recomputes every layer or none'}; "
+                        f"use recompute_num_layers=0 (every layer)")
+    precision = getattr(plan, "precision", "bf16")
+    if precision not in e.precisions and precision != "bf16":
+        raise PlanError(f"precision={precision} cannot run on engine {e.name}; it runs {', '.join(e.precisions)}")
+    if getattr(plan, "compile", False) and not e.compile:
+        raise PlanError(f"compile=true cannot run on engine {e.name} (it has no torch.compile setting)")

@@ -1,0 +1,589 @@
+"""Model catalog: dense decoder-only transformers (Llama 3.1 8B/70B/405B, or any HF ``config.json``).
+
+A :class:`ModelSpec` holds the architecture numbers the planner needs. Parameter counts follow the
+architecture exactly (no rounding); for Llama 3.1 they equal the published counts:
+
+    parameters = 2 V h                                  (input embedding + untied LM head)
+               + L (h (n_q d + 2 n_kv d) + n_q d h      (Q, K, V and output projections)
+                    + b (n_q d + 2 n_kv d)              (Q/K/V biases, b = 1 for Qwen2/2.5, else 0)
+                    + 3 h f                             (gated MLP gate, up, down; 2 h f for a plain MLP)
+                    + r h)                              (r RMSNorm weights: 2; 4 in Gemma 2)
+               + h                                      (final RMSNorm)
+
+with V vocabulary, h hidden size, L layers, n_q query heads, n_kv KV heads, d head dim, f FFN size
+(Llama 3 paper, Table 3; Hugging Face ``LlamaForCausalLM``). With tied embeddings the 2 V h term is V h.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.errors import ConfigError
+
+#: HF ``rope_scaling`` / ``rope_parameters`` types (transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS``)
+ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling of a model (HF ``config.json`` ``rope_scaling``; transformers
+    ``modeling_rope_utils``). The cost model ignores it (it changes no FLOPs or bytes); launch files must
+    reproduce it (:mod:`autotune.export`).
+
+    Attributes:
+        type: ``rope_type`` (or the older ``type``): one of :data:`ROPE_SCALING_TYPES`.
+        factor: the scaling factor (dimensionless; Llama 3.1: 8, Llama 3.2: 32).
+        low_freq_factor, high_freq_factor, original_max_position_embeddings: the llama3 type's parameters
+            (Llama 3.1 / 3.2: 1, 4, 8192 tokens); None where the config has none.
+
+    Raises:
+        ConfigError: an unknown type, or a factor / parameter that is not a positive finite number.
+    """
+
+    type: str
+    factor: float = 1.0
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        from autotune.spec.validate import require_int, require_number
+        if self.type not in ROPE_SCALING_TYPES:
+            raise ConfigError(f"rope_scaling type {str(self.type)[:40]!r} is not known; known: "
+                              f"{', '.join(ROPE_SCALING_TYPES)}")
+        object.__setattr__(self, "factor", require_number(self.factor, "rope_scaling factor", lo=0, lo_open=True))
+        for f in ("low_freq_factor", "high_freq_factor"):
+            if getattr(self, f) is not None:
+                object.__setattr__(self, f, require_number(getattr(self, f), f"rope_scaling {f}", lo=0,
+                                                           lo_open=True))
+        if self.original_max_position_embeddings is not None:
+            require_int(self.original_max_position_embeddings, "rope_scaling original_max_position_embeddings",
+                        hi=2**30)
+
+    def describe(self) -> str:
+        """``llama3 (factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192)``."""
+        parts = [f"{k} {v:g}" for k, v in asdict(self).items() if k != "type" and v is not None]
+        return f"{self.type} ({', '.join(parts)})"
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], *, source: str) -> "RopeScaling | None":
+        """From an HF ``rope_scaling`` / ``rope_parameters`` mapping or a plan file's ``rope_scaling``;
+        None for ``rope_type: default`` (no scaling).
+
+        Raises:
+            ConfigError: not a mapping, or an unknown / malformed type or value (naming ``source``).
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source}: expected a mapping, got {type(d).__name__}")
+        t = d.get("rope_type", d.get("type"))
+        if t == "default":
+            return None
+        if not isinstance(t, str):
+            raise ConfigError(f"{source}: rope_type must be a string ({', '.join(ROPE_SCALING_TYPES)}), got {t!r}")
+        try:
+            return cls(type=t, factor=d.get("factor", 1.0), low_freq_factor=d.get("low_freq_factor"),
+                       high_freq_factor=d.get("high_freq_factor"),
+                       original_max_position_embeddings=d.get("original_max_position_embeddings"))
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+
+#: ModelSpec fields added after plan files and study names existed: left out of :meth:`ModelSpec.to_dict`
+#: and :meth:`ModelSpec.fingerprint` at their defaults, so earlier files and study names are unchanged.
+_LATER_FIELDS = {"mlp_activation": "silu", "rope_scaling": None, "features": ()}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of a dense decoder-only transformer.
+
+    Attributes:
+        name: catalog name (``llama3.1-8b``) or a user label.
+        hidden_size: h, model width.
+        num_layers: L, transformer blocks.
+        num_heads: query heads n_q.
+        num_kv_heads: key/value heads n_kv (GQA when < n_q).
+        ffn_hidden_size: f, the MLP's inner width.
+        vocab_size: V.
+        head_dim: d, per-head width (128 for Llama 3.1).
+        tied_embeddings: whether the LM head shares the input embedding matrix.
+        gated_mlp: SwiGLU (3 projections) when True, plain GeLU MLP (2 projections) when False.
+        rope_theta, norm_eps, max_seq_len: carried for the real runtime; not used by the planner.
+        qkv_bias: Q, K and V projections carry biases (Qwen2/2.5: HF ``Qwen2Attention``, bias=True).
+        norms_per_layer: RMSNorm weight vectors per block (2; 4 in Gemma 2: pre/post attention and
+            pre/post feed-forward, HF ``Gemma2DecoderLayer``).
+        sliding_window: attention window in tokens where the architecture uses one (Mistral v0.1,
+            Gemma 2, Phi-3), else None; the cost model computes full causal attention, so a sequence
+            longer than the window is refused (:meth:`check_sequence`).
+        mlp_activation: the MLP's activation as HF names it (``silu``: SwiGLU when gated; ``gelu``,
+            ``gelu_pytorch_tanh``: GeGLU when gated, Gemma). Not costed differently; launch files use it.
+        rope_scaling: RoPE frequency scaling (:class:`RopeScaling`), None for plain RoPE.
+        features: other architecture features the cost model does not change for but a launch must
+            reproduce, as readable names (``embedding scaled by sqrt(hidden_size)``, ``attention logit
+            soft-capping 50``); an export for an engine that cannot express one is refused naming it.
+
+    Raises:
+        ConfigError: on a non-positive size or heads that do not divide (n_q % n_kv != 0).
+    """
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    head_dim: int = 128
+    tied_embeddings: bool = False
+    gated_mlp: bool = True
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    max_seq_len: int = 131072
+    qkv_bias: bool = False
+    norms_per_layer: int = 2
+    sliding_window: int | None = None
+    mlp_activation: str = "silu"
+    rope_scaling: RopeScaling | None = None
+    features: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from autotune.spec.validate import (
+            require_bool,
+            require_int,
+            require_name,
+            require_number,
+        )
+
+        require_name(self.name, "model name")
+        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                  "vocab_size", "head_dim"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
+            # bounds: 16x the largest published dense model's widths (405B: h 16384, L 126, V 128256)
+            require_int(v, f"model {self.name!r}: {f}", hi=2**24 if f == "vocab_size" else 2**20)
+        require_int(self.max_seq_len, f"model {self.name!r}: max_seq_len", hi=2**30)
+        require_int(self.norms_per_layer, f"model {self.name!r}: norms_per_layer", lo=0, hi=8)
+        if self.sliding_window is not None:
+            require_int(self.sliding_window, f"model {self.name!r}: sliding_window")
+        for f in ("tied_embeddings", "gated_mlp", "qkv_bias"):
+            require_bool(getattr(self, f), f"model {self.name!r}: {f}")
+        require_number(self.rope_theta, f"model {self.name!r}: rope_theta", lo=0, lo_open=True)
+        require_number(self.norm_eps, f"model {self.name!r}: norm_eps", lo=0, hi=1)
+        require_name(self.mlp_activation, f"model {self.name!r}: mlp_activation")
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_mapping(
+                self.rope_scaling, source=f"model {self.name!r}: rope_scaling"))
+        elif self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ConfigError(f"model {self.name!r}: rope_scaling must be a mapping (rope_type, factor, ...) or "
+                              f"null, got {type(self.rope_scaling).__name__}")
+        if isinstance(self.features, list):
+            object.__setattr__(self, "features", tuple(self.features))
+        if not isinstance(self.features, tuple) or not all(isinstance(f, str) and f for f in self.features):
+            raise ConfigError(f"model {self.name!r}: features must be a list of names, got {self.features!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model {self.name!r}: num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads} (grouped-query attention needs n_q % n_kv == 0)")
+
+    # ---- parameter counts (elements) ----
+    @property
+    def q_dim(self) -> int:
+        """n_q x d: width of the query projection output."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """n_kv x d: width of each of the K and V projection outputs."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """h (n_q d + 2 n_kv d) + n_q d h: Q, K, V and output projection weights, + n_q d + 2 n_kv d
+        Q/K/V biases when ``qkv_bias`` (Qwen2)."""
+        h = self.hidden_size
+        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + bias
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """3 h f for SwiGLU (gate, up, down), 2 h f for a plain MLP."""
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def params_per_layer(self) -> int:
+        """Attention + MLP + ``norms_per_layer`` RMSNorm weight vectors (2 h; 4 h in Gemma 2)."""
+        return self.attention_params_per_layer + self.mlp_params_per_layer + self.norms_per_layer * self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        """V h: the input embedding table."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """V h for an untied LM head; 0 when tied (the weight is the embedding table)."""
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters (elements), exact; e.g. 8,030,261,248 for Llama 3.1 8B."""
+        return (self.embedding_params + self.lm_head_params + self.num_layers * self.params_per_layer
+                + self.hidden_size)
+
+    @property
+    def num_params_without_embedding(self) -> int:
+        """Parameters excluding the input embedding table (the LM head counts): the N in 6N.
+
+        For a tied model the shared matrix still does the LM-head matmul, so V h is kept.
+        """
+        lm_head = self.vocab_size * self.hidden_size
+        return lm_head + self.num_layers * self.params_per_layer + self.hidden_size
+
+    def truncated(self, num_layers: int) -> "ModelSpec":
+        """The same widths with ``num_layers`` layers (a depth proxy), named ``<name>-<N>L``.
+
+        Raises:
+            ConfigError: num_layers outside 1..self.num_layers.
+        """
+        if not isinstance(num_layers, int) or not 1 <= num_layers <= self.num_layers:
+            raise ConfigError(f"--layers {num_layers} must be between 1 and the model's {self.num_layers} layers")
+        return replace(self, num_layers=num_layers, name=f"{self.name}-{num_layers}L")
+
+    def check_sequence(self, seq_len: int) -> str | None:
+        """Refuse a sequence the cost model would cost wrongly; return a warning line or None.
+
+        Raises:
+            ConfigError: seq_len > sliding_window (attention is windowed there; the simulator costs
+                full causal attention, so FLOPs and MFU would be wrong).
+        Returns:
+            A warning when seq_len > max_seq_len (HF ``max_position_embeddings``): RoPE was not trained
+            that far, the cost is still computed.
+        """
+        if self.sliding_window is not None and seq_len > self.sliding_window:
+            raise ConfigError(f"model {self.name}: sliding-window attention (window {self.sliding_window} tokens) "
+                              f"is not modelled; --seq-len {seq_len} exceeds the window, use --seq-len <= "
+                              f"{self.sliding_window}")
+        if seq_len > self.max_seq_len:
+            return (f"warning: --seq-len {seq_len} is longer than {self.name}'s max_position_embeddings "
+                    f"{self.max_seq_len}")
+        return None
+
+    def fingerprint(self) -> str:
+        """8 hex digits of SHA-256 over the architecture fields (every field but ``name``): two configs
+        with the same name but different shapes get different study names."""
+        import hashlib
+        d = {k: v for k, v in self.to_dict().items() if k != "name"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (YAML/JSON safe); the fields of :data:`_LATER_FIELDS` only where not at their default."""
+        d = asdict(self)
+        for k, default in _LATER_FIELDS.items():
+            if d[k] == default or (k == "features" and not d[k]):
+                del d[k]
+        if "features" in d:
+            d["features"] = list(d["features"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "model") -> "ModelSpec":
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source}: expected a mapping of model fields, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(map(str, set(d) - known))
+        if unknown:
+            raise ConfigError(f"{source}: unknown model field(s) {unknown}; valid fields: {sorted(known)}")
+        d = dict(d)
+        if "rope_scaling" not in d:
+            # files and studies from before rope_scaling was recorded: a catalog Llama 3.1 (or its
+            # --layers proxy, ``<name>-<N>L``) had its published scaling then too
+            base = next((m for m in CATALOG.values() if d.get("name") == m.name
+                         or str(d.get("name", "")).startswith(m.name + "-")), None)
+            if base is not None:
+                d["rope_scaling"] = base.rope_scaling
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+
+#: Llama 3.1's RoPE scaling (config.json of meta-llama/Llama-3.1-*: rope_scaling {rope_type: llama3, factor 8,
+#: low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192})
+LLAMA31_ROPE_SCALING = RopeScaling(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=8192)
+LLAMA31_COMMON = dict(vocab_size=128256, head_dim=128, tied_embeddings=False, gated_mlp=True,
+                      rope_theta=500000.0, norm_eps=1e-5, max_seq_len=131072, rope_scaling=LLAMA31_ROPE_SCALING)
+
+#: Llama 3.1 configurations (Llama 3 paper Table 3; Hugging Face config.json of meta-llama/Llama-3.1-*).
+CATALOG: dict[str, ModelSpec] = {
+    "8b": ModelSpec(name="llama3.1-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+                    ffn_hidden_size=14336, **LLAMA31_COMMON),
+    "70b": ModelSpec(name="llama3.1-70b", hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8,
+                     ffn_hidden_size=28672, **LLAMA31_COMMON),
+    "405b": ModelSpec(name="llama3.1-405b", hidden_size=16384, num_layers=126, num_heads=128,
+                      num_kv_heads=8, ffn_hidden_size=53248, **LLAMA31_COMMON),
+}
+
+
+def get_model(size: str) -> ModelSpec:
+    """The catalog model for ``size`` (``8b``, ``70b``, ``405b``; also accepts ``llama3.1-8b``).
+
+    Raises:
+        ConfigError: unknown size; the message lists the known ones.
+    """
+    key = size.strip().lower()
+    for prefix in ("llama3.1-", "llama-3.1-", "llama3-"):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    if key not in CATALOG:
+        raise ConfigError(f"unknown model size {size!r}; known sizes: {', '.join(CATALOG)} "
+                          "(or pass --model path/to/config.json)")
+    return CATALOG[key]
+
+
+#: model_type -> the architecture's defaults where its HF config leaves a field out (HF transformers
+#: ``models/<type>/configuration_<type>.py`` and ``modeling_<type>.py``):
+#:   gated: the MLP is gated (gate, up, down) whatever ``hidden_act`` says (Gemma's GeGLU uses
+#:     ``gelu``/``gelu_pytorch_tanh``, GemmaMLP; Llama/Mistral/Qwen2/Phi-3 SwiGLU with ``silu``);
+#:   tied: ``tie_word_embeddings`` default (GemmaConfig / Gemma2Config: True; the others False,
+#:     except where the config says so, e.g. Llama-3.2-1B);
+#:   qkv_bias: Qwen2Attention builds q/k/v_proj with bias=True (o_proj without);
+#:   norms: RMSNorm vectors per layer (Gemma2DecoderLayer: 4);
+#:   window: how a sliding window is declared (``sliding_window`` always used for Mistral/Phi-3/Gemma 2;
+#:     Qwen2 only with ``use_sliding_window: true``).
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="never"),
+    "mistral": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="always"),
+    "qwen2": dict(gated=True, tied=False, qkv_bias=True, norms=2, window="use_sliding_window"),
+    "gemma": dict(gated=True, tied=True, qkv_bias=False, norms=2, window="never"),
+    "gemma2": dict(gated=True, tied=True, qkv_bias=False, norms=4, window="always"),
+    "phi3": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="always"),
+}
+#: model_types that are mixture-of-experts (refused by name; the cost model is dense only).
+MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe",
+             "phimoe", "granitemoe", "jetmoe", "arctic", "grok-1", "llama4"}
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
+
+
+def _moe_key(raw: dict[str, Any]) -> str | None:
+    """The first key of ``raw`` that declares mixture-of-experts layers with a set value (not null, 0, false
+    or empty), or None. Families (HF transformers configuration_*.py of Mixtral, Qwen2-MoE, DeepSeek-V2/V3,
+    DBRX, Jamba, OLMoE, Granite-MoE, Llama 4): :data:`_MOE_KEYS`; any key naming experts (``n_shared_experts``,
+    ``num_experts_per_tok``, ``expert_interval``, ``shared_expert_intermediate_size``); ``moe_*``
+    (``moe_layer_freq``, ``moe_intermediate_size``); ``router_*`` (``router_aux_loss_coef``, DBRX
+    ``router_jitter_noise``: a router exists only in an MoE); ``first_k_dense_replace``, ``decoder_sparse_step``,
+    ``mlp_only_layers`` (which layers are dense in an MoE); ``ffn_config`` (DBRX's expert settings)."""
+    for k in _MOE_KEYS:
+        if raw.get(k):
+            return k
+    for k, v in raw.items():
+        if not v or not isinstance(k, str):
+            continue
+        low = k.lower()
+        if ("expert" in low or low.startswith(("moe_", "router_")) or
+                low in ("first_k_dense_replace", "decoder_sparse_step", "mlp_only_layers", "ffn_config")):
+            return k
+    return None
+
+
+#: RoPE scaling types HF transformers implements (``modeling_rope_utils.py`` ROPE_INIT_FUNCTIONS); ``type``
+#: is the older key of ``rope_type``. They change the rotary frequencies, not the FLOPs or memory, but a
+#: config naming another type (or a factor < 1) is a config autotune would misread, so it is refused.
+ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+#: head dims the attention kernels run: FlashAttention-2 supports head dims up to 256 that are multiples of
+#: 8 (flash-attention README "Head dim up to 256"; ``flash_api.cpp`` checks ``head_size % 8 == 0`` and
+#: ``head_size <= 256``); cuDNN's fused attention (Transformer Engine) has the same limits for training.
+MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 256, 8
+
+
+def _check_rope_scaling(rs: Any, where: str) -> None:
+    """Refuse a ``rope_scaling`` that is not null or a mapping of a known type with a factor >= 1
+    (HF ``_validate_linear_scaling_rope_parameters`` and siblings: ``factor`` must be a float >= 1).
+
+    Raises:
+        ConfigError: naming the field, the value and what is valid.
+    """
+    from autotune.files import display_text
+    from autotune.spec.validate import require_number
+
+    if rs is None:
+        return
+    if not isinstance(rs, dict):
+        raise ConfigError(f"{where}: field rope_scaling must be a JSON object or null, got {type(rs).__name__}")
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_TYPES:
+        raise ConfigError(f"{where}: field rope_scaling type {display_text(repr(kind), 40)} is unknown; valid: "
+                          f"{', '.join(ROPE_SCALING_TYPES)}")
+    if kind != "default" or "factor" in rs:
+        if "factor" not in rs and kind != "longrope":
+            raise ConfigError(f"{where}: field rope_scaling factor is missing for type {kind!r} (a number >= 1)")
+        if "factor" in rs:
+            require_number(rs["factor"], f"{where}: field rope_scaling factor", lo=1.0, hi=2.0**20)
+_GATED_ACTS = {"silu", "swiglu", "swish"}
+
+
+def _safe_label(s: str) -> str:
+    """``s`` reduced to ``[A-Za-z0-9._-]`` (no escape sequences reach a terminal or a study name)."""
+    import re
+    out = re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-.")
+    return out[:64] or "model"
+
+
+def _hf_features(raw: Mapping[str, Any], mtype: str | None, head_dim: int, p: Path) -> tuple[str, ...]:
+    """Architecture features of an HF config beyond the Llama baseline that no ModelSpec field holds
+    (see :attr:`ModelSpec.features`), from transformers' modeling files:
+
+    * Gemma / Gemma 2 scale the input embedding by sqrt(hidden_size) (GemmaModel ``normalizer``) and
+      keep RMSNorm weights as 1 + w (GemmaRMSNorm);
+    * Gemma 2: ``attn_logit_softcapping``, ``final_logit_softcapping`` (tanh soft-capping,
+      Gemma2Attention / Gemma2ForCausalLM) and ``query_pre_attn_scalar`` when it is not head_dim (the
+      attention scale is query_pre_attn_scalar^-0.5);
+    * ``partial_rotary_factor`` < 1 (RoPE on a fraction of each head).
+
+    Raises:
+        ConfigError: a soft-capping or scalar value that is not a positive number (named).
+    """
+    from autotune.spec.validate import require_number
+
+    out: list[str] = []
+    if mtype in ("gemma", "gemma2"):
+        out += ["embedding scaled by sqrt(hidden_size) (Gemma)", "RMSNorm weight 1 + w (Gemma)"]
+    for key, what in (("attn_logit_softcapping", "attention logit soft-capping"),
+                      ("final_logit_softcapping", "final logit soft-capping")):
+        if raw.get(key) is not None:
+            out.append(f"{what} {require_number(raw[key], f'model config {p}: field {key}', lo=0, lo_open=True):g}")
+    q = raw.get("query_pre_attn_scalar")
+    if q is not None and require_number(q, f"model config {p}: field query_pre_attn_scalar", lo=0, lo_open=True) \
+            != head_dim:
+        out.append(f"attention scale query_pre_attn_scalar^-0.5 with query_pre_attn_scalar {q:g} (not head_dim "
+                   f"{head_dim})")
+    prf = raw.get("partial_rotary_factor")
+    if prf is not None and require_number(prf, f"model config {p}: field partial_rotary_factor", lo=0, hi=1,
+                                          lo_open=True) < 1:
+        out.append(f"partial rotary embedding (partial_rotary_factor {prf:g})")
+    return tuple(out)
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """Read a Hugging Face ``config.json`` of a dense decoder, per ``model_type``.
+
+    Supported ``model_type``: llama (Llama 2, 3, 3.1, 3.2, 3.3), mistral, qwen2 (Qwen2, Qwen2.5), gemma,
+    gemma2, phi3, with each architecture's defaults (:data:`ARCHITECTURES`); a config without
+    ``model_type`` is read as Llama-like with ``hidden_act`` deciding the MLP (``silu``: gated, else plain
+    two-projection). Fields: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+    ``num_key_value_heads`` (default: the head count; 0 refused), ``intermediate_size``, ``vocab_size``,
+    ``head_dim`` (default hidden/heads, which must divide), ``tie_word_embeddings``,
+    ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``sliding_window``, ``hidden_act`` /
+    ``hidden_activation`` (kept as ``mlp_activation``), ``rope_scaling`` (or transformers 5's
+    ``rope_parameters``, which also holds ``rope_theta``) and the features of :func:`_hf_features`
+    (soft-capping, Gemma's embedding scale, ...), which launch files must reproduce. Integer fields must
+    be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path or model_type>@
+    <fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
+
+    Raises:
+        ConfigError: unreadable/non-JSON/binary file; a missing or mistyped field (named); a
+            mixture-of-experts model or an unsupported model_type (named, with the supported ones).
+    """
+    from autotune.files import read_json_file
+    from autotune.spec.validate import require_bool, require_int, require_number
+
+    p = Path(path)
+    raw = read_json_file(p, what="model config")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"model config {p}: expected a JSON object, got {type(raw).__name__}")
+    mtype = raw.get("model_type")
+    if mtype is not None and not isinstance(mtype, str):
+        raise ConfigError(f"model config {p}: model_type must be a string, got {type(mtype).__name__}")
+    moe = _moe_key(raw)
+    if mtype in MOE_TYPES or moe:
+        what = f"model_type {mtype!r}" if mtype in MOE_TYPES else f"field {_safe_label(moe)!r}"
+        raise ConfigError(f"model config {p}: {what}: mixture-of-experts models are not supported (dense decoders "
+                          f"only: {', '.join(ARCHITECTURES)})")
+    if mtype is not None and mtype not in ARCHITECTURES:
+        raise ConfigError(f"model config {p}: model_type {_safe_label(mtype)!r} is not supported; supported: "
+                          f"{', '.join(ARCHITECTURES)} (or leave model_type out for a Llama-like decoder)")
+    arch = ARCHITECTURES.get(mtype or "", {})
+
+    def field(name: str, *alts: str, default: Any = None, required: bool = True) -> Any:
+        for n in (name, *alts):
+            if n in raw and raw[n] is not None:
+                return raw[n]
+        if required and default is None:
+            raise ConfigError(f"model config {p}: missing field {name!r} (expected a positive integer)")
+        return default
+
+    def integer(name: str, *alts: str, default: Any = None, lo: int = 1) -> int:
+        return require_int(field(name, *alts, default=default), f"model config {p}: field {name}", lo=lo,
+                           hi=2**24 if name == "vocab_size" else 2**30)
+
+    hidden = integer("hidden_size", "n_embd", "d_model")
+    heads = integer("num_attention_heads", "n_head")
+    kv = integer("num_key_value_heads", default=heads)
+    if "head_dim" in raw and raw["head_dim"] is not None:
+        head_dim = integer("head_dim")
+    else:
+        if hidden % heads:
+            raise ConfigError(f"model config {p}: field num_attention_heads={heads} does not divide "
+                              f"hidden_size={hidden} and there is no head_dim; give head_dim or a dividing head count")
+        head_dim = hidden // heads
+    if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_MULTIPLE:
+        raise ConfigError(f"model config {p}: field head_dim={head_dim}"
+                          + ("" if "head_dim" in raw and raw["head_dim"] is not None else
+                             f" (hidden_size {hidden} / num_attention_heads {heads})")
+                          + f": the attention kernels run head dims that are multiples of {HEAD_DIM_MULTIPLE} up to "
+                          f"{MAX_HEAD_DIM} (FlashAttention-2, cuDNN)")
+    _check_rope_scaling(raw.get("rope_scaling"), f"model config {p}")
+    if heads % kv:
+        raise ConfigError(f"model config {p}: field num_key_value_heads={kv} does not divide "
+                          f"num_attention_heads={heads} (grouped-query attention needs n_q % n_kv == 0)")
+    ffn = integer("intermediate_size", "n_inner", default=4 * hidden)
+    act = field("hidden_activation", "hidden_act", "activation_function", default="silu")
+    if not isinstance(act, str):
+        raise ConfigError(f"model config {p}: field hidden_act must be a string, got {type(act).__name__}")
+    gated = raw.get("gated_mlp")
+    if gated is not None:
+        gated = require_bool(gated, f"model config {p}: field gated_mlp")
+    elif arch:
+        gated = arch["gated"]
+    else:
+        gated = act.lower() in _GATED_ACTS or raw.get("mlp_type") == "swiglu"
+    tied = raw.get("tie_word_embeddings")
+    tied = arch.get("tied", False) if tied is None else require_bool(tied, f"model config {p}: field tie_word_embeddings")
+    qkv_bias = arch.get("qkv_bias", False)
+    for key in ("attention_bias", "mlp_bias"):
+        if raw.get(key) is not None and require_bool(raw[key], f"model config {p}: field {key}") and not qkv_bias:
+            raise ConfigError(f"model config {p}: field {key}: true is not modelled (only Qwen2's q/k/v biases are)")
+    window = None
+    sw = raw.get("sliding_window")
+    uses_window = arch.get("window") == "always" or (arch.get("window") == "use_sliding_window"
+                                                     and raw.get("use_sliding_window") is True)
+    if sw is not None and uses_window:
+        window = require_int(sw, f"model config {p}: field sliding_window", hi=2**30)
+    max_pos = integer("max_position_embeddings", "n_positions", default=4096)
+    # transformers >= 5 writes rope_theta and the scaling inside rope_parameters
+    rope_params = raw.get("rope_parameters")
+    if rope_params is not None and not isinstance(rope_params, dict):
+        raise ConfigError(f"model config {p}: field rope_parameters must be a mapping, got {type(rope_params).__name__}")
+    rope_params = rope_params or {}
+    theta = rope_params.get("rope_theta") if rope_params.get("rope_theta") is not None else field("rope_theta",
+                                                                                                   default=10000.0)
+    rope = require_number(theta, f"model config {p}: field rope_theta", lo=0, lo_open=True)
+    scaling_raw = raw.get("rope_scaling") if raw.get("rope_scaling") is not None else (rope_params or None)
+    scaling = None if scaling_raw is None else RopeScaling.from_mapping(
+        scaling_raw, source=f"model config {p}: field {'rope_scaling' if raw.get('rope_scaling') else 'rope_parameters'}")
+    features = _hf_features(raw, mtype, head_dim, p)
+    eps = require_number(field("rms_norm_eps", "layer_norm_eps", default=1e-5), f"model config {p}: field rms_norm_eps",
+                         lo=0, hi=1)
+    base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
+        (mtype or p.parent.name or p.stem)
+    spec = ModelSpec(
+        name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
+        num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
+        tied_embeddings=tied, gated_mlp=bool(gated), rope_theta=rope, norm_eps=eps, max_seq_len=max_pos,
+        qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
+        mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
+    return replace(spec, name=f"{_safe_label(Path(str(base)).name)}@{spec.fingerprint()}")
