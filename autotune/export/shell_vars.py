@@ -10,7 +10,12 @@ continuations inside) and never appended to (``NAME+=(``) is expanded where ``${
 expanded as the scalars below. A scalar ``NAME=value`` assigned
 exactly once in the script, to a value with no ``$`` or backquote, is expanded where ``$NAME`` or ``${NAME}``
 appears. Anything else (a variable set twice, by ``for``/``read``, from the environment or from another
-variable) is left as it is, and the caller refuses it.
+variable) is left as it is, and the caller refuses it. One exception: ``NAME=${NAME:-literal}`` (or
+``${NAME-literal}``), assigned once, is read as its default ``literal`` (the environment a run starts from
+does not set it; ``--run-script --script-env NAME=VALUE`` reads the script with another value).
+
+Caps (a script is hostile input too): at most :data:`MAX_WORDS` words after expansion and no word over
+:data:`MAX_WORD_CHARS` characters; over either is one error naming the limit, before the work grows.
 """
 
 from __future__ import annotations
@@ -18,10 +23,31 @@ from __future__ import annotations
 import re
 import shlex
 
+from autotune.errors import ConfigError
+
+#: most words of a command after the arrays are spliced in (Megatron-LM's largest examples have < 500)
+MAX_WORDS = 100_000
+#: longest word accepted, characters (a path is at most PATH_MAX 4096; layouts and data-path lists < 16 K)
+MAX_WORD_CHARS = 16_384
+
 _DEF = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
 _ARRAY_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
 _SCALAR_REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_DEFAULT = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*):?-([^${}`]*)\}$")
 _LOOP = re.compile(r"\b(?:for|read(?:\s+-\w+)*)\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def check_word_lengths(text: str) -> None:
+    """Refuse ``text`` holding a run of more than :data:`MAX_WORD_CHARS` non-blank characters, in linear time,
+    before any shell-word splitting (:mod:`shlex` is a character-at-a-time Python loop).
+
+    Raises:
+        ConfigError: a word over the limit (its length and the limit; not its text).
+    """
+    for m in re.finditer(r"\S+", text):         # each match consumes its characters: linear
+        if m.end() - m.start() > MAX_WORD_CHARS:
+            raise ConfigError(f"a word of {m.end() - m.start():,} characters at offset {m.start():,}; the limit "
+                              f"is {MAX_WORD_CHARS:,} characters")
 
 
 def _split(text: str) -> list[str] | None:
@@ -77,6 +103,9 @@ def script_values(lines: list[str]) -> tuple[dict[str, list[str]], dict[str, str
                 break
             found.append((d.group(1), d.group(2), d.group(3).rstrip(";")))
         for name, plus, value in found:
+            dm = _DEFAULT.match(value)
+            if dm and dm.group(1) == name and not plus:
+                value = dm.group(2)         # NAME=${NAME:-16}: its default
             put(scalars, name, None if (plus or "$" in value or "`" in value) else value)
         i += 1
     return ({k: v for k, v in arrays.items() if v is not None},
@@ -90,10 +119,15 @@ def expand(words: list[str], arrays: dict[str, list[str]], scalars: dict[str, st
     for w in words:
         m = _ARRAY_REF.match(w)
         items = arrays[m.group(1)] if m and m.group(1) in arrays else [w]
+        if len(out) + len(items) > MAX_WORDS:
+            raise ConfigError(f"the command expands to more than {MAX_WORDS:,} words (arrays spliced in); refused")
         for x in items:
             refs = [a or b for a, b in _SCALAR_REF.findall(x)]
             if refs and all(r in scalars for r in refs):
                 x = _SCALAR_REF.sub(lambda r: scalars[r.group(1) or r.group(2)], x)
+                if len(x) > MAX_WORD_CHARS:
+                    raise ConfigError(f"a word of the command expands to {len(x):,} characters; the limit is "
+                                      f"{MAX_WORD_CHARS:,}")
             out.append(x)
     return out
 
@@ -102,7 +136,10 @@ def launcher_world(launcher: list[str]) -> tuple[int, str] | None:
     """(GPU count, how) when the launcher words give torchrun's ``--nnodes N`` and ``--nproc-per-node G``
     (or ``--nproc_per_node``; ``--opt=value`` too) as plain integers: N x G processes, one GPU each
     (torch.distributed.run: world size = nnodes x nproc_per_node); else None (an elastic ``1:4`` range, a
-    variable, ``gpu``/``auto``, or one of the two missing)."""
+    variable, ``gpu``/``auto``, or one of the two missing).
+
+    Raises:
+        ConfigError: ``--nnodes 0`` or ``--nproc-per-node 0`` (torchrun starts no process: no world)."""
     got: dict[str, str] = {}
     for k, w in enumerate(launcher):
         opt, eq, val = w.partition("=")
@@ -112,7 +149,10 @@ def launcher_world(launcher: list[str]) -> tuple[int, str] | None:
     n, g = got.get("--nnodes", ""), got.get("--nproc-per-node", "")
     if not (n.isdigit() and g.isdigit()):
         return None
+    for opt, v in (("--nnodes", n), ("--nproc-per-node", g)):
+        if int(v) < 1:
+            raise ConfigError(f"torchrun {opt} {v}: must be an integer >= 1 (world size = nnodes x nproc-per-node)")
     return int(n) * int(g), f"--nnodes {n} x --nproc-per-node {g}"
 
 
-__all__ = ["expand", "launcher_world", "script_values"]
+__all__ = ["MAX_WORDS", "MAX_WORD_CHARS", "check_word_lengths", "expand", "launcher_world", "script_values"]
