@@ -235,7 +235,12 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
     if seq_note:
         click.echo(seq_note.replace("--seq-len", "seq_len"), err=True)
     eng = resolve_engine(engine if engine is not None else (None if backend == "real" else doc.engine), backend)
-    ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
+    eng_arg = eng.name
+    if imported is not None and imported.engine_release and engine is None and backend != "real":
+        # a launch file is judged by the engine release it is written for (torchtitan 0.2 TOML, 0.3 module)
+        from autotune.spec.engines import engine_release
+        eng = eng_arg = engine_release(imported.engine, imported.engine_release)
+    ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng_arg)
     try:
         result = ev.evaluate(doc.plan)
         if (trace_path or gantt_path) and result.feasible:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import main
-from autotune.cli.compare import compare_options
+from autotune.cli.compare import compare_options, script_options, script_run
 from autotune.cli.options import (
     DEFAULT_STORAGE,
     JSON_OPTION,
@@ -41,10 +41,12 @@ from autotune.errors import ConfigError, NoFeasiblePlanError, redact
 @click.option("--no-early-stop", "no_early_stop", is_flag=True,
               help="Run all --trials trials (no convergence stop: docs/search.md).")
 @compare_options
+@script_options
 @JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
         timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
-        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, compare_to, compare_format, as_json):
+        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, compare_to, compare_format, as_json, run_script,
+        script_args, script_env):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     With --backend real --engine torchtitan (or megatron) every trial runs that engine's own trainer; the
@@ -57,10 +59,12 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     from autotune.tune.tuner import Tuner
 
     imported = None
+    if compare_to is None and (run_script or script_args or script_env):
+        raise ConfigError("--run-script, --script-args and --script-env read the launch script of --compare-to; give it")
     if compare_to is not None:
         # the user's launch is read (and refused) before any trial runs; its target is the run's
         from autotune.cli.compare import imported_target, read_launch
-        imported = read_launch(compare_to, compare_format, gpus)
+        imported = read_launch(compare_to, compare_format, gpus, script_run(run_script, script_args, script_env))
         gpus = gpus if gpus is not None else imported.num_gpus    # a launch's --nnodes x --nproc-per-node
         model, cluster, workload = imported_target(imported, size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                                    interconnect=interconnect, seq_len=seq_len,

@@ -25,6 +25,8 @@ class ImportedLaunch:
             (Megatron: option -> value tokens, ``()`` for a switch; torchtitan: ``section.field`` -> value).
         ignored: ``(setting, why)`` for each setting that is not modelled.
         approximated: lines saying which settings are costed as a nearby value autotune has.
+        engine_release: the engine release the file is judged by (torchtitan ``0.2`` for a TOML job file,
+            ``0.3`` for a config module; :func:`autotune.spec.engines.engine_release`), None: the profile's.
         notes: lines on how the file was read (``--run-script``: the command run) and which engine release
             it is judged by.
     """
@@ -40,6 +42,7 @@ class ImportedLaunch:
     ignored: tuple[tuple[str, str], ...] = ()
     approximated: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    engine_release: str | None = None
 
     def report_lines(self) -> list[str]:
         """``ignored: ...`` lines (grouped by reason) and ``approximated: ...`` lines, for the terminal."""
@@ -54,7 +57,7 @@ class ImportedLaunch:
         return {"source": self.source, "format": self.fmt, "engine": self.engine,
                 "modelled": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.modelled.items()},
                 "ignored": [{"setting": s, "why": w} for s, w in self.ignored],
-                "approximated": list(self.approximated), "notes": list(self.notes)}
+                "approximated": list(self.approximated), "notes": list(self.notes), "engine_release": self.engine_release}
 
 
 def label_from_path(path: str | Path) -> str:
