@@ -1,0 +1,128 @@
+"""--run-script and the static reader against hostile scripts: nothing runs in autotune's process, no blow-up,
+one-line errors (issue 37's launch-script cases)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.export.script_run import ScriptRun, run_script
+from autotune.export.shell_vars import MAX_WORD_CHARS, MAX_WORDS, launcher_world
+
+needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="--run-script needs bash")
+ARGS = ("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+        "--micro-batch-size 1 --position-embedding-type rope --normalization RMSNorm --disable-bias-linear "
+        "--swiglu --bf16 --vocab-size 1000")
+
+
+def _script(tmp_path: Path, body: str, name: str = "launch.sh") -> Path:
+    f = tmp_path / name
+    f.write_text("#!/bin/bash\n" + body)
+    return f
+
+
+@needs_bash
+def test_recorder_sees_argv_env_and_an_empty_cwd(tmp_path):
+    f = _script(tmp_path, 'NNODES=${NNODES:-16}\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n'
+                'echo "cwd: $(ls -A | tr "\\n" " ")"\n'
+                'read -t 1 x && echo "stdin: $x"\n'
+                f'torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py {ARGS} --save "$1"\n')
+    rec = run_script(f, ScriptRun(args=("/ckpt dir",)))
+    assert rec.argv[:5] == ("torchrun", "--nnodes", "16", "--nproc-per-node", "8")
+    assert rec.argv[-2:] == ("--save", "/ckpt dir")            # a positional argument with a space, one word
+    assert rec.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    # the working directory holds only the placeholders; stdin is /dev/null (read fails: no "stdin:" line)
+    assert "cwd: pretrain_bert.py pretrain_gpt.py" in rec.output and "stdin:" not in rec.output
+    # an override of the script's default (NNODES from the environment)
+    assert run_script(f, ScriptRun(env=(("NNODES", "2"),))).argv[2] == "2"
+    # the script's world size: 16 x 8, from its own NNODES default
+    assert launcher_world(list(rec.argv[:rec.argv.index("pretrain_gpt.py")]))[0] == 128
+
+
+@needs_bash
+def test_script_does_not_run_in_autotunes_process(tmp_path):
+    canary = tmp_path / "CANARY"
+    f = _script(tmp_path, f"touch {canary}\nexit 0\n")
+    # static reading runs nothing
+    with pytest.raises(ConfigError):
+        from autotune.export.launch_import import import_launch
+        import_launch(f, "megatron", num_gpus=8)
+    assert not canary.exists()
+    # --run-script: in a child; autotune's own environment is not the child's
+    os.environ["AUTOTUNE_TEST_SECRET"] = "s3cret"
+    try:
+        g = _script(tmp_path, f'torchrun pretrain_gpt.py {ARGS}\n', "g.sh")
+        rec = run_script(g, ScriptRun())
+    finally:
+        del os.environ["AUTOTUNE_TEST_SECRET"]
+    assert "AUTOTUNE_TEST_SECRET" not in rec.env
+
+
+@needs_bash
+def test_timeout_kills_the_script(tmp_path):
+    f = _script(tmp_path, "while true; do :; done\n")
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=r"ran past 1 s under --run-script"):
+        run_script(f, ScriptRun(timeout_s=1.0))
+    assert time.monotonic() - t < 10
+
+
+@needs_bash
+def test_array_bomb_under_run_script_is_stopped(tmp_path):
+    # 10 words doubled 30 times = 10^10 words: bash hits the address-space limit (or the timeout) long
+    # before that; either way one error, and autotune's memory does not grow
+    f = _script(tmp_path, "A=(a b c d e f g h i j)\nfor i in $(seq 30); do A=(\"${A[@]}\" \"${A[@]}\"); done\n"
+                "torchrun pretrain_gpt.py \"${A[@]}\"\n")
+    with pytest.raises(ConfigError, match=r"(stopped by signal|ran past)"):
+        run_script(f, ScriptRun(timeout_s=15.0))
+
+
+def test_static_array_expansion_capped(tmp_path):
+    # one array of 10^4 words referenced 10^3 times: 10^7 words (the issue's 0.9 MB script reached 10^9)
+    arr = "A=(" + " ".join(["--x"] * 10_000) + ")\n"
+    f = tmp_path / "bomb.sh"
+    f.write_text(arr + "torchrun pretrain_gpt.py " + " ".join(["${A[@]}"] * 1_000) + "\n")
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=f"more than {MAX_WORDS:,} words"):
+        from autotune.export.launch_import import import_launch
+        import_launch(f, "megatron", num_gpus=8)
+    assert time.monotonic() - t < 30
+
+
+def test_static_long_word_refused_fast(tmp_path):
+    f = tmp_path / "word.sh"
+    f.write_text("--num-layers " + "9" * 15_000_000 + "\n")       # one 15 MB word (under the 16 MiB file cap)
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=f"a word of 15,000,000 characters.*limit is {MAX_WORD_CHARS:,}") as e:
+        from autotune.export.launch_import import import_launch
+        import_launch(f, "megatron", num_gpus=8)
+    assert time.monotonic() - t < 10 and len(str(e.value)) < 300
+
+
+@pytest.mark.parametrize("launcher", ["torchrun --nnodes 0 --nproc-per-node 8", "torchrun --nnodes 2 --nproc_per_node=0"])
+def test_zero_nodes_is_one_line_exit_2(tmp_path, launcher):
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    f = tmp_path / "z.sh"
+    f.write_text(f"{launcher} pretrain_gpt.py {ARGS}\n")
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f)])
+    assert r.exit_code == 2, r.output
+    assert "must be an integer >= 1" in r.output and "Traceback" not in r.output
+
+
+def test_script_options_need_run_script(tmp_path):
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    f = tmp_path / "a.sh"
+    f.write_text(f"pretrain_gpt.py {ARGS}\n")
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f), "--gpus", "8", "--script-args", "a b"])
+    assert r.exit_code == 2 and "only with --run-script" in r.output
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f), "--run-script", "--script-env", "1X=2"])
+    assert r.exit_code == 2 and "give NAME=VALUE" in r.output
