@@ -396,7 +396,8 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
 
     ddp_bucket_size = export_module("megatron").ddp_bucket_size
 
-    if p.dp_grad_reduce_overlap and p.async_collectives:
+    overlap_grads = p.dp_grad_reduce_overlap and p.async_collectives
+    if overlap_grads:
         meg.append("--overlap-grad-reduce")
     if p.param_gather_overlap and p.async_collectives:
         meg.append("--overlap-param-gather")
@@ -404,13 +405,17 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         meg.append("--tp-comm-overlap")
     if not p.async_collectives and p.pp_degree > 1:
         meg.append("--no-overlap-p2p-communication")
+    # the bucket size has an effect only with --overlap-grad-reduce (one bucket per gradient buffer otherwise,
+    # megatron facts.yaml one_bucket_without_overlap), so, as the launch file export writes, only then
     bucket = ddp_bucket_size(p)
-    meg.append(f"--ddp-bucket-size {bucket}")
+    if overlap_grads:
+        meg.append(f"--ddp-bucket-size {bucket}")
     if p.grad_reduce_in_bf16:
         meg.append("--grad-reduce-in-bf16")         # the bucket above counts BF16 gradients
-    meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} "
-                     + ("BF16 main grads (--grad-reduce-in-bf16)" if p.grad_reduce_in_bf16 else
-                        "FP32 main grads (--bf16 reduces them in FP32)") + f" = {p.bucket_size_mib} MiB")
+    if overlap_grads:
+        meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} "
+                         + ("BF16 main grads (--grad-reduce-in-bf16)" if p.grad_reduce_in_bf16 else
+                            "FP32 main grads (--bf16 reduces them in FP32)") + f" = {p.bucket_size_mib} MiB")
     # every plan trains in BF16 mixed precision (FP8 recipes run on top of it): without --bf16 Megatron-LM keeps
     # FP32 parameters, and its gradient buffers, so the bucket above, follow that dtype
     meg.append("--bf16")

@@ -578,8 +578,11 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     features = _hf_features(raw, mtype, head_dim, p)
     eps = require_number(field("rms_norm_eps", "layer_norm_eps", default=1e-5), f"model config {p}: field rms_norm_eps",
                          lo=0, hi=1)
+    # the model's own name: _name_or_path (transformers writes the hub id or folder), else the folder of a
+    # config.json (a downloaded model's folder is its name), else the file's stem; model_type ("llama") last
+    folder = p.resolve().parent.name if p.name == "config.json" else p.stem
     base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
-        (mtype or p.parent.name or p.stem)
+        (folder or mtype or "model")
     spec = ModelSpec(
         name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
         num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
