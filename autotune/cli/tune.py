@@ -76,6 +76,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                                   interconnect=interconnect, seq_len=seq_len,
                                                   global_batch=global_batch)
+    _check_state_fits(model, cluster, engine, backend)
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     check_workers(workers, storage, backend=backend, launcher=launcher)
@@ -454,3 +455,26 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     click.echo(f"studies: {r.fast.study} (fast) and {r.slow.study} (slow), {r.n_enqueued} warm-start plan(s)")
 
 
+
+
+def _check_state_fits(model, cluster, engine, backend) -> None:
+    """Refuse, before any trial, a world whose HBM cannot hold the model's weights, gradients and optimizer
+    state under any plan (:func:`autotune.cost.memory.state_floor_bytes`: sharding only divides that total).
+
+    Raises:
+        NoFeasiblePlanError: "no plan fits", with the total and the world's usable HBM.
+    """
+    from autotune.cost.memory import state_floor_bytes
+    from autotune.spec.engines import resolve_engine
+
+    eng = resolve_engine(engine, backend)
+    need = state_floor_bytes(model, eng)
+    have = cluster.gpu.usable_hbm_bytes * cluster.num_gpus
+    if need > have:
+        per = need // model.num_params
+        raise NoFeasiblePlanError(
+            f"no plan fits: {model.name} ({model.num_params / 1e9:,.1f}B parameters) needs at least "
+            f"{need / 1e12:,.1f} TB of weights, gradients and optimizer state ({per} bytes per parameter on engine "
+            f"{eng.name}: {eng.optimizer_bytes} optimizer, 2 gradient, 1 weight at the least), more than "
+            f"{cluster.num_gpus} x {cluster.gpu.usable_hbm_bytes / 1e9:,.0f} GB usable on {cluster.gpu.name}; "
+            f"the state alone needs the HBM of {-(-need // cluster.gpu.usable_hbm_bytes)} GPUs")

@@ -777,3 +777,13 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             grads_bytes=grads, optimizer_bytes=optim, activations_bytes=acts, transient_bytes=transient,
             allocator_overhead_bytes=math.ceil(frac * subtotal) + rs_pool))
     return MemoryEstimate(stages=tuple(stages), capacity_bytes=gpu.usable_hbm_bytes)
+
+
+def state_floor_bytes(model: ModelSpec, engine: EngineProfile | str | None) -> int:
+    """A lower bound on the weights, gradients and optimizer state of ``model`` summed over all GPUs, bytes,
+    that holds for every plan: the engine's optimizer bytes per parameter (Adam's two FP32 moments, plus the
+    FP32 main weight where the engine keeps one: ``optimizer_bytes`` of its facts.yaml), at least a BF16
+    gradient (2 bytes, ``--grad-reduce-in-bf16``) and at least an FP8 weight (1 byte, ``--fp8-param-gather``)
+    per parameter. Any sharding (TP, PP, ZeRO-3) only divides this total among the GPUs, so a world whose
+    usable HBM is below it fits no plan."""
+    return model.num_params * (get_engine(engine).optimizer_bytes + 2 + 1)

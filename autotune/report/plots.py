@@ -167,6 +167,9 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
                 fig = first.get_figure()
                 if name in ("importances", "knobs"):
                     head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
+                    # one title: Optuna's own axes title ("Hyperparameter Importances") gives way to ours
+                    if name == "importances":
+                        first.set_title("")
                     fig.suptitle(f"{head}\n{title}", fontsize=8)
                 p = out / f"{name}.png"
                 try:

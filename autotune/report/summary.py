@@ -317,16 +317,23 @@ def format_studies(rows: Sequence[Mapping[str, Any]]) -> str:
     error-band line (:func:`error_band_line`) per engine whose numbers are predictions (not real runs)."""
     if not rows:
         return "no studies"
-    header = ["model", "gpus", "interconnect", "engine", "numbers", "workload", "trials", "best MFU", "step ms",
-              "plan", "study"]
+    # the best plan and the study's name (model/gpus/fabric/engine/workload, ~60 characters) go on their own
+    # lines under the row, so a row stays within ~120 columns (it was ~250 with both as columns)
+    header = ["model", "gpus", "interconnect", "engine", "numbers", "workload", "trials", "best MFU", "step ms"]
     body = [[r["model"], r["gpus"], r["fabric"], r.get("engine", "-"), backend_word(r.get("backend", "simulated")),
-             r["workload"], str(r["n_trials"]), r["mfu"], r["step"], r["plan"], r["study"]] for r in rows]
+             r["workload"], str(r["n_trials"]), r["mfu"], r["step"]] for r in rows]
     engines = dict.fromkeys(str(r["engine"]) for r in rows if r.get("backend", "simulated") != "real"
                             and r.get("engine"))
     foot = ["(best MFU and step time as the study's backend obtained them: simulated = predicted by the "
             "simulator, measured-op = simulator with stored op measurements, real = run on GPUs)"]
     foot += [error_band_line(e) for e in engines]
-    return _table(body, header) + "\n" + "\n".join(foot)
+    import textwrap
+
+    table = _table(body, header).splitlines()
+    out = table[:2]
+    for line, r in zip(table[2:], rows):
+        out += [line, f"  plan {r['plan']}", f"  study {r['study']}"]
+    return "\n".join(out) + "\n" + "\n".join(textwrap.fill(f, 120, subsequent_indent="  ") for f in foot)
 
 
 def short_plan(plan: Plan) -> str:
