@@ -94,6 +94,12 @@ class EngineProfile:
         pp_defers_fsdp_grad_reduce: with a pipeline (pp > 1) and FSDP (ZeRO 2/3), gradients are
             reduce-scattered once, after the step's last backward, and accumulate unsharded in the
             reduction dtype until then (torch.distributed.pipelining).
+        loss_bytes_per_logit: bytes per logit of the engine's own eager cross-entropy at its peak on the last
+            stage (0: PyTorch's ``F.cross_entropy(logits.float())``, :data:`autotune.cost.memory.
+            LOGITS_BYTES_PER_ELEMENT`); loss_inflight_bytes_per_logit: what each other in-flight
+            micro-batch keeps there until its backward (0: :data:`autotune.cost.memory.
+            PP_INFLIGHT_LOGITS_BYTES`). With either set, the engine's pipeline keeps no BF16 stage output
+            beside the loss (the last stage's output is the loss).
         compile_loss: with ``compile``, the loss is compiled too (inductor fuses the FP32 cast,
             log-softmax and NLL: :data:`autotune.cost.memory.COMPILED_LOSS_BYTES_PER_LOGIT`).
         fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
@@ -165,6 +171,8 @@ class EngineProfile:
     fp8_tp_all_gather: tuple[str, ...] = ()
     grad_reduce_bf16: bool = False
     one_bucket_without_overlap: bool = False
+    loss_bytes_per_logit: int = 0
+    loss_inflight_bytes_per_logit: int = 0
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
