@@ -126,3 +126,21 @@ def test_script_options_need_run_script(tmp_path):
     assert r.exit_code == 2 and "only with --run-script" in r.output
     r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f), "--run-script", "--script-env", "1X=2"])
     assert r.exit_code == 2 and "give NAME=VALUE" in r.output
+
+
+def test_run_script_needs_a_launch_file(tmp_path):
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--run-script", "--storage", f"sqlite:///{tmp_path}/s.db"])
+    assert r.exit_code == 2 and "--compare-to" in r.output, r.output
+    r = CliRunner().invoke(main, ["simulate", "--size", "8b", "--run-script"])
+    assert r.exit_code == 2 and "--from-megatron" in r.output, r.output
+
+
+def test_fifo_is_not_opened_by_the_script_sniffer(tmp_path):
+    from autotune.engines.registry import importer_module
+    f = tmp_path / "fifo"
+    os.mkfifo(f)
+    # returns at once (a FIFO would block an open() for reading)
+    assert importer_module("megatron")._looks_like_script(f) is False

@@ -137,3 +137,32 @@ def test_torchtitan_cli_says_release(tmp_path):
                                   "--gpu", "h100"])
     assert r.exit_code == 0, r.output
     assert "note: judged by torchtitan 0.2.2" in r.output
+
+
+@needs_bash
+def test_llama3_8b_fp8_memory_line_by_line():
+    # docs/fidelity.md "NVIDIA's Llama 3 8B H100 FP8 example, line by line", each term by hand
+    import math
+
+    from autotune.cost.memory import estimate_memory
+    from autotune.spec.hardware import make_cluster
+    got = import_launch(LLAMA_FP8, None, num_gpus=None, script=ScriptRun())
+    N = 32 * 218_112_000 + 2 * 128_256 * 4_096 + 4_096          # layers + embedding and output + final norm
+    assert got.model.num_params == N
+    s, h, V = 8192, 4096, 128_256
+    # per token and layer: norm in 2h, QKV in (FP8) h, Q/K/V 2(h + 2 x 1024), attention out 2h + FP8 copy h,
+    # log-sum-exp 128, MLP norm in 2h, FP8 norm out h, gate/up 2 x 2 x 14336, SwiGLU out (FP8) 14336
+    per_token = 2 * h + h + 2 * (h + 2 * 1024) + 2 * h + h + 128 + 2 * h + h + 4 * 14_336 + 14_336
+    assert per_token == 120_960
+    frag = 0.02                                                  # H200 calibration, empty_cache_per_step
+    m = estimate_memory(got.model, got.plan, make_cluster("h100", 8, None).gpu, got.workload,
+                        fragmentation={"empty_cache_per_step": frag}, engine="megatron")
+    st = m.stages[0]
+    assert (st.weights_bytes, st.grads_bytes, st.optimizer_bytes) == (2 * N, 2 * N, 12 * N // 8)
+    assert st.activations_bytes == 32 * s * per_token + 2 * s * h
+    # Megatron-Core's cross-entropy: 6 bytes per logit (FP32 softmax buffer reused in place + a BF16 side),
+    # plus two DP buckets of 76 MiB (4e7 parameters x 2 bytes of BF16 gradient, rounded)
+    assert st.transient_bytes == 6 * s * V + 2 * 76 * 2**20
+    sub = st.total_bytes - st.allocator_overhead_bytes
+    assert st.allocator_overhead_bytes == math.ceil(frag * sub)
+    assert m.fits and 0 < m.headroom_bytes < 0.5 * 2**30      # 0.32 GiB

@@ -770,10 +770,14 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
 
 def _looks_like_script(path: str | Path) -> bool:
     """A shell script (a ``#!`` line, shell control flow or a ``$`` expansion), not a plain argument list."""
+    import os
+    import stat
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):      # a FIFO or device would block or never end
+            return False
         with open(path, "rb") as fh:
             head = fh.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
+    except (OSError, ValueError):
         return False
     return head.startswith("#!") or "$" in head or bool(
         re.search(r"^\s*(if|for|while|case|function|source|then|fi|done)\b", head, re.M))
