@@ -856,8 +856,9 @@ def import_megatron_args(path: str | Path, *, num_gpus: int | None, script=None)
     except ConfigError as e:
         raise ConfigError(f"{e}{hint}") from None
     if num_gpus is None and world is None:
-        raise ConfigError(f"{source}: give --gpus N, the world size the launch runs on (TP x PP x CP x DP; the "
-                          "launcher words give no literal --nnodes and --nproc-per-node)"
+        why = ("the script launches nothing: a config another script sources" if script is not None and not launcher
+               else "the launcher words give no literal --nnodes and --nproc-per-node")
+        raise ConfigError(f"{source}: give --gpus N, the world size the launch runs on (TP x PP x CP x DP; {why})"
                           + hint)
     num_gpus = num_gpus if num_gpus is not None else world[0]
     r = _Reader(args, source)
