@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -263,4 +264,50 @@ def run_script(path: str | Path, run: ScriptRun) -> Recorded:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["MAX_WORDS", "MAX_WORD_CHARS", "RECORDED", "Recorded", "ScriptRun", "TIMEOUT_S", "run_script"]
+def looks_like_script(path: str | Path) -> bool:
+    """A shell script (a ``#!`` line, shell control flow or a ``$`` expansion), not a plain argument list."""
+    import os
+    import stat
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):      # a FIFO or device would block or never end
+            return False
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 20).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return False
+    return head.startswith("#!") or "$" in head or bool(
+        re.search(r"^\s*(if|for|while|case|function|source|then|fi|done)\b", head, re.M))
+
+
+def recorded_launch(path: str | Path, script) -> tuple[list[str], list[str], dict[str, str], list[str]]:
+    """(argument tokens, launcher words, environment, notes) of a launch script run under bash with a recorder
+    (:func:`run_script`; ``script`` a :class:`ScriptRun`): the recorded ``*.py`` call, or, when the script launches
+    nothing (a model config another script sources), the words of the variables it set whose value starts
+    with ``--`` (sorted by name; an option that two of them give differently is refused).
+
+    Raises:
+        ConfigError: see run_script; no launch and no variable of options.
+    """
+    rec = run_script(path, script)
+    how = f"read by running {script.describe().replace('SCRIPT', str(path))} with {', '.join(RECORDED)} recorded"
+    if rec.argv is not None:
+        argv = list(rec.argv)
+        k = next(i for i, w in enumerate(argv) if i and w.endswith(".py"))
+        return argv[k + 1:], argv[:k + 1], dict(rec.env), [how]
+    opts = {n: v for n, v in rec.variables.items()
+            if v and " ".join(v).split()[:1] and " ".join(v).split()[0].startswith("--")}
+    if not opts:
+        calls = "; ".join(" ".join(c)[:60] for c in rec.calls[:3]) or "none"
+        tail = display_text(" | ".join(rec.output.strip().splitlines()[-2:]), 100)
+        raise ConfigError(f"{path}: ran it under bash (exit {rec.returncode}): it launched no *.py through "
+                          f"{'/'.join(RECORDED)} (calls recorded: {calls}) and set no variable of --options"
+                          + (f"; its last output: {tail}" if tail else ""))
+    tokens: list[str] = []
+    for name in sorted(opts):
+        tokens += " ".join(opts[name]).split()
+    env = {n: v[0] for n, v in rec.variables.items() if n == "PYTORCH_CUDA_ALLOC_CONF" and v}
+    return tokens, [], env, [how + f"; it launches nothing (a config another script sources): the options of "
+                                   f"its variables {', '.join(sorted(opts))}"]
+
+
+__all__ = ["looks_like_script", "recorded_launch", "MAX_WORDS", "MAX_WORD_CHARS", "RECORDED", "Recorded", "ScriptRun", "TIMEOUT_S", "run_script"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 from autotune.errors import ConfigError
 
@@ -155,4 +156,94 @@ def launcher_world(launcher: list[str]) -> tuple[int, str] | None:
     return int(n) * int(g), f"--nnodes {n} x --nproc-per-node {g}"
 
 
-__all__ = ["MAX_WORDS", "MAX_WORD_CHARS", "check_word_lengths", "expand", "launcher_world", "script_values"]
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Shell lines with ``\\`` continuations joined."""
+    return re.sub(r"\\\r?\n", " ", text).splitlines()
+
+
+def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]:
+    """(argument tokens, launcher words before ``*.py``, environment assignments) of an argument file or a
+    launch script.
+
+    The line that holds the ``*.py`` word is the command; words before the script (``torchrun
+    --node-rank "$NODE_RANK" ...``, ``CMD=(``) are the launcher's and may hold shell syntax. A trailing
+    ``"$@"`` (and the ``)`` closing an array, as in autotune's own launch_torchrun.sh) ends the arguments.
+    Environment: ``NAME=value`` words before the script on that line and ``[export] NAME=value`` on the lines
+    before it (the ``--dry-run`` output prints them so); values holding ``$`` are skipped.
+
+    Raises:
+        ConfigError: unreadable, a command line that is not shell-quoted text, a shell variable in the
+            Megatron arguments, or no arguments.
+    """
+    from autotune.files import read_text_file
+
+    text = read_text_file(path, what="Megatron-LM argument file")
+    try:
+        check_word_lengths(text)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    lines = _logical_lines(text)
+    arrays, scalars, inside = script_values(lines)
+    env: dict[str, str] = {}
+    cmd: list[str] | None = None
+    for line in (ln for k, ln in enumerate(lines) if k not in inside):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as e:
+            if re.search(r"\.py\b", line.split("#", 1)[0]):
+                raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
+            continue            # another shell line of a script (autotune reads the command line only)
+        words = expand(words, {}, scalars)      # "$PRETRAIN_SCRIPT_PATH" assigned once: the script word
+        script = next((i for i, w in enumerate(words) if w.endswith((".py", ".py)")) and not _ASSIGN.match(w)), None)
+        if script is None:
+            for w in words[1:] if words[:1] == ["export"] else words:
+                m = _ASSIGN.match(w)
+                if not m:
+                    break
+                if "$" not in m.group(2):
+                    env[m.group(1)] = m.group(2).rstrip(";")
+            continue
+        for w in words[:script]:
+            m = _ASSIGN.match(w)
+            if not m:
+                break
+            if "$" not in m.group(2):
+                env[m.group(1)] = m.group(2)
+        cmd = words
+        break
+    joined = " ".join(lines)
+    if cmd is None and re.search(r"-m\s+torchtitan\.train\b", joined):
+        m = re.search(r"--module\s+([A-Za-z0-9_.]+)", joined)
+        raise ConfigError(f"{path}: a torchtitan launch (-m torchtitan.train), not Megatron-LM's pretrain_gpt.py; "
+                          "read its config instead: --from-torchtitan "
+                          + (f"{Path(path).parent / (m.group(1) + '.py')}" if m else "CONFIG.py"))
+    if cmd is None:
+        # a plain argument list (no script word), possibly over several lines
+        try:
+            cmd = shlex.split("\n".join(lines), comments=True)
+        except ValueError as e:
+            raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
+        script = -1
+    try:
+        launcher, words = expand(cmd[:script + 1], arrays, scalars), expand(cmd[script + 1:], arrays, scalars)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if words and words[-1] in ("$@", "$@)", ")", "$*"):
+        words = words[:-1]
+    if words and words[-1].endswith(")") and launcher and "=(" in launcher[0]:
+        words[-1] = words[-1][:-1]          # NAME=(... last) : the array's closing parenthesis
+    var = next((w for w in words if "$" in w), None)
+    if var is not None:
+        raise ConfigError(f"{path}: {var!r} in the Megatron-LM arguments holds a shell variable; expand it (write "
+                          "its value, or pass the launch script's --dry-run output): autotune reads the arguments, "
+                          "it runs no shell")
+    if not words:
+        raise ConfigError(f"{path}: no pretrain_gpt.py arguments found (expected --num-layers 80 --hidden-size "
+                          "8192 ...)")
+    return words, launcher, env
+
+
+__all__ = ["read_launch", "MAX_WORDS", "MAX_WORD_CHARS", "check_word_lengths", "expand", "launcher_world", "script_values"]

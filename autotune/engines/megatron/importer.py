@@ -40,14 +40,14 @@ import functools
 import json
 import math
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, PlanError
 from autotune.files import display_text
 from autotune.export.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
-from autotune.export.shell_vars import check_word_lengths, expand, launcher_world, script_values
+from autotune.export.script_run import looks_like_script, recorded_launch
+from autotune.export.shell_vars import launcher_world, read_launch
 
 FACTS_FILE = Path(__file__).resolve().parent / "arg_facts.jsonl"
 MEGATRON_COMMIT = "d98e8a64ddf3"
@@ -118,96 +118,6 @@ def parser_facts() -> dict[str, dict]:
     """Option string -> its recorded facts (action, type, nargs, choices, dest)."""
     lines = FACTS_FILE.read_text().splitlines()
     return {f["option"]: f for f in map(json.loads, lines[1:])}
-
-
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-
-
-def _logical_lines(text: str) -> list[str]:
-    """Shell lines with ``\\`` continuations joined."""
-    return re.sub(r"\\\r?\n", " ", text).splitlines()
-
-
-def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]:
-    """(argument tokens, launcher words before ``*.py``, environment assignments) of an argument file or a
-    launch script.
-
-    The line that holds the ``*.py`` word is the command; words before the script (``torchrun
-    --node-rank "$NODE_RANK" ...``, ``CMD=(``) are the launcher's and may hold shell syntax. A trailing
-    ``"$@"`` (and the ``)`` closing an array, as in autotune's own launch_torchrun.sh) ends the arguments.
-    Environment: ``NAME=value`` words before the script on that line and ``[export] NAME=value`` on the lines
-    before it (the ``--dry-run`` output prints them so); values holding ``$`` are skipped.
-
-    Raises:
-        ConfigError: unreadable, a command line that is not shell-quoted text, a shell variable in the
-            Megatron arguments, or no arguments.
-    """
-    from autotune.files import read_text_file
-
-    text = read_text_file(path, what="Megatron-LM argument file")
-    try:
-        check_word_lengths(text)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    lines = _logical_lines(text)
-    arrays, scalars, inside = script_values(lines)
-    env: dict[str, str] = {}
-    cmd: list[str] | None = None
-    for line in (ln for k, ln in enumerate(lines) if k not in inside):
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as e:
-            if re.search(r"\.py\b", line.split("#", 1)[0]):
-                raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
-            continue            # another shell line of a script (autotune reads the command line only)
-        words = expand(words, {}, scalars)      # "$PRETRAIN_SCRIPT_PATH" assigned once: the script word
-        script = next((i for i, w in enumerate(words) if w.endswith((".py", ".py)")) and not _ASSIGN.match(w)), None)
-        if script is None:
-            for w in words[1:] if words[:1] == ["export"] else words:
-                m = _ASSIGN.match(w)
-                if not m:
-                    break
-                if "$" not in m.group(2):
-                    env[m.group(1)] = m.group(2).rstrip(";")
-            continue
-        for w in words[:script]:
-            m = _ASSIGN.match(w)
-            if not m:
-                break
-            if "$" not in m.group(2):
-                env[m.group(1)] = m.group(2)
-        cmd = words
-        break
-    joined = " ".join(lines)
-    if cmd is None and re.search(r"-m\s+torchtitan\.train\b", joined):
-        m = re.search(r"--module\s+([A-Za-z0-9_.]+)", joined)
-        raise ConfigError(f"{path}: a torchtitan launch (-m torchtitan.train), not Megatron-LM's pretrain_gpt.py; "
-                          "read its config instead: --from-torchtitan "
-                          + (f"{Path(path).parent / (m.group(1) + '.py')}" if m else "CONFIG.py"))
-    if cmd is None:
-        # a plain argument list (no script word), possibly over several lines
-        try:
-            cmd = shlex.split("\n".join(lines), comments=True)
-        except ValueError as e:
-            raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
-        script = -1
-    try:
-        launcher, words = expand(cmd[:script + 1], arrays, scalars), expand(cmd[script + 1:], arrays, scalars)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    if words and words[-1] in ("$@", "$@)", ")", "$*"):
-        words = words[:-1]
-    if words and words[-1].endswith(")") and launcher and "=(" in launcher[0]:
-        words[-1] = words[-1][:-1]          # NAME=(... last) : the array's closing parenthesis
-    var = next((w for w in words if "$" in w), None)
-    if var is not None:
-        raise ConfigError(f"{path}: {var!r} in the Megatron-LM arguments holds a shell variable; expand it (write "
-                          "its value, or pass the launch script's --dry-run output): autotune reads the arguments, "
-                          "it runs no shell")
-    if not words:
-        raise ConfigError(f"{path}: no pretrain_gpt.py arguments found (expected --num-layers 80 --hidden-size "
-                          "8192 ...)")
-    return words, launcher, env
 
 
 def read_args_file(path: str | Path) -> tuple[list[str], list[str]]:
@@ -768,55 +678,6 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
     return plan, workload
 
 
-def _looks_like_script(path: str | Path) -> bool:
-    """A shell script (a ``#!`` line, shell control flow or a ``$`` expansion), not a plain argument list."""
-    import os
-    import stat
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):      # a FIFO or device would block or never end
-            return False
-        with open(path, "rb") as fh:
-            head = fh.read(1 << 20).decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return False
-    return head.startswith("#!") or "$" in head or bool(
-        re.search(r"^\s*(if|for|while|case|function|source|then|fi|done)\b", head, re.M))
-
-
-def _launch_from_run(path: str | Path, script) -> tuple[list[str], list[str], dict[str, str], list[str]]:
-    """(argument tokens, launcher words, environment, notes) of a launch script run under bash with a recorder
-    (:func:`autotune.export.script_run.run_script`): the recorded ``*.py`` call, or, when the script launches
-    nothing (a model config another script sources), the words of the variables it set whose value starts
-    with ``--`` (sorted by name; an option that two of them give differently is refused).
-
-    Raises:
-        ConfigError: see run_script; no launch and no variable of options.
-    """
-    from autotune.export.script_run import RECORDED, run_script
-    from autotune.files import display_text
-
-    rec = run_script(path, script)
-    how = f"read by running {script.describe().replace('SCRIPT', str(path))} with {', '.join(RECORDED)} recorded"
-    if rec.argv is not None:
-        argv = list(rec.argv)
-        k = next(i for i, w in enumerate(argv) if i and w.endswith(".py"))
-        return argv[k + 1:], argv[:k + 1], dict(rec.env), [how]
-    opts = {n: v for n, v in rec.variables.items()
-            if v and " ".join(v).split()[:1] and " ".join(v).split()[0].startswith("--")}
-    if not opts:
-        calls = "; ".join(" ".join(c)[:60] for c in rec.calls[:3]) or "none"
-        tail = display_text(" | ".join(rec.output.strip().splitlines()[-2:]), 100)
-        raise ConfigError(f"{path}: ran it under bash (exit {rec.returncode}): it launched no *.py through "
-                          f"{'/'.join(RECORDED)} (calls recorded: {calls}) and set no variable of --options"
-                          + (f"; its last output: {tail}" if tail else ""))
-    tokens: list[str] = []
-    for name in sorted(opts):
-        tokens += " ".join(opts[name]).split()
-    env = {n: v[0] for n, v in rec.variables.items() if n == "PYTORCH_CUDA_ALLOC_CONF" and v}
-    return tokens, [], env, [how + f"; it launches nothing (a config another script sources): the options of "
-                                   f"its variables {', '.join(sorted(opts))}"]
-
-
 def import_megatron_args(path: str | Path, *, num_gpus: int | None, script=None) -> ImportedLaunch:
     """Read a ``pretrain_gpt.py`` argument file (see the module docstring) for ``num_gpus`` GPUs (None: the
     launcher's ``--nnodes`` x ``--nproc-per-node``, :func:`autotune.export.shell_vars.launcher_world`).
@@ -831,9 +692,9 @@ def import_megatron_args(path: str | Path, *, num_gpus: int | None, script=None)
     """
     source = str(path)
     notes: list[str] = []
-    hint = "" if script is not None or not _looks_like_script(path) else RUN_SCRIPT_HINT
+    hint = "" if script is not None or not looks_like_script(path) else RUN_SCRIPT_HINT
     if script is not None:
-        tokens, launcher, env, notes = _launch_from_run(path, script)
+        tokens, launcher, env, notes = recorded_launch(path, script)
     else:
         try:
             tokens, launcher, env = read_launch(path)
