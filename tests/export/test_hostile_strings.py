@@ -249,3 +249,22 @@ def test_plan_yaml_with_a_newline_in_the_study_is_refused_by_export(tmp_path):
         assert len(lines) == 1 and f"field {field}" in lines[0] and lines[0].isprintable(), r.output
         assert len(lines[0]) < 400
         assert not out.exists() and canaries(tmp_path) == []
+
+
+def test_export_dry_run_of_a_plan_with_a_printable_hostile_study_runs_nothing(tmp_path):
+    """Printable metacharacters are accepted in a plan file (a study may be named so) and stay text: `export
+    --plan --launcher slurm --dry-run` runs the written script, which prints the command and runs nothing."""
+    from autotune.cli.app import main
+
+    s = " ".join(x for x in hostile(tmp_path) if x.isprintable())
+    d = _doc("megatron", s, "llama3.1-8b").to_dict()
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(d))
+    out = tmp_path / "launch $(touch x)"
+    r = CliRunner().invoke(main, ["export", "--plan", str(f), "--launcher", "slurm", "-o", str(out), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "torchrun --nnodes 1 --nproc-per-node 8" in r.output and canaries(tmp_path) == []
+    assert PlanDocument.load(out / "plan.yaml").study == s
+    fakes, rec = fake_bin(tmp_path)
+    r = run(out / "launch_slurm.sbatch", "--dry-run", fakes=fakes, rec=rec, cwd=tmp_path)
+    assert r.returncode == 0 and [c[0] for c in calls(rec)] == ["scontrol"] and canaries(tmp_path) == []
