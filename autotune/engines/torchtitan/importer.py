@@ -409,6 +409,9 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
         tree = ast.parse(path.read_text())
     except (OSError, UnicodeDecodeError, SyntaxError) as e:
         raise ConfigError(f"{source}: not a readable Python config module: {e}") from None
+    except (RecursionError, MemoryError):      # an expression nested past the parser's stack (1+1+... 200,000 times)
+        raise ConfigError(f"{source}: not a readable Python config module: it nests too deeply for Python's "
+                          "parser") from None
     funcs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
     if fn is not None:
         if fn not in funcs:

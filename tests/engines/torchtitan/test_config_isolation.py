@@ -157,3 +157,14 @@ def test_toml_nesting_within_the_cap_still_reads(tmp_path):
             'c = """\n' + "[" * 100 + '\n"""\n' + "x = " + "[" * 60 + "]" * 60 + "\n")
     doc = parse_toml_text(text, source="t.toml")
     assert doc["a"].endswith("[" * 100) and doc["b"] == "{" * 100 and doc["c"] == "[" * 100 + "\n"
+
+
+@pytest.mark.parametrize("text", ["x = " + "1+" * 200_000 + "1\n", "x = " + "-" * 200_000 + "1\n"],
+                         ids=["sum-200k", "unary-200k"])
+def test_a_module_nested_past_pythons_parser_is_a_one_line_error(text, tmp_path):
+    # the config function is found with ast.parse, in this process: RecursionError / MemoryError there is named
+    f = tmp_path / "deep.py"
+    f.write_text(text + "\n\ndef autotune_plan():\n    pass\n")
+    r = CliRunner().invoke(main, ["simulate", "--from-torchtitan", str(f), "--gpus", "8"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "nests too deeply for Python's parser" in lines[0], r.output
