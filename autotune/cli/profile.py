@@ -479,7 +479,7 @@ def write_fabrics(session: Any, env: ProfileEnvironment, dirs: Sequence[Path]) -
         d = fabric_dict(session, env, tier)
         if d is None:
             continue
-        from autotune.export.quoting import comment_text    # names from the profile store: one comment line
+        from autotune.engines.quoting import comment_text    # names from the profile store: one comment line
 
         head = (f"# Interconnect tier '{comment_text(tier)}' measured by `autotune profile` on "
                 f"{comment_text(env.hostname)} ({env.gpu_count}x {comment_text(env.gpu_name)}, "

@@ -22,35 +22,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.engines.base import LaunchCommand
 from autotune.errors import ConfigError
-from autotune.export.quoting import comment_text, shell_name, slurm_job_name
+from autotune.engines.quoting import comment_text, shell_name, slurm_job_name
 from autotune.files import write_output_text
 from autotune.spec.plan import PlanDocument
 
 LAUNCHERS = ("torchrun", "slurm")
-
-
-@dataclass(frozen=True)
-class LaunchCommand:
-    """What a launch script runs on one node.
-
-    Attributes:
-        program: argv before the per-engine arguments (``$MEGATRON_LM/pretrain_gpt.py`` or
-            ``-m torchtitan.train``), shell words (``$VAR`` expanded by the script).
-        args: argv tokens after it (literal).
-        env: environment variables to export (literal values).
-        notes: comment lines for the script header.
-        use_torchrun: False for ``native`` (``autotune validate`` starts its own workers).
-    """
-
-    program: tuple[str, ...]
-    args: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    notes: tuple[str, ...] = ()
-    use_torchrun: bool = True
 
 
 def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> LaunchCommand:
@@ -82,7 +62,7 @@ def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -
     """Bash source of ``launch_torchrun.sh`` (``--dry-run`` prints, else ``exec``s the command).
 
     Nothing from the plan is written as shell code: the names in the comment lines pass
-    :func:`autotune.export.quoting.comment_text` (one printable line), every argument and environment value
+    :func:`autotune.engines.quoting.comment_text` (one printable line), every argument and environment value
     is a :func:`shlex.quote`'d word, environment names must be shell names; the program words
     (``cmd.program``) are the engine's own (``"$MEGATRON_LM/pretrain_gpt.py"``).
 
@@ -104,10 +84,7 @@ def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -
               "NODE_RANK=${NODE_RANK:-0}",
               "MASTER_ADDR=${MASTER_ADDR:-localhost}",
               "MASTER_PORT=${MASTER_PORT:-29500}"]
-    if doc.engine == "megatron":
-        lines.append('MEGATRON_LM=${MEGATRON_LM:-"$HOME/Megatron-LM"}')
-    if doc.engine == "torchtitan":
-        lines.append('export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"')
+    lines += list(cmd.prelude)
     for k, v in cmd.env:
         lines.append(f"export {shell_name(k)}={_q(v)}")
     if cmd.use_torchrun:
@@ -139,8 +116,8 @@ def slurm_script(doc: PlanDocument, gpus_per_node: int, here: str | os.PathLike 
     location says nothing; None: the submit directory). ``segment_nodes``: hosts per NVLink domain the
     prediction assumed on a multi-host domain (NVL72), written as ``#SBATCH --segment`` (Slurm
     topology/block: each segment is allocated inside one block; sbatch documentation ``--segment``).
-    The job name is the model name in :func:`autotune.export.quoting.slurm_job_name`'s characters, the comment
-    line passes :func:`~autotune.export.quoting.comment_text`, ``here`` is a :func:`shlex.quote`'d word."""
+    The job name is the model name in :func:`autotune.engines.quoting.slurm_job_name`'s characters, the comment
+    line passes :func:`~autotune.engines.quoting.comment_text`, ``here`` is a :func:`shlex.quote`'d word."""
     nnodes = max(1, doc.num_gpus // gpus_per_node)
     g = min(gpus_per_node, doc.num_gpus)
     seg = ([f"#SBATCH --segment={segment_nodes}   # hosts per NVLink domain, as the prediction assumed"]

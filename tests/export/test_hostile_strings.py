@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from autotune.errors import ConfigError
 from autotune.export import write_launch_files
-from autotune.export.quoting import comment_text, slurm_job_name, toml_string
+from autotune.engines.quoting import comment_text, slurm_job_name, toml_string
 from autotune.engines.megatron.export import megatron_args
 from autotune.spec.hardware import make_cluster
 from autotune.spec.models import get_model

@@ -13,7 +13,7 @@ from torchtitan_loader import torchtitan_available
 
 from autotune.errors import ConfigError
 from autotune.export import launch_command
-from autotune.export.launch_import import import_launch
+from autotune.cli.launch_import import import_launch
 from autotune.engines.megatron.importer import (
     NOT_MODELLED,
     RUN,

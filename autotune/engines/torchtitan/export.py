@@ -44,8 +44,8 @@ the release's own Llama 3.1 function (``torchtitan/models/llama3/config_registry
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.export import LaunchCommand
-from autotune.export.quoting import comment_text, python_docstring_text
+from autotune.engines.base import LaunchCommand
+from autotune.engines.quoting import comment_text, python_docstring_text
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, PlanDocument, Workload
 
@@ -151,7 +151,7 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
     """Python source of the config module (``--module autotune_torchtitan --config autotune_plan``).
 
     ``header`` (names from the plan file) becomes one docstring line through
-    :func:`autotune.export.quoting.python_docstring_text`; every other value written is a number, a bool or
+    :func:`autotune.engines.quoting.python_docstring_text`; every other value written is a number, a bool or
     autotune's own string, written with ``repr``.
 
     Raises:
@@ -245,7 +245,8 @@ def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> Launch
         if doc.plan.memory_reclaim == "expandable_segments" else {}
     return LaunchCommand(program=("-m", "torchtitan.train"),
                          args=("--module", MODULE_NAME, "--config", CONFIG_FUNCTION), env=tuple(env.items()),
-                         notes=("torchtitan >= 0.3.0 (pip install torchtitan); config: autotune_torchtitan.py",))
+                         notes=("torchtitan >= 0.3.0 (pip install torchtitan); config: autotune_torchtitan.py",),
+                         prelude=('export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"',))
 
 
 def extra_files(doc: PlanDocument) -> dict[str, str]:

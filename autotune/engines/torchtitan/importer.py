@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, PlanError
-from autotune.export.imported import ImportedLaunch, allocator_reclaim
+from autotune.engines.imported import ImportedLaunch, allocator_reclaim
 
 SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}
 SINGLE_STAGE = ("GPipe", "1F1B")
@@ -674,7 +674,10 @@ def import_torchtitan(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     raise ConfigError(f"{p}: a torchtitan launch is a .toml job file (0.2.x) or a .py config module (0.3.0)")
 
 
-__all__ = ["import_launch", "import_python_config", "import_toml", "import_torchtitan", "stage_split"]
+#: file suffixes this reader claims for ``--from-*`` autodetection: 0.2.x TOML job files, 0.3 config modules
+FILE_SUFFIXES: tuple[str, ...] = (".toml", ".py")
+
+__all__ = ["FILE_SUFFIXES", "import_launch", "import_python_config", "import_toml", "import_torchtitan", "stage_split"]
 
 
 def import_launch(path: str | Path, *, num_gpus: int | None) -> ImportedLaunch:

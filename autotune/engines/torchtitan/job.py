@@ -35,7 +35,7 @@ import dataclasses
 import shlex
 
 from autotune.errors import ConfigError
-from autotune.export.quoting import comment_text, toml_string
+from autotune.engines.quoting import comment_text, toml_string
 from autotune.engines.torchtitan.export import torchtitan_settings
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, Workload
@@ -136,8 +136,8 @@ def _toml_value(v) -> str:
 
 def render_toml(sections: dict[str, dict], *, header: str = "") -> str:
     """TOML text of ``sections`` (tables named by dotted keys; None values left out). Strings are TOML basic
-    strings (:func:`autotune.export.quoting.toml_string`), each ``header`` line one comment line
-    (:func:`~autotune.export.quoting.comment_text`); section and key names are autotune's own."""
+    strings (:func:`autotune.engines.quoting.toml_string`), each ``header`` line one comment line
+    (:func:`~autotune.engines.quoting.comment_text`); section and key names are autotune's own."""
     lines = [f"# {comment_text(h)}" for h in header.split("\n")]
     for name, fields in sections.items():
         lines += ["", f"[{name}]"]

@@ -20,7 +20,7 @@ from torchtitan_loader import torchtitan_available
 
 from autotune.cli.app import main
 from autotune.errors import ConfigError
-from autotune.export.launch_import import import_launch
+from autotune.cli.launch_import import import_launch
 
 REPO = Path(__file__).resolve().parents[3]
 needs_torchtitan = pytest.mark.skipif(not torchtitan_available(), reason="torchtitan >= 0.3.0 not importable "
