@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.errors import ConfigError
-from autotune.export.shell_vars import MAX_WORD_CHARS, MAX_WORDS
+from autotune.engines.shell_vars import MAX_WORD_CHARS, MAX_WORDS
 from autotune.files import display_text
 
 #: programs on PATH replaced by the recorder

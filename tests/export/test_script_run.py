@@ -12,7 +12,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.export.script_run import ScriptRun, run_script
-from autotune.export.shell_vars import MAX_WORD_CHARS, MAX_WORDS, launcher_world
+from autotune.engines.shell_vars import MAX_WORD_CHARS, MAX_WORDS, launcher_world
 
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="--run-script needs bash")
 ARGS = ("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
@@ -50,7 +50,7 @@ def test_script_does_not_run_in_autotunes_process(tmp_path):
     f = _script(tmp_path, f"touch {canary}\nexit 0\n")
     # static reading runs nothing
     with pytest.raises(ConfigError):
-        from autotune.export.launch_import import import_launch
+        from autotune.cli.launch_import import import_launch
         import_launch(f, "megatron", num_gpus=8)
     assert not canary.exists()
     # --run-script: in a child; autotune's own environment is not the child's
@@ -89,7 +89,7 @@ def test_static_array_expansion_capped(tmp_path):
     f.write_text(arr + "torchrun pretrain_gpt.py " + " ".join(["${A[@]}"] * 1_000) + "\n")
     t = time.monotonic()
     with pytest.raises(ConfigError, match=f"more than {MAX_WORDS:,} words"):
-        from autotune.export.launch_import import import_launch
+        from autotune.cli.launch_import import import_launch
         import_launch(f, "megatron", num_gpus=8)
     assert time.monotonic() - t < 30
 
@@ -99,7 +99,7 @@ def test_static_long_word_refused_fast(tmp_path):
     f.write_text("--num-layers " + "9" * 15_000_000 + "\n")       # one 15 MB word (under the 16 MiB file cap)
     t = time.monotonic()
     with pytest.raises(ConfigError, match=f"a word of 15,000,000 characters.*limit is {MAX_WORD_CHARS:,}") as e:
-        from autotune.export.launch_import import import_launch
+        from autotune.cli.launch_import import import_launch
         import_launch(f, "megatron", num_gpus=8)
     assert time.monotonic() - t < 10 and len(str(e.value)) < 300
 

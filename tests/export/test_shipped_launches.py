@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.export.launch_import import import_launch
+from autotune.cli.launch_import import import_launch
 from autotune.export.script_run import ScriptRun, run_script
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "launches"
