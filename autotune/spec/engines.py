@@ -286,10 +286,10 @@ def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated")
 def engine_releases(name: str) -> dict[str, Any] | None:
     """Engine ``name``'s ``releases.yaml`` (``profile_release``, ``runner_release``, ``releases``: release ->
     version, source, converters, precisions, overrides), or None when it has none."""
-    from autotune.engines.registry import engine_file
+    from autotune.engines.registry import releases_file
     from autotune.files import load_shipped_yaml
 
-    f = engine_file(name, "releases.yaml")
+    f = releases_file(name)
     if not f.is_file():
         return None
     data = load_shipped_yaml(f.read_text())
