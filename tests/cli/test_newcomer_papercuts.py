@@ -80,3 +80,32 @@ def test_retune_changed_line_summarises_long_lists():
     res = SimpleNamespace(breakdown_ms={})
     line = explain_changes(SimpleNamespace(plan=a, result=res), SimpleNamespace(plan=b, result=res), res)[0]
     assert "[128 entries, 0..1]" in line and len(line) < 300, line
+
+
+def test_importances_name_a_knob_without_effect(tmp_path, monkeypatch):
+    # Megatron-LM reduces each gradient buffer as one bucket without --overlap-grad-reduce (facts.yaml
+    # one_bucket_without_overlap): with dp_grad_reduce_overlap fixed off, bucket_size_mib changes nothing,
+    # so its effect re-simulated around the best plans is exactly 0 and the chart says so (fANOVA had
+    # ranked such a knob first); precision (BF16 vs FP8 GEMMs) does change MFU
+    import optuna
+    import yaml
+
+    from autotune.report.plots import _effects_head, knob_effects
+    space = yaml.safe_load((ROOT / "search_spaces" / "small.yaml").read_text())
+    space["name"] = "bucket-test"
+    space["knobs"].update(bucket_size_mib=[16, 64, 256], dp_grad_reduce_overlap=[False], param_gather_overlap=[False],
+                          precision=["bf16", "fp8_delayed"], tp_degree=[1, 2], pp_degree=[1], recompute=["full"])
+    f = tmp_path / "bucket-test.yaml"
+    f.write_text(yaml.safe_dump(space))
+    # the study records its space by name: the plot finds it where named spaces live (here: tmp_path too)
+    import autotune.search.space as sp
+    dirs = sp.search_space_dirs()
+    monkeypatch.setattr(sp, "search_space_dirs", lambda: [*dirs, tmp_path])
+    url = f"sqlite:///{tmp_path}/s.db"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--gpus", "8", "--gpu", "h100", "--space", str(f),
+                                  "--trials", "6", "--no-early-stop", "--storage", url])
+    assert r.exit_code == 0, r.output
+    name = optuna.get_all_study_summaries(url)[0].study_name
+    effects = knob_effects(optuna.load_study(study_name=name, storage=url))
+    assert effects["bucket_size_mib"] == 0.0 and effects["precision"] > 0, effects
+    assert "no effect: bucket_size_mib" in _effects_head(effects)
