@@ -28,6 +28,10 @@ from autotune.errors import ConfigError
 
 #: most words of a command after the arrays are spliced in (Megatron-LM's largest examples have < 500)
 MAX_WORDS = 100_000
+#: most lines of one array definition NAME=( ... ) (Megatron-LM's examples' longest has < 60)
+MAX_ARRAY_LINES = 10_000
+#: most characters shell-split while looking for the end of one array definition
+MAX_SPLIT_CHARS = 20_000_000
 #: longest word accepted, characters (a path is at most PATH_MAX 4096; layouts and data-path lists < 16 K)
 MAX_WORD_CHARS = 16_384
 
@@ -75,13 +79,31 @@ def script_values(lines: list[str]) -> tuple[dict[str, list[str]], dict[str, str
             scalars[m.group(1)] = None
         m = _DEF.match(line)
         if m and m.group(3).startswith("("):
-            body, j = m.group(3)[1:], i
-            while not ((w := _split(body)) and w[-1].endswith(")")):
+            parts, j, work = [m.group(3)[1:]], i, [0]
+
+            def closed(last: str) -> bool:
+                # the whole body is split only when its last line can close it (a ")" before any comment):
+                # splitting it again at every line was quadratic (a 20,000-line array took minutes)
+                if ")" not in last:
+                    return False
+                text = "\n".join(parts)
+                work[0] += len(text)
+                if work[0] > MAX_SPLIT_CHARS:
+                    raise ConfigError(f"the array definition at line {i + 1} needs more than {MAX_SPLIT_CHARS:,} "
+                                      "characters of shell-word splitting (a ')' on each of its lines); refused")
+                w = _split(text)
+                return bool(w) and w[-1].endswith(")")
+
+            while not closed(parts[-1]):
                 j += 1
                 if j >= len(lines):
                     break
+                if j - i > MAX_ARRAY_LINES:
+                    raise ConfigError(f"an array definition (line {i + 1}) runs over more than {MAX_ARRAY_LINES:,} "
+                                      "lines; refused")
                 inside.add(j)
-                body += "\n" + lines[j]
+                parts.append(lines[j])
+            body = "\n".join(parts)
             words = _split(body) or []
             if words and words[-1].endswith(")"):
                 words[-1] = words[-1][:-1]
@@ -186,7 +208,10 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     lines = _logical_lines(text)
-    arrays, scalars, inside = script_values(lines)
+    try:
+        arrays, scalars, inside = script_values(lines)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     env: dict[str, str] = {}
     cmd: list[str] | None = None
     for line in (ln for k, ln in enumerate(lines) if k not in inside):

@@ -144,3 +144,18 @@ def test_fifo_is_not_opened_by_the_script_sniffer(tmp_path):
     os.mkfifo(f)
     # returns at once (a FIFO would block an open() for reading)
     assert looks_like_script(f) is False
+
+
+@pytest.mark.parametrize("line,match", [
+    ("    --x 1\n", r"runs over more than 10,000 lines"),               # 20,000 lines: re-split each line before
+    ('    --x 1 ")x"\n', r"more than 20,000,000 characters of shell-word splitting"),   # a ')' on every line
+])
+def test_long_array_definitions_refused_fast(tmp_path, line, match):
+    # a multi-line array used to be shell-split again at every line (quadratic): 20,000 lines took > 120 s
+    from autotune.cli.launch_import import import_launch
+    f = tmp_path / "arr.sh"
+    f.write_text("A=(\n" + line * (20_000 if "1\n" == line[-2:] else 9_000) + ")\ntorchrun pretrain_gpt.py ${A[@]}\n")
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=match):
+        import_launch(f, "megatron", num_gpus=8)
+    assert time.monotonic() - t < 60
