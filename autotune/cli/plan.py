@@ -321,6 +321,9 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
                    "faster and cheaper")
     for line in notes["lines"]:
         click.echo(line)
+    for p in points:
+        for w in p.warnings:
+            click.echo(f"warning: {p.gpu} x {p.num_gpus:,}: {w}", err=True)
 
 
 def _table(points, *, by_cost: bool, any_cost: bool, co2: bool, cons) -> str:
@@ -342,7 +345,8 @@ def _table(points, *, by_cost: bool, any_cost: bool, co2: bool, cons) -> str:
                                            if b.cost_range else "")
         row = ["*" if p.pareto else "", p.gpu, f"{p.num_gpus:,}", short_plan_text(p.plan),
                f"{p.result.tokens_per_s_per_gpu:,.0f}", f"{100 * p.result.mfu:.1f}%", _days_text(b.days, b.days_range),
-               _si(b.gpu_hours)] + ([cost or "-"] if any_cost else []) + \
+               _si(b.gpu_hours) + (f" ({_si(b.gpu_hours_range[0])}-{_si(b.gpu_hours_range[1])})"
+                                   if b.gpu_hours_range else "")] + ([cost or "-"] if any_cost else []) + \
             [f"{b.energy_mwh:,.0f}" if b.energy_mwh is not None else "-"] + \
             ([f"{b.co2_t:,.0f}" if b.co2_t is not None else "-"] if co2 else []) + \
             (["yes" if p.meets else "no"] if cons.given else [])
@@ -422,7 +426,7 @@ def _print_json(points, model, workload, inputs, cons, notes) -> None:
         extra = {"budget": p.budget.to_dict() if p.budget else None, "pareto": p.pareto, "meets_constraints": p.meets,
                  "misses": {k: (v if math.isfinite(v) else None) for k, v in p.misses.items()},
                  "error": p.error, "reused_study": p.reused, "new_trials": p.n_new_trials,
-                 "warm_started": p.warm_started, "interval": p.band_text}
+                 "warm_started": p.warm_started, "interval": p.band_text, "warnings": list(p.warnings)}
         ok = p.ok
         entries.append(result_entry(plan=p.plan if ok else None, result=p.result if ok else None, model=model,
                                     gpu=p.gpu, num_gpus=p.num_gpus, fabric=p.fabric, workload=workload,
