@@ -207,6 +207,13 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
             raise ConfigError(f"-o {plot_path!r}: the file name must end in {', '.join(PLOT_SUFFIXES)}")
         check_output_path(plot_path, what="-o")
     say = make_say(as_json)
+    watts_given = parse_per_gpu(watts_text, "--watts-per-gpu", known_gpus(), lo=0, lo_open=True, hi=1e5) \
+        if watts_text is not None else {}
+
+    def check_prices(gpus):
+        if cons.usd is not None and not any(g in prices for g in gpus):
+            raise ConfigError(f"--budget-usd {budget_usd:g}: no price for {', '.join(gpus)}; give --usd-per-gpu-hour "
+                              "GPU=USD,... (autotune ships no prices; examples/gpu-prices.yaml is an example file)")
 
     from autotune.tune.planner import cost_plan_file, default_counts, fill_budgets, sweep
 
@@ -227,6 +234,7 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
             raise ConfigError(f"--gpus {gpus_list}: {plan_file} is a plan for {doc.num_gpus} GPUs (its degrees fix "
                               f"the count); give --gpus {doc.num_gpus} or leave --gpus out")
         gpus = [get_gpu(doc.gpu).name]
+        check_prices(gpus)
         model, workload = doc.model, doc.workload
         points = [cost_plan_file(doc, engine=engine)]
         what = f"plan file {plan_file}"
@@ -235,6 +243,7 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
 
         gpus = _parse_gpus(gpu_list)
         ics = _parse_interconnect(interconnect, gpus)
+        check_prices(gpus)
         model, _, workload = resolve_target(size=size, model_path=model_path, gpu=gpus[0], gpus=None,
                                             interconnect=None, seq_len=seq_len, global_batch=global_batch)
         if gpus_list is not None and max_gpus is not None:
@@ -265,12 +274,7 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
                 bar.render_finish()
         what = f"{model.name}, {len(points)} options"
 
-    watts_given = parse_per_gpu(watts_text, "--watts-per-gpu", known_gpus(), lo=0, lo_open=True, hi=1e5) \
-        if watts_text is not None else {}
     watts = {g: watts_given.get(g, get_gpu(g).tdp_watts) for g in gpus}
-    if cons.usd is not None and not any(g in prices for g in gpus):
-        raise ConfigError(f"--budget-usd {budget_usd:g}: no price for {', '.join(gpus)}; give --usd-per-gpu-hour "
-                          "GPU=USD,... (autotune ships no prices; examples/gpu-prices.yaml is an example file)")
     front = fill_budgets(points, tokens=n_tokens, goodput=goodput_v, watts=watts, pue=pue_v, prices=prices,
                          kg_co2_per_kwh=grid, constraints=cons)
     ok = [p for p in points if p.ok]
