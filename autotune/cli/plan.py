@@ -365,8 +365,10 @@ def _constraint_notes(points, cons) -> dict:
     if not cons.given:
         return out
     ok = [p for p in points if p.ok]
-    limits = ", ".join(f"{k} {v:g}" for k, v in (("--days", cons.days), ("--budget-usd", cons.usd),
-                                                 ("--budget-gpu-hours", cons.gpu_hours)) if v is not None)
+    limits = ", ".join(f"{k} {t}" for k, v, t in (("--days", cons.days, f"{cons.days:g}"),
+                                                  ("--budget-usd", cons.usd, _si(cons.usd, "$")),
+                                                  ("--budget-gpu-hours", cons.gpu_hours, _si(cons.gpu_hours)))
+                       if v is not None)
     met = [p for p in ok if p.meets]
     out["met_by"] = [f"{p.gpu}x{p.num_gpus}" for p in met]
     if not ok:
