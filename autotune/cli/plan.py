@@ -272,7 +272,7 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
         finally:
             if bar is not None:
                 bar.render_finish()
-        what = f"{model.name}, {len(points)} options"
+        what = f"{model.name}, {len(points)} option{'s' if len(points) != 1 else ''}"
 
     watts = {g: watts_given.get(g, get_gpu(g).tdp_watts) for g in gpus}
     front = fill_budgets(points, tokens=n_tokens, goodput=goodput_v, watts=watts, pue=pue_v, prices=prices,
@@ -326,6 +326,9 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
     for line in notes["lines"]:
         click.echo(line)
     for p in points:
+        if not p.ok:
+            click.echo(f"no plan for {p.gpu} x {p.num_gpus:,}: {p.error or 'none fits'}")
+    for p in points:
         for w in p.warnings:
             click.echo(f"warning: {p.gpu} x {p.num_gpus:,}: {w}", err=True)
 
@@ -339,8 +342,7 @@ def _table(points, *, by_cost: bool, any_cost: bool, co2: bool, cons) -> str:
     rows = []
     for p in points:
         if not p.ok:
-            rows.append(["", p.gpu, f"{p.num_gpus:,}", f"no plan: {p.error or 'does not fit'}"[:90]]
-                        + [""] * (len(head) - 4))
+            rows.append(["", p.gpu, f"{p.num_gpus:,}", "no plan (below)"] + [""] * (len(head) - 4))
             continue
         b = p.budget
         cost = ""
@@ -365,9 +367,9 @@ def _constraint_notes(points, cons) -> dict:
     if not cons.given:
         return out
     ok = [p for p in points if p.ok]
-    limits = ", ".join(f"{k} {t}" for k, v, t in (("--days", cons.days, f"{cons.days:g}"),
-                                                  ("--budget-usd", cons.usd, _si(cons.usd, "$")),
-                                                  ("--budget-gpu-hours", cons.gpu_hours, _si(cons.gpu_hours)))
+    limits = ", ".join(f"{k} {fmt(v)}" for k, v, fmt in (("--days", cons.days, lambda v: f"{v:g}"),
+                                                        ("--budget-usd", cons.usd, lambda v: _si(v, "$")),
+                                                        ("--budget-gpu-hours", cons.gpu_hours, _si))
                        if v is not None)
     met = [p for p in ok if p.meets]
     out["met_by"] = [f"{p.gpu}x{p.num_gpus}" for p in met]
