@@ -81,8 +81,10 @@ def prediction_band(engine: str, gpu: str) -> tuple[tuple[float, float] | None, 
     e = float((g or b)["mean_abs_error_pct"]) / 100.0
     q = str(b.get("quantity", "step time"))
     where = f"{engine}, {fam}" if g else f"{engine}, all GPUs"
+    n = int((g or b)["num_runs"])
+    against = str(b["against"]).replace("runs", "run", 1) if n == 1 else str(b["against"])
     return band_multipliers(e, q), (f"+-{100 * e:.1f}% ({where}: mean absolute error of the predicted {q} over "
-                                    f"{(g or b)['num_runs']} {b['against']}, {b['source']})")
+                                    f"{n} {against}, {b['source']})")
 
 
 def default_counts(model: ModelSpec, gpu: str, max_gpus: int, *, interconnect: str | None = None) -> list[int]:
