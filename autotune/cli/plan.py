@@ -16,7 +16,7 @@ import click
 
 from autotune.cli.app import main
 from autotune.cli.options import DEFAULT_STORAGE, JSON_OPTION, make_say
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, redact
 
 #: most GPUs of the default sweep (``--max-gpus``): the Llama 3 405B scale
 DEFAULT_MAX_GPUS = 16384
@@ -254,7 +254,7 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
                       default_counts(model, g, max_gpus or DEFAULT_MAX_GPUS, interconnect=ics[g])) for g in gpus}
         total = sum(len(v) for v in counts.values())
         say(f"planning {model.name} on {', '.join(gpus)}: {total} (GPU, count) points, seq {workload.seq_len}, "
-            f"global batch {workload.global_batch_tokens:,} tokens; studies in {storage}")
+            f"global batch {workload.global_batch_tokens:,} tokens; studies in {redact(storage)}")
         show_bar = sys.stderr.isatty()
         bar = click.progressbar(length=total, label="tuning", file=sys.stderr, show_pos=True) if show_bar else None
         done = [0]
@@ -269,6 +269,16 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
             clear_interrupt()
             points = sweep(model=model, workload=workload, counts=counts, interconnect=ics, storage=storage,
                            space=space, engine=engine, seed=seed, trials=trials, progress=progress)
+        except KeyboardInterrupt:
+            # every finished trial is stored (Tuner.optimize); the same command resumes where this one stopped
+            if bar is not None:
+                bar.render_finish()
+                bar = None
+            from autotune.signals import interrupted
+            sig = interrupted() or 2
+            click.echo(f"\ninterrupted: {done[0]} of {total} (GPU, count) points done; their studies and every "
+                       f"finished trial are stored in {redact(storage)}: run the same command again to go on", err=True)
+            click.get_current_context().exit(128 + int(sig))
         finally:
             if bar is not None:
                 bar.render_finish()

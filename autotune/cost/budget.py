@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Sequence
 
 from autotune.errors import ConfigError
 
@@ -268,7 +268,3 @@ def check_limit(value: float | None, what: str) -> float | None:
         raise ConfigError(f"{what} {value!r}: must be a positive finite number")
     return float(value)
 
-
-def known_values(values: Mapping[str, float], gpus: Iterable[str]) -> dict[str, float | None]:
-    """``values`` for each of ``gpus`` (None where not given)."""
-    return {g: values.get(g) for g in gpus}
