@@ -279,11 +279,12 @@ def fill_budgets(points: Sequence[PlanPoint], *, tokens: float, goodput: float, 
 
 
 def short_plan_text(plan: Plan) -> str:
-    """``TP8 PP16 DP128 CP1 v8 mb1 bf16``: degrees, virtual stages, micro-batch, precision, recompute."""
+    """``TP8 PP16 DP128 CP1 v8 mb1 z1 bf16``: degrees, virtual stages, micro-batch, ZeRO stage (when > 0),
+    precision, recompute."""
     s = f"TP{plan.tp_degree} PP{plan.pp_degree} DP{plan.dp_degree} CP{plan.cp_degree}"
     if plan.pp_degree > 1 and plan.pipeline_schedule == "interleaved_1f1b":
         s += f" v{plan.vpp_degree}"
-    s += f" mb{plan.micro_batch_size} {plan.precision}"
+    s += f" mb{plan.micro_batch_size}" + (f" z{plan.zero_stage}" if plan.zero_stage else "") + f" {plan.precision}"
     if plan.recompute != "none":
         s += f" rc-{plan.recompute}"
     return s
