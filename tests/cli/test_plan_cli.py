@@ -120,3 +120,36 @@ def test_chart(sweep, tmp_path):
     r = _invoke([*[a for a in args if a != "--json"], "-o", str(out)])
     assert r.exit_code == 0, (r.output, getattr(r, "stderr", ""))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+PLAN_8B = ROOT / "examples" / "8b-2xh200-fsdp.yaml"
+
+
+def test_price_file_watts_pue_on_a_plan_file():
+    # a plan file is costed without tuning; the example price file gives h200 $4.54 per GPU-hour
+    r = _invoke(["--plan", str(PLAN_8B), "--tokens", "10B", "--usd-per-gpu-hour",
+                 str(ROOT / "examples" / "gpu-prices.yaml"), "--watts-per-gpu", "500", "--pue", "1.1", "--json"])
+    assert r.exit_code == 0, (r.output, getattr(r, "stderr", ""))
+    d = json.loads(r.stdout)
+    e = d["results"][0]
+    b, tps = e["budget"], e["prediction"]["tokens_per_s_per_gpu"]
+    assert d["inputs"]["usd_per_gpu_hour"] == {"h200": 4.54} and "Spheron" in d["inputs"]["price_source"]
+    # 2 GPUs: days = 1e10 / (tps x 2 x 0.9) / 86,400; GPU-hours = 2 x days x 24 = 1e10 / (tps x 0.9 x 3,600)
+    assert b["gpu_hours"] == pytest.approx(1e10 / (tps * 0.9 * 3600), rel=1e-9)
+    assert b["cost_usd"] == pytest.approx(b["gpu_hours"] * 4.54, rel=1e-12)
+    # 500 W x PUE 1.1 = 550 W per GPU-hour
+    assert b["energy_mwh"] == pytest.approx(b["gpu_hours"] * 550 / 1e6, rel=1e-12)
+    if e["engine"] == "native":
+        # native's band is of the step time (5.8%): days x (1 / 1.058, 1 / 0.942)
+        assert b["days_range"] == pytest.approx([b["days"] / 1.058, b["days"] / 0.942], rel=1e-9)
+
+
+@pytest.mark.parametrize("text,needle", [("usd_per_gpu_hour: {h100: -1}", "h100 '-1'"),
+                                         ("usd_per_gpu_hour: {tpu9: 2}", "unknown GPU 'tpu9'"),
+                                         ("prices: {h100: 2}", "expected a mapping usd_per_gpu_hour")])
+def test_bad_price_file(tmp_path, text, needle):
+    f = tmp_path / "prices.yaml"
+    f.write_text(text + "\n")
+    r = _invoke(["--plan", str(PLAN_8B), "--tokens", "10B", "--usd-per-gpu-hour", str(f)])
+    err = r.stderr if hasattr(r, "stderr") else r.output
+    assert r.exit_code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
