@@ -290,6 +290,8 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
     ok = [p for p in points if p.ok]
     by_cost = bool(ok) and all(p.budget.cost_usd is not None for p in ok)
     notes = _constraint_notes(points, cons)
+    extremes = {"fastest": min(ok, key=lambda p: p.budget.days) if ok else None,
+                "cheapest": min(ok, key=lambda p: p.budget.cost_usd if by_cost else p.budget.gpu_hours) if ok else None}
     if plot_path is not None:
         from autotune.report.plan_plot import write_plan_plot
 
@@ -308,7 +310,8 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
               "usd_per_gpu_hour": {g: prices.get(g) for g in gpus}, "price_source": price_source,
               "grid_kg_co2_per_kwh": grid, "pareto_axes": ["days", "cost_usd" if by_cost else "gpu_hours"]}
     if as_json:
-        _print_json(points, model, workload, inputs, cons, notes)
+        _print_json(points, model, workload, inputs, cons, notes,
+                    {k: (f"{p.gpu}x{p.num_gpus}" if p else None) for k, p in extremes.items()})
         return
     click.echo(_table(points, by_cost=by_cost, any_cost=any(p.budget.cost_usd is not None for p in ok),
                       co2=grid is not None, cons=cons))
@@ -333,6 +336,10 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
     if ok:
         click.echo(f"* = Pareto front of days against {'cost' if by_cost else 'GPU-hours'}: no other option is both "
                    "faster and cheaper")
+    if len(ok) > 1:
+        f, c = extremes["fastest"], extremes["cheapest"]
+        click.echo(f"fastest: {f.gpu} x {f.num_gpus:,} ({f.budget.days:.1f} days, {_money_or_hours(f)}); cheapest: "
+                   f"{c.gpu} x {c.num_gpus:,} ({c.budget.days:.1f} days, {_money_or_hours(c)})")
     for line in notes["lines"]:
         click.echo(line)
     for p in points:
@@ -436,7 +443,7 @@ def _money_or_hours(p) -> str:
     return f"{_si(p.budget.gpu_hours)} GPU-hours"
 
 
-def _print_json(points, model, workload, inputs, cons, notes) -> None:
+def _print_json(points, model, workload, inputs, cons, notes, extremes) -> None:
     from autotune.report.summary import json_document, result_entry
 
     entries = []
@@ -450,6 +457,6 @@ def _print_json(points, model, workload, inputs, cons, notes) -> None:
                                     gpu=p.gpu, num_gpus=p.num_gpus, fabric=p.fabric, workload=workload,
                                     engine=p.engine, label=f"{p.gpu}x{p.num_gpus}", study=p.study, trial=p.trial,
                                     extra=extra))
-    click.echo(json_document("plan", entries, inputs=inputs,
+    click.echo(json_document("plan", entries, inputs=inputs, fastest=extremes["fastest"], cheapest=extremes["cheapest"],
                              constraints={**cons.to_dict(), "met_by": notes["met_by"], "nearest": notes["nearest"],
                                           "lines": notes["lines"]}))
