@@ -2,7 +2,9 @@
 
 Goal (issue 41): <= 2 minutes from empty storage on a 2-core CPU machine, <= 10 s when repeated (the repeat reads
 the stored studies: every point must say it reused its study, which this script checks). Each run is a fresh
-``python -m autotune plan`` process, so the wall times include start-up. Prints a table.
+``python -m autotune plan`` process, so the times include start-up. Prints a table with the wall time and the
+process's CPU time (user + system: the wall time on an idle machine, since the sweep runs in one process; on a
+machine shared with other jobs the wall time is longer) and the load average.
 
 Run: ``python bench/bench_plan.py`` (``--gpus``, ``--counts``, ``--trials`` to change the sweep; ``--keep DIR`` keeps
 the storage).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -22,18 +25,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_plan(storage: str, gpus: str, counts: str, trials: int | None) -> tuple[float, dict]:
+def run_plan(storage: str, gpus: str, counts: str, trials: int | None) -> tuple[float, float, dict]:
+    """(wall s, CPU s of the child: user + system, the JSON document) of one ``autotune plan`` process."""
     cmd = [sys.executable, "-m", "autotune", "plan", "--size", "405b", "--tokens", "15.6T", "--gpu", gpus,
            "--gpus", counts, "--storage", storage, "--json"]
     if trials is not None:
         cmd += ["--trials", str(trials)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if p.returncode != 0:
         sys.exit(f"autotune plan failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
-    return wall, json.loads(p.stdout)
+    return wall, cpu, json.loads(p.stdout)
 
 
 def main() -> int:
@@ -50,16 +57,20 @@ def main() -> int:
         sys.exit(f"{db} exists: the first run must start from empty storage")
     storage = f"sqlite:///{db}"
     n_points = len(args.gpus.split(",")) * len(args.counts.split(","))
-    cold, doc = run_plan(storage, args.gpus, args.counts, args.trials)
+    cold, cold_cpu, doc = run_plan(storage, args.gpus, args.counts, args.trials)
     trials = sum(r["new_trials"] for r in doc["results"])
-    warm, doc2 = run_plan(storage, args.gpus, args.counts, args.trials)
+    warm, warm_cpu, doc2 = run_plan(storage, args.gpus, args.counts, args.trials)
     reused = sum(bool(r["reused_study"]) for r in doc2["results"])
     same = [r["plan"] for r in doc["results"]] == [r["plan"] for r in doc2["results"]]
-    print(f"autotune plan --size 405b, {args.gpus} x {args.counts}: {n_points} points, {os.cpu_count()} CPUs")
-    print(f"{'run':<22s} {'wall s':>8s} {'goal s':>7s} {'new trials':>11s} {'studies reused':>15s}")
-    print(f"{'empty storage':<22s} {cold:8.1f} {120:7d} {trials:11d} {0:15d}")
-    print(f"{'repeated':<22s} {warm:8.1f} {10:7d} {sum(r['new_trials'] for r in doc2['results']):11d} "
-          f"{reused:>11d}/{n_points}")
+    load = os.getloadavg()[0]
+    print(f"autotune plan --size 405b, {args.gpus} x {args.counts}: {n_points} points, {os.cpu_count()} CPUs, "
+          f"load average {load:.1f} at the end")
+    print(f"{'run':<16s} {'wall s':>8s} {'CPU s':>7s} {'goal s':>7s} {'new trials':>11s} {'studies reused':>15s}")
+    print(f"{'empty storage':<16s} {cold:8.1f} {cold_cpu:7.1f} {120:7d} {trials:11d} {0:>15d}")
+    print(f"{'repeated':<16s} {warm:8.1f} {warm_cpu:7.1f} {10:7d} {sum(r['new_trials'] for r in doc2['results']):11d} "
+          f"{reused:>12d}/{n_points}")
+    print("(CPU s: user + system time of the autotune process; it runs on one core, so on an idle machine its wall "
+          "time is about its CPU time)")
     print(f"same plans on repeat: {same}; warm-started points: "
           f"{sum(1 for r in doc['results'] if r['warm_started'])}; points without a plan: "
           f"{sum(1 for r in doc['results'] if r['budget'] is None)}")
