@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_plan(storage: str, gpus: str, counts: str, trials: int | None) -> tuple[float, float, dict]:
+def run_plan(storage: str, gpus: str, counts: str, trials: int | None, workers: int = 1) -> tuple[float, float, dict]:
     """(wall s, CPU s of the child: user + system, the JSON document) of one ``autotune plan`` process."""
     cmd = [sys.executable, "-m", "autotune", "plan", "--size", "405b", "--tokens", "15.6T", "--gpu", gpus,
-           "--gpus", counts, "--storage", storage, "--json"]
+           "--gpus", counts, "--storage", storage, "--json", "--workers", str(workers)]
     if trials is not None:
         cmd += ["--trials", str(trials)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -48,6 +48,7 @@ def main() -> int:
     ap.add_argument("--gpus", default="h100,b200,gb200")
     ap.add_argument("--counts", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--trials", type=int, default=None, help="--trials of autotune plan (default: its own)")
+    ap.add_argument("--workers", type=int, default=1, help="--workers of autotune plan (processes over GPU types)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="storage directory to keep (default: a temporary one)")
     args = ap.parse_args()
     tmp = args.keep or tempfile.mkdtemp(prefix="bench_plan-")
@@ -57,20 +58,21 @@ def main() -> int:
         sys.exit(f"{db} exists: the first run must start from empty storage")
     storage = f"sqlite:///{db}"
     n_points = len(args.gpus.split(",")) * len(args.counts.split(","))
-    cold, cold_cpu, doc = run_plan(storage, args.gpus, args.counts, args.trials)
+    cold, cold_cpu, doc = run_plan(storage, args.gpus, args.counts, args.trials, args.workers)
     trials = sum(r["new_trials"] for r in doc["results"])
-    warm, warm_cpu, doc2 = run_plan(storage, args.gpus, args.counts, args.trials)
+    warm, warm_cpu, doc2 = run_plan(storage, args.gpus, args.counts, args.trials, args.workers)
     reused = sum(bool(r["reused_study"]) for r in doc2["results"])
     same = [r["plan"] for r in doc["results"]] == [r["plan"] for r in doc2["results"]]
     load = os.getloadavg()[0]
-    print(f"autotune plan --size 405b, {args.gpus} x {args.counts}: {n_points} points, {os.cpu_count()} CPUs, "
+    print(f"autotune plan --size 405b --workers {args.workers}, {args.gpus} x {args.counts}: {n_points} points, "
+          f"{os.cpu_count()} CPUs, "
           f"load average {load:.1f} at the end")
     print(f"{'run':<16s} {'wall s':>8s} {'CPU s':>7s} {'goal s':>7s} {'new trials':>11s} {'studies reused':>15s}")
     print(f"{'empty storage':<16s} {cold:8.1f} {cold_cpu:7.1f} {120:7d} {trials:11d} {0:>15d}")
     print(f"{'repeated':<16s} {warm:8.1f} {warm_cpu:7.1f} {10:7d} {sum(r['new_trials'] for r in doc2['results']):11d} "
           f"{reused:>12d}/{n_points}")
-    print("(CPU s: user + system time of the autotune process; it runs on one core, so on an idle machine its wall "
-          "time is about its CPU time)")
+    print("(CPU s: user + system time of the autotune processes; with --workers 1 the sweep runs on one core, so "
+          "on an idle machine its wall time is about its CPU time)")
     print(f"same plans on repeat: {same}; warm-started points: "
           f"{sum(1 for r in doc['results'] if r['warm_started'])}; points without a plan: "
           f"{sum(1 for r in doc['results'] if r['budget'] is None)}")

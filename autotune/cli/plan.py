@@ -141,6 +141,9 @@ def _days_text(d: float, r) -> str:
 @click.option("--trials", type=int, default=DEFAULT_PLAN_TRIALS, show_default=True,
               help="Most trials a study of the sweep holds (each ends earlier once converged).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed.")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Processes sweeping GPU types at once (each type's counts stay in one, in order); the results "
+                   "are the same as with 1.")
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
               help="Cost this plan YAML (target from the file) instead of tuning, e.g. "
                    "examples/llama3.1-405b-meta-h100x16384.yaml.")
@@ -164,7 +167,7 @@ def _days_text(d: float, r) -> str:
               help="Write a chart of days against cost (or GPU-hours): .png, .svg or .pdf (needs matplotlib).")
 @JSON_OPTION
 def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconnect, seq_len, global_batch, engine,
-             storage, space, trials, seed, plan_file, days, budget_usd, budget_gpu_hours, prices_text, watts_text,
+             storage, space, trials, seed, workers, plan_file, days, budget_usd, budget_gpu_hours, prices_text, watts_text,
              pue, grid, goodput, plot_path, as_json):
     """Plan a training run: for each GPU type and count, the best tuned plan's days, GPU-hours, cost and energy.
 
@@ -199,6 +202,8 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
                        gpu_hours=check_limit(budget_gpu_hours, "--budget-gpu-hours"))
     prices, price_source = _read_prices(prices_text)
     require_int(trials, "--trials", hi=MAX_TRIALS)
+    from autotune.cli.options import check_workers
+    check_workers(workers, storage)
     if plot_path is not None:
         from autotune.files import check_output_path
         from autotune.report.plan_plot import PLOT_SUFFIXES
@@ -268,7 +273,8 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
             from autotune.signals import clear_interrupt
             clear_interrupt()
             points = sweep(model=model, workload=workload, counts=counts, interconnect=ics, storage=storage,
-                           space=space, engine=engine, seed=seed, trials=trials, progress=progress)
+                           space=space, engine=engine, seed=seed, trials=trials, progress=progress,
+                           workers=workers)
         except KeyboardInterrupt:
             # every finished trial is stored (Tuner.optimize); the same command resumes where this one stopped
             if bar is not None:

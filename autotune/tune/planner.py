@@ -135,13 +135,19 @@ def _warm_params(prev_study: Any, info: Any, bound: Any, cluster: ClusterSpec, w
 def sweep(*, model: ModelSpec, workload: Workload, counts: Mapping[str, Sequence[int]],
           interconnect: Mapping[str, str | None] | None = None, storage: str, space: Any = None,
           engine: str | None = None, seed: int | None = 0, trials: int = 100,
-          progress: Callable[[PlanPoint], None] | None = None) -> list[PlanPoint]:
+          progress: Callable[[PlanPoint], None] | None = None, workers: int = 1) -> list[PlanPoint]:
     """Tune the best plan for every (GPU type, count) of ``counts`` (GPU name -> counts), simulated backend.
 
     Counts of one GPU type run smallest first; each new study is warm-started from the previous count's study
     (module docstring). A count the fabric refuses, or with no plan that fits, is a point with ``error`` set,
     not an exception. ``trials``: the most trials a study holds after this call (the convergence stop of
-    ``autotune run`` usually ends it earlier). ``progress`` is called after each point.
+    ``autotune run`` usually ends it earlier). ``progress`` is called after each point (with ``workers`` > 1,
+    after each GPU type's points, as they come back).
+
+    ``workers`` > 1: the GPU types are swept in that many forked processes at once (each type's counts stay in
+    one process, in order, for the warm start); the studies are the same as with one, and so is every point's
+    result (each study's trials depend on its seed and history only). A signal in the parent ends the children
+    (``Pool.terminate``: SIGTERM, which a Tuner turns into a failed running trial) and is raised here.
 
     Returns:
         one :class:`PlanPoint` per (GPU, count), in the order of ``counts``; budgets are not filled in here
@@ -157,6 +163,27 @@ def sweep(*, model: ModelSpec, workload: Workload, counts: Mapping[str, Sequence
 
     sp = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     eng = resolve_engine(engine, "simulated")
+    if workers > 1 and len(counts) > 1:
+        import multiprocessing
+
+        jobs = [dict(model=model, workload=workload, counts={g: list(ns)}, interconnect=interconnect,
+                     storage=storage, space=space if not isinstance(space, SearchSpace) else sp, engine=engine,
+                     seed=seed, trials=trials) for g, ns in counts.items()]
+        out: list[PlanPoint] = []
+        pool = multiprocessing.get_context("fork").Pool(min(workers, len(jobs)))
+        try:
+            for pts in pool.imap(_sweep_job, jobs):
+                out.extend(pts)
+                for pt in pts:
+                    if progress:
+                        progress(pt)
+            pool.close()
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
+        return out
     points: list[PlanPoint] = []
     for gpu, ns in counts.items():
         ic = (interconnect or {}).get(gpu)
@@ -198,6 +225,15 @@ def sweep(*, model: ModelSpec, workload: Workload, counts: Mapping[str, Sequence
             if progress:
                 progress(pt)
     return points
+
+
+def _sweep_job(kwargs: dict[str, Any]) -> list[PlanPoint]:
+    """One GPU type's sweep in a pool process (:func:`sweep` with ``workers`` > 1). SIGINT is ignored here: the
+    parent decides, and ends the pool with SIGTERM."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return sweep(**kwargs)
 
 
 def cost_plan_file(doc: Any, *, engine: str | None = None) -> PlanPoint:

@@ -50,3 +50,16 @@ def test_invalid_count_is_a_point_not_an_error(tmp_path):
     pts = sweep(model=model, workload=wl, counts={"h200": [12]}, storage=f"sqlite:///{tmp_path}/s.db",
                 space="small", trials=3)
     assert pts[0].plan is None and "not a whole number of 8-GPU nodes" in pts[0].error
+
+
+def test_workers_give_the_serial_results(tmp_path):
+    # two GPU types in two forked processes: the same studies, so the same plans and predictions as one process
+    model, wl = get_model("8b"), Workload.from_tokens(seq_len=8192, global_batch_tokens=2**20)
+    kw = dict(model=model, workload=wl, counts={"h200": [8, 16], "h100": [8]}, space="small", trials=5)
+    serial = sweep(storage=f"sqlite:///{tmp_path}/a.db", **kw)
+    seen = []
+    par = sweep(storage=f"sqlite:///{tmp_path}/b.db", workers=2, progress=seen.append, **kw)
+    assert [(p.gpu, p.num_gpus) for p in par] == [("h200", 8), ("h200", 16), ("h100", 8)]
+    assert [(p.plan, p.result.step_time_ms, p.study) for p in par] == \
+        [(p.plan, p.result.step_time_ms, p.study) for p in serial]
+    assert len(seen) == 3
