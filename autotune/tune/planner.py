@@ -169,8 +169,15 @@ def sweep(*, model: ModelSpec, workload: Workload, counts: Mapping[str, Sequence
         jobs = [dict(model=model, workload=workload, counts={g: list(ns)}, interconnect=interconnect,
                      storage=storage, space=space if not isinstance(space, SearchSpace) else sp, engine=engine,
                      seed=seed, trials=trials) for g, ns in counts.items()]
+        import signal
+
+        from autotune.signals import interrupt_handler
+
         out: list[PlanPoint] = []
         pool = multiprocessing.get_context("fork").Pool(min(workers, len(jobs)))
+        # the parent only waits here: SIGINT / SIGTERM raise KeyboardInterrupt at once, and the pool is ended
+        handlers = {sig: signal.signal(sig, interrupt_handler) for sig in (signal.SIGINT, signal.SIGTERM)
+                    if signal.getsignal(sig) is not signal.SIG_IGN}
         try:
             for pts in pool.imap(_sweep_job, jobs):
                 out.extend(pts)
@@ -183,6 +190,8 @@ def sweep(*, model: ModelSpec, workload: Workload, counts: Mapping[str, Sequence
             raise
         finally:
             pool.join()
+            for sig, h in handlers.items():
+                signal.signal(sig, h)
         return out
     points: list[PlanPoint] = []
     for gpu, ns in counts.items():
@@ -233,7 +242,11 @@ def _sweep_job(kwargs: dict[str, Any]) -> list[PlanPoint]:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return sweep(**kwargs)
+    try:
+        return sweep(**kwargs)
+    except KeyboardInterrupt:
+        # the pool's SIGTERM (the Tuner failed its running trial): end this process quietly, no traceback
+        raise SystemExit(128 + int(signal.SIGTERM)) from None
 
 
 def cost_plan_file(doc: Any, *, engine: str | None = None) -> PlanPoint:
