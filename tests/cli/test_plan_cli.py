@@ -32,6 +32,9 @@ def _invoke(args):
     (["--tokens", "1T", "--budget-usd", "1e6"], "--budget-usd"),
     (["--tokens", "1T", "--gpus", "8,abc"], "--gpus 'abc'"),
     (["--tokens", "1T", "-o", "chart.txt"], "-o 'chart.txt'"),
+    (["--tokens", "1T", "--workers", "0"], "--workers must be an integer from 1"),
+    (["--tokens", "1T", "--watts-per-gpu", "h200=0"], "--watts-per-gpu h200 '0'"),
+    (["--tokens", "1T", "--gpu", "h200,tpu9"], "unknown GPU 'tpu9'"),
 ])
 def test_bad_input_one_line_exit_2(args, needle, tmp_path):
     r = _invoke(["--size", "8b", "--gpu", "h200", "--gpus", "8", "--storage", f"sqlite:///{tmp_path}/s.db", *args])
