@@ -35,6 +35,28 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_RECLAIM_POLICIES = ("none", "empty_cache_per_step", "empty_cache_per_microbatch",
                            "expandable_segments")
+#: kernel-level levers of the native runtime (issue 43; autotune/runtime/, facts in
+#: autotune/engines/native/facts.yaml, measured by bench/bench_one_gpu.py). ``default`` / ``full`` /
+#: ``none`` / ``fused`` keep what the runtime did before the levers existed.
+#: SDPA backend: ``default`` = PyTorch's own dispatch order (cuDNN first on Hopper in torch 2.11),
+#: ``cudnn`` / ``flash`` = only that backend enabled (``torch.backends.cuda.enable_*_sdp``).
+ATTENTION_BACKENDS = ("default", "cudnn", "flash")
+#: ``torch.compile`` mode of the compiled blocks (``compile: true`` only): inductor's ``default`` or
+#: ``max-autotune-no-cudagraphs`` (GEMM / Triton template autotuning, no CUDA graphs).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+#: LM head + loss: ``full`` = logits [tokens, vocab] materialized, FP32 cross-entropy; ``chunked`` =
+#: linear + cross-entropy over token chunks with the gradients computed in the forward pass, so no
+#: full-vocabulary logits exist (autotune/runtime/model.py ChunkedLinearCrossEntropy).
+LOSS_IMPLS = ("full", "chunked")
+#: which transformer-layer linears stay BF16 under an FP8 precision: ``none``; ``kv`` (wk, wv: the
+#: two N = kv_dim projections); ``attention`` (wq, wk, wv, wo).
+FP8_BF16_LINEARS = ("none", "kv", "attention")
+#: AdamW implementation on CUDA: ``fused`` (one kernel per group) or ``foreach`` (multi-tensor ops).
+OPTIMIZER_IMPLS = ("fused", "foreach")
+#: the kernel-level lever fields and their valid values (checked in Plan.__post_init__)
+LEVER_FIELDS = {"attention_backend": ATTENTION_BACKENDS, "compile_mode": COMPILE_MODES,
+                "loss_impl": LOSS_IMPLS, "fp8_bf16_linears": FP8_BF16_LINEARS,
+                "optimizer_impl": OPTIMIZER_IMPLS}
 ZERO_STAGES = (0, 1, 2, 3)
 #: GEMM precision of the transformer layers' linear layers (the LM head stays BF16, see graph.py):
 #: ``bf16``; ``fp8_tensorwise``: dynamic (current) per-tensor scaling, torchao Float8LinearConfig
@@ -165,6 +187,14 @@ class Plan:
         fp8_param_gather: with an FP8 precision, keep the layers' linear weights as FP8 parameters
             (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside Transformer Engine's FP8 copies, and
             parameter all-gathers move 1 byte per such weight. Needs Transformer Engine (Megatron-LM).
+        attention_backend: SDPA backend, one of :data:`ATTENTION_BACKENDS` (native runtime only).
+        compile_mode: torch.compile mode with ``compile: true``, one of :data:`COMPILE_MODES`.
+        loss_impl: LM head + cross-entropy, one of :data:`LOSS_IMPLS` (``chunked``: native runtime,
+            TP 1 and PP 1 only).
+        fp8_bf16_linears: layer linears kept BF16 under FP8, one of :data:`FP8_BF16_LINEARS`.
+        optimizer_impl: AdamW kernels, one of :data:`OPTIMIZER_IMPLS`.
+        (Engines without these levers refuse values other than the defaults:
+        :func:`autotune.spec.engines.check_plan_for_engine`.)
 
     Raises:
         PlanError: wrong type or value for any field (names the field and the valid values).
@@ -193,6 +223,11 @@ class Plan:
     compile: bool = False
     grad_reduce_in_bf16: bool = False
     fp8_param_gather: bool = False
+    attention_backend: str = "default"
+    compile_mode: str = "default"
+    loss_impl: str = "full"
+    fp8_bf16_linears: str = "none"
+    optimizer_impl: str = "fused"
 
     def __post_init__(self) -> None:
         # one C-level pass over the integer and boolean fields (a 405B x 1,024 B200 ranking built 17,495
@@ -202,7 +237,8 @@ class Plan:
                 or not set(map(type, _bool_fields(self))) <= {bool}:
             self._check_types()
         for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
-                         ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS)):
+                         ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS),
+                         *LEVER_FIELDS.items()):
             if getattr(self, f) not in valid:
                 raise PlanError(f"{f}={getattr(self, f)!r} is not valid; choose one of {', '.join(valid)}")
         rn = self.recompute_num_layers
