@@ -35,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.errors import ConfigError
 from autotune.spec.models import ModelSpec
+from autotune.spec.plan import loss_chunk_tokens
 
 #: Llama 3 RoPE scaling (HF config.json ``rope_scaling`` of Llama-3.1-*: rope_type llama3).
 LLAMA3_ROPE_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -42,10 +43,6 @@ LLAMA3_ROPE_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 LOSS_IMPLS = ("full", "chunked")
-
-#: FP32 bytes of one chunk's logits in :class:`ChunkedLinearCrossEntropy` (tokens per chunk =
-#: this / (4 x vocab), rounded down to a multiple of 256): 2 GiB = 4,096 tokens of Llama 3's 128,256 vocab
-LOSS_CHUNK_BYTES = 2 << 30
 
 
 def llama3_inv_freq(head_dim: int, theta: float, *, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -421,13 +418,6 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         scale = grad_out / ctx.n
         # in place: the stored gradients are used once (retain_graph is not supported)
         return grad_h.mul_(scale.to(grad_h.dtype)), grad_w.mul_(scale).to(ctx.weight_dtype), None, None, None
-
-
-def loss_chunk_tokens(vocab_size: int, num_tokens: int) -> int:
-    """Tokens per chunk of :class:`ChunkedLinearCrossEntropy`: :data:`LOSS_CHUNK_BYTES` of FP32 logits,
-    a multiple of 256, at least 256 and at most ``num_tokens``."""
-    c = max(256, (LOSS_CHUNK_BYTES // (4 * vocab_size)) // 256 * 256)
-    return min(c, num_tokens)
 
 
 def chunked_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,

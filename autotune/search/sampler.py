@@ -81,6 +81,9 @@ PREFERENCES: Mapping[str, tuple[Any, ...]] = {
     # with Transformer Engine) gain nothing from it, and a preference the coordinate-descent pass changes
     # costs a second ranking pass (issue 26: 405B x 1,024 B200 switched to False every time)
     "compile": (False, True),
+    # the chunked linear + cross-entropy first: the same GEMMs without the full-vocabulary logits (measured
+    # on H200, issue 43: -11.6 ms and -19.5 GiB; docs/results/one-gpu-levers-h200x1-2026-12-03/)
+    "loss_impl": ("chunked", "full"),
 }
 
 

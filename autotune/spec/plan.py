@@ -48,6 +48,19 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 #: linear + cross-entropy over token chunks with the gradients computed in the forward pass, so no
 #: full-vocabulary logits exist (autotune/runtime/model.py ChunkedLinearCrossEntropy).
 LOSS_IMPLS = ("full", "chunked")
+#: FP32 bytes of one chunk's logits under ``loss_impl: chunked`` (:func:`loss_chunk_tokens`)
+LOSS_CHUNK_BYTES = 2 << 30
+
+
+def loss_chunk_tokens(vocab_size: int, num_tokens: int) -> int:
+    """Tokens per chunk of the chunked linear + cross-entropy (autotune/runtime/model.py
+    ChunkedLinearCrossEntropy; the memory model counts one chunk's logits): :data:`LOSS_CHUNK_BYTES` of
+    FP32 logits, rounded down to a multiple of 256, at least 256 and at most ``num_tokens``
+    (Llama 3's vocabulary of 128,256: 4,096 tokens)."""
+    c = max(256, (LOSS_CHUNK_BYTES // (4 * vocab_size)) // 256 * 256)
+    return min(c, num_tokens)
+
+
 #: which transformer-layer linears stay BF16 under an FP8 precision: ``none``; ``kv`` (wk, wv: the
 #: two N = kv_dim projections); ``attention`` (wq, wk, wv, wo).
 FP8_BF16_LINEARS = ("none", "kv", "attention")
