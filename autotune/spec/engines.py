@@ -126,7 +126,7 @@ class EngineProfile:
         fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
             FP8 (1-byte) activations: the input is quantized before it is gathered.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
-        levers: the kernel-level Plan fields (:data:`autotune.spec.plan.LEVER_FIELDS`: attention_backend,
+        levers: the kernel-level Plan fields (:data:`autotune.spec.levers.LEVER_FIELDS`: attention_backend,
             compile_mode, loss_impl, fp8_bf16_linears, optimizer_impl) -> the values it runs; a field not
             listed runs its Plan default only (issue 43; the native runtime's are measured by
             bench/bench_one_gpu.py).
@@ -195,17 +195,17 @@ class EngineProfile:
         for f in ("param_bytes", "optimizer_bytes", "grad_reduce_bytes"):
             if getattr(self, f) not in (2, 4, 8, 12):
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not a byte count of 2, 4, 8 or 12")
-        from autotune.spec.plan import LEVER_FIELDS
+        from autotune.spec.levers import LEVER_FIELDS
         for f, vals in self.levers.items():
             if f not in LEVER_FIELDS or any(v not in LEVER_FIELDS[f] for v in vals):
                 raise ConfigError(f"engine {self.name}: levers.{f}={list(vals)!r} is not valid; levers are "
                                   + "; ".join(f"{k}: {', '.join(v)}" for k, v in LEVER_FIELDS.items()))
 
     def lever_values(self, lever: str) -> tuple[str, ...]:
-        """The values of Plan field ``lever`` (:data:`autotune.spec.plan.LEVER_FIELDS`) this engine runs:
+        """The values of Plan field ``lever`` (:data:`autotune.spec.levers.LEVER_FIELDS`) this engine runs:
         its ``levers`` entry, else the Plan default alone."""
-        from autotune.spec.plan import Plan
-        return tuple(self.levers.get(lever, (Plan.__dataclass_fields__[lever].default,)))
+        from autotune.spec.levers import LEVER_DEFAULTS
+        return tuple(self.levers.get(lever, (LEVER_DEFAULTS[lever],)))
 
     @property
     def grad_buffer_bytes(self) -> int:
@@ -386,7 +386,7 @@ def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
         raise PlanError(f"precision={precision} cannot run on engine {e.name}; it runs {', '.join(e.precisions)}")
     if getattr(plan, "compile", False) and not e.compile:
         raise PlanError(f"compile=true cannot run on engine {e.name} (it has no torch.compile setting)")
-    from autotune.spec.plan import LEVER_FIELDS
+    from autotune.spec.levers import LEVER_FIELDS
     for lever in LEVER_FIELDS:
         v = getattr(plan, lever, None)
         if v is not None and v not in e.lever_values(lever):

@@ -28,6 +28,18 @@ from autotune.errors import ConfigError, PlanError
 from autotune.files import plain
 from autotune.spec.models import ModelSpec
 from autotune.spec.validate import MAX_NUM_GPUS, MAX_NUM_MICRO_BATCHES
+# kernel-level levers (issue 43), re-exported here: a leaf module, so spec.engines reads it without a cycle
+from autotune.spec.levers import (  # noqa: F401
+    ATTENTION_BACKENDS,
+    COMPILE_MODES,
+    FP8_BF16_LINEARS,
+    LEVER_DEFAULTS,
+    LEVER_FIELDS,
+    LOSS_CHUNK_BYTES,
+    LOSS_IMPLS,
+    OPTIMIZER_IMPLS,
+    loss_chunk_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,41 +47,6 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_RECLAIM_POLICIES = ("none", "empty_cache_per_step", "empty_cache_per_microbatch",
                            "expandable_segments")
-#: kernel-level levers of the native runtime (issue 43; autotune/runtime/, facts in
-#: autotune/engines/native/facts.yaml, measured by bench/bench_one_gpu.py). ``default`` / ``full`` /
-#: ``none`` / ``fused`` keep what the runtime did before the levers existed.
-#: SDPA backend: ``default`` = PyTorch's own dispatch order (cuDNN first on Hopper in torch 2.11),
-#: ``cudnn`` / ``flash`` = only that backend enabled (``torch.backends.cuda.enable_*_sdp``).
-ATTENTION_BACKENDS = ("default", "cudnn", "flash")
-#: ``torch.compile`` mode of the compiled blocks (``compile: true`` only): inductor's ``default`` or
-#: ``max-autotune-no-cudagraphs`` (GEMM / Triton template autotuning, no CUDA graphs).
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-#: LM head + loss: ``full`` = logits [tokens, vocab] materialized, FP32 cross-entropy; ``chunked`` =
-#: linear + cross-entropy over token chunks with the gradients computed in the forward pass, so no
-#: full-vocabulary logits exist (autotune/runtime/model.py ChunkedLinearCrossEntropy).
-LOSS_IMPLS = ("full", "chunked")
-#: FP32 bytes of one chunk's logits under ``loss_impl: chunked`` (:func:`loss_chunk_tokens`)
-LOSS_CHUNK_BYTES = 2 << 30
-
-
-def loss_chunk_tokens(vocab_size: int, num_tokens: int) -> int:
-    """Tokens per chunk of the chunked linear + cross-entropy (autotune/runtime/model.py
-    ChunkedLinearCrossEntropy; the memory model counts one chunk's logits): :data:`LOSS_CHUNK_BYTES` of
-    FP32 logits, rounded down to a multiple of 256, at least 256 and at most ``num_tokens``
-    (Llama 3's vocabulary of 128,256: 4,096 tokens)."""
-    c = max(256, (LOSS_CHUNK_BYTES // (4 * vocab_size)) // 256 * 256)
-    return min(c, num_tokens)
-
-
-#: which transformer-layer linears stay BF16 under an FP8 precision: ``none``; ``kv`` (wk, wv: the
-#: two N = kv_dim projections); ``attention`` (wq, wk, wv, wo).
-FP8_BF16_LINEARS = ("none", "kv", "attention")
-#: AdamW implementation on CUDA: ``fused`` (one kernel per group) or ``foreach`` (multi-tensor ops).
-OPTIMIZER_IMPLS = ("fused", "foreach")
-#: the kernel-level lever fields and their valid values (checked in Plan.__post_init__)
-LEVER_FIELDS = {"attention_backend": ATTENTION_BACKENDS, "compile_mode": COMPILE_MODES,
-                "loss_impl": LOSS_IMPLS, "fp8_bf16_linears": FP8_BF16_LINEARS,
-                "optimizer_impl": OPTIMIZER_IMPLS}
 ZERO_STAGES = (0, 1, 2, 3)
 #: GEMM precision of the transformer layers' linear layers (the LM head stays BF16, see graph.py):
 #: ``bf16``; ``fp8_tensorwise``: dynamic (current) per-tensor scaling, torchao Float8LinearConfig

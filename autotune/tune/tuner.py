@@ -219,14 +219,9 @@ class Tuner:
             from autotune.study.trials import band_fraction
 
             costs = getattr(self._evaluator, "costs", None) if self._evaluator is not None else None
-            # the real backend runs a depth-truncated proxy with --layers N: screen what runs (its memory
-            # decides whether recompute none fits; issue 43: the full 32-layer 8B did not, so the 16-layer
-            # proxy was screened into selective recomputation at 67.7% MFU against 71.0% without)
-            layers = self._evaluator_options.get("layers") if self.backend == "real" else None
-            model = self.model.truncated(layers) if layers else self.model
-            return make_sampler(self.bound, model=model, cluster=self.cluster, workload=self.workload,
-                                engine=self.engine, costs=costs, seed=self.seed,
-                                band_frac=band_fraction(self.info))
+            return make_sampler(self.bound, model=self.model, cluster=self.cluster, workload=self.workload,
+                                engine=self.engine, costs=costs, seed=self.seed, band_frac=band_fraction(self.info),
+                                layers=self._evaluator_options.get("layers") if self.backend == "real" else None)
 
     @property
     def evaluator(self) -> Evaluator:

@@ -45,3 +45,16 @@ def test_fingerprint_of_spaces_without_the_knob_unchanged():
     d["knobs"].pop("loss_impl")
     with_default = dict(d, knobs=dict(d["knobs"], loss_impl=["full"]))
     assert SearchSpace.from_dict(d).fingerprint == SearchSpace.from_dict(with_default).fingerprint
+
+
+def test_real_backend_sampler_screens_the_layers_proxy():
+    # --backend real --layers 16 runs the 16-layer proxy: the sampler's memory screen must judge it (the
+    # full 32-layer model needs recomputation on one H200, the proxy does not: issue 43)
+    from autotune.search import make_sampler
+    from autotune.spec.hardware import make_cluster
+
+    b = _bound("native")
+    kw = dict(model=get_model("8b"), cluster=make_cluster("h200", 1, "nvlink4"), workload=W,
+              engine=get_engine("native"))
+    assert make_sampler(b, layers=16, **kw).screen.model.num_layers == 16
+    assert make_sampler(b, **kw).screen.model.num_layers == 32
