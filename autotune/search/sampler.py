@@ -731,7 +731,9 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             # candidate; it is never proposed twice either way)
             layout_set = {q for q in self.rank().screened.values() if q is not None}
             nbrs = self.neighbours(base)
-            brng = self._rng("base", json.dumps(plan_params(base), sort_keys=True, default=str))
+            # (loss_impl at its default left out: the seed of every plan stays what it was before the knob)
+            seed_params = {k: v for k, v in plan_params(base).items() if not (k == "loss_impl" and v == "full")}
+            brng = self._rng("base", json.dumps(seed_params, sort_keys=True, default=str))
             jit = {q: 1 + self.jitter * brng.uniform(-1, 1) for q in nbrs}
             cands = [q for q in nbrs if q not in layout_set]
             ranked = sorted(cands, key=lambda q: self.screen.estimate_ms(q) * jit[q])
