@@ -610,6 +610,11 @@ class PlanDocument:
         study = d.get("study")
         if study is not None and not isinstance(study, str):
             raise ConfigError(f"{source}: field study must be a study name or null, got {type(study).__name__}")
+        if study is not None:
+            from autotune.spec.validate import MAX_STUDY_NAME_CHARS
+            if len(study) > MAX_STUDY_NAME_CHARS:
+                raise ConfigError(f"{source}: field study is {len(study):,} characters long; at most "
+                                  f"{MAX_STUDY_NAME_CHARS:,}")
         trial_id = d.get("trial_id")
         if trial_id is not None:
             require_int(trial_id, f"{source}: field trial_id", lo=0)
