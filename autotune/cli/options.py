@@ -145,6 +145,8 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
         require_int(layers, "--layers", hi=2**20)
     if storage is not None:
         require_name(storage, "--storage", max_len=MAX_PATH_OPTION_CHARS)
+        from autotune.study.storage_check import check_storage_path
+        check_storage_path(storage)     # a name too long, a symbolic link loop
         if is_readonly_url(storage):
             raise ConfigError(f"--storage {redact(storage)} is read-only (mode=ro); this command adds trials, give a "
                               "writable storage")
