@@ -293,7 +293,7 @@ def _no_constant(name: str) -> Any:
 
 def _find_non_finite(x: Any, path: str) -> str | None:
     if isinstance(x, _NonFinite):
-        return f"field {path or '(top level)'}: {str(x)} is not a JSON number"
+        return f"field {excerpt(path or '(top level)')}: {str(x)} is not a JSON number"
     items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
     for k, v in items:
         found = _find_non_finite(v, f"{path}.{k}" if path else str(k))
@@ -306,7 +306,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"duplicate key {k!r}")
+            raise ValueError(f"duplicate key {excerpt(repr(k))}")
         out[k] = v
     return out
 
@@ -345,7 +345,7 @@ def parse_json_text(text: str, *, source: str) -> Any:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except (ValueError, RecursionError) as e:
-        raise ConfigError(f"{source} is not valid JSON: {e}") from None
+        raise ConfigError(f"{source} is not valid JSON: {excerpt(e, 200)}") from None
 
 
 def read_json_file(path: str | Path, *, what: str) -> Any:
