@@ -47,13 +47,6 @@ MAX_WORKER_ID = 2**31 - 1
 WORKERS_PER_CPU = 8
 #: --workers is always allowed up to this many, whatever the core count.
 MIN_MAX_WORKERS = 16
-#: Longest name (model, fabric, GPU, search space, study field of a plan), characters: names become parts of
-#: study names, file names (NAME_MAX 255 bytes, limits.h) and launch-file comments; 256 is ~10x the longest
-#: shipped one. A 10 MiB name was accepted before, a 5,000-character space name crashed on its file name.
-MAX_NAME_CHARS = 256
-#: Longest study name, characters: it joins model, cluster, fabric, engine, workload and space names
-#: (autotune/study/identity.py ``study_name``), each at most :data:`MAX_NAME_CHARS`.
-MAX_STUDY_NAME_CHARS = 2048
 #: Longest URL or path option (--storage, --space as a file), characters (PATH_MAX 4096, limits.h, plus the
 #: ``sqlite:///`` scheme and a query).
 MAX_PATH_OPTION_CHARS = 4200
@@ -66,6 +59,12 @@ MAX_HIDDEN_SIZE = 2**18
 MAX_FFN_HIDDEN_SIZE = 2**20
 #: Most attention (query or key/value) heads (4,096: 32x the 128 of Llama 3.1 405B).
 MAX_NUM_HEADS = 4096
+#: Longest name or label a plan file may hold (study, model, GPU, fabric and link names, enum values), characters:
+#: Optuna's RDB storage keeps a study name in a ``VARCHAR(512)`` column (optuna/storages/_rdb/models.py
+#: ``MAX_INDEXED_STRING_LENGTH = 512``), and no catalog name comes near it (the longest is < 40). Also the
+#: default bound of :func:`require_name` (model, fabric, GPU, search-space names; issue 37: a 5,000-character
+#: space name crashed on its file name, a 10 MiB study name was accepted).
+MAX_NAME_CHARS = 512
 
 
 def max_workers() -> int:
@@ -124,7 +123,7 @@ def require_number(v: Any, field: str, *, lo: float | None = None, hi: float | N
 
 def require_name(v: Any, field: str, *, max_len: int = MAX_NAME_CHARS) -> str:
     """``v`` stripped if it is a non-empty printable string of at most ``max_len`` characters
-    (:data:`MAX_NAME_CHARS`, 256, unless the caller says otherwise), checked before anything else reads it.
+    (:data:`MAX_NAME_CHARS`, 512, unless the caller says otherwise), checked before anything else reads it.
 
     Raises:
         ConfigError: not a string, empty/blank, too long (naming the length and the limit), or with control
@@ -140,6 +139,28 @@ def require_name(v: Any, field: str, *, max_len: int = MAX_NAME_CHARS) -> str:
     if not s.isprintable():
         raise ConfigError(f"{field} {show(s)} contains control characters")
     return s
+
+
+def require_text(v: Any, field: str, *, max_chars: int = MAX_NAME_CHARS) -> str:
+    """``v`` if it is a string of at most ``max_chars`` printable characters (``str.isprintable``: no newline,
+    tab, carriage return, NUL, escape or other control or format character, so it cannot start a new line in
+    a generated shell script, TOML or Python file). Unlike :func:`require_name` it is not stripped and may be
+    empty.
+
+    Raises:
+        ConfigError: "<field> <excerpt> contains control characters (...)" or "... is N characters long",
+            one line, the value shown as a short printable excerpt.
+    """
+    if not isinstance(v, str):
+        raise ConfigError(f"{field} must be text (a string), got {show(v)} ({type(v).__name__})")
+    if len(v) > max_chars:
+        raise ConfigError(f"{field} {display_text(repr(v), 60)} is {len(v):,} characters long; valid: at most "
+                          f"{max_chars:,} printable characters")
+    if not v.isprintable():
+        bad = next(ch for ch in v if not ch.isprintable())
+        raise ConfigError(f"{field} {display_text(repr(v), 60)} contains a control character ({bad!r}); valid: "
+                          f"printable text (no newline, tab, carriage return, escape or NUL)")
+    return v
 
 
 def require_bool(v: Any, field: str) -> bool:
