@@ -423,7 +423,7 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
     text = read_text_file(path, what="torchtitan config module")    # regular file, size cap, no NUL (files.py)
     try:
         tree = ast.parse(text)
-    except (OSError, UnicodeDecodeError, SyntaxError, MemoryError, RecursionError) as e:
+    except (OSError, UnicodeDecodeError, SyntaxError) as e:
         raise ConfigError(f"{source}: not a readable Python config module: {e}") from None
     except (RecursionError, MemoryError):      # an expression nested past the parser's stack (1+1+... 200,000 times)
         raise ConfigError(f"{source}: not a readable Python config module: it nests too deeply for Python's "
