@@ -392,3 +392,33 @@ def test_many_processes_on_one_sqlite_file(tmp_path):
     r = bench.run(12, 2, "8b", "default", tmp_path)
     assert r["exit_codes"] == {0: 12}, r
     assert r["complete"] == 24 and r["distinct_plans"] == 24, r
+
+
+# ---- a Megatron launch: the tokenizer's config.json and the layer cap -----------------------------------------
+ARGS_8B = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+           "--group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 131072 "
+           "--position-embedding-type rope --rotary-base 500000 --use-rope-scaling --normalization RMSNorm --swiglu "
+           "--disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 "
+           "--vocab-size 128256 --bf16 --micro-batch-size 1 --global-batch-size 128\n")
+
+
+def test_megatron_tokenizer_config_goes_through_the_reader(d):
+    tok = d / "tok"
+    tok.mkdir()
+    os.symlink(d / "private.txt", tok / "config.json")       # a link to a file only its owner may read
+    f = d / "args.sh"
+    f.write_text(ARGS_8B.replace("--vocab-size 128256", f"--tokenizer-model {tok}"))
+    _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "owner or group")
+    (tok / "config.json").unlink()
+    os.mkfifo(tok / "config.json")                            # is_file() is False: the --vocab-size hint
+    _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "--vocab-size")
+    f.write_text(ARGS_8B)
+    assert _cli(["simulate", "--from-megatron", str(f), "--gpus", "8"])[0] == 0      # the control: it reads
+
+
+def test_megatron_layer_count_is_capped_before_any_work(d):
+    f = d / "args.sh"
+    f.write_text(ARGS_8B.replace("--num-layers 32", "--num-layers 1000000"))
+    t0 = time.monotonic()
+    line = _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "num_layers")
+    assert "2,048" in line and time.monotonic() - t0 < 10, line
