@@ -236,6 +236,9 @@ class ClusterSpec:
         n, per = self.num_gpus, self.fabric.gpus_per_node
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"--gpus must be a positive integer, got {n!r}")
+        from autotune.spec.validate import MAX_NUM_GPUS
+        if n > MAX_NUM_GPUS:      # any source (an imported launch's world size too), before any work
+            raise ConfigError(f"a cluster of {n:,} GPUs: at most {MAX_NUM_GPUS:,} (autotune.spec.validate.MAX_NUM_GPUS)")
         host = self.fabric.gpus_per_host
         if n > per and n % per and (host >= per or n % host):
             unit, what = (per, "nodes") if host >= per else (host, "hosts (NVLink domains hold "
