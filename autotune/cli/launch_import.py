@@ -33,14 +33,20 @@ def detect_format(path: str | Path) -> str:
     argument list or launch script).
 
     Raises:
-        ConfigError: the file does not exist.
+        ConfigError: the file does not exist, or is not a regular file autotune reads
+            (:func:`autotune.files.resolve_input`: a FIFO, a device, a symbolic link loop, a /proc file).
     """
+    import os
+
+    from autotune.files import excerpt, resolve_input
+
     p = Path(path)
-    if not p.is_file() and str(path).partition(":")[0].lower().endswith(".py"):
+    if not os.path.lexists(p) and str(path).partition(":")[0].lower().endswith(".py"):
         p = Path(str(path).partition(":")[0])     # FILE.py:FUNCTION (a torchtitan config function)
-    if not p.is_file():
-        raise ConfigError(f"{path}: no such file (a Megatron-LM argument list, a torchtitan .toml job file or "
-                          "a torchtitan .py config module)")
+    if not os.path.lexists(p):
+        raise ConfigError(f"{excerpt(str(path))}: no such file (a Megatron-LM argument list, a torchtitan .toml job "
+                          "file or a torchtitan .py config module)")
+    resolve_input(p, what="launch file")    # a regular file: not a FIFO, device, loop, /proc file (files.py)
     from autotune.engines.registry import importer_module
 
     by_suffix, default = {}, None

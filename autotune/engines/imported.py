@@ -45,10 +45,14 @@ class ImportedLaunch:
     engine_release: str | None = None
 
     def report_lines(self) -> list[str]:
-        """``ignored: ...`` lines (grouped by reason) and ``approximated: ...`` lines, for the terminal."""
+        """``note: ...``, ``ignored: ...`` lines (grouped by reason; each setting at most 100 printable
+        characters, :func:`autotune.files.excerpt`) and ``approximated: ...`` lines, for the terminal."""
+        from autotune.files import excerpt
+
         by_reason: dict[str, list[str]] = {}
         for setting, why in self.ignored:
-            by_reason.setdefault(why, []).append(setting)
+            # each setting as a short sanitised excerpt: a value may come from anywhere a script read
+            by_reason.setdefault(why, []).append(excerpt(setting))
         out = [f"ignored ({why}): {', '.join(s)}" for why, s in by_reason.items()]
         return [f"note: {n}" for n in self.notes] + out + [f"approximated: {a}" for a in self.approximated]
 

@@ -202,6 +202,7 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     """
     from autotune.files import read_text_file
 
+    # one reader for user files: regular file, size cap, no NUL, no /proc (autotune/files.py)
     text = read_text_file(path, what="Megatron-LM argument file")
     try:
         check_word_lengths(text)
@@ -262,7 +263,8 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
         words[-1] = words[-1][:-1]          # NAME=(... last) : the array's closing parenthesis
     var = next((w for w in words if "$" in w), None)
     if var is not None:
-        raise ConfigError(f"{path}: {var!r} in the Megatron-LM arguments holds a shell variable; expand it (write "
+        from autotune.files import excerpt
+        raise ConfigError(f"{path}: {excerpt(repr(var))} in the Megatron-LM arguments holds a shell variable; expand it (write "
                           "its value, or pass the launch script's --dry-run output): autotune reads the arguments, "
                           "it runs no shell")
     if not words:

@@ -297,11 +297,12 @@ def recorded_launch(path: str | Path, script) -> tuple[list[str], list[str], dic
     opts = {n: v for n, v in rec.variables.items()
             if v and " ".join(v).split()[:1] and " ".join(v).split()[0].startswith("--")}
     if not opts:
-        calls = "; ".join(" ".join(c)[:60] for c in rec.calls[:3]) or "none"
-        tail = display_text(" | ".join(rec.output.strip().splitlines()[-2:]), 100)
+        # which programs it called (their names only) and its exit status; neither its output nor its arguments
+        # are echoed (a script can print any file it can read)
+        calls = ", ".join(sorted({c[0] for c in rec.calls if c})) or "none"
         raise ConfigError(f"{path}: ran it under bash (exit {rec.returncode}): it launched no *.py through "
-                          f"{'/'.join(RECORDED)} (calls recorded: {calls}) and set no variable of --options"
-                          + (f"; its last output: {tail}" if tail else ""))
+                          f"{'/'.join(RECORDED)} (recorded calls of: {calls}) and set no variable of --options (its "
+                          "output is not shown: run it yourself to see why)")
     tokens: list[str] = []
     for name in sorted(opts):
         tokens += " ".join(opts[name]).split()

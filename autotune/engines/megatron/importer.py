@@ -47,7 +47,6 @@ from autotune.errors import ConfigError, PlanError
 from autotune.engines.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
 from autotune.engines.shell_vars import launcher_world, read_launch
 from autotune.export.script_run import looks_like_script, recorded_launch
-from autotune.files import display_text
 
 FACTS_FILE = Path(__file__).resolve().parent / "arg_facts.jsonl"
 MEGATRON_COMMIT = "d98e8a64ddf3"
@@ -104,6 +103,18 @@ RUN = "run settings: no effect on a step's time or memory"
 NOT_MODELLED = "not modelled: may change step time or memory"
 
 
+def _q(v: object) -> str:
+    """``repr(v)`` as an error line may quote it: at most 100 printable characters (files.excerpt)."""
+    from autotune.files import excerpt
+    return excerpt(repr(v))
+
+
+def _e(v: object) -> str:
+    """``v`` (a word read from the user's file) as an error line may quote it (files.excerpt)."""
+    from autotune.files import excerpt
+    return excerpt(v)
+
+
 @functools.lru_cache(maxsize=1)
 def no_cost_options() -> dict[str, dict]:
     """Option -> its :data:`NO_COST_FILE` entry (``what``, ``source``): the options that change no step time
@@ -136,9 +147,9 @@ def _convert(opt: str, f: dict, raw: str, source: str) -> Any:
         v: Any = int(raw) if t == "int" else float(raw) if t == "float" else raw
     except ValueError:
         kind = {"int": "an integer", "float": "a number"}[t]
-        raise ConfigError(f"{source}: {opt} {raw!r}: Megatron-LM parses it as {t} (type={t}); give {kind}") from None
+        raise ConfigError(f"{source}: {_e(opt)} {_q(raw)}: Megatron-LM parses it as {t} (type={t}); give {kind}") from None
     if f["choices"] is not None and str(v) not in f["choices"]:
-        raise ConfigError(f"{source}: {opt} {raw!r}: valid values are {', '.join(f['choices'])}")
+        raise ConfigError(f"{source}: {_e(opt)} {_q(raw)}: valid values are {', '.join(f['choices'])}")
     return v
 
 
@@ -160,23 +171,21 @@ def parse_megatron_args(tokens: list[str], source: str) -> dict[str, tuple]:
         if not _is_option(tok):
             prev = next((t for t in reversed(tokens[:i]) if _is_option(t)), None)
             if prev is not None and prev.partition("=")[0] in facts and i >= 2 and not _is_option(tokens[i - 1]):
-                raise ConfigError(f"{source}: {display_text(tok, 60)!r} is not an option and follows "
-                                  f"{prev} {display_text(tokens[i - 1], 40)}, which takes one value; pretrain_gpt.py "
-                                  "would stop too (argparse: unrecognized arguments; an unquoted ${ARRAY[@]} splits "
-                                  "a quoted element into words)")
-            raise ConfigError(f"{source}: {display_text(tok, 60)!r} is not an option and follows none that takes a "
-                              "value")
+                raise ConfigError(f"{source}: {_q(tok)} is not an option and follows {_e(prev)} {_e(tokens[i - 1])}, "
+                                  "which takes one value; pretrain_gpt.py would stop too (argparse: unrecognized "
+                                  "arguments; an unquoted ${ARRAY[@]} splits a quoted element into words)")
+            raise ConfigError(f"{source}: {_q(tok)} is not an option and follows none that takes a value")
         opt, eq, inline = tok.partition("=")
         f = facts.get(opt)
         if f is None:
-            near = difflib.get_close_matches(opt, list(facts), n=1)
-            raise ConfigError(f"{source}: {opt} is not an argument of Megatron-LM's pretrain_gpt.py (its parser at "
+            near = difflib.get_close_matches(opt, list(facts), n=1) if len(opt) <= 100 else []
+            raise ConfigError(f"{source}: {_e(opt)} is not an argument of Megatron-LM's pretrain_gpt.py (its parser at "
                               f"commit {MEGATRON_COMMIT})" + (f"; did you mean {near[0]}?" if near else ""))
         i += 1
         nargs = f["nargs"]
         if f["action"] in _SWITCH_ACTIONS or nargs == 0:
             if eq:
-                raise ConfigError(f"{source}: {opt} is a switch and takes no value, got {inline!r}")
+                raise ConfigError(f"{source}: {_e(opt)} is a switch and takes no value, got {_q(inline)}")
             out[opt] = ()
             continue
         if eq:
@@ -189,7 +198,7 @@ def parse_megatron_args(tokens: list[str], source: str) -> dict[str, tuple]:
         want = {None: "one value", "?": "at most one value", "+": "one or more values", "*": "values"}.get(
             nargs, f"{nargs} values")
         if (nargs is None and len(raw) != 1) or (nargs == "+" and not raw) or (isinstance(nargs, int) and len(raw) != nargs):
-            raise ConfigError(f"{source}: {opt} takes {want}, got {len(raw)}")
+            raise ConfigError(f"{source}: {_e(opt)} takes {want}, got {len(raw)}")
         vals = tuple(_convert(opt, f, r, source) for r in raw)
         out[opt] = out.get(opt, ()) + vals if f["action"] == "append" else vals
     return out
@@ -267,13 +276,13 @@ def _layout_stages(layout: str, source: str) -> list[str]:
     for i, st in enumerate(stages):
         bad = set(st) - set("EtLm")
         if bad:
-            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {layout!r}: unknown layer character(s) "
-                              f"{''.join(sorted(bad))!r}; known: E (embedding), t (layer), L (loss), m (MTP)")
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: unknown layer character(s) "
+                              f"{_q(''.join(sorted(bad)))}; known: E (embedding), t (layer), L (loss), m (MTP)")
         if "m" in st:
-            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {layout!r}: multi-token prediction layers "
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: multi-token prediction layers "
                               "(m); autotune cannot simulate this model")
         if ("E" in st and i != 0) or ("L" in st and i != len(stages) - 1):
-            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {layout!r}: the embedding (E) must be in "
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: the embedding (E) must be in "
                               "the first virtual stage and the loss (L) in the last, as autotune's plans place them")
     return stages
 
@@ -362,10 +371,9 @@ def _tokenizer_vocab(r: _Reader) -> int:
     tok = r.args.get("--tokenizer-model", (None,))[0]
     cfg = Path(tok) / "config.json" if tok else None
     if cfg is not None and cfg.is_file():
-        try:
-            v = json.loads(cfg.read_text()).get("vocab_size")
-        except (OSError, ValueError):
-            v = None
+        from autotune.files import read_json_file
+        d = read_json_file(cfg, what="tokenizer config")     # the one reader: size cap, regular file, no /proc
+        v = d.get("vocab_size") if isinstance(d, dict) else None
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             r.approx.append(f"vocabulary {v} tokens from {cfg} (vocab_size)")
             return v

@@ -83,6 +83,18 @@ KNOWN_KEYS = {
 }
 
 
+def _q(v: object) -> str:
+    """``repr(v)`` as an error line may quote it: at most 100 printable characters (files.excerpt)."""
+    from autotune.files import excerpt
+    return excerpt(repr(v))
+
+
+def _e(v: object) -> str:
+    """``v`` (a word read from the user's file) as an error line may quote it (files.excerpt)."""
+    from autotune.files import excerpt
+    return excerpt(v)
+
+
 def _check_known_keys(flat: dict, source: str) -> None:
     """Raise on a key of a :data:`KNOWN_KEYS` section that the section does not have (with the nearest)."""
     import difflib
@@ -91,8 +103,8 @@ def _check_known_keys(flat: dict, source: str) -> None:
         known = KNOWN_KEYS.get(sec)
         if known is None or "." in name or name in known:
             continue
-        near = difflib.get_close_matches(name, known, n=1)
-        raise ConfigError(f"{source}: [{sec}] {name} is not a torchtitan setting of [{sec}]"
+        near = difflib.get_close_matches(name, known, n=1) if len(name) <= 100 else []
+        raise ConfigError(f"{source}: [{_e(sec)}] {_e(name)} is not a torchtitan setting of [{sec}]"
                           + (f"; did you mean {near[0]}?" if near else f" (known: {', '.join(known)})"))
 
 
@@ -101,7 +113,7 @@ def _flavor_model(flavor: Any, source: str):
     from autotune.spec.models import get_model
     names = {f: name for name, (f, _) in FLAVORS.items()}
     if flavor not in names:
-        raise ConfigError(f"{source}: llama3 flavour {flavor!r}: autotune simulates the Llama 3.1 flavours "
+        raise ConfigError(f"{source}: llama3 flavour {_q(flavor)}: autotune simulates the Llama 3.1 flavours "
                           f"{', '.join(names)} only")
     return get_model(names[flavor])
 
@@ -151,7 +163,7 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
     p = s["par"]
     for k in ("tp", "pp", "cp", "replicate"):
         if not isinstance(p[k], int) or isinstance(p[k], bool) or p[k] < 1:
-            raise ConfigError(f"{source}: {p['names'][k]} {p[k]!r}: must be an integer >= 1")
+            raise ConfigError(f"{source}: {p['names'][k]} {_q(p[k])}: must be an integer >= 1")
     for k, lo in (("pp_mbs", 1), ("first_less", 0), ("last_less", 0), ("layers_per_stage", 1)):
         v = p[k]
         if (v is not None or k != "layers_per_stage") and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
@@ -159,7 +171,7 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
                     "first_less": "pipeline_parallel_first_stage_less_layers",
                     "last_less": "pipeline_parallel_last_stage_less_layers",
                     "layers_per_stage": "pipeline_parallel_layers_per_stage"}[k]
-            raise ConfigError(f"{source}: {name} {v!r}: must be an integer >= {lo}")
+            raise ConfigError(f"{source}: {name} {_q(v)}: must be an integer >= {lo}")
     if p["ep"] != 1:
         raise ConfigError(f"{source}: expert_parallel_degree {p['ep']}: expert parallelism (autotune simulates dense "
                           "decoders)")
@@ -179,12 +191,12 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
     dp = shard * rep
     reshard = p["reshard"]
     if reshard not in ("default", "always", "never"):
-        raise ConfigError(f"{source}: fsdp_reshard_after_forward {reshard!r}: valid: default, always, never")
+        raise ConfigError(f"{source}: fsdp_reshard_after_forward {_q(reshard)}: valid: default, always, never")
     fsdp = shard > 1 or cp > 1 or reshard != "default"
     zero = (3 if (reshard == "always" or (reshard == "default" and pp == 1)) else 2) if fsdp else 0
     sched = p["schedule"]
     if pp > 1 and sched not in SCHEDULES:
-        raise ConfigError(f"{source}: pipeline_parallel_schedule {sched!r}: autotune simulates "
+        raise ConfigError(f"{source}: pipeline_parallel_schedule {_q(sched)}: autotune simulates "
                           f"{', '.join(SCHEDULES)}")
     stage_layers, vpp = None, 1
     if pp > 1:
@@ -206,7 +218,7 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
     seq, local, glob = t["seq_len"], t["local"], t["global"]
     for k, v in (("seq_len", seq), ("local_batch_size", local)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ConfigError(f"{source}: training.{k} {v!r}: must be an integer >= 1")
+            raise ConfigError(f"{source}: training.{k} {_q(v)}: must be an integer >= 1")
     if glob in (-1, None):
         glob = local * dp
     if glob % (local * dp):
@@ -339,8 +351,10 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     """
     import tomllib
     source = str(path)
+    from autotune.files import read_text_file
+    text = read_text_file(path, what="torchtitan TOML job file")    # regular file, size cap, no NUL (files.py)
     try:
-        doc = parse_toml_text(Path(path).read_text(), source=source)
+        doc = parse_toml_text(text, source=source)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{source}: not a readable TOML job file: {e}") from None
     flat = dict(_leaves(doc))
@@ -355,19 +369,19 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
 
     name = get("model.name", "llama3")
     if name != "llama3":
-        raise ConfigError(f"{source}: model.name {name!r}: autotune simulates torchtitan's llama3 (Llama 3.1) models")
+        raise ConfigError(f"{source}: model.name {_q(name)}: autotune simulates torchtitan's llama3 (Llama 3.1) models")
     flavor = get("model.flavor", "debugmodel")
     _flavor_model(flavor, source)            # the model first: nothing else matters for another model
     ignored: list = []
     approx: list = []
     ac_mode = get("activation_checkpoint.mode", "selective")
     if ac_mode not in ("none", "selective", "full"):
-        raise ConfigError(f"{source}: activation_checkpoint.mode {ac_mode!r}: autotune models none, selective (per "
+        raise ConfigError(f"{source}: activation_checkpoint.mode {_q(ac_mode)}: autotune models none, selective (per "
                           "op) and full")
     if ac_mode == "selective":
         opt = str(flat.get("activation_checkpoint.selective_ac_option", "2"))
         if opt != "op":
-            raise ConfigError(f"{source}: activation_checkpoint selective_ac_option {opt!r}"
+            raise ConfigError(f"{source}: activation_checkpoint selective_ac_option {_q(opt)}"
                               + ("" if "activation_checkpoint.selective_ac_option" in flat else " (torchtitan's default)")
                               + ": full recomputation of every n-th layer; autotune models per-op selective ('op'), "
                               "full and none")
@@ -377,8 +391,8 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     rel = engine_releases("torchtitan")["releases"]["0.2"]
     for c in converters:
         if c not in rel["converters"]:
-            raise ConfigError(f"{source}: model converter {c!r} is not one torchtitan {rel['version']} registers "
-                              f"({', '.join(rel['converters'])}): its train.py stops at startup (KeyError {c!r} in "
+            raise ConfigError(f"{source}: model converter {_q(c)} is not one torchtitan {rel['version']} registers "
+                              f"({', '.join(rel['converters'])}): its train.py stops at startup (KeyError {_q(c)} in "
                               "protocols/model_converter.py); the float8 linears are quantize.linear.float8")
         if c == "quantize.linear.float8":
             recipe = get("quantize.linear.float8.recipe_name", None)
@@ -389,7 +403,7 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
             precision = "mxfp8"
             get("quantize.linear.mx.recipe_name", None)
         else:
-            raise ConfigError(f"{source}: model converter {c!r}: grouped-GEMM (mixture-of-experts) quantization; "
+            raise ConfigError(f"{source}: model converter {_q(c)}: grouped-GEMM (mixture-of-experts) quantization; "
                               "autotune simulates dense decoders")
     if get("training.mixed_precision_param", "bfloat16") != "bfloat16":
         raise ConfigError(f"{source}: training.mixed_precision_param float32: autotune simulates BF16 compute")
@@ -422,15 +436,17 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
         if key in used:
             continue
         sec = key.split(".")[0]
-        ignored.append((f"{key} = {v!r}", RUN if sec in RUN_SECTIONS or key in RUN_FIELDS else NOT_MODELLED))
+        ignored.append((f"{key} = {_q(v)}", RUN if sec in RUN_SECTIONS or key in RUN_FIELDS else NOT_MODELLED))
     return _target(s, num_gpus, source, "torchtitan 0.2 TOML", used, ignored, approx, release="0.2")
 
 
 def _config_function(path: Path, fn: str | None, source: str) -> str:
     """The config function of a module: ``fn``, else ``autotune_plan`` or the only top-level function (read with
     :mod:`ast`, nothing run)."""
+    from autotune.files import read_text_file
+    text = read_text_file(path, what="torchtitan config module")    # regular file, size cap, no NUL (files.py)
     try:
-        tree = ast.parse(path.read_text())
+        tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError) as e:
         raise ConfigError(f"{source}: not a readable Python config module: {e}") from None
     except (RecursionError, MemoryError):      # an expression nested past the parser's stack (1+1+... 200,000 times)
@@ -439,7 +455,7 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
     funcs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
     if fn is not None:
         if fn not in funcs:
-            raise ConfigError(f"{source}: no top-level function {fn!r}; its functions: {', '.join(funcs) or 'none'}")
+            raise ConfigError(f"{source}: no top-level function {_q(fn)}; its functions: {', '.join(funcs) or 'none'}")
         return fn
     from autotune.engines.torchtitan.export import CONFIG_FUNCTION
     if CONFIG_FUNCTION in funcs:
