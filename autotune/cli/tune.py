@@ -459,16 +459,19 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
 
 def _check_state_fits(model, cluster, engine, backend) -> None:
     """Refuse, before any trial, a world whose HBM cannot hold the model's weights, gradients and optimizer
-    state under any plan (:func:`autotune.cost.memory.state_floor_bytes`: sharding only divides that total).
+    state under any plan (sharding only divides that total).
 
     Raises:
         NoFeasiblePlanError: "no plan fits", with the total and the world's usable HBM.
     """
-    from autotune.cost.memory import state_floor_bytes
     from autotune.spec.engines import resolve_engine
 
     eng = resolve_engine(engine, backend)
-    need = state_floor_bytes(model, eng)
+    # a lower bound for every plan: the engine's optimizer bytes per parameter (Adam's two FP32 moments, plus
+    # the FP32 main weight where the engine keeps one: optimizer_bytes of its facts.yaml), at least a BF16
+    # gradient (2 bytes, --grad-reduce-in-bf16) and at least an FP8 weight (1 byte, --fp8-param-gather) per
+    # parameter; TP, PP and ZeRO-3 sharding only divide this total among the GPUs
+    need = model.num_params * (eng.optimizer_bytes + 2 + 1)
     have = cluster.gpu.usable_hbm_bytes * cluster.num_gpus
     if need > have:
         per = need // model.num_params

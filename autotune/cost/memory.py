@@ -675,8 +675,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     if sp:
         common_transient += BF16_BYTES * s * b * h
     compiled_loss = bool(getattr(plan, "compile", False)) and eng.compile_loss
-    # an engine's own eager loss (Megatron-Core's in-place vocab-parallel cross-entropy: facts.yaml
-    # loss_bytes_per_logit) instead of PyTorch's F.cross_entropy(logits.float())
+    # an engine's own eager loss (Megatron-Core's in-place cross-entropy, facts.yaml loss_bytes_per_logit)
     eager_logit = eng.loss_bytes_per_logit or LOGITS_BYTES_PER_ELEMENT
     eager_inflight = eng.loss_inflight_bytes_per_logit or PP_INFLIGHT_LOGITS_BYTES
     own_loss = bool(eng.loss_bytes_per_logit or eng.loss_inflight_bytes_per_logit)
@@ -799,12 +798,3 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             allocator_overhead_bytes=math.ceil(frac * subtotal) + rs_pool))
     return MemoryEstimate(stages=tuple(stages), capacity_bytes=gpu.usable_hbm_bytes)
 
-
-def state_floor_bytes(model: ModelSpec, engine: EngineProfile | str | None) -> int:
-    """A lower bound on the weights, gradients and optimizer state of ``model`` summed over all GPUs, bytes,
-    that holds for every plan: the engine's optimizer bytes per parameter (Adam's two FP32 moments, plus the
-    FP32 main weight where the engine keeps one: ``optimizer_bytes`` of its facts.yaml), at least a BF16
-    gradient (2 bytes, ``--grad-reduce-in-bf16``) and at least an FP8 weight (1 byte, ``--fp8-param-gather``)
-    per parameter. Any sharding (TP, PP, ZeRO-3) only divides this total among the GPUs, so a world whose
-    usable HBM is below it fits no plan."""
-    return model.num_params * (get_engine(engine).optimizer_bytes + 2 + 1)
