@@ -14,8 +14,9 @@ variable) is left as it is, and the caller refuses it. One exception: ``NAME=${N
 ``${NAME-literal}``), assigned once, is read as its default ``literal`` (the environment a run starts from
 does not set it; ``--run-script --script-env NAME=VALUE`` reads the script with another value).
 
-Caps (a script is hostile input too): at most :data:`MAX_WORDS` words after expansion and no word over
-:data:`MAX_WORD_CHARS` characters; over either is one error naming the limit, before the work grows.
+Caps (a script is hostile input too): at most :data:`MAX_WORDS` words and :data:`MAX_EXPANDED_CHARS`
+characters after expansion, no word over :data:`MAX_WORD_CHARS` characters, an array definition over at most
+:data:`MAX_ARRAY_LINES` lines; over any is one error naming the limit, before the work grows.
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ from autotune.errors import ConfigError
 MAX_WORDS = 100_000
 #: most lines of one array definition NAME=( ... ) (Megatron-LM's examples' longest has < 60)
 MAX_ARRAY_LINES = 10_000
+#: most characters of a command after expansion (16 MiB, the file cap of autotune/files.py)
+MAX_EXPANDED_CHARS = 16 * 2**20
 #: most characters shell-split while looking for the end of one array definition
 MAX_SPLIT_CHARS = 20_000_000
-#: longest word accepted, characters (a path is at most PATH_MAX 4096; layouts and data-path lists < 16 K)
-MAX_WORD_CHARS = 16_384
+#: longest word accepted, characters (256 KiB: a path is at most PATH_MAX 4096, a layout or data-path list far
+#: less). A longer word is refused before :mod:`shlex` splits it: shlex grows a token one character at a time,
+#: about quadratic (measured here: 200,000 characters 3.0 s, 1,000,000 characters 31 s; 20 MB ran past 240 s)
+MAX_WORD_CHARS = 2**18
 
 _DEF = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
 _ARRAY_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
@@ -139,6 +144,7 @@ def expand(words: list[str], arrays: dict[str, list[str]], scalars: dict[str, st
     """``words`` with the ``${NAME[@]}`` words of ``arrays`` spliced in and the ``$NAME`` / ``${NAME}`` of
     ``scalars`` replaced (where every reference in a word is known; else the word is kept as it is)."""
     out: list[str] = []
+    total = 0
     for w in words:
         m = _ARRAY_REF.match(w)
         items = arrays[m.group(1)] if m and m.group(1) in arrays else [w]
@@ -147,10 +153,15 @@ def expand(words: list[str], arrays: dict[str, list[str]], scalars: dict[str, st
         for x in items:
             refs = [a or b for a, b in _SCALAR_REF.findall(x)]
             if refs and all(r in scalars for r in refs):
-                x = _SCALAR_REF.sub(lambda r: scalars[r.group(1) or r.group(2)], x)
-                if len(x) > MAX_WORD_CHARS:
-                    raise ConfigError(f"a word of the command expands to {len(x):,} characters; the limit is "
+                # the expanded length is bounded before anything is built (a word of 500,000 "$A" of a 1 MiB A)
+                size = len(x) + sum(len(scalars[r]) for r in refs)
+                if size > MAX_WORD_CHARS:
+                    raise ConfigError(f"a word of the command expands to about {size:,} characters; the limit is "
                                       f"{MAX_WORD_CHARS:,}")
+                x = _SCALAR_REF.sub(lambda r: scalars[r.group(1) or r.group(2)], x)
+            total += len(x)
+            if total > MAX_EXPANDED_CHARS:
+                raise ConfigError(f"the command expands to more than {MAX_EXPANDED_CHARS:,} characters; refused")
             out.append(x)
     return out
 

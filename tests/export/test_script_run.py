@@ -159,3 +159,14 @@ def test_long_array_definitions_refused_fast(tmp_path, line, match):
     with pytest.raises(ConfigError, match=match):
         import_launch(f, "megatron", num_gpus=8)
     assert time.monotonic() - t < 60
+
+
+def test_scalar_expansion_bounded_before_it_is_built(tmp_path):
+    # A is 200,000 characters; a word of 500 "$A" would be 100 MB: refused from the lengths, nothing built
+    from autotune.cli.launch_import import import_launch
+    f = tmp_path / "s.sh"
+    f.write_text("A=" + "a" * 200_000 + "\ntorchrun pretrain_gpt.py --save " + "$A" * 500 + "\n")
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=r"expands to about 100,00\d,\d{3} characters"):
+        import_launch(f, "megatron", num_gpus=8)
+    assert time.monotonic() - t < 30
