@@ -199,7 +199,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     yours = _compare(imported, best, model=model, cluster=cluster, workload=workload, backend=backend,
                      engine=tuner.engine.name) if imported is not None else None
     from autotune.study.identity import load_study
-    from autotune.study.trials import band_fraction, band_note, feasible_trials
+    from autotune.study.trials import rank_basis, band_note, feasible_trials
     feas = feasible_trials(load_study(best.study, storage)[0])
     same = _same_precision(imported, best, feas, model=model, cluster=cluster, workload=workload, backend=backend,
                            engine=tuner.engine.name) if yours is not None and yours[0].feasible else None
@@ -227,7 +227,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
                                 target=target_line(model, cluster, workload), engine=tuner.engine.name,
                                 gpu=cluster.gpu.name, model=model))
-    note = band_note(feas, best.trial_number, band_fraction(best.info))
+    note = band_note(feas, best.trial_number, rank_basis(best.info))
     if note:
         click.echo(note)
     if yours is not None:
@@ -320,7 +320,7 @@ def _same_precision(imported, best, feas, *, model, cluster, workload, backend, 
     precision of the user's launch, on the footing of :func:`_compare` (the simulator after real trials); when
     the study holds no feasible plan in that precision (the search may never try it: it screens precisions
     by predicted speed), (None, the tuned plan's layout in that precision, predicted; it may not fit)."""
-    from autotune.study.trials import band_fraction, robust_order, trial_plan, trial_result
+    from autotune.study.trials import rank_basis, robust_order, trial_plan, trial_result
 
     if best.plan.precision == imported.plan.precision:
         return best.trial_number, None if not best.result.feasible else best.result
@@ -330,7 +330,7 @@ def _same_precision(imported, best, feas, *, model, cluster, workload, backend, 
         plan = best.plan.replace(precision=p, **({"fp8_param_gather": False} if p == "bf16" else {}))
         how = backend if backend in ("simulated", "measured") else "simulated"
         return None, _predict(plan, how, model=model, cluster=cluster, workload=workload, engine=engine)
-    t = robust_order(same, band_fraction(best.info), k=1)[0]
+    t = robust_order(same, rank_basis(best.info), k=1)[0]
     if backend in ("simulated", "measured"):
         return t.number, trial_result(t)
     return t.number, _predict(trial_plan(t), "simulated", model=model, cluster=cluster, workload=workload,

@@ -224,6 +224,7 @@ def interval_for(plan: Any, gpu: str | None, hidden_size: int | None = None) -> 
     return interval_from_table(d, plan_regimes(plan, gpu, hidden_size))
 
 
+@lru_cache(maxsize=65536)
 def conservative_factor(plan: Any, gpu: str | None, hidden_size: int | None = None) -> float:
     """1 / (1 + high) of ``plan``'s interval (:func:`interval_for`; 1 without interval data): the factor that
     takes a predicted MFU to the low end of its interval, the conservative estimate candidates are ranked by
@@ -292,6 +293,35 @@ def frontier_sentence(tflops_per_gpu: float, gpu: str | None, precision: str,
             f"{f['source']}); no published run confirms a figure this high")
 
 
-__all__ = ["Interval", "MIN_REGIME_ROWS", "QUANTILES", "conservative_factor", "frontier_for", "frontier_sentence",
+__all__ = ["Interval", "MIN_REGIME_ROWS", "RankBasis", "max_conservative_factor", "QUANTILES", "conservative_factor", "frontier_for", "frontier_sentence",
            "interval_data", "interval_for", "interval_from_table", "interval_sentence", "percentile", "plan_regimes",
            "precision_class", "regime_table"]
+
+
+def max_conservative_factor() -> float:
+    """The largest :func:`conservative_factor` any plan can get: 1 / (1 + the lowest high end a plan's interval
+    can have), the pooled or any regime's own 90th percentile; 1 without interval data. The convergence stop's
+    bound on what an untried plan could reach (:mod:`autotune.search.convergence`)."""
+    d = interval_data()
+    if not d:
+        return 1.0
+    highs = [float(d["pooled"]["high"])] + [float(e["high"]) for e in (d.get("regimes") or {}).values()
+                                            if "high" in e and int(e.get("num_runs", 0)) >= MIN_REGIME_ROWS]
+    return 1.0 / (1.0 + min(highs))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankBasis:
+    """What the conservative ranking of one target needs: its GPU and the model's hidden size
+    (:func:`plan_regimes`). ``factor(plan)`` = :func:`conservative_factor`; ``factor_max`` =
+    :func:`max_conservative_factor`."""
+
+    gpu: str | None
+    hidden_size: int | None = None
+
+    def factor(self, plan: Any) -> float:
+        return conservative_factor(plan, self.gpu, self.hidden_size)
+
+    @property
+    def factor_max(self) -> float:
+        return max_conservative_factor()
