@@ -129,7 +129,7 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
             study = names[0]
         st, info = load_study(study, ro_storage)
         require_best_plan(st, info, storage)          # no feasible plan: the reason, exit 2
-        trials = top_feasible_trials(st, top, rank_basis(info))
+        trials = top_feasible_trials(st, top, rank_basis(info), info.engine)
         note = band_note(feasible_trials(st), trials[0].number, rank_basis(info)) if trials else None
     if as_json:
         entries = [json_entry(plan=trial_plan(t), result=trial_result(t), info=info, engine=info.engine,

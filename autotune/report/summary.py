@@ -612,6 +612,8 @@ def _interval_entry(plan: Plan | None, result: StepResult, model: ModelSpec, gpu
         m0, m1 = iv.throughput(result.mfu)
         t0, t1 = iv.throughput(result.tokens_per_s_per_gpu)
         s0, s1 = iv.step_time(result.step_time_ms)
+        if result.mfu > 0 and m1 > 1.0:     # capped at the dense peak, as the text (interval_sentence)
+            t1, s0, m1 = result.tokens_per_s_per_gpu / result.mfu, result.step_time_ms * result.mfu, 1.0
         ivd = {**iv.to_dict(), "mfu": [m0, m1], "tokens_per_s_per_gpu": [t0, t1], "step_time_ms": [s0, s1],
                "text": interval_sentence(iv, mfu=result.mfu, tokens_per_s=result.tokens_per_s_per_gpu,
                                          step_ms=result.step_time_ms)}

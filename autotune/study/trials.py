@@ -130,11 +130,47 @@ def best_trial(study: optuna.Study, basis: "RankBasis | None" = None) -> FrozenT
     return f[0] if f else None
 
 
-def top_feasible_trials(study: optuna.Study, k: int, basis: "RankBasis | None" = None) -> list[FrozenTrial]:
-    """The ``k`` best distinct feasible plans (a plan evaluated twice counts once), in :func:`robust_order`."""
+def effective_plan_key(d: Mapping[str, Any] | None, engine: str | None = None) -> str:
+    """A key equal for two stored plans (``user_attrs['plan']``) that run alike: knobs with no effect set to
+    None -- sequence parallelism and TP comm overlap at TP 1 (TP comm overlap also without async collectives),
+    the ZeRO stage, overlaps and DP bucket without a DP group (DP x CP = 1), the DP bucket of an engine that
+    reduces each gradient buffer as one bucket without an overlapped reduction (facts.yaml
+    ``one_bucket_without_overlap``: Megatron-LM), the virtual stages and schedule at PP 1. ``show --top N`` and
+    ``retune`` count a plan once by it (issue 40: ``show --top 5`` listed one plan at three bucket sizes)."""
+    if d is None:
+        return "null"
+    e = dict(d)
+    tp, pp = int(e.get("tp_degree", 1)), int(e.get("pp_degree", 1))
+    dpcp = int(e.get("dp_degree", 1)) * int(e.get("cp_degree", 1))
+    if tp == 1:
+        e["sequence_parallel"] = e["tp_comm_overlap"] = None
+    elif not e.get("async_collectives", True):
+        e["tp_comm_overlap"] = None
+    if pp == 1:
+        e["pipeline_schedule"] = e["vpp_degree"] = None
+    if dpcp == 1:
+        for k in ("zero_stage", "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib"):
+            e[k] = None
+    elif engine and not (e.get("dp_grad_reduce_overlap") and e.get("async_collectives", True)):
+        from autotune.spec.engines import get_engine
+
+        try:
+            one = get_engine(engine).one_bucket_without_overlap
+        except AutotuneError:
+            one = False
+        if one:
+            e["bucket_size_mib"] = None
+    return json.dumps(e, sort_keys=True, default=str)
+
+
+def top_feasible_trials(study: optuna.Study, k: int, basis: "RankBasis | None" = None,
+                        engine: str | None = None) -> list[FrozenTrial]:
+    """The ``k`` best distinct feasible plans in :func:`robust_order`: a plan evaluated twice, or two plans
+    that differ only in knobs without effect (:func:`effective_plan_key` for ``engine``), count once (the
+    first in that order stands for both)."""
     out, seen = [], set()
     for t in robust_order(feasible_trials(study), basis):
-        key = json.dumps(t.user_attrs.get("plan"), sort_keys=True)
+        key = effective_plan_key(t.user_attrs.get("plan"), engine)
         if key in seen:
             continue
         seen.add(key)
