@@ -115,6 +115,13 @@ def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
         ("DP bucket", _bucket_text(plan, engine)),
         ("memory reclaim", plan.memory_reclaim),
         ("precision", plan.precision + (" (layers' linears; LM head BF16)" if plan.fp8 else "")),
+    ]
+    if plan.fp8:
+        rows.append(("FP8 parameters", _onoff(plan.fp8_param_gather) + (" (FP8 parameter all-gather)"
+                                                                        if plan.fp8_param_gather else "")))
+    if plan.dp_degree * plan.cp_degree > 1:
+        rows.append(("gradient reduce", "BF16" if plan.grad_reduce_in_bf16 else "FP32"))
+    rows += [
         ("torch.compile", _onoff(plan.compile)),
     ]
     return rows

@@ -197,15 +197,16 @@ class ConvergenceStop:
             return e < state.best_ms
         return e / self.factor(q) <= state.pick_cons_ms
 
-    def _stalled_candidate(self, layouts: LazyRanking, seen: set[Plan]) -> Plan | None:
+    def _stalled_candidate(self, layouts: LazyRanking, seen: set[Plan], wait: bool = True) -> Plan | None:
         """When local search has not changed the fastest or the reported plan for ``patience // 2`` trials:
         the best-ranked unseen layout that could still change either (:meth:`convergence`'s bound), else the
         untried setting of a near-best plan that could (condition 2, lowest estimate first), so that the plans
-        the stop rule waits for are tried next instead of one every ``explore_every`` trials; else None."""
+        the stop rule waits for are tried next instead of one every ``explore_every`` trials; else None.
+        ``wait`` False: without the ``patience // 2`` condition (a layout trial of the conservative ranking)."""
         state = self._bound_state()
         if state is None:
             return None
-        if sum(1 for n in self._history if n > state.last_n) < max(1, self.patience // 2):
+        if wait and sum(1 for n in self._history if n > state.last_n) < max(1, self.patience // 2):
             return None
         thr, scale = state.threshold_ms, state.scale
         got = layouts.first_where(lambda q: q not in seen and self._could_change(q, state), thr / scale * (1 + 1e-9))
