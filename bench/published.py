@@ -361,7 +361,7 @@ def main() -> int:
         print(cv["text"])
     if args.write_error_bands:
         write_error_bands(rows, cv)
-        write_frontier(Path(args.runs), Path(args.moe_runs) if args.moe_runs else None)
+        write_frontier(Path(args.runs), Path(args.moe_runs) if args.moe_runs else None, rows)
     if args.markdown:
         write_markdown(Path(args.markdown), rows, skipped, errs)
     return 0
@@ -633,7 +633,14 @@ def write_error_bands(rows: list[dict[str, Any]], cv: dict[str, Any] | None = No
     print(f"wrote {path.relative_to(ROOT)}")
 
 
-def write_frontier(runs_path: Path, moe_path: Path | None) -> None:
+def _plain_plan(plan: Plan) -> dict[str, Any]:
+    """``plan.to_dict()`` with plain YAML types (tuples as lists)."""
+    from autotune.files import plain
+
+    return plain(plan.to_dict())
+
+
+def write_frontier(runs_path: Path, moe_path: Path | None, rows: list[dict[str, Any]] | None = None) -> None:
     """The best published run per (GPU family, precision class, model class) into
     autotune/data/published_frontier.yaml, with its source, so that the CLI's frontier check
     (:func:`autotune.spec.trust.frontier_for`) does not read shared/. Dense: model TFLOP/s per GPU in the
@@ -676,6 +683,17 @@ def write_frontier(runs_path: Path, moe_path: Path | None) -> None:
                    "model": run["model"], "num_gpus": run["gpus"],
                    "tokens_per_s_per_gpu": run.get("tokens_per_s_per_gpu"), "tflops_per_gpu": float(run["tflops_per_gpu"]),
                    "plan": plan, "source": f"{run['source']} ({run['id']})"})
+    # the published plans, per (model, GPU family, precision class): the fastest published run's plan as this
+    # bench predicts it (plan_for / predict), the baseline `autotune run` attributes its gains against
+    plans: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for x in rows or ():
+        if x["err"] is None or family(x["gpu"]) != x["gpu"]:
+            continue
+        k = (x["run"]["model"], x["gpu"], precision_class(x["run"].get("precision", "bf16")))
+        if k not in plans or x["published"] > plans[k]["tokens_per_s_per_gpu"]:
+            plans[k] = {"model": x["run"]["model"], "gpu": x["gpu"], "precision_class": k[2],
+                        "num_gpus": x["run"]["gpus"], "tokens_per_s_per_gpu": round(x["published"], 1),
+                        "source": data[x["group"]]["source"], "plan": _plain_plan(x["plan"])}
     path = ROOT / "autotune" / "data" / "published_frontier.yaml"
     head = ("# The best published training run per (GPU family, precision class, model class): the frontier a\n"
             "# prediction is checked against (autotune/spec/trust.py frontier_for). Written by\n"
@@ -685,7 +703,7 @@ def write_frontier(runs_path: Path, moe_path: Path | None) -> None:
             "# moe = as the source publishes it (Megatron-Bridge, causal attention). precision_class: bf16 | fp8\n"
             "# (tensorwise / rowwise / delayed scaling) | mxfp8.\n")
     doc = {"schema_version": 1, "date": datetime.date.today().isoformat(),
-           "frontier": [best[k] for k in sorted(best)]}
+           "frontier": [best[k] for k in sorted(best)], "published_plans": [plans[k] for k in sorted(plans)]}
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {path.relative_to(ROOT)}")
 

@@ -257,6 +257,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         click.echo(format_comparison(("tuned", best.plan, yours[2], tuner.engine.name),
                                      (f"yours: {os.path.basename(imported.source)}", imported.plan, yours[0],
                                       imported.engine), notes))
+    _print_attribution(best, imported, yours, model=model, cluster=cluster, workload=workload, backend=backend,
+                       engine=tuner.engine.name)
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     if ":memory:" in storage:       # nothing is kept once this process ends: no export command can read it
@@ -265,6 +267,45 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
+
+
+def _print_attribution(best, imported, yours, *, model, cluster, workload, backend, engine) -> None:
+    """Which knob brings how much (autotune/report/attribution.py): from the user's ``--compare-to`` plan when
+    given (and it fits), else from the published plan for this model, GPU and precision class at this GPU
+    count and batch (autotune/data/published_frontier.yaml ``published_plans``; none: nothing printed), one knob
+    at a time, simulated (the simulator after real trials, as ``--compare-to``)."""
+    from autotune.report.attribution import attribute, format_attribution
+    from autotune.spec.trust import published_plan
+
+    if best.plan is None or not best.result.feasible:
+        return
+    if imported is not None and yours is not None and yours[0].feasible:
+        base, label = imported.plan, "your plan"
+    else:
+        got = published_plan(model.name, cluster.gpu.name, best.plan.precision, cluster.num_gpus,
+                             workload.global_batch_size, model.num_layers)
+        if got is None:
+            return
+        base, e = got
+        label = (f"the published plan ({e['model']} on {e['num_gpus']} {e['gpu']}, {e['source']}; at "
+                 f"{cluster.num_gpus} GPUs: DP {base.dp_degree})")
+    if base == best.plan:
+        return
+    from autotune.cost.evaluator import make_evaluator
+
+    how = backend if backend in ("simulated", "measured") else "simulated"
+    ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
+    try:
+        gains, rest = attribute(base, best.plan, ev.evaluate)
+        b, t = ev.evaluate(base), ev.evaluate(best.plan)
+    finally:
+        ev.close()
+    if not b.feasible:
+        click.echo(f"\n{label} does not fit on this target ({b.infeasible_reason or 'over the GPU memory'}): no "
+                   "knob attribution")
+        return
+    click.echo("")
+    click.echo(format_attribution(label, gains, rest, b.mfu, t.mfu))
 
 
 def _trials_seen(stop_reason: str) -> int:

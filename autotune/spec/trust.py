@@ -293,7 +293,43 @@ def frontier_sentence(tflops_per_gpu: float, gpu: str | None, precision: str,
             f"{f['source']}); no published run confirms a figure this high")
 
 
-__all__ = ["Interval", "MIN_REGIME_ROWS", "RankBasis", "max_conservative_factor", "QUANTILES", "conservative_factor", "frontier_for", "frontier_sentence",
+def published_plan(model: str, gpu: str | None, precision: str, num_gpus: int, global_batch_size: int,
+                   num_layers: int) -> tuple[Any, dict[str, Any]] | None:
+    """The plan of the fastest published run of ``model`` on ``gpu``'s family in ``precision``'s class (else in
+    any precision class) from ``autotune/data/published_frontier.yaml`` (``published_plans``, as
+    ``bench/published.py`` predicts it), at ``num_gpus`` and ``global_batch_size`` (sequences): the same TP,
+    PP, CP, schedule, virtual stages, micro-batch size and settings, DP = GPUs / (TP PP CP), micro-batches =
+    batch / (micro-batch size x DP). Returns (Plan, the stored entry) or None when there is none or it does not
+    divide this target."""
+    from autotune.errors import AutotuneError
+    from autotune.spec.hardware import gpu_family
+    from autotune.spec.plan import Plan
+
+    fam = gpu_family(gpu) or gpu
+    cands = [e for e in _frontier().get("published_plans") or () if e.get("model") == model and e.get("gpu") == fam]
+    cands.sort(key=lambda e: e.get("precision_class") != precision_class(precision))
+    for e in cands:
+        d = dict(e["plan"])
+        tp, pp, cp, mbs = int(d["tp_degree"]), int(d["pp_degree"]), int(d["cp_degree"]), int(d["micro_batch_size"])
+        if num_gpus % (tp * pp * cp):
+            continue
+        dp = num_gpus // (tp * pp * cp)
+        if global_batch_size % (mbs * dp):
+            continue
+        d.update(dp_degree=dp, num_micro_batches=global_batch_size // (mbs * dp))
+        if dp * cp == 1:
+            d.update(zero_stage=0, param_gather_overlap=False, dp_grad_reduce_overlap=False)
+        try:
+            plan = Plan.from_dict(d, source="published_frontier.yaml")
+        except AutotuneError:
+            continue
+        if sum(plan.layers_per_virtual_stage(num_layers)) != num_layers:
+            continue
+        return plan, e
+    return None
+
+
+__all__ = ["Interval", "published_plan", "MIN_REGIME_ROWS", "RankBasis", "max_conservative_factor", "QUANTILES", "conservative_factor", "frontier_for", "frontier_sentence",
            "interval_data", "interval_for", "interval_from_table", "interval_sentence", "percentile", "plan_regimes",
            "precision_class", "regime_table"]
 
