@@ -250,7 +250,8 @@ def table(targets: list[str], seeds: list[int], trials: int, sampler: str, out: 
             if stop_runs and sampler == "layout":
                 st = run_one(t, s, trials, sampler, stop=True)
                 st.pop("values")
-                r["stop"] = {k: st[k] for k in ("ran", "best_mfu", "wall_s", "cpu_s", "stop_reason", "load_1min")}
+                r["stop"] = {k: st[k] for k in ("ran", "best_mfu", "wall_s", "cpu_s", "stop_reason", "load_1min",
+                                                "reported_trial", "reported_mfu", "reported_conservative")}
             rows.append(r)
             print(f"{t} seed {s}: {100 * r['best_at'][trials]:.2f}% ({r['wall_s']:.1f} s wall, "
                   f"{r['cpu_s']:.1f} s CPU); to optimum {r['to_optimum']}"
