@@ -703,9 +703,9 @@ def write_frontier(runs_path: Path, moe_path: Path | None, rows: list[dict[str, 
     for x in rows or ():
         if x["err"] is None or family(x["gpu"]) != x["gpu"]:
             continue
-        k = (x["run"]["model"], x["gpu"], precision_class(x["run"].get("precision", "bf16")))
+        k = (x["run"]["model"], x["gpu"], precision_class(x["run"].get("precision", "bf16")), x["engine"])
         if k not in plans or x["published"] > plans[k]["tokens_per_s_per_gpu"]:
-            plans[k] = {"model": x["run"]["model"], "gpu": x["gpu"], "precision_class": k[2],
+            plans[k] = {"model": x["run"]["model"], "gpu": x["gpu"], "precision_class": k[2], "engine": x["engine"],
                         "num_gpus": x["run"]["gpus"], "tokens_per_s_per_gpu": round(x["published"], 1),
                         "source": data[x["group"]]["source"], "plan": _plain_plan(x["plan"])}
     path = ROOT / "autotune" / "data" / "published_frontier.yaml"

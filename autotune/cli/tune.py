@@ -283,7 +283,7 @@ def _print_attribution(best, imported, yours, *, model, cluster, workload, backe
         base, label = imported.plan, "your plan"
     else:
         got = published_plan(model.name, cluster.gpu.name, best.plan.precision, cluster.num_gpus,
-                             workload.global_batch_size, model.num_layers)
+                             workload.global_batch_size, model.num_layers, engine)
         if got is None:
             return
         base, e = got
@@ -293,13 +293,20 @@ def _print_attribution(best, imported, yours, *, model, cluster, workload, backe
         return
     from autotune.cost.evaluator import make_evaluator
 
+    from autotune.errors import AutotuneError
+
     how = backend if backend in ("simulated", "measured") else "simulated"
-    ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
     try:
-        gains, rest = attribute(base, best.plan, ev.evaluate)
-        b, t = ev.evaluate(base), ev.evaluate(best.plan)
-    finally:
-        ev.close()
+        ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
+        try:
+            b = ev.evaluate(base)
+            gains, rest = attribute(base, best.plan, ev.evaluate)
+            t = ev.evaluate(best.plan)
+        finally:
+            ev.close()
+    except AutotuneError as e:      # the baseline cannot run on this engine / target: said, the run stands
+        click.echo(f"\nno knob attribution from {label}: {str(e).splitlines()[0]}")
+        return
     if not b.feasible:
         click.echo(f"\n{label} does not fit on this target ({b.infeasible_reason or 'over the GPU memory'}): no "
                    "knob attribution")

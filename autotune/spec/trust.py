@@ -294,19 +294,21 @@ def frontier_sentence(tflops_per_gpu: float, gpu: str | None, precision: str,
 
 
 def published_plan(model: str, gpu: str | None, precision: str, num_gpus: int, global_batch_size: int,
-                   num_layers: int) -> tuple[Any, dict[str, Any]] | None:
+                   num_layers: int, engine: str | None = None) -> tuple[Any, dict[str, Any]] | None:
     """The plan of the fastest published run of ``model`` on ``gpu``'s family in ``precision``'s class (else in
     any precision class) from ``autotune/data/published_frontier.yaml`` (``published_plans``, as
     ``bench/published.py`` predicts it), at ``num_gpus`` and ``global_batch_size`` (sequences): the same TP,
     PP, CP, schedule, virtual stages, micro-batch size and settings, DP = GPUs / (TP PP CP), micro-batches =
-    batch / (micro-batch size x DP). Returns (Plan, the stored entry) or None when there is none or it does not
+    batch / (micro-batch size x DP); with ``engine``, only a run of that engine (a torchtitan plan compiles, a
+    Megatron-LM one does not). Returns (Plan, the stored entry) or None when there is none or it does not
     divide this target."""
     from autotune.errors import AutotuneError
     from autotune.spec.hardware import gpu_family
     from autotune.spec.plan import Plan
 
     fam = gpu_family(gpu) or gpu
-    cands = [e for e in _frontier().get("published_plans") or () if e.get("model") == model and e.get("gpu") == fam]
+    cands = [e for e in _frontier().get("published_plans") or () if e.get("model") == model and e.get("gpu") == fam
+             and (engine is None or e.get("engine") == engine)]
     cands.sort(key=lambda e: e.get("precision_class") != precision_class(precision))
     for e in cands:
         d = dict(e["plan"])
