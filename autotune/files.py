@@ -1,9 +1,15 @@
 """Reading the user's files with errors that name the file and the problem (never a traceback).
 
-Every user file (plan, fabric, search-space, calibration YAML; HF ``config.json``) goes through here:
+Every user file (plan, fabric, search-space, calibration YAML; HF ``config.json``; Megatron-LM argument
+files and launch scripts; torchtitan TOML and .py configs; a tokenizer's ``config.json``) goes through
+:func:`read_bytes_file` / :func:`read_text_file`:
 
-* size-limited: at most :data:`MAX_FILE_BYTES` are read, and only from a regular file (a FIFO or
-  ``/dev/zero`` would block or never end);
+* one path check first (:func:`resolve_input`): symbolic links resolved with loop detection, a regular
+  file only ("is not a regular file" for a FIFO, ``/dev/zero``, a device or a socket, which would block or
+  never end), nothing under ``/proc``, ``/sys`` or ``/dev``, no private file reached through a link;
+* size-limited: at most :func:`max_file_bytes` are read (:data:`MAX_FILE_BYTES`, 16 MiB; the environment
+  variable ``AUTOTUNE_MAX_FILE_BYTES`` sets another limit, up to 1 GiB);
+* error lines quote at most an :func:`excerpt` of an input (100 printable characters);
 * text only: a NUL byte means a binary file, bytes that are not UTF-8 are refused with their offset;
 * YAML is parsed with :class:`yaml.SafeLoader` (no Python objects), then the node graph is measured
   *with aliases expanded* before anything is constructed: a document whose expansion exceeds
@@ -36,48 +42,146 @@ MAX_YAML_NODES = 200_000
 MAX_NESTING_DEPTH = 64
 
 
-def read_bytes_file(path: str | Path, *, what: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``max_bytes``); ``what`` names its role.
+#: environment variable that overrides :data:`MAX_FILE_BYTES` (bytes, an integer between 1 and
+#: :data:`MAX_FILE_BYTES_CEILING`; e.g. ``AUTOTUNE_MAX_FILE_BYTES=67108864`` for 64 MiB)
+MAX_FILE_BYTES_ENV = "AUTOTUNE_MAX_FILE_BYTES"
+#: the largest value :data:`MAX_FILE_BYTES_ENV` may set (1 GiB: a file is read into memory whole)
+MAX_FILE_BYTES_CEILING = 2**30
+#: directories of kernel and device files (procfs, sysfs, devtmpfs): never read as a user's input, so an
+#: error line can never show their content (``/proc/self/environ`` holds the process's secrets)
+KERNEL_DIRS = ("/proc", "/sys", "/dev")
+
+
+def max_file_bytes() -> int:
+    """The size limit of a user file, bytes: ``$AUTOTUNE_MAX_FILE_BYTES`` if set, else :data:`MAX_FILE_BYTES`.
 
     Raises:
-        ConfigError: missing, a directory or not a regular file, unreadable, or larger than max_bytes.
+        ConfigError: the variable is not an integer between 1 and :data:`MAX_FILE_BYTES_CEILING`.
     """
-    p = Path(path)
+    raw = os.environ.get(MAX_FILE_BYTES_ENV)
+    if raw is None or raw == "":
+        return MAX_FILE_BYTES
+    s = raw.strip()
+    if not s.isdigit() or not s.isascii() or len(s) > 12 or not 1 <= int(s) <= MAX_FILE_BYTES_CEILING:
+        raise ConfigError(f"${MAX_FILE_BYTES_ENV}={excerpt(raw, 40)!r}: expected a size in bytes between 1 and "
+                          f"{MAX_FILE_BYTES_CEILING:,}")
+    return int(s)
+
+
+_KIND = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KIND if test(mode)), "not a plain file")
+
+
+def _under(path: str, dirs: tuple[str, ...]) -> str | None:
+    return next((d for d in dirs if path == d or path.startswith(d + "/")), None)
+
+
+def resolve_input(path: str | Path, *, what: str) -> Path:
+    """The real path of the user's input file ``path`` (symbolic links resolved), once it is known to be a
+    regular file autotune may read and quote; ``what`` names the file's role in messages.
+
+    Refused, each with one line naming the path: names longer than NAME_MAX / PATH_MAX; a missing file (or
+    a link to one); a symbolic link loop (ELOOP, ``realpath(strict=True)``); a directory; anything that is
+    not a regular file (FIFO, device such as ``/dev/zero``, socket: reading one blocks or never ends); a
+    file under ``/proc``, ``/sys`` or ``/dev`` (:data:`KERNEL_DIRS`: kernel files such as
+    ``/proc/self/environ`` hold secrets); a symbolic link to a file others may not read (mode without
+    ``o+r``, such as ``/etc/shadow``): the link is not the file the user means to show autotune, and an
+    error line could quote it.
+
+    Raises:
+        ConfigError: as above.
+    """
+    import errno
+
+    p = check_path_names(path, what=what)
+    shown = excerpt(str(p), 100)
     try:
-        st = os.stat(p)
+        real = os.path.realpath(p, strict=True)
     except FileNotFoundError:
-        raise ConfigError(f"{what} {p} does not exist") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{what} {p} cannot be read: {e}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{what} {p} is a directory; give a file")
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} {p} is not a regular file (a device, FIFO or socket); give a file")
-    if st.st_size > max_bytes:
-        raise ConfigError(f"{what} {p} is {st.st_size:,} bytes; the limit is {max_bytes:,} bytes")
-    try:
-        with open(p, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+        if os.path.islink(p):
+            raise ConfigError(f"{what} {shown} is a symbolic link to {excerpt(os.readlink(p), 100)}, which does "
+                              "not exist") from None
+        raise ConfigError(f"{what} {shown} does not exist") from None
     except OSError as e:
-        raise ConfigError(f"{what} {p} cannot be read: {e.strerror or e}") from None
-    if len(data) > max_bytes:
-        raise ConfigError(f"{what} {p} is larger than the limit of {max_bytes:,} bytes")
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"{what} {shown} is a symbolic link loop (a link that leads back to itself); give "
+                              "a file") from None
+        raise ConfigError(f"{what} {shown} cannot be read: {e.strerror or e}") from None
+    except ValueError as e:        # a NUL in the path
+        raise ConfigError(f"{what} {shown} is not a valid path ({e})") from None
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise ConfigError(f"{what} {shown} cannot be read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} {shown} is a directory; give a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {shown} is not a regular file: it is {_kind(st.st_mode)}; give a file")
+    kernel = _under(real, KERNEL_DIRS) or _under(os.path.abspath(p), KERNEL_DIRS)
+    if kernel is not None:
+        raise ConfigError(f"{what} {shown} is under {kernel} (a kernel file, not a user's file); refused, nothing "
+                          "of it is read: give a regular file")
+    if real != os.path.abspath(p) and not st.st_mode & stat.S_IROTH:
+        raise ConfigError(f"{what} {shown} is a symbolic link to {excerpt(real, 100)}, a file only its owner or group "
+                          "may read; refused (autotune never quotes a private file reached through a link): give "
+                          "the file itself")
+    return Path(real)
+
+
+def read_bytes_file(path: str | Path, *, what: str, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``max_bytes``, default :func:`max_file_bytes`: 16 MiB
+    or ``$AUTOTUNE_MAX_FILE_BYTES``); ``what`` names its role. The path is checked by :func:`resolve_input`,
+    then opened non-blocking and checked again on the open descriptor (a FIFO swapped in between is refused,
+    never waited on).
+
+    Raises:
+        ConfigError: as :func:`resolve_input`; unreadable, or larger than max_bytes.
+    """
+    limit = max_file_bytes() if max_bytes is None else max_bytes
+    real = resolve_input(path, what=what)
+    shown = excerpt(str(path), 100)
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ConfigError(f"{what} {shown} cannot be read: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{what} {shown} is not a regular file: it is {_kind(st.st_mode)}; give a file")
+        if st.st_size > limit:
+            raise ConfigError(f"{what} {shown} is {st.st_size:,} bytes; the limit is {limit:,} bytes (set "
+                              f"${MAX_FILE_BYTES_ENV} to raise it)")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise ConfigError(f"{what} {shown} cannot be read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ConfigError(f"{what} {shown} is larger than the limit of {limit:,} bytes (set ${MAX_FILE_BYTES_ENV} "
+                          "to raise it)")
     return data
 
 
-def read_text_file(path: str | Path, *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The UTF-8 text of ``path``; ``what`` names the file's role in messages (``"plan file"``).
+def read_text_file(path: str | Path, *, what: str, max_bytes: int | None = None) -> str:
+    """The UTF-8 text of ``path`` (read by :func:`read_bytes_file`); ``what`` names the file's role in
+    messages (``"plan file"``). A NUL byte anywhere means a binary file and is refused.
 
     Raises:
         ConfigError: the file does not exist, cannot be read, is too large, binary or not UTF-8.
     """
     data = read_bytes_file(path, what=what, max_bytes=max_bytes)
     if b"\x00" in data:
-        raise ConfigError(f"{what} {path} is a binary file (NUL byte at offset {data.index(0)}); expected text")
+        raise ConfigError(f"{what} {excerpt(str(path), 100)} is a binary file (NUL byte at offset {data.index(0)}); "
+                          "expected text")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise ConfigError(f"{what} {excerpt(str(path), 100)} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
     return text[1:] if text.startswith("\ufeff") else text
 
 
@@ -189,7 +293,7 @@ def _no_constant(name: str) -> Any:
 
 def _find_non_finite(x: Any, path: str) -> str | None:
     if isinstance(x, _NonFinite):
-        return f"field {path or '(top level)'}: {str(x)} is not a JSON number"
+        return f"field {excerpt(path or '(top level)')}: {str(x)} is not a JSON number"
     items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
     for k, v in items:
         found = _find_non_finite(v, f"{path}.{k}" if path else str(k))
@@ -202,7 +306,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"duplicate key {k!r}")
+            raise ValueError(f"duplicate key {excerpt(repr(k))}")
         out[k] = v
     return out
 
@@ -241,7 +345,7 @@ def parse_json_text(text: str, *, source: str) -> Any:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except (ValueError, RecursionError) as e:
-        raise ConfigError(f"{source} is not valid JSON: {e}") from None
+        raise ConfigError(f"{source} is not valid JSON: {excerpt(e, 200)}") from None
 
 
 def read_json_file(path: str | Path, *, what: str) -> Any:
@@ -259,6 +363,17 @@ def display_text(s: Any, max_len: int = 120) -> str:
     text = str(s)
     out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
     return out if len(out) <= max_len else out[: max_len - 3] + "..."
+
+
+#: longest excerpt of an input an error line quotes, characters
+EXCERPT_CHARS = 100
+
+
+def excerpt(s: Any, max_len: int = EXCERPT_CHARS) -> str:
+    """The short, sanitised excerpt of an input that an error line may quote: :func:`display_text` (control
+    characters and NULs as escapes) cut to ``max_len`` (100) characters, ``...`` marking the cut. Every
+    message that quotes a word, line or value read from a user's file goes through here."""
+    return display_text(s, max_len)
 
 
 def plain(x: Any) -> Any:
@@ -323,6 +438,8 @@ def check_output_path(path: str | Path, *, what: str, directory: bool = False,
             raise ConfigError(f"{what} {display_text(str(t), 120)} is a symbolic link (to "
                               f"{display_text(os.readlink(t), 120)}); refused, nothing written through it: give "
                               "a plain path")
+    for t in targets:
+        _refuse_special_output(t, what)
     d = p if directory else (p.parent if str(p.parent) else Path("."))
     while not d.exists() and d != d.parent:
         d = d.parent
@@ -330,6 +447,18 @@ def check_output_path(path: str | Path, *, what: str, directory: bool = False,
         raise ConfigError(f"{what} {shown}: {display_text(str(d), 120)} is not a writable directory; give a path "
                           "you can write")
     return p
+
+
+def _refuse_special_output(t: Path, what: str) -> None:
+    """Refuse an output name that exists and is not a regular file or a directory (a FIFO: writing one
+    blocks until a reader comes, forever; a device such as /dev/full; a socket)."""
+    try:
+        st = os.lstat(t)
+    except (OSError, ValueError):
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise ConfigError(f"{what} {excerpt(str(t), 120)} is not a regular file: it is {_kind(st.st_mode)}; refused, "
+                          "nothing written to it: give a file path")
 
 
 def open_output(path: str | Path, *, what: str, binary: bool = False):
@@ -347,13 +476,23 @@ def open_output(path: str | Path, *, what: str, binary: bool = False):
     if p.is_symlink():          # before open: O_TRUNC must not touch anything when it is a link
         raise ConfigError(f"{what} {display_text(str(p), 120)} is a symbolic link (to "
                           f"{display_text(os.readlink(p), 120)}); refused, nothing written through it: give a plain path")
+    _refuse_special_output(p, what)   # before open: O_TRUNC / a blocking open must not touch a FIFO or device
     try:
-        fd = os.open(p, flags, 0o666)
+        fd = os.open(p, flags | getattr(os, "O_NONBLOCK", 0), 0o666)
     except OSError as e:
+        if e.errno == errno.ENXIO:     # a FIFO (swapped in after the check) with no reader
+            raise ConfigError(f"{what} {display_text(str(p), 120)} is not a regular file (a FIFO); refused, "
+                              "nothing written to it") from None
         if e.errno == errno.ELOOP:
             raise ConfigError(f"{what} {display_text(str(p), 120)} is a symbolic link; refused, nothing written "
                               "through it: give a plain path") from None
         raise ConfigError(f"{what} {display_text(str(p), 120)}: cannot write: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{what} {display_text(str(p), 120)} is not a regular file: it is {_kind(st.st_mode)}; refused, "
+                          "nothing written to it")
+    os.set_blocking(fd, True)
     return os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
 
 

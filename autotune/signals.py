@@ -72,3 +72,62 @@ def trial_interrupt_handler(signum: int, frame: Any) -> None:
     if IN_OBJECTIVE.get("on") and safe_to_raise(frame):
         raise KeyboardInterrupt
 
+
+
+#: SIGINT / SIGTERM that arrived while the ``autotune`` command was starting (imports, option parsing), before
+#: the command's own handling: noted by :func:`install_startup_handlers`' handler
+STARTUP_SIGNALS: list[int] = []
+#: the handlers :func:`install_startup_handlers` replaced, by signal number
+_STARTUP_OLD: dict[int, Any] = {}
+
+
+def _note_startup(signum: int, frame: Any) -> None:
+    STARTUP_SIGNALS.append(int(signum))
+
+
+def install_startup_handlers() -> None:
+    """Note SIGINT / SIGTERM from the first line of the ``autotune`` command on (before the imports of its
+    commands, which take 0.05-0.5 s), so a signal in the first moments ends it with a message and exit 130
+    / 143 instead of the default death (-15, no message). Only the handlers that are still the defaults are
+    replaced (a signal the parent ignored stays ignored). The CLI then acts on a noted signal before the
+    command starts and puts the defaults back (:func:`autotune.cli.app.AutotuneGroup.invoke`), or the
+    command's own handlers take over (``run`` / ``retune``: :func:`autotune.cli.options.early_signals`)."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            cur = signal.getsignal(sig)
+            if cur in (signal.SIG_DFL, signal.default_int_handler):
+                _STARTUP_OLD[sig] = signal.signal(sig, _note_startup)
+        except (ValueError, OSError):      # not the main thread
+            continue
+
+
+def startup_signal() -> int | None:
+    """The first signal noted by :func:`install_startup_handlers`' handler, or None."""
+    return STARTUP_SIGNALS[0] if STARTUP_SIGNALS else None
+
+
+def restore_startup_handlers() -> None:
+    """Put back the handlers :func:`install_startup_handlers` replaced (where its handler is still set)."""
+    import signal
+
+    for sig, old in list(_STARTUP_OLD.items()):
+        try:
+            if signal.getsignal(sig) is _note_startup:
+                signal.signal(sig, old)
+        except (ValueError, OSError):
+            pass
+        _STARTUP_OLD.pop(sig, None)
+
+
+def take_startup_signals(replaced: dict[int, Any]) -> list[int]:
+    """For a command that installs its own handlers (``run`` / ``retune``): the signals noted since startup
+    (then forgotten here), and in ``replaced`` (signal -> the handler the command replaced) the startup
+    handler swapped for the one it had replaced, so the command's clean-up restores the real previous one."""
+    for sig, h in list(replaced.items()):
+        if h is _note_startup:
+            replaced[sig] = _STARTUP_OLD.pop(sig, h)
+    noted = list(STARTUP_SIGNALS)
+    STARTUP_SIGNALS.clear()
+    return noted

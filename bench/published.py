@@ -256,7 +256,10 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
 def load_runs(path: Path) -> dict[str, Any]:
     """The published-runs YAML. A group-level field whose plain value holds ": " (the shared file's
     ``engine: ... closest: megatron``) is not valid YAML; such a value is quoted before parsing."""
-    text = path.read_text()
+    from autotune.files import read_text_file
+
+    # the one reader of user files (a regular file, the size cap, no NUL; autotune/files.py)
+    text = read_text_file(path, what="published-runs file")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
@@ -285,7 +288,12 @@ def main() -> int:
         print(f"error: no published-runs file {args.runs} (it is read from shared/reference/ beside the checkout); "
               "give one with --runs FILE", file=sys.stderr)
         return 2
-    data = load_runs(Path(args.runs))
+    from autotune.errors import ConfigError
+    try:
+        data = load_runs(Path(args.runs))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     rows, skipped = [], []
     print("Published runs vs simulated predictions (shipped calibration; tokens/s per GPU; error = predicted / "
           "published - 1)")

@@ -69,6 +69,7 @@ class AutotuneGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
+            _startup_signals_done(ctx)
             return super().invoke(ctx)
         except click.UsageError as e:
             # one line, like every other refusal (click would print the usage text and "Error: ...")
@@ -83,19 +84,53 @@ class AutotuneGroup(click.Group):
             _silence_stdout()
             ctx.exit(141)
         except AutotuneError as e:
-            click.echo(redact(f"error: {e}"), err=True)
+            click.echo(redact(f"error: {one_line(str(e))}"), err=True)
             ctx.exit(2)
         except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
             if debug_enabled_cli():
                 raise
             fault = _storage_fault(e)
             if fault is not None:      # disk full, read-only, damaged file, server gone: not a bug
-                click.echo(redact(f"error: {fault}"), err=True)
+                click.echo(redact(f"error: {one_line(str(fault))}"), err=True)
+                ctx.exit(2)
+            path_error = _path_error(e)
+            if path_error is not None:     # a name too long, a symbolic link loop: the user's path, not a bug
+                click.echo(redact(f"error: {path_error}"), err=True)
                 ctx.exit(2)
             msg = str(e).splitlines()[0] if str(e) else ""
-            click.echo(redact(f"error: unexpected {type(e).__name__}: {msg}\n")
+            click.echo(redact(f"error: unexpected {type(e).__name__}: {one_line(msg, 300)}\n")
                        + "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+#: longest error line the CLI prints, characters (a message quoting an input is cut, never 200 KB long)
+MAX_ERROR_CHARS = 2000
+
+
+def one_line(msg: str, max_len: int = MAX_ERROR_CHARS) -> str:
+    """``msg`` as one printable line of at most ``max_len`` characters: line breaks become spaces, other
+    control characters (an escape sequence, a NUL) ``\\xNN`` escapes (:func:`autotune.files.display_text`).
+    The CLI's last guard: each message already quotes inputs through :func:`autotune.files.excerpt`."""
+    from autotune.files import display_text
+
+    return display_text(" ".join(msg.replace("\r", "\n").split("\n")), max_len)
+
+
+def _path_error(e: BaseException) -> str | None:
+    """The error line for an OSError about a path the user gave (a name longer than NAME_MAX / PATH_MAX:
+    ENAMETOOLONG, a symbolic link loop: ELOOP, a component that is a file: ENOTDIR), else None."""
+    import errno
+
+    if not isinstance(e, OSError) or e.errno not in (errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR):
+        return None
+    from autotune.files import excerpt
+
+    name = f" {excerpt(str(e.filename))}" if e.filename is not None else ""
+    why = {errno.ENAMETOOLONG: "a name in it is longer than 255 bytes or the whole longer than 4096 (NAME_MAX, "
+                               "PATH_MAX); give a shorter path",
+           errno.ELOOP: "it is a symbolic link loop (a link that leads back to itself); give a file",
+           errno.ENOTDIR: "a component of it is not a directory"}[e.errno]
+    return f"path{name}: {why}"
 
 
 def _storage_fault(e: BaseException):
@@ -107,6 +142,30 @@ def _storage_fault(e: BaseException):
     from autotune.study.faults import storage_fault
     from autotune.study.storage import LAST_URL
     return storage_fault(e, LAST_URL[0])
+
+
+#: commands that take the startup signal handlers over (``run`` / ``retune`` call
+#: :func:`autotune.cli.options.early_signals` first, which keeps a signal noted at startup)
+TAKES_SIGNALS_OVER = ("run", "retune")
+
+
+def _startup_signals_done(ctx: click.Context) -> None:
+    """Before a command starts: a SIGINT / SIGTERM that arrived while autotune started (noted by
+    :func:`autotune.signals.install_startup_handlers`) ends it now with the "interrupted:" line and exit 130 /
+    143, nothing done; else the default handlers come back, except for the commands of
+    :data:`TAKES_SIGNALS_OVER`, which install their own at once."""
+    from autotune.signals import restore_startup_handlers, startup_signal
+
+    sig = startup_signal()
+    if sig is not None:
+        import signal as _signal
+
+        name = "SIGTERM" if sig == _signal.SIGTERM else "SIGINT"
+        click.echo(f"interrupted: {name} arrived while autotune was starting; nothing was done", err=True)
+        ctx.exit(128 + int(sig))
+    args = [*getattr(ctx, "_protected_args", []), *ctx.args]
+    if not args or args[0] not in TAKES_SIGNALS_OVER:
+        restore_startup_handlers()
 
 
 def _silence_stdout() -> None:

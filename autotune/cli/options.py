@@ -48,6 +48,7 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     from autotune.spec.validate import (
         MAX_GLOBAL_BATCH_SEQUENCES,
         MAX_NUM_GPUS,
+        MAX_PATH_OPTION_CHARS,
         MAX_SEQ_LEN,
         MIN_SEQ_LEN,
         require_int,
@@ -55,9 +56,9 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     )
 
     size = require_name(size, "--size") if size is not None else None
-    model_path = require_name(model_path, "--model") if model_path is not None else None
+    model_path = require_name(model_path, "--model", max_len=MAX_PATH_OPTION_CHARS) if model_path is not None else None
     gpu = require_name(gpu, "--gpu") if gpu is not None else None
-    interconnect = require_name(interconnect, "--interconnect") if interconnect is not None else None
+    interconnect = require_name(interconnect, "--interconnect", max_len=MAX_PATH_OPTION_CHARS) if interconnect is not None else None
     if global_batch is not None:
         require_name(global_batch, "--global-batch")
     if gpus is not None:
@@ -110,6 +111,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
     """
     from autotune.study.storage_check import is_readonly_url
     from autotune.spec.validate import (
+        MAX_PATH_OPTION_CHARS,
         MAX_SEED,
         MAX_TIMEOUT_S,
         MAX_TRIALS,
@@ -120,7 +122,7 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
     )
 
     if space is not None:
-        require_name(space, "--space")
+        require_name(space, "--space", max_len=MAX_PATH_OPTION_CHARS)
         import os as _os
         if any(len(_os.fsencode(part)) > 255 for part in str(space).split("/")):
             raise ConfigError(f"--space: a name of {len(_os.fsencode(str(space))):,} bytes; a space name or file "
@@ -142,7 +144,9 @@ def check_tune_options(*, space: str | None = None, backend: str | None = None, 
     if layers is not None:
         require_int(layers, "--layers", hi=2**20)
     if storage is not None:
-        require_name(storage, "--storage")
+        require_name(storage, "--storage", max_len=MAX_PATH_OPTION_CHARS)
+        from autotune.study.storage_check import check_storage_path
+        check_storage_path(storage)     # a name too long, a symbolic link loop
         if is_readonly_url(storage):
             raise ConfigError(f"--storage {redact(storage)} is read-only (mode=ro); this command adds trials, give a "
                               "writable storage")
@@ -175,14 +179,20 @@ def early_signals() -> None:
     ends. A process that started with SIGINT ignored (``cmd &`` in a script) ignores it until here."""
     import signal
 
+    from autotune.signals import take_startup_signals
+
     EARLY_SIGNALS.clear()
     ctx = click.get_current_context(silent=True)
+    replaced: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            old = signal.signal(sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
+            replaced[sig] = signal.signal(sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
         except ValueError:      # not the main thread
             continue
-        if ctx is not None:
+    # a signal noted by the command's startup handler (autotune/cli/__init__.py) since the CLI's check counts too
+    EARLY_SIGNALS.extend(take_startup_signals(replaced))
+    if ctx is not None:
+        for sig, old in replaced.items():
             ctx.call_on_close(lambda sig=sig, old=old: signal.signal(sig, old))
 
 

@@ -15,7 +15,7 @@ from autotune.cost.topology import place_group, place_pipeline_pair
 from autotune.spec.engines import EngineProfile, engine_for_plan
 from autotune.spec.hardware import ClusterSpec, LinkSpec
 from autotune.spec.models import ModelSpec
-from autotune.spec.plan import Plan, Workload, fp8_gemm_dims
+from autotune.spec.plan import Plan, Workload, fp8_gemm_dims, loss_chunk_tokens
 
 BF16 = 2  # bytes per element
 FP8_PARAM_BYTES = 1  # an FP8 parameter's element (Megatron-LM --fp8-param-gather)
@@ -245,6 +245,8 @@ class CostBuilder:
         attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=m.head_dim)
         # the engine's attention kernel (facts.yaml attention_kernel: default dispatch or FlashAttention-2)
         kern = self.engine.attention_kernel
+        if getattr(p, "attention_backend", "default") == "flash":
+            kern = "flash2"     # SDPA's flash backend only (Plan.attention_backend): the profile's flash2 table
         attn_fwd = costs.attention_kernel_ms(kern, **attn_kw) / p.cp_degree
         attn_bwd = costs.attention_kernel_ms(kern, **attn_kw, backward=True) / p.cp_degree
         flops += 2.0 * p.micro_batch_size * seq * seq * m.head_dim * heads / p.cp_degree
@@ -529,11 +531,24 @@ class CostBuilder:
             V = m.vocab_size
             mb = self._memory_bound_ms
             ce = mb(T * V / t * 6, "cross_entropy")
-            if p.compile and self.engine.compile_loss:
-                ce *= COMPILED_LOSS_TIME_RATIO         # the compiled loss's fused kernels (measured)
-            _add(cc.fwd_parts, "compute", costs.gemm_ms(T, V // t, h) + ce + mb(4 * T * h, "rmsnorm"))
-            _add(cc.bwd_parts, "compute", costs.gemm_ms(T, h, V // t, backward=True)
-                 + costs.gemm_ms(h, V // t, T, backward=True) + ce + mb(6 * T * h, "rmsnorm"))
+            head_gemms = (costs.gemm_ms(T, V // t, h), costs.gemm_ms(T, h, V // t, backward=True)
+                          + costs.gemm_ms(h, V // t, T, backward=True))
+            if getattr(p, "loss_impl", "full") == "chunked":
+                # chunked linear + cross-entropy (TP 1): all three head GEMMs in the forward, one soft-max +
+                # gradient pass per chunk (compiled with plan.compile: the compiled loss's measured ratio
+                # over the eager loss's forward + backward), the FP32 weight gradient read and written by
+                # each chunk's accumulating GEMM after the first, and both stored gradients scaled in backward
+                nchunks = -(-T // loss_chunk_tokens(V, T))
+                ce2 = 2 * ce * (COMPILED_LOSS_TIME_RATIO if p.compile else 1.0)
+                accum = costs.memory_bound_ms(max(nchunks - 1, 0) * V * h * 8)
+                _add(cc.fwd_parts, "compute", sum(head_gemms) + ce2 + accum + mb(4 * T * h, "rmsnorm"))
+                _add(cc.bwd_parts, "compute", costs.memory_bound_ms(V * h * 8 + T * h * 2 * BF16)
+                     + mb(6 * T * h, "rmsnorm"))
+            else:
+                if p.compile and self.engine.compile_loss:
+                    ce *= COMPILED_LOSS_TIME_RATIO         # the compiled loss's fused kernels (measured)
+                _add(cc.fwd_parts, "compute", head_gemms[0] + ce + mb(4 * T * h, "rmsnorm"))
+                _add(cc.bwd_parts, "compute", head_gemms[1] + ce + mb(6 * T * h, "rmsnorm"))
             cc.fwd_flops += 2.0 * T * V / t * h
             cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
         self._precision_costs(cc)
@@ -710,7 +725,7 @@ def chunk_costs(cb: CostBuilder, plan: Plan, model: ModelSpec, *, cached: bool =
     ``cached``: compute :meth:`CostBuilder.chunk_cost` once per (first stage, last stage, layer count)
     and share the result between the virtual stages of that class (``chunk_cost`` depends on the
     stage index only through "is it the first (embedding) / last (LM head) stage"; the fast path's
-    equivalence test, tests/test_fast_sim.py, checks this against the uncached costs).
+    equivalence test, tests/cost/test_fast_sim.py, checks this against the uncached costs).
     """
     layers = plan.layers_per_virtual_stage(model.num_layers)
     n = len(layers)

@@ -90,6 +90,14 @@ PP_INFLIGHT_LOGITS_BYTES = 4 + 2
 #: BF16 logits only: :data:`COMPILED_LOSS_INFLIGHT_BYTES`.
 COMPILED_LOSS_BYTES_PER_LOGIT = 2 + 2
 COMPILED_LOSS_INFLIGHT_BYTES = 2
+#: ``loss_impl: chunked`` (autotune/runtime/model.py ChunkedLinearCrossEntropy, TP 1 / PP 1): one chunk of
+#: ``chunk_tokens`` logits alive at a time, per logit the BF16 logits (2) and their BF16 gradient (2) with
+#: the per-chunk kernel compiled, + the FP32 soft-max (4) and its difference (4) eager; beside them, from
+#: the forward to the backward, the LM head's FP32 weight gradient (4 per weight) and the BF16 gradient of
+#: the hidden states (2 per element). Measured on H200 (bench/bench_one_gpu.py, 2026-12-03, 8B at 16
+#: layers, 2 x 8192 tokens, FP8 + compile): peak allocated 101.9 -> 82.4 GiB (-19.5), this count -19.5 GiB.
+CHUNKED_LOSS_BYTES_PER_LOGIT = {True: 2 + 2, False: 2 + 2 + 4 + 4}
+CHUNKED_LOSS_WGRAD_BYTES = 4
 #: What an FP8 linear saves depends on the library the engine runs it with
 #: (:attr:`autotune.spec.engines.EngineProfile.fp8_library`). Transformer Engine (Megatron-LM, every FP8
 #: recipe: Float8CurrentScaling for ``fp8_tensorwise``, DelayedScaling, MXFP8BlockScaling):
@@ -106,7 +114,7 @@ FP8_BYTES = 1
 #: docs/results/saved-activations-h200x1-2026-12-01.json; Llama 3.1 8B block, seq 8192): the
 #: partitioner (AOTAutograd min-cut rematerialization) recomputes the norms and SwiGLU in backward, and
 #: with torchao FP8 saves the FP8 casts of the linears' inputs. FP8 rowwise measured the same as
-#: tensorwise. Full recompute keeps only the block input either way (1). tests/test_memory.py
+#: tensorwise. Full recompute keeps only the block input either way (1). tests/cost/test_memory.py
 #: re-derives these from the JSON.
 COMPILED_OVER_EAGER = {("bf16", "none"): 0.672, ("bf16", "selective"): 0.547,
                        ("fp8", "none"): 0.462, ("fp8", "selective"): 0.453}
@@ -666,6 +674,11 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         common_transient += BF16_BYTES * s * b * h
     compiled_loss = bool(getattr(plan, "compile", False)) and eng.compile_loss
     logits = s * b * vocab_shard * (COMPILED_LOSS_BYTES_PER_LOGIT if compiled_loss else LOGITS_BYTES_PER_ELEMENT)
+    if getattr(plan, "loss_impl", "full") == "chunked":
+        from autotune.spec.plan import loss_chunk_tokens
+        chunk = loss_chunk_tokens(V, s * b)
+        logits = (chunk * V * CHUNKED_LOSS_BYTES_PER_LOGIT[bool(getattr(plan, "compile", False))]
+                  + V * h * CHUNKED_LOSS_WGRAD_BYTES + s * b * h * BF16_BYTES)
     head_params = (0 if model.tied_embeddings and p == 1 else vocab_shard * h) + h
 
     counts = _rank_counts(p, plan.effective_vpp, plan.num_micro_batches, plan.pipeline_schedule,

@@ -26,6 +26,8 @@ Sampling is define-by-run and conditional, so knobs that have no effect in a pla
 * ``sequence_parallel`` only when tp > 1; ``tp_comm_overlap`` only when tp > 1 and collectives are async;
 * ``precision`` and ``compile`` when the space lists more than one value (FP8 values the GPU cannot run are dropped at bind time when
   the GPU is given; per-rank GEMM dimensions FP8 cannot take are pruned);
+* ``loss_impl`` when the space lists more than one value and tp = pp = 1 (else ``full``: the chunked
+  linear + cross-entropy takes the whole LM head); values the engine does not run are dropped at bind time;
 * ``zero_stage`` and ``bucket_size_mib`` only when dp x cp > 1; ``dp_grad_reduce_overlap`` only then and
   with async collectives; ``param_gather_overlap`` only with grad-reduce overlap and ZeRO >= 1.
 
@@ -53,6 +55,7 @@ from autotune.spec.plan import (
     MEMORY_RECLAIM_POLICIES,
     PIPELINE_SCHEDULES,
     PRECISIONS,
+    LOSS_IMPLS,
     RECOMPUTE_MODES,
     ZERO_STAGES,
     Plan,
@@ -69,15 +72,16 @@ _INT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_
 _BOOL_KNOBS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
                "param_gather_overlap", "compile", "fp8_param_gather", "grad_reduce_in_bf16")
 _ENUM_KNOBS = {"pipeline_schedule": PIPELINE_SCHEDULES, "recompute": RECOMPUTE_MODES,
-               "memory_reclaim": MEMORY_RECLAIM_POLICIES, "zero_stage": ZERO_STAGES, "precision": PRECISIONS}
+               "memory_reclaim": MEMORY_RECLAIM_POLICIES, "zero_stage": ZERO_STAGES, "precision": PRECISIONS,
+               "loss_impl": LOSS_IMPLS}
 #: Every knob a search space may list, in sampling order.
 KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size",
          "sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
          "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim", "precision",
-         "compile", "fp8_param_gather", "grad_reduce_in_bf16")
+         "compile", "loss_impl", "fp8_param_gather", "grad_reduce_in_bf16")
 #: knobs added after studies were first stored: left out of the fingerprint while fixed at the Plan
 #: default, so studies of a space that does not list them still resume
-_LATE_KNOBS = ("precision", "compile", "fp8_param_gather", "grad_reduce_in_bf16")
+_LATE_KNOBS = ("precision", "compile", "loss_impl", "fp8_param_gather", "grad_reduce_in_bf16")
 _PLAN_DEFAULTS = {f.name: f.default for f in fields(Plan)}
 
 
@@ -416,6 +420,8 @@ class BoundSearchSpace:
                             "Transformer Engine's FP8 weights)")
                 if knob == "grad_reduce_in_bf16" and v is True and not getattr(e, "grad_reduce_bf16", False):
                     return f"engine {e.name} reduces gradients in FP32 only"
+                if knob == "loss_impl" and v not in e.lever_values("loss_impl"):
+                    return f"engine {e.name} has no loss_impl={v} (it runs {', '.join(e.lever_values('loss_impl'))})"
             return None
 
         choices: dict[str, tuple[Any, ...]] = {}
@@ -537,6 +543,11 @@ class BoundSearchSpace:
             (c["fp8_param_gather"][0] and fp8)
         bf16_grads = pick("grad_reduce_in_bf16") if fp8 and g > 1 and len(c["grad_reduce_in_bf16"]) > 1 else \
             (c["grad_reduce_in_bf16"][0] and g > 1)
+        # the chunked linear + cross-entropy takes the whole LM head (native runtime: TP 1, PP 1)
+        if tp == 1 and pp == 1:
+            loss_impl = pick("loss_impl") if len(c["loss_impl"]) > 1 else c["loss_impl"][0]
+        else:
+            loss_impl = "full"
         try:
             plan = Plan(tp_degree=tp, pp_degree=pp, dp_degree=dp, cp_degree=cp, vpp_degree=vpp,
                         micro_batch_size=mbs, num_micro_batches=num_mb, pipeline_schedule=schedule,
@@ -544,7 +555,7 @@ class BoundSearchSpace:
                         tp_comm_overlap=tp_overlap, dp_grad_reduce_overlap=grad_overlap,
                         param_gather_overlap=gather_overlap, bucket_size_mib=bucket, memory_reclaim=reclaim,
                         stage_layers=stage_layers, precision=precision, compile=compiled,
-                        fp8_param_gather=fp8_pg, grad_reduce_in_bf16=bf16_grads)
+                        loss_impl=loss_impl, fp8_param_gather=fp8_pg, grad_reduce_in_bf16=bf16_grads)
             validate_plan(plan, m, n, w, gpu=self.gpu)
         except PlanError as e:
             raise Pruned(str(e)) from None
@@ -685,6 +696,8 @@ def plan_params(plan: Plan) -> dict[str, Any]:
     p["memory_reclaim"] = plan.memory_reclaim
     p["precision"] = plan.precision
     p["compile"] = plan.compile
+    if plan.tp_degree == 1 and plan.pp_degree == 1:
+        p["loss_impl"] = plan.loss_impl
     if plan.precision != "bf16":
         p["fp8_param_gather"] = plan.fp8_param_gather
         if g > 1:

@@ -151,6 +151,10 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         from autotune.spec.validate import (
+            MAX_FFN_HIDDEN_SIZE,
+            MAX_HIDDEN_SIZE,
+            MAX_NUM_HEADS,
+            MAX_NUM_LAYERS,
             require_bool,
             require_int,
             require_name,
@@ -163,8 +167,12 @@ class ModelSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
-            # bounds: 16x the largest published dense model's widths (405B: h 16384, L 126, V 128256)
-            require_int(v, f"model {self.name!r}: {f}", hi=2**24 if f == "vocab_size" else 2**20)
+            # bounds (autotune/spec/validate.py): 16x or more the largest published dense model's (405B: h 16384,
+            # L 126, ffn 53248, 128 heads, V 128256)
+            hi = {"vocab_size": 2**24, "num_layers": MAX_NUM_LAYERS, "hidden_size": MAX_HIDDEN_SIZE,
+                  "ffn_hidden_size": MAX_FFN_HIDDEN_SIZE, "num_heads": MAX_NUM_HEADS,
+                  "num_kv_heads": MAX_NUM_HEADS}.get(f, 2**20)
+            require_int(v, f"model {self.name!r}: {f}", hi=hi)
         require_int(self.max_seq_len, f"model {self.name!r}: max_seq_len", hi=2**30)
         require_int(self.norms_per_layer, f"model {self.name!r}: norms_per_layer", lo=0, hi=8)
         if self.sliding_window is not None:
@@ -516,9 +524,15 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
             raise ConfigError(f"model config {p}: missing field {name!r} (expected a positive integer)")
         return default
 
+    from autotune.spec.validate import MAX_FFN_HIDDEN_SIZE, MAX_HIDDEN_SIZE, MAX_NUM_HEADS, MAX_NUM_LAYERS
+    # checked as each field is read, before any work (a 10**6-layer config ran 200 s at 3.2 GB before)
+    bounds = {"vocab_size": 2**24, "num_hidden_layers": MAX_NUM_LAYERS, "hidden_size": MAX_HIDDEN_SIZE,
+              "intermediate_size": MAX_FFN_HIDDEN_SIZE, "num_attention_heads": MAX_NUM_HEADS,
+              "num_key_value_heads": MAX_NUM_HEADS}
+
     def integer(name: str, *alts: str, default: Any = None, lo: int = 1) -> int:
         return require_int(field(name, *alts, default=default), f"model config {p}: field {name}", lo=lo,
-                           hi=2**24 if name == "vocab_size" else 2**30)
+                           hi=bounds.get(name, 2**30))
 
     hidden = integer("hidden_size", "n_embd", "d_model")
     heads = integer("num_attention_heads", "n_head")

@@ -28,6 +28,18 @@ from autotune.errors import ConfigError, PlanError
 from autotune.files import plain
 from autotune.spec.models import ModelSpec
 from autotune.spec.validate import MAX_NUM_GPUS, MAX_NUM_MICRO_BATCHES
+# kernel-level levers (issue 43), re-exported here: a leaf module, so spec.engines reads it without a cycle
+from autotune.spec.levers import (  # noqa: F401
+    ATTENTION_BACKENDS,
+    COMPILE_MODES,
+    FP8_BF16_LINEARS,
+    LEVER_DEFAULTS,
+    LEVER_FIELDS,
+    LOSS_CHUNK_BYTES,
+    LOSS_IMPLS,
+    OPTIMIZER_IMPLS,
+    loss_chunk_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +177,14 @@ class Plan:
         fp8_param_gather: with an FP8 precision, keep the layers' linear weights as FP8 parameters
             (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside Transformer Engine's FP8 copies, and
             parameter all-gathers move 1 byte per such weight. Needs Transformer Engine (Megatron-LM).
+        attention_backend: SDPA backend, one of :data:`ATTENTION_BACKENDS` (native runtime only).
+        compile_mode: torch.compile mode with ``compile: true``, one of :data:`COMPILE_MODES`.
+        loss_impl: LM head + cross-entropy, one of :data:`LOSS_IMPLS` (``chunked``: native runtime,
+            TP 1 and PP 1 only).
+        fp8_bf16_linears: layer linears kept BF16 under FP8, one of :data:`FP8_BF16_LINEARS`.
+        optimizer_impl: AdamW kernels, one of :data:`OPTIMIZER_IMPLS`.
+        (Engines without these levers refuse values other than the defaults:
+        :func:`autotune.spec.engines.check_plan_for_engine`.)
 
     Raises:
         PlanError: wrong type or value for any field (names the field and the valid values).
@@ -193,6 +213,11 @@ class Plan:
     compile: bool = False
     grad_reduce_in_bf16: bool = False
     fp8_param_gather: bool = False
+    attention_backend: str = "default"
+    compile_mode: str = "default"
+    loss_impl: str = "full"
+    fp8_bf16_linears: str = "none"
+    optimizer_impl: str = "fused"
 
     def __post_init__(self) -> None:
         # one C-level pass over the integer and boolean fields (a 405B x 1,024 B200 ranking built 17,495
@@ -202,7 +227,8 @@ class Plan:
                 or not set(map(type, _bool_fields(self))) <= {bool}:
             self._check_types()
         for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
-                         ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS)):
+                         ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS),
+                         *LEVER_FIELDS.items()):
             if getattr(self, f) not in valid:
                 raise PlanError(f"{f}={getattr(self, f)!r} is not valid; choose one of {', '.join(valid)}")
         rn = self.recompute_num_layers
@@ -518,6 +544,38 @@ PLAN_DOCUMENT_KEYS = ("schema_version", "study", "trial_id", "engine", "model", 
                       "prediction")
 
 
+def _check_document_text(d: Mapping[str, Any], source: str) -> None:
+    """Refuse a plan file whose keys or string values (outside ``prediction``) are not short printable text
+    (:func:`autotune.spec.validate.require_text`: at most :data:`~autotune.spec.validate.MAX_NAME_CHARS`
+    characters, no newline or other control character), before any of them is echoed or written: the study,
+    model, GPU and fabric names reach the comment lines and the ``#SBATCH --job-name`` of the launch files
+    (autotune/export/__init__.py quotes them there too). ``prediction`` is left as it is (a real run's details
+    may hold log lines); it is only ever written back through the YAML writer. Walks iteratively (the YAML
+    reader caps the depth at :data:`autotune.files.MAX_NESTING_DEPTH`, a Python mapping may be deeper).
+
+    Raises:
+        ConfigError: ``<source>: field <path> <excerpt> contains a control character ...`` (one line).
+    """
+    from collections import deque
+
+    from autotune.files import display_text
+    from autotune.spec.validate import require_text, show
+
+    todo: deque[tuple[str, Any, Any]] = deque(("", k, v) for k, v in d.items() if k != "prediction")
+    while todo:                 # in file order: the first offending value is the one named
+        parent, key, v = todo.popleft()
+        where = display_text(parent, 100)
+        if isinstance(key, str):
+            require_text(key, f"{source}: a key of {'field ' + where if parent else 'the top level'}")
+        path = (f"{parent}.{key}" if parent else key) if isinstance(key, str) else f"{parent}[{show(key)}]"
+        if isinstance(v, str):
+            require_text(v, f"{source}: field {display_text(path, 100)}")
+        elif isinstance(v, Mapping):
+            todo.extend((path, k, x) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            todo.extend((path, i, x) for i, x in enumerate(v))
+
+
 @dataclass(frozen=True)
 class PlanDocument:
     """A plan with everything needed to re-evaluate or launch it; the YAML form of ``autotune export``.
@@ -565,6 +623,7 @@ class PlanDocument:
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan file") -> "PlanDocument":
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source}: expected a mapping at the top level")
+        _check_document_text(d, source)
         from autotune.spec.hardware import check_keys
         check_keys(d, PLAN_DOCUMENT_KEYS, source)
         ver = d.get("schema_version")

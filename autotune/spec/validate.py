@@ -25,8 +25,9 @@ MAX_SEQ_LEN = 2**24
 #: Most micro-batches per step a plan may have: the step graph has O(pp x vpp x m) nodes
 #: (autotune/cost/graph.py), and 2**16 micro-batches already cost ~minutes to simulate.
 MAX_NUM_MICRO_BATCHES = 2**16
-#: Largest GPU count (2**20); no cluster is larger, and cluster sizes multiply graph and memory work.
-MAX_NUM_GPUS = 2**20
+#: Largest GPU count (2**18 = 262,144; the largest announced training clusters have 100,000-200,000 GPUs),
+#: checked before any work: the layout enumeration grows with the count (2**20 GPUs took 15 s to refuse).
+MAX_NUM_GPUS = 2**18
 #: Most trials one command may add (10**6; a 405B study converges in a few hundred).
 MAX_TRIALS = 10**6
 #: Longest --timeout, seconds (30 days).
@@ -46,6 +47,24 @@ MAX_WORKER_ID = 2**31 - 1
 WORKERS_PER_CPU = 8
 #: --workers is always allowed up to this many, whatever the core count.
 MIN_MAX_WORKERS = 16
+#: Longest URL or path option (--storage, --space as a file), characters (PATH_MAX 4096, limits.h, plus the
+#: ``sqlite:///`` scheme and a query).
+MAX_PATH_OPTION_CHARS = 4200
+#: Most transformer layers of a model (2,048: 16x the 126 of Llama 3.1 405B). The step graph and the memory
+#: model are O(layers): an HF config with 10**6 layers ran past 200 s at 3.2 GB before the cap.
+MAX_NUM_LAYERS = 2048
+#: Widest hidden size (2**18 = 262,144: 16x the 16,384 of Llama 3.1 405B).
+MAX_HIDDEN_SIZE = 2**18
+#: Widest MLP hidden size (2**20 = 1,048,576: ~20x the 53,248 of Llama 3.1 405B).
+MAX_FFN_HIDDEN_SIZE = 2**20
+#: Most attention (query or key/value) heads (4,096: 32x the 128 of Llama 3.1 405B).
+MAX_NUM_HEADS = 4096
+#: Longest name or label a plan file may hold (study, model, GPU, fabric and link names, enum values), characters:
+#: Optuna's RDB storage keeps a study name in a ``VARCHAR(512)`` column (optuna/storages/_rdb/models.py
+#: ``MAX_INDEXED_STRING_LENGTH = 512``), and no catalog name comes near it (the longest is < 40). Also the
+#: default bound of :func:`require_name` (model, fabric, GPU, search-space names; issue 37: a 5,000-character
+#: space name crashed on its file name, a 10 MiB study name was accepted).
+MAX_NAME_CHARS = 512
 
 
 def max_workers() -> int:
@@ -102,20 +121,46 @@ def require_number(v: Any, field: str, *, lo: float | None = None, hi: float | N
     return x
 
 
-def require_name(v: Any, field: str) -> str:
-    """``v`` stripped if it is a non-empty printable string.
+def require_name(v: Any, field: str, *, max_len: int = MAX_NAME_CHARS) -> str:
+    """``v`` stripped if it is a non-empty printable string of at most ``max_len`` characters
+    (:data:`MAX_NAME_CHARS`, 512, unless the caller says otherwise), checked before anything else reads it.
 
     Raises:
-        ConfigError: not a string, empty/blank, or with control characters.
+        ConfigError: not a string, empty/blank, too long (naming the length and the limit), or with control
+            characters.
     """
     if not isinstance(v, str):
         raise ConfigError(f"{field} must be a name (a string), got {show(v)} ({type(v).__name__})")
+    if len(v) > max_len:
+        raise ConfigError(f"{field} {display_text(v, 40)!r} is {len(v):,} characters long; at most {max_len:,}")
     s = v.strip()
     if not s:
         raise ConfigError(f"{field} must not be empty")
     if not s.isprintable():
         raise ConfigError(f"{field} {show(s)} contains control characters")
     return s
+
+
+def require_text(v: Any, field: str, *, max_chars: int = MAX_NAME_CHARS) -> str:
+    """``v`` if it is a string of at most ``max_chars`` printable characters (``str.isprintable``: no newline,
+    tab, carriage return, NUL, escape or other control or format character, so it cannot start a new line in
+    a generated shell script, TOML or Python file). Unlike :func:`require_name` it is not stripped and may be
+    empty.
+
+    Raises:
+        ConfigError: "<field> <excerpt> contains control characters (...)" or "... is N characters long",
+            one line, the value shown as a short printable excerpt.
+    """
+    if not isinstance(v, str):
+        raise ConfigError(f"{field} must be text (a string), got {show(v)} ({type(v).__name__})")
+    if len(v) > max_chars:
+        raise ConfigError(f"{field} {display_text(repr(v), 60)} is {len(v):,} characters long; valid: at most "
+                          f"{max_chars:,} printable characters")
+    if not v.isprintable():
+        bad = next(ch for ch in v if not ch.isprintable())
+        raise ConfigError(f"{field} {display_text(repr(v), 60)} contains a control character ({bad!r}); valid: "
+                          f"printable text (no newline, tab, carriage return, escape or NUL)")
+    return v
 
 
 def require_bool(v: Any, field: str) -> bool:

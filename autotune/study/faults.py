@@ -103,6 +103,8 @@ def is_storage_exception(e: BaseException) -> bool:
 
 def classify(e: BaseException) -> str | None:
     """``transient``, ``permanent`` or None (not a storage condition autotune recognises)."""
+    if _inner_storage_error(e) is not None:
+        return "permanent"
     if isinstance(e, AutotuneError) or not is_storage_exception(e):
         return None
     if permanent_reason(e) is not None:
@@ -128,16 +130,39 @@ def permanent_reason(e: BaseException) -> tuple[str, str] | None:
     return None
 
 
+def _inner_storage_error(e: BaseException) -> StorageError | None:
+    """The :class:`StorageError` among the causes of ``e`` (not ``e`` itself), if any: one that
+    :mod:`autotune.study.reads` raised inside an Optuna storage call (a file made read-only, a lock held)."""
+    seen = {id(e)}
+    x = e.__cause__ or e.__context__
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, StorageError):
+            return x
+        x = x.__cause__ or x.__context__
+    return None
+
+
 def storage_fault(e: BaseException, url: str) -> StorageError | None:
     """The :class:`StorageError` line for a storage exception (permanent, or transient past its retries):
     "storage URL: <what> (<innermost cause>); <fix>", the password masked; None when ``e`` is not a storage
     exception."""
+    inner = _inner_storage_error(e)
+    if inner is not None:       # autotune's own storage check, wrapped by Optuna or SQLAlchemy: its line as is
+        return inner
     if isinstance(e, AutotuneError) or not is_storage_exception(e):
         return None
     root = _root_cause(e)
     cause = (str(root).splitlines() or [type(root).__name__])[0].strip() or type(root).__name__
     pr = permanent_reason(e)
     if pr is None:
+        from autotune.study.storage_check import sqlite_path
+        sp = sqlite_path(url)
+        if sp is not None and "database is locked" in " | ".join(_texts(e)):
+            from autotune.files import excerpt
+            return StorageError(f"storage {user_url(url)}: the SQLite file {excerpt(sp[0])} stayed locked by other "
+                                f"processes ({cause}); SQLite lets one process write at a time: for many workers use "
+                                "journal:PATH (a file with locks, no server) or postgresql:// (finished trials are kept)")
         if classify(e) == "transient":
             return StorageError(f"storage {user_url(url)}: the database server stayed unreachable for "
                                 f"{RETRY_FOR_S:g} s ({cause}); check the server and run again (finished trials are kept)")

@@ -15,6 +15,10 @@ per table as Optuna's ``selectinload`` does, in a session of Optuna's own (so ea
 have seen: on SQLite, whose driver opens no transaction for a select, what was committed when it ran), and
 builds the same :class:`~optuna.trial.FrozenTrial` objects; decoded distributions are cached by their JSON
 text. ``tests/study/test_reads.py`` checks it against Optuna's own reader on studies with every kind of row.
+
+On a SQLite file its writes (:data:`WRITE_METHODS`) are guarded (issue 37): a file made read-only since it
+was opened is refused before the write, and a write refused with "database is locked" is retried
+(:data:`LOCKED_RETRIES`), then reported naming the file and the storages made for many writers.
 """
 
 from __future__ import annotations
@@ -90,6 +94,16 @@ class TrialReadingRDBStorage(optuna.storages.RDBStorage):
     ORM objects (module docstring). Same arguments, same results, same errors: a missing trial or study raises
     ``KeyError``, a database error Optuna's ``StorageInternalError`` (both through Optuna's own session helper).
     Writes are Optuna's."""
+
+    def __init__(self, url: str, *args: Any, **kwargs: Any) -> None:
+        #: the SQLite file of a writable ``sqlite:///PATH`` URL (writes are checked and retried: WRITE_METHODS)
+        self._sqlite_file: str | None = None
+        if url.startswith("sqlite:///") and "mode=ro" not in url and ":memory:" not in url:
+            import urllib.parse
+            path = url[len("sqlite:///"):].partition("?")[0]
+            path = urllib.parse.unquote(path[len("file:"):]) if path.startswith("file:") else path
+            self._sqlite_file = path or None
+        super().__init__(url, *args, **kwargs)
 
     def get_trial(self, trial_id: int) -> FrozenTrial:
         from optuna.storages._rdb.models import NOT_FOUND_MSG
@@ -178,6 +192,88 @@ class TrialReadingRDBStorage(optuna.storages.RDBStorage):
                 intermediate_values={s: to_inter(v, vt) for s, v, vt in inter.get(trial_id, ())},
                 trial_id=trial_id))
         return trials
+
+
+#: Optuna ``RDBStorage`` methods that write (optuna/storages/_rdb/storage.py, Optuna 5.0)
+WRITE_METHODS = ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+                 "create_new_trial", "set_trial_param", "set_trial_state_values", "set_trial_intermediate_value",
+                 "set_trial_user_attr", "set_trial_system_attr", "record_heartbeat")
+#: times a write that SQLite refused with "database is locked" is tried again (each try already waits up to
+#: the busy timeout, ``connect_args={"timeout": 60}`` in :func:`autotune.study.storage.open_storage`; SQLite
+#: answers some conflicts at once, without waiting: a WAL reader that must become a writer after another
+#: connection wrote, SQLITE_BUSY_SNAPSHOT, https://www.sqlite.org/rescode.html#busy_snapshot)
+LOCKED_RETRIES = 8
+
+
+def _locked(e: BaseException) -> bool:
+    seen = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if "database is locked" in str(x).lower() or "database table is locked" in str(x).lower():
+            return True
+        x = x.__cause__ or x.__context__
+    return False
+
+
+def _guarded_write(name: str):
+    base = getattr(optuna.storages.RDBStorage, name)
+
+    @functools.wraps(base)
+    def write(self, *args: Any, **kwargs: Any) -> Any:
+        path = getattr(self, "_sqlite_file", None)
+        if path is None:
+            return base(self, *args, **kwargs)
+        _check_writable(path)
+        import random
+        import time
+
+        for attempt in range(LOCKED_RETRIES + 1):
+            try:
+                return base(self, *args, **kwargs)
+            except Exception as e:
+                if not _locked(e) or attempt == LOCKED_RETRIES:
+                    if _locked(e):
+                        from autotune.errors import StorageError
+                        from autotune.files import excerpt
+                        raise StorageError(
+                            f"storage sqlite:///{excerpt(path)}: the SQLite file stayed locked by other processes "
+                            f"through {LOCKED_RETRIES + 1} tries of up to 60 s each (database is locked); SQLite lets "
+                            "one process write at a time: for many workers use journal:PATH (a file with locks, "
+                            "no server) or postgresql:// (finished trials are kept)") from None
+                    raise
+                time.sleep(min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    return write
+
+
+def _check_writable(path: str) -> None:
+    """Refuse to write to the SQLite file ``path`` once it was made read-only (no write permission bit left,
+    or this user may not write it): a process with the file open could otherwise go on writing through its
+    open descriptor (and root ignores permission bits altogether), so a user's ``chmod a-w`` mid-run went
+    unnoticed. Checked before each write (one ``stat``, ~2 us).
+
+    Raises:
+        StorageError: naming the file and its mode.
+    """
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return          # gone or unreadable: the write itself reports it
+    if not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
+        from autotune.errors import StorageError
+        from autotune.files import excerpt
+        raise StorageError(f"storage sqlite:///{excerpt(path)}: the file was made read-only during the run (mode "
+                           f"{stat.S_IMODE(st.st_mode):04o}); nothing more is written to it (the trials stored so far "
+                           "are kept): make it writable (chmod u+w) and run again")
+
+
+for _name in WRITE_METHODS:
+    setattr(TrialReadingRDBStorage, _name, _guarded_write(_name))
 
 
 __all__ = ["TrialReadingRDBStorage"]

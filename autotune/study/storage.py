@@ -144,7 +144,8 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_interval_s: int | None
     LAST_URL[0] = url
     if key in _STORAGES and not (url.startswith("journal:") and _torn(url)):
         return _STORAGES[key]
-    from autotune.study.storage_check import is_readonly_url
+    from autotune.study.storage_check import check_storage_path, is_readonly_url
+    check_storage_path(url)     # a name too long, a symbolic link loop: one line, before anything opens it
     shown = user_url(url)       # errors name the user's --storage, not the internal read-only URL
     readonly = is_readonly_url(url)   # mode=ro: opened as is (never created, never switched to WAL)
     kind = storage_kind(url)

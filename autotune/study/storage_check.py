@@ -41,6 +41,40 @@ def sqlite_path(url: str) -> tuple[str, dict[str, str]] | None:
     return path, params
 
 
+def check_storage_path(url: str) -> None:
+    """Refuse the file path of a ``sqlite:///PATH`` or ``journal:PATH`` storage before anything opens it: a
+    name longer than NAME_MAX (255 bytes) or a path longer than PATH_MAX (4096; a 5,000-character path
+    crashed with ENAMETOOLONG), or a symbolic link loop (ELOOP; a journal path that was one crashed). Other
+    URLs are not checked.
+
+    Raises:
+        StorageError: naming the storage (as :func:`user_url` shows it, cut to 100 characters) and the problem.
+    """
+    import errno
+
+    from autotune.errors import ConfigError
+    from autotune.files import check_path_names, excerpt
+
+    sp = sqlite_path(url) if isinstance(url, str) else None
+    path = journal_path(url) if sp is None else urllib.parse.unquote(sp[0])
+    if not path or path == ":memory:":
+        return
+    shown = excerpt(user_url(url), 100)
+    try:
+        check_path_names(path, what="file")
+    except ConfigError as e:
+        raise StorageError(f"--storage {shown}: {str(e).removeprefix('file ')}") from None
+    if os.path.islink(path):
+        try:
+            os.path.realpath(path, strict=True)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StorageError(f"--storage {shown}: {excerpt(path)} is a symbolic link loop (a link that leads "
+                                   "back to itself); give a file path") from None
+            if not isinstance(e, FileNotFoundError):
+                raise StorageError(f"--storage {shown}: {excerpt(path)} cannot be used: {e.strerror or e}") from None
+
+
 def journal_path(url: str) -> str | None:
     """The file path of a ``journal:PATH`` URL (``""`` when PATH is empty); None for other URLs."""
     if not isinstance(url, str) or not url.startswith("journal:"):
@@ -66,6 +100,7 @@ def check_journal_file(url: str, *, must_exist: bool = False) -> None:
         return
     if not path:
         raise StorageError(f"--storage {url}: expected journal:PATH (a log file)")
+    check_storage_path(url)         # a name too long, a symbolic link loop
     p = Path(path)
     if not p.exists():
         if must_exist:
@@ -227,6 +262,7 @@ def readonly_url(url: str) -> str:
     """
     if not isinstance(url, str) or not url.strip():
         raise StorageError("--storage must be a non-empty SQLAlchemy URL, e.g. sqlite:///studies/autotune.db")
+    check_storage_path(url)         # a name too long, a symbolic link loop
     if journal_path(url) is not None:
         check_journal_file(url, must_exist=True)
         try:
@@ -345,9 +381,18 @@ def journal_torn_tail(path: str | Path) -> tuple[int, int] | None:
         return (not isinstance(op, bool) and op in _JOURNAL_KEYS
                 and all(k in rec for k in _JOURNAL_KEYS[op]))
 
+    def parses(raw: bytes) -> bool:
+        try:
+            return isinstance(json.loads(raw.decode("utf-8")), dict)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return False
+
     # at least one whole record before the torn one: a file of one cut line is not known to be a journal
     if tail == b"":
-        if (len(whole) >= 2 and whole[-1].startswith(b"{") and not good(whole[-1])
+        # a newline-terminated last line is torn only when it does not parse (a garbled write); a complete JSON
+        # record with an unknown op_code or missing keys is not torn: the file is refused and left untouched
+        # (check_journal_file), never cut
+        if (len(whole) >= 2 and whole[-1].startswith(b"{") and not parses(whole[-1])
                 and all(good(x) for x in whole[:-1])):
             return len(whole) - 1, len(data) - len(whole[-1]) - 1   # a garbled last record with its newline
         return None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from autotune.errors import ConfigError
+from autotune.files import excerpt
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,21 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
             gc.unfreeze()
 
 
+def _stop_started(procs: dict[int, Any]) -> None:
+    """Stop the worker processes of ``procs`` that were started (SIGTERM, then SIGKILL after 10 s)."""
+    for p in procs.values():
+        if p.pid is not None and p.is_alive():
+            with contextlib.suppress(OSError):
+                p.terminate()
+    for p in procs.values():
+        if p.pid is not None:
+            p.join(timeout=10)
+            if p.is_alive():
+                with contextlib.suppress(OSError):
+                    p.kill()
+                p.join(timeout=10)
+
+
 def _run(procs: dict[int, Any], out: Any, sigs: list[Any], results: dict[int, WorkerOutcome],
          interrupted: Any) -> list[WorkerOutcome]:
     """Start ``procs``, collect their outcomes (see :func:`run_workers`)."""
@@ -306,8 +322,15 @@ def _run(procs: dict[int, Any], out: Any, sigs: list[Any], results: dict[int, Wo
         # the processes are started, and one that arrives meanwhile is handled as the mask is restored
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
         try:
-            for p in procs.values():
-                p.start()
+            for k, p in enumerate(procs.values()):
+                try:
+                    p.start()
+                except (OSError, RuntimeError) as e:     # EAGAIN: the process or thread limit (ulimit -u)
+                    _stop_started(procs)
+                    raise ConfigError(f"--workers {len(procs)}: the system refused to start worker process {k + 1} "
+                                      f"({type(e).__name__}: {excerpt(e.strerror if isinstance(e, OSError) and e.strerror else e)}; "
+                                      "the process or thread limit, ulimit -u, or memory); the workers already "
+                                      "started were stopped: give fewer --workers") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         while len(results) < len(procs):

@@ -57,7 +57,8 @@ def _workload_4096():
 
 @pytest.mark.parametrize("family,engine", [("GEMMA2_9B", "megatron"), ("QWEN25_7B", "torchtitan")])
 def test_plain_export_names_the_engines_that_cannot_launch_the_model(tmp_path, family, engine):
-    from autotune.export import megatron, torchtitan
+    from autotune.engines.megatron import export as megatron
+    from autotune.engines.torchtitan import export as torchtitan
     from autotune.spec.plan import PlanDocument
 
     m = _matrix()

@@ -6,12 +6,12 @@ The file: ``pretrain_gpt.py`` arguments, one per line or on shell-style lines (`
 output): the line with the ``*.py`` word is the command, words before it (``torchrun ... pretrain_gpt.py``)
 are the launcher's and are listed as ignored (they may hold shell syntax). Bash arrays defined once in the
 script (``GPT_MODEL_ARGS=( ... )``, Megatron-LM's examples' layout) and variables assigned once to a literal
-are expanded (:mod:`autotune.export.shell_vars`); any other shell variable in the Megatron arguments is
+are expanded (:mod:`autotune.engines.shell_vars`); any other shell variable in the Megatron arguments is
 refused: autotune runs no shell. ``PYTORCH_CUDA_ALLOC_CONF`` set on
 that line or exported before it gives ``memory_reclaim expandable_segments`` (export writes it back).
 
-Every option is checked against the recorded facts of Megatron-LM's parser (``autotune/data/
-megatron_arg_facts.jsonl``: option strings, actions, value types, nargs and choices of
+Every option is checked against the recorded facts of Megatron-LM's parser (``autotune/engines/megatron/
+arg_facts.jsonl``: option strings, actions, value types, nargs and choices of
 ``megatron/training/arguments.py`` ``add_megatron_arguments`` at commit d98e8a64ddf3, written by
 tests/data/extract_megatron_args.py): an unknown option, a value of the wrong type or outside the choices is
 one error naming the option and what is valid, as ``pretrain_gpt.py`` would fail.
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, PlanError
-from autotune.export.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
-from autotune.export.shell_vars import expand, launcher_world, script_values
+from autotune.engines.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
+from autotune.engines.shell_vars import expand, launcher_world, script_values
 
 FACTS_FILE = Path(__file__).resolve().parent / "arg_facts.jsonl"
 MEGATRON_COMMIT = "d98e8a64ddf3"
@@ -91,6 +91,18 @@ RUN = "run settings: no effect on a step's time or memory"
 NOT_MODELLED = "not modelled: may change step time or memory"
 
 
+def _q(v: object) -> str:
+    """``repr(v)`` as an error line may quote it: at most 100 printable characters (files.excerpt)."""
+    from autotune.files import excerpt
+    return excerpt(repr(v))
+
+
+def _e(v: object) -> str:
+    """``v`` (a word read from the user's file) as an error line may quote it (files.excerpt)."""
+    from autotune.files import excerpt
+    return excerpt(v)
+
+
 @functools.lru_cache(maxsize=1)
 def parser_facts() -> dict[str, dict]:
     """Option string -> its recorded facts (action, type, nargs, choices, dest)."""
@@ -120,10 +132,10 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
         ConfigError: unreadable, a command line that is not shell-quoted text, a shell variable in the
             Megatron arguments, or no arguments.
     """
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the argument list: {e}") from None
+    from autotune.files import read_text_file
+
+    # one reader for user files: regular file, size cap, no NUL, no /proc (autotune/files.py)
+    text = read_text_file(path, what="Megatron-LM argument file")
     lines = _logical_lines(text)
     arrays, scalars, inside = script_values(lines)
     env: dict[str, str] = {}
@@ -173,7 +185,7 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
         words[-1] = words[-1][:-1]          # NAME=(... last) : the array's closing parenthesis
     var = next((w for w in words if "$" in w), None)
     if var is not None:
-        raise ConfigError(f"{path}: {var!r} in the Megatron-LM arguments holds a shell variable; expand it (write "
+        raise ConfigError(f"{path}: {_q(var)} in the Megatron-LM arguments holds a shell variable; expand it (write "
                           "its value, or pass the launch script's --dry-run output): autotune reads the arguments, "
                           "it runs no shell")
     if not words:
@@ -198,9 +210,9 @@ def _convert(opt: str, f: dict, raw: str, source: str) -> Any:
         v: Any = int(raw) if t == "int" else float(raw) if t == "float" else raw
     except ValueError:
         kind = {"int": "an integer", "float": "a number"}[t]
-        raise ConfigError(f"{source}: {opt} {raw!r}: Megatron-LM parses it as {t} (type={t}); give {kind}") from None
+        raise ConfigError(f"{source}: {_e(opt)} {_q(raw)}: Megatron-LM parses it as {t} (type={t}); give {kind}") from None
     if f["choices"] is not None and str(v) not in f["choices"]:
-        raise ConfigError(f"{source}: {opt} {raw!r}: valid values are {', '.join(f['choices'])}")
+        raise ConfigError(f"{source}: {_e(opt)} {_q(raw)}: valid values are {', '.join(f['choices'])}")
     return v
 
 
@@ -220,18 +232,18 @@ def parse_megatron_args(tokens: list[str], source: str) -> dict[str, tuple]:
     while i < len(tokens):
         tok = tokens[i]
         if not _is_option(tok):
-            raise ConfigError(f"{source}: {tok!r} is not an option and follows none that takes a value")
+            raise ConfigError(f"{source}: {_q(tok)} is not an option and follows none that takes a value")
         opt, eq, inline = tok.partition("=")
         f = facts.get(opt)
         if f is None:
-            near = difflib.get_close_matches(opt, list(facts), n=1)
-            raise ConfigError(f"{source}: {opt} is not an argument of Megatron-LM's pretrain_gpt.py (its parser at "
+            near = difflib.get_close_matches(opt, list(facts), n=1) if len(opt) <= 100 else []
+            raise ConfigError(f"{source}: {_e(opt)} is not an argument of Megatron-LM's pretrain_gpt.py (its parser at "
                               f"commit {MEGATRON_COMMIT})" + (f"; did you mean {near[0]}?" if near else ""))
         i += 1
         nargs = f["nargs"]
         if f["action"] in _SWITCH_ACTIONS or nargs == 0:
             if eq:
-                raise ConfigError(f"{source}: {opt} is a switch and takes no value, got {inline!r}")
+                raise ConfigError(f"{source}: {_e(opt)} is a switch and takes no value, got {_q(inline)}")
             out[opt] = ()
             continue
         if eq:
@@ -244,7 +256,7 @@ def parse_megatron_args(tokens: list[str], source: str) -> dict[str, tuple]:
         want = {None: "one value", "?": "at most one value", "+": "one or more values", "*": "values"}.get(
             nargs, f"{nargs} values")
         if (nargs is None and len(raw) != 1) or (nargs == "+" and not raw) or (isinstance(nargs, int) and len(raw) != nargs):
-            raise ConfigError(f"{source}: {opt} takes {want}, got {len(raw)}")
+            raise ConfigError(f"{source}: {_e(opt)} takes {want}, got {len(raw)}")
         vals = tuple(_convert(opt, f, r, source) for r in raw)
         out[opt] = out.get(opt, ()) + vals if f["action"] == "append" else vals
     return out
@@ -322,13 +334,13 @@ def _layout_stages(layout: str, source: str) -> list[str]:
     for i, st in enumerate(stages):
         bad = set(st) - set("EtLm")
         if bad:
-            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {layout!r}: unknown layer character(s) "
-                              f"{''.join(sorted(bad))!r}; known: E (embedding), t (layer), L (loss), m (MTP)")
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: unknown layer character(s) "
+                              f"{_q(''.join(sorted(bad)))}; known: E (embedding), t (layer), L (loss), m (MTP)")
         if "m" in st:
-            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {layout!r}: multi-token prediction layers "
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: multi-token prediction layers "
                               "(m); autotune cannot simulate this model")
         if ("E" in st and i != 0) or ("L" in st and i != len(stages) - 1):
-            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {layout!r}: the embedding (E) must be in "
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: the embedding (E) must be in "
                               "the first virtual stage and the loss (L) in the last, as autotune's plans place them")
     return stages
 
@@ -415,10 +427,9 @@ def _tokenizer_vocab(r: _Reader) -> int:
     tok = r.args.get("--tokenizer-model", (None,))[0]
     cfg = Path(tok) / "config.json" if tok else None
     if cfg is not None and cfg.is_file():
-        try:
-            v = json.loads(cfg.read_text()).get("vocab_size")
-        except (OSError, ValueError):
-            v = None
+        from autotune.files import read_json_file
+        d = read_json_file(cfg, what="tokenizer config")     # the one reader: size cap, regular file, no /proc
+        v = d.get("vocab_size") if isinstance(d, dict) else None
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             r.approx.append(f"vocabulary {v} tokens from {cfg} (vocab_size)")
             return v
@@ -733,7 +744,7 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
 
 def import_megatron_args(path: str | Path, *, num_gpus: int | None) -> ImportedLaunch:
     """Read a ``pretrain_gpt.py`` argument file (see the module docstring) for ``num_gpus`` GPUs (None: the
-    launcher's ``--nnodes`` x ``--nproc-per-node``, :func:`autotune.export.shell_vars.launcher_world`).
+    launcher's ``--nnodes`` x ``--nproc-per-node``, :func:`autotune.engines.shell_vars.launcher_world`).
 
     Raises:
         ConfigError: a file Megatron-LM's parser would reject, a missing required option, a setting that makes
@@ -773,7 +784,11 @@ def import_megatron_args(path: str | Path, *, num_gpus: int | None) -> ImportedL
                           approximated=tuple(r.approx))
 
 
-__all__ = ["FACTS_FILE", "REFUSED", "import_launch", "import_megatron_args", "parse_megatron_args", "parser_facts", "read_args_file",
+#: file suffixes this reader claims for ``--from-*`` autodetection: none, it reads what no other format claims
+#: (an argument list or launch script of any name)
+FILE_SUFFIXES: tuple[str, ...] = ()
+
+__all__ = ["FILE_SUFFIXES", "FACTS_FILE", "REFUSED", "import_launch", "import_megatron_args", "parse_megatron_args", "parser_facts", "read_args_file",
            "read_launch"]
 
 
