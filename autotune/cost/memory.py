@@ -40,6 +40,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
+from autotune.cost import moe
 from autotune.cost.schedule import count_inflight
 from autotune.errors import ConfigError, PlanError
 from autotune.spec.engines import EngineProfile, engine_for_plan, get_engine
@@ -467,6 +468,68 @@ def activation_bytes_per_layer(model: ModelSpec, plan: Plan, workload: Workload,
     return _block_input_bytes(terms, plan, engine)
 
 
+#: the dense-layer terms each Megatron-LM ``--recompute-modules`` entry drops (the module's saved tensors
+#: are recomputed from its input; megatron/core/transformer/transformer_config.py ``recompute_modules``):
+#: ``core_attn`` flash attention's logsumexp (its Q, K, V and output stay for the projections around it,
+#: as :func:`_selective_bytes` ``core_attention``), ``layernorm`` the norms' outputs, ``mlp`` the dense
+#: MLP's gate/up and activation outputs, ``mla_up_proj`` the up-projected Q / K / V (the latents stay)
+_MODULE_DROPS = {"core_attn": ("attn_logsumexp",), "layernorm": ("attn_norm_output", "mlp_norm_output"),
+                 "mlp": ("mlp_gate_up", "mlp_fc1", "mlp_act_output"), "mla_up_proj": ("qkv",)}
+
+
+def _mla_terms(terms: dict[str, int], model: ModelSpec, plan: Plan, workload: Workload) -> None:
+    """Replace the standard QKV term by multi-latent attention's saved tensors (DeepSeek-V2, arXiv 2405.04434,
+    Sec. 2.1): the query and KV latents r_q + r_kv + d_rope (duplicated on every TP rank) and the up-projected
+    Q (n (d_nope + d_rope)), K (n (d_nope + d_rope)) and V (n d_v) of the rank's heads, BF16."""
+    s, b, t = _seq_per_rank(plan, workload), plan.micro_batch_size, plan.tp_degree
+    n, dn, dr, dv = model.num_heads, model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    terms["mla_latents"] = BF16_BYTES * s * b * (model.q_lora_rank + model.kv_lora_rank + dr)
+    terms["qkv"] = BF16_BYTES * s * b * n * (2 * (dn + dr) + dv) // t
+    terms["attn_output"] = BF16_BYTES * s * b * n * dv // t
+
+
+def moe_layer_bytes(model: ModelSpec, plan: Plan, workload: Workload, engine: EngineProfile | str | None,
+                    *, recompute: str | None = None) -> tuple[int, int]:
+    """(a dense layer's, an MoE layer's) saved bytes for backward of a mixture-of-experts (or MLA) model, one
+    micro-batch, one GPU, under ``recompute`` (default the plan's).
+
+    Attention and norms as :func:`_layer_activation_terms` (multi-latent attention: :func:`_mla_terms`); a
+    dense layer adds its MLP, an MoE layer its routed and shared experts (:func:`autotune.cost.moe.
+    moe_activation_terms`, the busiest rank under ``Workload.moe_imbalance``). ``selective`` with
+    ``plan.recompute_modules`` drops each module's tensors (:data:`_MODULE_DROPS`,
+    :func:`autotune.cost.moe.recomputed_moe_terms`), without them the engine's selective mode
+    (:func:`_selective_bytes`); ``full`` keeps the layer input.
+    """
+    rc = plan.recompute if recompute is None else recompute
+    eng = engine_for_plan(engine, plan)
+    terms = _layer_activation_terms(model, plan, workload, eng)
+    if model.is_mla:
+        _mla_terms(terms, model, plan, workload)
+    if rc == "full":
+        b = _block_input_bytes(terms, plan, eng)
+        return b, b
+    mlp_keys = ("mlp_gate_up", "mlp_fc1", "mlp_act_output")
+    attn = {k: v for k, v in terms.items() if k not in mlp_keys}
+    experts = moe.moe_activation_terms(model, plan, workload.seq_len,
+                                       imbalance=float(getattr(workload, "moe_imbalance", 1.0)))
+    dense_t, moe_t = dict(terms), {**attn, **experts}
+    if rc == "selective" and plan.recompute_modules is not None:
+        drop = {k for mod in plan.recompute_modules for k in _MODULE_DROPS.get(mod, ())}
+        drop |= set(moe.recomputed_moe_terms(plan.recompute_modules))
+        return (sum(v for k, v in dense_t.items() if k not in drop),
+                sum(v for k, v in moe_t.items() if k not in drop))
+    if rc == "selective":
+        mode = eng.selective_recompute
+        dense_b = _selective_bytes(dense_t, mode, model, plan, workload)
+        moe_b = _selective_bytes(attn, mode, model, plan, workload) if mode != "every_second_mm" else \
+            sum(attn.values())
+        # the engine's own selective set recomputes the experts' activation where it drops the MLP's
+        if mode == "core_attention_and_mlp_act":
+            experts = {k: v for k, v in experts.items() if k not in ("expert_act", "shared_act")}
+        return dense_b, moe_b + sum(experts.values())
+    return sum(dense_t.values()), sum(moe_t.values())
+
+
 def _block_input_bytes(terms: Mapping[str, int], plan: Plan, engine: EngineProfile | str | None) -> int:
     """The layer input's bytes (all a fully recomputed layer keeps; also the embedding output): the BF16
     count, x 2 for torchtitan under autocast, whose residual stream is FP32
@@ -644,6 +707,37 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         none_act = _compiled_layer_bytes(full_layer_act, none_plan, eng)
         chunk_act = tuple(plan.recomputed_layers(lc) * layer_act + (lc - plan.recomputed_layers(lc)) * none_act
                           for lc in per_virtual)
+    # a mixture-of-experts model: each chunk weighed by its dense and MoE layers' bytes (the same walk as
+    # partial recompute), and its routed experts' parameters kept apart (sharded over EP x ETP, their
+    # optimizer states over the expert-DP group)
+    expert_per_rank = [0] * p
+    if model.is_moe:
+        kinds = list(moe.chunk_layer_kinds(model, plan))
+        if model.mtp_num_layers:
+            nd, nm = kinds[-1]
+            d = model.mtp_num_layers
+            kinds[-1] = (nd, nm + d) if moe.mtp_layer_is_moe(model) else (nd + d, nm)
+        dense_b, moe_b = moe_layer_bytes(model, plan, workload, eng)
+        if plan.partial_recompute:
+            dense_n, moe_n = moe_layer_bytes(model, plan, workload, eng, recompute="none")
+            acts = []
+            for nd, nm in kinds:
+                rc = plan.recomputed_layers(nd + nm)
+                rd = min(rc, nd)
+                acts.append(rc * layer_act + (nd - rd) * dense_n + (nm - (rc - rd)) * moe_n)
+            chunk_act = tuple(acts)
+        else:
+            chunk_act = tuple(nd * dense_b + nm * moe_b for nd, nm in kinds)
+        dense_layer = moe.dense_layer_params(model)
+        moe_dense = moe.dense_params_of_moe_layer(model)
+        expert_layer = moe.expert_params_per_layer(model) // (plan.ep_degree * plan.etp_degree)
+        mtp_extra = model.mtp_num_layers * (2 * h * h + 3 * h)
+        rank_dense = [0] * p
+        for vs, (nd, nm) in enumerate(kinds):
+            r = vs % p
+            rank_dense[r] += _ceil_div(nd * dense_layer + nm * moe_dense, t)
+            expert_per_rank[r] += nm * expert_layer
+        rank_dense[(len(kinds) - 1) % p] += _ceil_div(mtp_extra, t)
     embed_out = _block_input_bytes({"attn_norm_input": BF16_BYTES * s * b * h // (t if sp else 1)}, plan, eng)
     vocab_shard = _ceil_div(V, t)
     layer_params = _ceil_div(model.params_per_layer, t)
@@ -675,7 +769,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     stages = []
     for r in range(p):
         n = layers_per_rank[r]
-        params = n * layer_params
+        params = n * layer_params if not model.is_moe else rank_dense[r]
+        experts = expert_per_rank[r]
         if r == 0:
             params += vocab_shard * h
         if r == p - 1:
@@ -692,6 +787,14 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             # in the reduction dtype until then
             grads = eng.grad_reduce_bytes * params
         optim = eng.optimizer_bytes * (_ceil_div(params, g) if z >= 1 else params)
+        if experts:
+            # the routed experts: replicated over the expert-DP group, their optimizer states sharded over it
+            # (Megatron-LM's distributed optimizer shards expert parameters over the expert data-parallel
+            # group: megatron/core/optimizer/__init__.py ``get_megatron_optimizer``, expert-parallel params)
+            edp = plan.expert_dp_degree
+            weights += eng.param_bytes * experts
+            grads += eng.grad_buffer_bytes * experts
+            optim += eng.optimizer_bytes * (_ceil_div(experts, edp) if z >= 1 and edp > 1 else experts)
 
         # In-flight micro-batches from the schedule's own order (autotune.cost.schedule.count_inflight):
         # each chunk's layers hold their own count, rank 0's embedding output lives with chunk 0's
@@ -729,7 +832,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # autocast (no FSDP) and ZeRO-2 (FSDP2 without resharding after forward) hold all the rank's
         # parameters; ZeRO-3 holds the root module's (embedding, final norm and LM head: FSDP2 does not
         # reshard the root after forward), the layers' being the gathered-layer term above.
-        root = params - n * layer_params          # embedding / LM head / final norm held by this rank
+        root = params - (n * layer_params if not model.is_moe else 0)   # embedding / LM head / final norm
         if not eng.bf16_compute_copy:
             copies = 0                            # BF16 parameters are what the kernels read
         elif z == 3 and not deferred:
@@ -746,7 +849,12 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             kept_copies = _torchtitan_block().block_factors(plan)[1] if plan.recompute != "full" else 0.0
             copies = BF16_BYTES * (math.ceil(kept_copies * n * layer_params) + (vocab_shard * h if r == p - 1 else 0))
         # TE FP8 recipes: cached FP8 weight + transpose (ZeRO-3: of the one gathered layer)
-        copies += fp8_copy_per_layer * (min(n, 1) if z == 3 else n)
+        if model.is_moe:
+            # TE's FP8 weight + transpose of every linear the rank holds (attention, dense MLPs, experts)
+            copies += (TE_FP8_WEIGHT_COPY_BYTES * (params + experts)
+                       if te_fp8(plan, eng) and not eng.fp8_param_gather else 0)
+        else:
+            copies += fp8_copy_per_layer * (min(n, 1) if z == 3 else n)
         if r == p - 1:
             # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
             # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each

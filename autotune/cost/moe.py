@@ -1,0 +1,217 @@
+"""Mixture-of-experts layers in the cost model: which layers are MoE, the routed experts' GEMM shapes per
+rank, the token dispatch and combine collectives, and the parameter and activation bytes of an MoE layer.
+
+Conventions (balanced routing unless ``Workload.moe_imbalance`` says otherwise, as the published
+Megatron-Bridge benchmarks force-balance: "we force-balance the token distribution among experts and all
+benchmarks are token-dropless", Megatron-Bridge docs/performance-summary.md):
+
+* a rank enters an MoE layer with ``n`` tokens per micro-batch: T = micro_batch x seq / cp, over TP with
+  sequence parallelism (Megatron-LM requires SP for MoE with TP > 1: megatron/core/transformer/moe/
+  moe_layer.py ``MoELayer.forward``), so n = T / tp;
+* the expert group is EP x ETP ranks folded over the dense layers' TP x CP x DP ("MoE Parallel Folding",
+  Liu et al. 2025, arXiv 2504.14960, Sec. 3); expert ranks are ordered ETP (stride 1), EP (stride ETP),
+  expert-DP (Megatron-LM megatron/core/parallel_state.py ``initialize_model_parallel``, the
+  ``expert_tensor_and_model_parallel`` rank generator ``order="tp-ep-dp-pp"``);
+* each of the n tokens goes to k = ``moe_top_k`` of E experts; a rank holds E / EP experts (each split over
+  ETP ranks) and, balanced, receives n x k x ETP token copies, m_e = n x k x EP x ETP / E per local expert;
+* the dispatch (before the experts) and combine (after) move n x k token copies of h BF16 values per rank:
+  an all-to-all over the EP group (``alltoall`` and ``flex`` dispatchers; ``flex`` = DeepEP / HybridEP, which
+  fuse the permutation into the dispatch kernels: deepseek-ai/DeepEP README, "fused ... permute"), or an
+  all-gather of the EP group's n x EP tokens and a reduce-scatter back (``allgather``: Megatron-LM
+  megatron/core/transformer/moe/token_dispatcher.py ``MoEAllGatherTokenDispatcher``); the backward runs
+  each collective once more (the gradients of dispatch and combine);
+* with ETP > 1 the dispatched tokens are all-gathered over the ETP group before the experts and the outputs
+  reduce-scattered after (token_dispatcher.py ``MoEAlltoAllTokenDispatcher``: ``gather_from_sequence_parallel_region``
+  over the expert-TP group);
+* the router is a GEMM n x h x E plus a softmax / top-k; the permutation copies the n x k token copies out and
+  back (memory-bound); FLOPs follow Megatron-LM's ``num_floating_point_operations`` (megatron/training/
+  training.py), which counts the routed and shared experts' GEMMs but not the router's
+  (:func:`autotune.cost.flops.model_flops_per_token`).
+
+All functions are pure arithmetic on the model and the plan.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from autotune.spec.models import ModelSpec
+from autotune.spec.plan import Plan
+
+BF16 = 2
+#: router logits and probabilities are FP32 (Megatron-LM ``--moe-router-dtype`` fp32 in the published MoE
+#: recipes; megatron/core/transformer/moe/router.py casts the logits to the router dtype)
+ROUTER_BYTES = 4
+
+
+def is_moe_layer(model: ModelSpec, i: int) -> bool:
+    """Whether main-model layer ``i`` (0-based) has routed experts: layer i >= ``num_first_dense_layers`` and
+    i % ``moe_layer_freq`` == 0 (HF ``DeepseekV3DecoderLayer``: ``layer_idx >= first_k_dense_replace and
+    layer_idx % moe_layer_freq == 0``)."""
+    return bool(model.num_experts) and i >= model.num_first_dense_layers and i % model.moe_layer_freq == 0
+
+
+@lru_cache(maxsize=4096)
+def _moe_prefix(model: ModelSpec) -> tuple[int, ...]:
+    """prefix[i] = MoE layers among layers 0..i-1 (length num_layers + 1)."""
+    out = [0]
+    for i in range(model.num_layers):
+        out.append(out[-1] + is_moe_layer(model, i))
+    return tuple(out)
+
+
+def moe_layers_in(model: ModelSpec, first: int, count: int) -> int:
+    """MoE layers among main-model layers ``first`` .. ``first + count - 1``."""
+    if not model.num_experts or count <= 0:
+        return 0
+    pre = _moe_prefix(model)
+    return pre[min(first + count, model.num_layers)] - pre[max(0, min(first, model.num_layers))]
+
+
+def chunk_layer_kinds(model: ModelSpec, plan: Plan) -> tuple[tuple[int, int], ...]:
+    """(dense layers, MoE layers) of every virtual stage in model order (the layers of
+    ``plan.layers_per_virtual_stage``, counted from layer 0 of the first stage). Multi-token-prediction
+    layers are not among them: they sit after the last stage (:func:`mtp_layers_on_last_stage`)."""
+    out, first = [], 0
+    for n in plan.layers_per_virtual_stage(model.num_layers):
+        nm = moe_layers_in(model, first, n)
+        out.append((n - nm, nm))
+        first += n
+    return tuple(out)
+
+
+def mtp_layer_is_moe(model: ModelSpec) -> bool:
+    """A multi-token-prediction layer is of the type of the last main layer (Megatron-LM
+    ``num_floating_point_operations``: MTP layers are counted as the last layer's MLP type)."""
+    return is_moe_layer(model, model.num_layers - 1)
+
+
+def tokens_per_rank(plan: Plan, seq_len: int) -> int:
+    """n: tokens a rank brings into an MoE layer per micro-batch, micro_batch x seq / cp / tp (SP over TP)."""
+    return plan.micro_batch_size * seq_len // plan.cp_degree // plan.tp_degree
+
+
+def expert_shapes(model: ModelSpec, plan: Plan, seq_len: int, *, imbalance: float = 1.0) -> dict[str, float]:
+    """The routed experts' work on one rank per micro-batch (balanced, or the busiest rank under
+    ``imbalance`` = max / mean tokens per expert).
+
+    Returns ``{"local_experts": E / EP, "rows_per_expert": m_e, "ffn_per_rank": f_e / ETP,
+    "token_copies": n x k, "tokens": n}`` (rows are token copies; m_e is a float under imbalance).
+    """
+    n = tokens_per_rank(plan, seq_len)
+    k, E = model.moe_top_k, model.num_experts
+    ep, etp = plan.ep_degree, plan.etp_degree
+    return {"local_experts": E // ep, "rows_per_expert": n * k * ep * etp / E * imbalance,
+            "ffn_per_rank": model.moe_ffn_hidden_size // etp, "token_copies": n * k, "tokens": n}
+
+
+def expert_gemms(model: ModelSpec, plan: Plan, seq_len: int, *, imbalance: float = 1.0) -> list[tuple[int, int, int]]:
+    """(m, n, k) of one local expert's forward GEMMs on one rank: fc1 (gate and up for a gated MLP) and fc2
+    (``m`` rounded up to whole rows). Multiply by ``local_experts`` for the rank's grouped GEMM."""
+    s = expert_shapes(model, plan, seq_len, imbalance=imbalance)
+    m = max(1, int(-(-s["rows_per_expert"] // 1)))
+    f, h = s["ffn_per_rank"], model.hidden_size
+    up = 2 * f if model.gated_mlp else f
+    return [(m, up, h), (m, h, f)]
+
+
+def dispatch_bytes(model: ModelSpec, plan: Plan, seq_len: int, *, imbalance: float = 1.0) -> float:
+    """Bytes one rank sends (and receives) in one dispatch all-to-all: n x k token copies of h BF16 values
+    (x ``imbalance`` on the busiest rank's receiving side)."""
+    return tokens_per_rank(plan, seq_len) * model.moe_top_k * model.hidden_size * BF16 * imbalance
+
+
+def shared_ffn(model: ModelSpec) -> int:
+    """Inner width of the shared experts together (Megatron-LM ``--moe-shared-expert-intermediate-size``
+    = num_shared_experts x shared_expert_ffn_hidden_size)."""
+    return model.num_shared_experts * model.shared_expert_ffn_hidden_size
+
+
+def expert_params_per_layer(model: ModelSpec) -> int:
+    """Parameters of the routed experts of one MoE layer: E x (3 h f_e for a gated MLP, else 2 h f_e), plus
+    their biases where the model has them (GPT-OSS: 2 f_e + h per expert)."""
+    h, f = model.hidden_size, model.moe_ffn_hidden_size
+    per = (3 if model.gated_mlp else 2) * h * f
+    if model.moe_expert_bias:
+        per += (2 * f if model.gated_mlp else f) + h
+    return model.num_experts * per
+
+
+def dense_layer_params(model: ModelSpec) -> int:
+    """Parameters of one dense layer of an MoE model (its first dense layers): the model's own count when
+    it has one (``dense_layer_params``), else attention + norms + a dense MLP of ``ffn_hidden_size``."""
+    own = getattr(model, "dense_layer_params", None)
+    if isinstance(own, int):
+        return own
+    h = model.hidden_size
+    return (model.attention_params_per_layer + model.norms_per_layer * h
+            + (3 if model.gated_mlp else 2) * h * model.ffn_hidden_size)
+
+
+def dense_params_of_moe_layer(model: ModelSpec) -> int:
+    """Parameters of one MoE layer that are not routed experts: attention, norms, router (E x h weight,
+    + E bias / expert-bias entries) and the shared experts (3 h f_s). From the model's own count of the
+    layer when it has one (``moe_layer_params``), else from the pieces here."""
+    own = getattr(model, "moe_layer_params", None)
+    if isinstance(own, int):
+        return own - expert_params_per_layer(model)
+    h = model.hidden_size
+    router = model.num_experts * h + (model.num_experts if (model.router_bias or model.router_expert_bias) else 0)
+    shared = (3 if model.gated_mlp else 2) * h * shared_ffn(model)
+    return model.attention_params_per_layer + model.norms_per_layer * h + router + shared
+
+
+def moe_activation_terms(model: ModelSpec, plan: Plan, seq_len: int, *, imbalance: float = 1.0) -> dict[str, int]:
+    """Bytes one MoE layer's expert part saves for backward on one rank, one micro-batch, no recompute
+    (beside the attention and norm terms of :func:`autotune.cost.memory._layer_activation_terms`):
+
+    * ``router_probs``: n x E FP32 router probabilities (for the router's backward);
+    * ``dispatched``: the n x k x ETP permuted token copies, h BF16 each (fc1's input, kept for its weight
+      gradient);
+    * ``expert_fc1``: fc1's output, 2 f_e / ETP (gated) BF16 per copy (the activation's backward input);
+    * ``expert_act``: the activation output, f_e / ETP BF16 per copy (fc2's input);
+    * ``combine``: the n x k routing weights (FP32) and the experts' output before unpermute, h BF16 per copy;
+    * ``shared_*``: the shared experts' gate/up and activation outputs (n x TP tokens, f_s / TP), as a dense MLP.
+
+    The busiest rank holds ``imbalance`` x the balanced token copies.
+    """
+    s = expert_shapes(model, plan, seq_len, imbalance=imbalance)
+    n, h, etp = s["tokens"], model.hidden_size, plan.etp_degree
+    copies = s["token_copies"] * etp * imbalance
+    f = s["ffn_per_rank"]
+    up = 2 * f if model.gated_mlp else f
+    terms = {
+        "router_probs": ROUTER_BYTES * n * model.num_experts,
+        "dispatched": int(BF16 * copies * h),
+        "expert_fc1": int(BF16 * copies * up),
+        "expert_act": int(BF16 * copies * f),
+        "combine": int(ROUTER_BYTES * s["token_copies"] + BF16 * s["token_copies"] * h),
+    }
+    fs = shared_ffn(model)
+    if fs:
+        t = plan.tp_degree
+        tok = n * t                   # the shared experts see the whole sequence, their width split over TP
+        terms["shared_gate_up"] = BF16 * tok * (2 * fs if model.gated_mlp else fs) // t
+        terms["shared_act"] = BF16 * tok * fs // t
+    return terms
+
+
+def recomputed_moe_terms(recompute_modules: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The :func:`moe_activation_terms` a selective recompute of ``recompute_modules`` drops (Megatron-LM
+    ``--recompute-modules``, megatron/core/transformer/transformer_config.py): ``moe_act`` recomputes the
+    experts' activation from fc1's output (drops ``expert_act``); ``moe`` checkpoints the whole MoE layer
+    (drops every expert term); ``shared_experts`` the shared experts' terms."""
+    mods = set(recompute_modules or ())
+    if "moe" in mods:
+        return ("router_probs", "dispatched", "expert_fc1", "expert_act", "combine", "shared_gate_up", "shared_act")
+    out = []
+    if "moe_act" in mods:
+        out.append("expert_act")
+    if "shared_experts" in mods:
+        out += ["shared_gate_up", "shared_act"]
+    return tuple(out)
+
+
+__all__ = ["chunk_layer_kinds", "dense_layer_params", "dense_params_of_moe_layer", "dispatch_bytes", "expert_gemms",
+           "expert_params_per_layer", "expert_shapes", "is_moe_layer", "moe_activation_terms", "moe_layers_in",
+           "mtp_layer_is_moe", "recomputed_moe_terms", "shared_ffn", "tokens_per_rank"]
