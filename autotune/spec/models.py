@@ -763,7 +763,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "gemma2": dict(gated=True, tied=True, qkv_bias=False, norms=4, window="always"),
     "phi3": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="always"),
 }
-#: model_types that are mixture-of-experts (refused by name; the cost model is dense only).
+#: model_types that are mixture-of-experts; those in :data:`MOE_READERS` are read, the others refused by name.
 MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe",
              "phimoe", "granitemoe", "jetmoe", "arctic", "grok-1", "llama4"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
@@ -884,9 +884,12 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path or model_type>@
     <fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
 
+    Mixture-of-experts configs (``model_type`` mixtral, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss,
+    or without model_type one of :data:`MOE_HF_ARCHITECTURES`) are read by :func:`_moe_model_from_hf`.
+
     Raises:
         ConfigError: unreadable/non-JSON/binary file; a missing or mistyped field (named); a
-            mixture-of-experts model or an unsupported model_type (named, with the supported ones).
+            mixture-of-experts model of another family or an unsupported model_type (named, with the supported ones).
     """
     from autotune.files import read_json_file
     from autotune.spec.validate import require_bool, require_int, require_number
@@ -898,11 +901,16 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     mtype = raw.get("model_type")
     if mtype is not None and not isinstance(mtype, str):
         raise ConfigError(f"model config {p}: model_type must be a string, got {type(mtype).__name__}")
+    archs = raw.get("architectures")
+    arch0 = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    moe_type = mtype if mtype in MOE_READERS else (MOE_HF_ARCHITECTURES.get(arch0) if mtype is None else None)
+    if moe_type is not None:
+        return _moe_model_from_hf(raw, moe_type, p)
     moe = _moe_key(raw)
     if mtype in MOE_TYPES or moe:
         what = f"model_type {mtype!r}" if mtype in MOE_TYPES else f"field {_safe_label(moe)!r}"
-        raise ConfigError(f"model config {p}: {what}: mixture-of-experts models are not supported (dense decoders "
-                          f"only: {', '.join(ARCHITECTURES)})")
+        raise ConfigError(f"model config {p}: {what}: this mixture-of-experts model is not supported; supported "
+                          f"mixture-of-experts model_types: {', '.join(MOE_READERS)}; dense: {', '.join(ARCHITECTURES)}")
     if mtype is not None and mtype not in ARCHITECTURES:
         raise ConfigError(f"model config {p}: model_type {_safe_label(mtype)!r} is not supported; supported: "
                           f"{', '.join(ARCHITECTURES)} (or leave model_type out for a Llama-like decoder)")
@@ -987,3 +995,181 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
         mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
     return replace(spec, name=f"{_safe_label(Path(str(base)).name)}@{spec.fingerprint()}")
+
+
+#: mixture-of-experts model_types read from HF config.json -> the family's reader defaults (transformers
+#: ``models/<type>/configuration_<type>.py``; Kimi K2's own ``configuration_deepseek.py`` is DeepSeek-V3's)
+MOE_READERS: dict[str, dict[str, Any]] = {
+    "mixtral": dict(family="mixtral"),
+    "qwen3_moe": dict(family="qwen3_moe"),
+    "deepseek_v2": dict(family="deepseek", first_k_dense=0, scoring="softmax"),
+    "deepseek_v3": dict(family="deepseek", first_k_dense=3, scoring="sigmoid"),
+    "kimi_k2": dict(family="deepseek", first_k_dense=1, scoring="sigmoid"),
+    "gpt_oss": dict(family="gpt_oss"),
+}
+#: HF ``architectures`` -> model_type, for a config without ``model_type``
+MOE_HF_ARCHITECTURES = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe",
+                        "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+                        "GptOssForCausalLM": "gpt_oss"}
+
+
+def _moe_model_from_hf(raw: Mapping[str, Any], mtype: str, p: Path) -> ModelSpec:
+    """A mixture-of-experts HF ``config.json`` (:data:`MOE_READERS`) as a :class:`ModelSpec`.
+
+    Fields per family (HF transformers configuration and modeling files):
+
+    * all: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
+      ``vocab_size``, ``head_dim`` (default hidden / heads), ``tie_word_embeddings``, ``max_position_embeddings``,
+      ``rope_theta``, ``rope_scaling``, ``rms_norm_eps``, ``num_experts_per_tok`` (top-k);
+    * mixtral (``MixtralForCausalLM``): ``num_local_experts``, ``intermediate_size`` (each expert),
+      ``sliding_window`` (every layer when set);
+    * qwen3_moe (``Qwen3MoeForCausalLM``): ``num_experts``, ``moe_intermediate_size``, per-head q/k RMSNorms,
+      ``attention_bias`` (q, k, v and o); ``decoder_sparse_step`` other than 1, ``mlp_only_layers`` and
+      ``use_sliding_window`` are refused (not modelled);
+    * deepseek_v2 / deepseek_v3 / kimi_k2 (``DeepseekV3ForCausalLM``): ``n_routed_experts``, ``n_shared_experts``,
+      ``moe_intermediate_size``, ``intermediate_size`` (the dense layers), ``first_k_dense_replace``,
+      ``moe_layer_freq``, ``q_lora_rank`` (null = 0), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+      ``v_head_dim``, ``n_group`` / ``topk_group`` (1 = no group limit), ``scoring_func``, ``topk_method``
+      (``noaux_tc``: the e_score_correction_bias), ``routed_scaling_factor``, ``num_nextn_predict_layers`` (MTP);
+    * gpt_oss (``GptOssForCausalLM``): ``num_local_experts``, ``intermediate_size`` (each expert, with biases),
+      ``experts_per_token``, ``attention_bias`` (default true), sinks and router bias (always),
+      ``sliding_window`` with ``layer_types`` (alternating sliding / full from layer 0), ``swiglu_limit``.
+
+    Raises:
+        ConfigError: a missing or mistyped field (named), or a layout that is not modelled (named).
+    """
+    from autotune.spec.validate import require_bool, require_int, require_number
+
+    where = f"model config {p}"
+    fam = MOE_READERS[mtype]
+
+    def get(name: str, *alts: str, default: Any = None) -> Any:
+        for n in (name, *alts):
+            if raw.get(n) is not None:
+                return raw[n]
+        return default
+
+    def integer(name: str, *alts: str, default: Any = None, lo: int = 1) -> int:
+        v = get(name, *alts, default=default)
+        if v is None:
+            raise ConfigError(f"{where}: missing field {name!r} (expected a positive integer)")
+        return require_int(v, f"{where}: field {name}", lo=lo, hi=2**24 if name == "vocab_size" else 2**30)
+
+    def flag(name: str, default: bool) -> bool:
+        v = raw.get(name)
+        return default if v is None else require_bool(v, f"{where}: field {name}")
+
+    hidden = integer("hidden_size")
+    layers = integer("num_hidden_layers")
+    heads = integer("num_attention_heads")
+    kv = integer("num_key_value_heads", default=heads)
+    top_k = integer("num_experts_per_tok", "experts_per_token")
+    _check_rope_scaling(raw.get("rope_scaling"), where)
+    scaling = None if raw.get("rope_scaling") is None else RopeScaling.from_mapping(
+        raw["rope_scaling"], source=f"{where}: field rope_scaling")
+    common: dict[str, Any] = dict(
+        name="model", hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+        vocab_size=integer("vocab_size"), tied_embeddings=flag("tie_word_embeddings", False),
+        rope_theta=require_number(get("rope_theta", default=10000.0), f"{where}: field rope_theta", lo=0, lo_open=True),
+        norm_eps=require_number(get("rms_norm_eps", default=1e-6), f"{where}: field rms_norm_eps", lo=0, hi=1),
+        max_seq_len=integer("max_position_embeddings", default=4096), rope_scaling=scaling, moe_top_k=top_k)
+    if fam["family"] != "deepseek":
+        if raw.get("head_dim") is not None:
+            common["head_dim"] = integer("head_dim")
+        elif hidden % heads:
+            raise ConfigError(f"{where}: field num_attention_heads={heads} does not divide hidden_size={hidden} and "
+                              "there is no head_dim")
+        else:
+            common["head_dim"] = hidden // heads
+    features: list[str] = []
+    if fam["family"] == "mixtral":
+        ffn = integer("intermediate_size")
+        spec = dict(common, num_experts=integer("num_local_experts"), ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn)
+        if raw.get("sliding_window") is not None:
+            spec["sliding_window"] = require_int(raw["sliding_window"], f"{where}: field sliding_window", hi=2**30)
+    elif fam["family"] == "qwen3_moe":
+        step = integer("decoder_sparse_step", default=1)
+        only = raw.get("mlp_only_layers") or []
+        if step != 1 or only:
+            raise ConfigError(f"{where}: decoder_sparse_step={step} / mlp_only_layers={str(only)[:40]}: dense layers "
+                              "between MoE layers are not modelled for qwen3_moe (use decoder_sparse_step 1, no "
+                              "mlp_only_layers)")
+        if flag("use_sliding_window", False):
+            raise ConfigError(f"{where}: field use_sliding_window: true is not modelled for qwen3_moe")
+        bias = flag("attention_bias", False)
+        spec = dict(common, num_experts=integer("num_experts"), ffn_hidden_size=integer("intermediate_size",
+                    default=integer("moe_intermediate_size")), moe_ffn_hidden_size=integer("moe_intermediate_size"),
+                    qk_norm=True, qkv_bias=bias, attention_output_bias=bias)
+    elif fam["family"] == "deepseek":
+        if flag("attention_bias", False):
+            raise ConfigError(f"{where}: field attention_bias: true is not modelled for multi-latent attention")
+        moe_ffn = integer("moe_intermediate_size")
+        shared = integer("n_shared_experts", default=0, lo=0)
+        nope, rope = integer("qk_nope_head_dim"), integer("qk_rope_head_dim")
+        if kv != heads:
+            raise ConfigError(f"{where}: field num_key_value_heads={kv}: multi-latent attention has one key/value "
+                              f"head per query head (num_attention_heads={heads})")
+        n_group = integer("n_group", default=1)
+        topk_group = integer("topk_group", default=n_group)
+        method = get("topk_method", default="noaux_tc" if mtype != "deepseek_v2" else "greedy")
+        scoring = get("scoring_func", default=fam["scoring"])
+        if not isinstance(scoring, str) or scoring not in ROUTER_SCORE_FUNCTIONS:
+            raise ConfigError(f"{where}: field scoring_func {str(scoring)[:40]!r}: known "
+                              f"{', '.join(ROUTER_SCORE_FUNCTIONS)}")
+        spec = dict(common, head_dim=nope + rope, num_experts=integer("n_routed_experts"),
+                    ffn_hidden_size=integer("intermediate_size"), moe_ffn_hidden_size=moe_ffn,
+                    num_shared_experts=shared, shared_expert_ffn_hidden_size=moe_ffn if shared else 0,
+                    num_first_dense_layers=integer("first_k_dense_replace", default=fam["first_k_dense"], lo=0),
+                    moe_layer_freq=integer("moe_layer_freq", default=1),
+                    router_expert_bias=method == "noaux_tc", router_score_function=scoring,
+                    router_num_groups=n_group if n_group > 1 else 0, router_group_top_k=topk_group if n_group > 1 else 0,
+                    router_scaling_factor=require_number(get("routed_scaling_factor", default=1.0),
+                                                         f"{where}: field routed_scaling_factor", lo=0, lo_open=True),
+                    q_lora_rank=integer("q_lora_rank", default=0, lo=0), kv_lora_rank=integer("kv_lora_rank"),
+                    qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=integer("v_head_dim"),
+                    mtp_num_layers=integer("num_nextn_predict_layers", default=0, lo=0))
+    else:   # gpt_oss
+        ffn = integer("intermediate_size")
+        bias = flag("attention_bias", True)
+        window = integer("sliding_window", default=128)
+        types = raw.get("layer_types")
+        if types is None:
+            types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        if not isinstance(types, list) or len(types) != layers or any(t not in ("sliding_attention", "full_attention")
+                                                                      for t in types):
+            raise ConfigError(f"{where}: field layer_types must list sliding_attention / full_attention for each of "
+                              f"the {layers} layers")
+        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+        if sliding == list(range(0, layers, 2)):
+            period = 2
+        elif sliding == list(range(layers)):
+            period = 1
+        elif not sliding:
+            period, window = 1, None
+        else:
+            raise ConfigError(f"{where}: field layer_types: only sliding windows on every layer or on the even layers "
+                              "(GPT-OSS) are modelled")
+        limit = raw.get("swiglu_limit")
+        if limit is not None:
+            features.append(f"SwiGLU clamped at swiglu_limit "
+                            f"{require_number(limit, f'{where}: field swiglu_limit', lo=0, lo_open=True):g} (GPT-OSS)")
+        spec = dict(common, num_experts=integer("num_local_experts"), ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn,
+                    qkv_bias=bias, attention_output_bias=bias, attention_sinks=True, router_bias=True,
+                    moe_expert_bias=True, sliding_window=window, sliding_window_period=period)
+    if fam["family"] != "deepseek":
+        hd = spec["head_dim"]
+        if hd > MAX_HEAD_DIM or hd % HEAD_DIM_MULTIPLE:
+            raise ConfigError(f"{where}: field head_dim={hd}: the attention kernels run head dims that are multiples "
+                              f"of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} (FlashAttention-2, cuDNN)")
+        if heads % kv:
+            raise ConfigError(f"{where}: field num_key_value_heads={kv} does not divide num_attention_heads={heads}")
+    act = raw.get("hidden_act", "silu")
+    if not isinstance(act, str):
+        raise ConfigError(f"{where}: field hidden_act must be a string, got {type(act).__name__}")
+    try:
+        m = ModelSpec(**spec, mlp_activation=_safe_label(act.lower()), features=tuple(features))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
+        (mtype or p.parent.name or p.stem)
+    return replace(m, name=f"{_safe_label(Path(str(base)).name)}@{m.fingerprint()}")
