@@ -93,12 +93,24 @@ class RopeScaling:
 
 #: ModelSpec fields added after plan files and study names existed: left out of :meth:`ModelSpec.to_dict`
 #: and :meth:`ModelSpec.fingerprint` at their defaults, so earlier files and study names are unchanged.
-_LATER_FIELDS = {"mlp_activation": "silu", "rope_scaling": None, "features": ()}
+_LATER_FIELDS = {"mlp_activation": "silu", "rope_scaling": None, "features": (),
+                 # mixture of experts, multi-latent attention, multi-token prediction, GPT-OSS attention
+                 # (issue 38): a dense model leaves them at these defaults, so its file and study name stay
+                 "num_experts": 0, "moe_top_k": 0, "moe_ffn_hidden_size": 0, "num_shared_experts": 0,
+                 "shared_expert_ffn_hidden_size": 0, "num_first_dense_layers": 0, "moe_layer_freq": 1,
+                 "moe_expert_bias": False, "router_bias": False, "router_expert_bias": False,
+                 "router_score_function": "softmax", "router_num_groups": 0, "router_group_top_k": 0,
+                 "router_scaling_factor": 1.0, "q_lora_rank": 0, "kv_lora_rank": 0, "qk_nope_head_dim": 0,
+                 "qk_rope_head_dim": 0, "v_head_dim": 0, "mtp_num_layers": 0, "qk_norm": False,
+                 "attention_output_bias": False, "attention_sinks": False, "sliding_window_period": 1}
+#: router score functions (Megatron-LM ``--moe-router-score-function``; HF DeepSeek-V3 ``scoring_func``)
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture of a dense decoder-only transformer.
+    """Architecture of a decoder-only transformer: dense, or a mixture of experts (MoE) with optional
+    multi-latent attention (MLA) and multi-token prediction (MTP).
 
     Attributes:
         name: catalog name (``llama3.1-8b``) or a user label.
@@ -125,8 +137,46 @@ class ModelSpec:
             reproduce, as readable names (``embedding scaled by sqrt(hidden_size)``, ``attention logit
             soft-capping 50``); an export for an engine that cannot express one is refused naming it.
 
+    Mixture of experts (all 0 / False for a dense model; HF ``MixtralConfig``, ``Qwen3MoeConfig``,
+    ``DeepseekV3Config``, ``GptOssConfig``; Megatron-LM ``--num-experts`` ... flags in brackets):
+        num_experts: routed experts per MoE layer E (``--num-experts``); 0 = dense.
+        moe_top_k: experts each token is routed to k (``--moe-router-topk``).
+        moe_ffn_hidden_size: one routed expert's inner width f_e (``--moe-ffn-hidden-size``); the expert is
+            a gated MLP when ``gated_mlp`` (3 h f_e weights), else 2 h f_e.
+        num_shared_experts, shared_expert_ffn_hidden_size: experts every token passes through, and the
+            inner width of each (DeepSeek: 1 x 2048); Megatron's ``--moe-shared-expert-intermediate-size``
+            is their product.
+        num_first_dense_layers: the first k layers keep a dense MLP of ``ffn_hidden_size`` (HF
+            ``first_k_dense_replace``; DeepSeek-V3 3, Kimi K2 1).
+        moe_layer_freq: after those, layer i (0-based) is MoE when i % moe_layer_freq == 0 (HF DeepSeek
+            ``moe_layer_freq``; 1 = every layer).
+        moe_expert_bias: expert projections carry biases (GPT-OSS ``gate_up_proj_bias``, ``down_proj_bias``).
+        router_bias: the router linear carries a bias (GPT-OSS ``mlp.router.bias``).
+        router_expert_bias: a per-expert score-correction bias for aux-loss-free balancing (DeepSeek-V3
+            ``gate.e_score_correction_bias``, stored in the checkpoint; ``--moe-router-enable-expert-bias``).
+        router_score_function: ``softmax`` or ``sigmoid`` (``scoring_func``).
+        router_num_groups, router_group_top_k: device-limited routing (``n_group``, ``topk_group``; 0 = none).
+        router_scaling_factor: the routed-output scale (``routed_scaling_factor``; 1 = none).
+    Multi-latent attention (DeepSeek-V2 paper, arXiv 2405.04434, Sec. 2.1; 0 = standard attention):
+        q_lora_rank: r_q, the query down-projection rank (0 = queries projected directly, DeepSeek-V2-Lite).
+        kv_lora_rank: r_kv, the joint key/value latent width; > 0 makes the attention MLA.
+        qk_nope_head_dim, qk_rope_head_dim, v_head_dim: per-head query/key widths without and with RoPE,
+            and the value width (``head_dim`` is then qk_nope + qk_rope). MLA carries RMSNorms over the
+            query latent (r_q, when r_q > 0) and the kv latent (r_kv): ``q_a_layernorm``, ``kv_a_layernorm``.
+    Other:
+        mtp_num_layers: multi-token prediction depth D (DeepSeek-V3 paper, arXiv 2412.19437, Sec. 2.2; HF
+            ``num_nextn_predict_layers``; ``--mtp-num-layers``): each depth adds two RMSNorms (h each), a
+            projection 2h -> h, one decoder layer (MoE when the last main layer is) and an output norm; the
+            embedding and LM head are shared with the main model.
+        qk_norm: RMSNorm over each query and key head (Qwen3 ``q_norm``, ``k_norm``: 2 d weights per layer).
+        attention_output_bias: the output projection carries a bias (GPT-OSS ``attention_bias``).
+        attention_sinks: one learned sink logit per query head per layer (GPT-OSS ``self_attn.sinks``).
+        sliding_window_period: with ``sliding_window``, layer i uses the window when
+            i % sliding_window_period == 0 (1: every layer; GPT-OSS 2: even layers, full attention on odd).
+
     Raises:
-        ConfigError: on a non-positive size or heads that do not divide (n_q % n_kv != 0).
+        ConfigError: on a non-positive size or heads that do not divide (n_q % n_kv != 0), or an MoE / MLA
+            field out of range (top-k above the expert count, dense-first layers beyond the depth, ...).
     """
 
     name: str
@@ -148,6 +198,30 @@ class ModelSpec:
     mlp_activation: str = "silu"
     rope_scaling: RopeScaling | None = None
     features: tuple[str, ...] = ()
+    num_experts: int = 0
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    num_first_dense_layers: int = 0
+    moe_layer_freq: int = 1
+    moe_expert_bias: bool = False
+    router_bias: bool = False
+    router_expert_bias: bool = False
+    router_score_function: str = "softmax"
+    router_num_groups: int = 0
+    router_group_top_k: int = 0
+    router_scaling_factor: float = 1.0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_num_layers: int = 0
+    qk_norm: bool = False
+    attention_output_bias: bool = False
+    attention_sinks: bool = False
+    sliding_window_period: int = 1
 
     def __post_init__(self) -> None:
         from autotune.spec.validate import (
@@ -188,6 +262,75 @@ class ModelSpec:
             raise ConfigError(
                 f"model {self.name!r}: num_heads={self.num_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads} (grouped-query attention needs n_q % n_kv == 0)")
+        self._check_moe_fields()
+
+    def _check_moe_fields(self) -> None:
+        """Bounds of the MoE / MLA / MTP / GPT-OSS fields (:meth:`__post_init__`).
+
+        Raises:
+            ConfigError: naming the field, its value and the valid range.
+        """
+        from autotune.spec.validate import require_bool, require_int, require_number
+
+        where = f"model {self.name!r}"
+        for f in ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
+                  "shared_expert_ffn_hidden_size", "num_first_dense_layers", "router_num_groups",
+                  "router_group_top_k", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                  "v_head_dim", "mtp_num_layers"):
+            require_int(getattr(self, f), f"{where}: {f}", lo=0, hi=2**20)
+        for f in ("moe_layer_freq", "sliding_window_period"):
+            require_int(getattr(self, f), f"{where}: {f}", lo=1, hi=2**20)
+        for f in ("moe_expert_bias", "router_bias", "router_expert_bias", "qk_norm", "attention_output_bias",
+                  "attention_sinks"):
+            require_bool(getattr(self, f), f"{where}: {f}")
+        require_number(self.router_scaling_factor, f"{where}: router_scaling_factor", lo=0, lo_open=True, hi=1e6)
+        if self.router_score_function not in ROUTER_SCORE_FUNCTIONS:
+            raise ConfigError(f"{where}: router_score_function {str(self.router_score_function)[:40]!r} is not "
+                              f"known; known: {', '.join(ROUTER_SCORE_FUNCTIONS)}")
+        if self.num_experts:
+            if not 1 <= self.moe_top_k <= self.num_experts:
+                raise ConfigError(f"{where}: moe_top_k={self.moe_top_k} must be between 1 and num_experts="
+                                  f"{self.num_experts} (each token goes to top-k of the routed experts)")
+            if self.moe_ffn_hidden_size < 1:
+                raise ConfigError(f"{where}: moe_ffn_hidden_size must be a positive integer for an MoE model, "
+                                  f"got {self.moe_ffn_hidden_size}")
+            if self.num_first_dense_layers > self.num_layers:
+                raise ConfigError(f"{where}: num_first_dense_layers={self.num_first_dense_layers} exceeds "
+                                  f"num_layers={self.num_layers}")
+            if self.router_num_groups:
+                if self.num_experts % self.router_num_groups or not 1 <= self.router_group_top_k <= \
+                        self.router_num_groups:
+                    raise ConfigError(f"{where}: router_num_groups={self.router_num_groups} must divide "
+                                      f"num_experts={self.num_experts} and router_group_top_k="
+                                      f"{self.router_group_top_k} lie in 1..{self.router_num_groups}")
+            elif self.router_group_top_k:
+                raise ConfigError(f"{where}: router_group_top_k={self.router_group_top_k} needs router_num_groups")
+        else:
+            moe_set = [f for f in ("moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
+                                   "shared_expert_ffn_hidden_size", "num_first_dense_layers", "router_num_groups",
+                                   "router_group_top_k", "moe_expert_bias", "router_bias", "router_expert_bias")
+                       if getattr(self, f)]
+            if moe_set:
+                raise ConfigError(f"{where}: {', '.join(moe_set)} set on a model without experts (num_experts=0)")
+        if bool(self.num_shared_experts) != bool(self.shared_expert_ffn_hidden_size):
+            raise ConfigError(f"{where}: num_shared_experts={self.num_shared_experts} and "
+                              f"shared_expert_ffn_hidden_size={self.shared_expert_ffn_hidden_size} must both be set "
+                              "or both be 0")
+        if self.kv_lora_rank:
+            if not (self.qk_nope_head_dim and self.qk_rope_head_dim and self.v_head_dim):
+                raise ConfigError(f"{where}: multi-latent attention (kv_lora_rank={self.kv_lora_rank}) needs "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
+            if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim or self.num_kv_heads != self.num_heads:
+                raise ConfigError(f"{where}: with multi-latent attention head_dim must be qk_nope_head_dim + "
+                                  f"qk_rope_head_dim = {self.qk_nope_head_dim + self.qk_rope_head_dim} (got "
+                                  f"{self.head_dim}) and num_kv_heads = num_heads = {self.num_heads} (got "
+                                  f"{self.num_kv_heads})")
+            if self.qkv_bias or self.qk_norm or self.attention_sinks or self.attention_output_bias:
+                raise ConfigError(f"{where}: qkv_bias, qk_norm, attention_sinks and attention_output_bias are not "
+                                  "modelled with multi-latent attention")
+        elif self.q_lora_rank or self.qk_nope_head_dim or self.qk_rope_head_dim or self.v_head_dim:
+            raise ConfigError(f"{where}: q_lora_rank / qk_nope_head_dim / qk_rope_head_dim / v_head_dim need "
+                              "multi-latent attention (kv_lora_rank > 0)")
 
     # ---- parameter counts (elements) ----
     @property
@@ -201,22 +344,149 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (``num_experts`` > 0)."""
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-latent attention (``kv_lora_rank`` > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_params_per_layer(self) -> int:
-        """h (n_q d + 2 n_kv d) + n_q d h: Q, K, V and output projection weights, + n_q d + 2 n_kv d
-        Q/K/V biases when ``qkv_bias`` (Qwen2)."""
+        """Attention weights of one layer (elements).
+
+        Standard (GQA) attention: h (n_q d + 2 n_kv d) + n_q d h (Q, K, V and output projections), + n_q d +
+        2 n_kv d Q/K/V biases when ``qkv_bias`` (Qwen2, GPT-OSS), + h output bias when
+        ``attention_output_bias`` (GPT-OSS), + n_q sinks (GPT-OSS), + 2 d for Qwen3's per-head q/k RMSNorms.
+
+        Multi-latent attention (HF ``DeepseekV3Attention``; n heads, r_q, r_kv, d_n = qk_nope, d_r = qk_rope,
+        d_v): q_a h r_q + q_a_layernorm r_q + q_b r_q n (d_n + d_r) (or h n (d_n + d_r) when r_q = 0), then
+        kv_a_proj_with_mqa h (r_kv + d_r) + kv_a_layernorm r_kv + kv_b r_kv n (d_n + d_v), and o_proj n d_v h.
+        DeepSeek-V3: 11,010,048 + 1,536 + 37,748,736 + 4,128,768 + 512 + 16,777,216 + 117,440,512 = 187,107,328.
+        """
         h = self.hidden_size
+        if self.is_mla:
+            n, dq, dv = self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim
+            rq, rkv = self.q_lora_rank, self.kv_lora_rank
+            q = (h * rq + rq + rq * n * dq) if rq else h * n * dq
+            kv = h * (rkv + self.qk_rope_head_dim) + rkv + rkv * n * (self.qk_nope_head_dim + dv)
+            return q + kv + n * dv * h
         bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + bias
+        extra = ((h if self.attention_output_bias else 0) + (self.num_heads if self.attention_sinks else 0)
+                 + (2 * self.head_dim if self.qk_norm else 0))
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + bias + extra
 
     @property
     def mlp_params_per_layer(self) -> int:
-        """3 h f for SwiGLU (gate, up, down), 2 h f for a plain MLP."""
+        """Dense MLP: 3 h f for SwiGLU (gate, up, down), 2 h f for a plain MLP."""
         return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden_size
 
     @property
     def params_per_layer(self) -> int:
-        """Attention + MLP + ``norms_per_layer`` RMSNorm weight vectors (2 h; 4 h in Gemma 2)."""
+        """A dense layer: attention + MLP + ``norms_per_layer`` RMSNorm weight vectors (2 h; 4 h in Gemma 2).
+        (An MoE layer: :attr:`moe_layer_params`.)"""
         return self.attention_params_per_layer + self.mlp_params_per_layer + self.norms_per_layer * self.hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (elements): 3 h f_e gated (gate, up, down; 2 h f_e plain), + 2 f_e + h biases
+        gated (f_e + h plain) when ``moe_expert_bias`` (GPT-OSS ``gate_up_proj_bias`` [2 f_e], ``down_proj_bias``
+        [h]). Mixtral-8x7B: 3 x 4096 x 14336 = 176,160,768; GPT-OSS: 24,883,200 + 5,760 + 2,880 = 24,891,840."""
+        h, f = self.hidden_size, self.moe_ffn_hidden_size
+        w = (3 if self.gated_mlp else 2) * h * f
+        b = ((2 * f if self.gated_mlp else f) + h) if self.moe_expert_bias else 0
+        return w + b
+
+    @property
+    def shared_expert_params(self) -> int:
+        """All shared experts of one MoE layer: num_shared x 3 h f_s (gated; 2 h f_s plain), no biases
+        (HF ``DeepseekV3MoE.shared_experts`` is one MLP of width n_shared x moe_intermediate_size: the same count)."""
+        return self.num_shared_experts * (3 if self.gated_mlp else 2) * self.hidden_size * \
+            self.shared_expert_ffn_hidden_size
+
+    @property
+    def router_params(self) -> int:
+        """The router of one MoE layer: E h gate weights, + E bias (GPT-OSS) + E score-correction bias
+        (DeepSeek-V3 ``e_score_correction_bias``, a stored buffer)."""
+        e = self.num_experts
+        return e * self.hidden_size + (e if self.router_bias else 0) + (e if self.router_expert_bias else 0)
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One MoE layer, all experts (elements): attention + E experts + shared experts + router + norms.
+        0 for a dense model."""
+        if not self.is_moe:
+            return 0
+        return (self.attention_params_per_layer + self.num_experts * self.expert_params + self.shared_expert_params
+                + self.router_params + self.norms_per_layer * self.hidden_size)
+
+    @property
+    def moe_layer_active_params(self) -> int:
+        """One MoE layer as one token uses it: the same with top-k of the E routed experts. 0 for a dense model."""
+        if not self.is_moe:
+            return 0
+        return self.moe_layer_params - (self.num_experts - self.moe_top_k) * self.expert_params
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether main layer ``index`` (0-based) has routed experts: index >= num_first_dense_layers and
+        index % moe_layer_freq == 0 (HF DeepSeek ``DeepseekV3DecoderLayer``; Megatron ``--moe-layer-freq``)."""
+        return self.is_moe and index >= self.num_first_dense_layers and index % self.moe_layer_freq == 0
+
+    @property
+    def moe_layer_pattern(self) -> tuple[int, ...]:
+        """1 for an MoE layer, 0 for a dense one, per main layer (Megatron ``--moe-layer-freq`` as a list)."""
+        return tuple(int(self.is_moe_layer(i)) for i in range(self.num_layers))
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Main layers with routed experts (DeepSeek-V3: 58)."""
+        return sum(self.moe_layer_pattern) if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Main layers with a dense MLP (DeepSeek-V3: 3; every layer of a dense model)."""
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def mtp_layer_is_moe(self) -> bool:
+        """An MTP depth's decoder layer has the type of the last main layer (DeepSeek-V3: MoE; Megatron-LM
+        ``num_floating_point_operations`` counts it so)."""
+        return self.is_moe_layer(self.num_layers - 1)
+
+    @property
+    def mtp_params_per_layer(self) -> int:
+        """One MTP depth, its own weights (elements): enorm + hnorm (2 h), eh_proj 2h x h, one decoder layer and
+        the output norm h (DeepSeek-V3 ``model.layers.61``: 11,610,068,224); the embedding and LM head are the
+        main model's (the checkpoint stores copies, :attr:`mtp_stored_duplicate_params`)."""
+        h = self.hidden_size
+        layer = self.moe_layer_params if self.mtp_layer_is_moe else self.params_per_layer
+        return 3 * h + 2 * h * h + layer
+
+    @property
+    def mtp_active_params_per_layer(self) -> int:
+        """One MTP depth as one token uses it (top-k experts in its MoE layer)."""
+        h = self.hidden_size
+        layer = self.moe_layer_active_params if self.mtp_layer_is_moe else self.params_per_layer
+        return 3 * h + 2 * h * h + layer
+
+    @property
+    def mtp_stored_duplicate_params(self) -> int:
+        """Elements a DeepSeek-V3 checkpoint stores again per MTP depth (``embed_tokens`` and ``shared_head.head``,
+        2 V h): counted in the HF "685B" but not unique parameters."""
+        return self.mtp_num_layers * 2 * self.vocab_size * self.hidden_size
+
+    @property
+    def layer_params(self) -> int:
+        """All main layers (elements): dense layers x :attr:`params_per_layer` + MoE layers x
+        :attr:`moe_layer_params`."""
+        return self.num_dense_layers * self.params_per_layer + self.num_moe_layers * self.moe_layer_params
+
+    @property
+    def active_layer_params(self) -> int:
+        """All main layers as one token uses them (top-k experts per MoE layer)."""
+        return self.num_dense_layers * self.params_per_layer + self.num_moe_layers * self.moe_layer_active_params
 
     @property
     def embedding_params(self) -> int:
@@ -230,9 +500,21 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Total parameters (elements), exact; e.g. 8,030,261,248 for Llama 3.1 8B."""
-        return (self.embedding_params + self.lm_head_params + self.num_layers * self.params_per_layer
-                + self.hidden_size)
+        """Total parameters (elements), exact, unique: embedding + LM head + layers + final norm + MTP depths;
+        e.g. 8,030,261,248 for Llama 3.1 8B, 671,026,419,200 + 11,610,068,224 for DeepSeek-V3 with its MTP
+        module."""
+        return (self.embedding_params + self.lm_head_params + self.layer_params + self.hidden_size
+                + self.mtp_num_layers * self.mtp_params_per_layer)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses (elements): :attr:`num_params` with top-k of the routed experts in each MoE
+        layer (shared experts, router, attention, dense layers, embedding and LM head all count); equal to
+        :attr:`num_params` for a dense model. Published "active" figures differ in what they include: OpenAI's
+        GPT-OSS figure leaves out the input embedding (:attr:`num_active_params_without_embedding`), DeepSeek's
+        "37B" the MTP module."""
+        return (self.embedding_params + self.lm_head_params + self.active_layer_params + self.hidden_size
+                + self.mtp_num_layers * self.mtp_active_params_per_layer)
 
     @property
     def num_params_without_embedding(self) -> int:
@@ -241,7 +523,28 @@ class ModelSpec:
         For a tied model the shared matrix still does the LM-head matmul, so V h is kept.
         """
         lm_head = self.vocab_size * self.hidden_size
-        return lm_head + self.num_layers * self.params_per_layer + self.hidden_size
+        return lm_head + self.layer_params + self.hidden_size + self.mtp_num_layers * self.mtp_params_per_layer
+
+    @property
+    def num_active_params_without_embedding(self) -> int:
+        """Active parameters excluding the input embedding (the LM head counts once): the N in 6N for an MoE."""
+        lm_head = self.vocab_size * self.hidden_size
+        return (lm_head + self.active_layer_params + self.hidden_size
+                + self.mtp_num_layers * self.mtp_active_params_per_layer)
+
+    def require_costed(self) -> None:
+        """Refuse a model the cost model (simulator, memory, tuner) cannot price yet.
+
+        Raises:
+            ConfigError: a mixture-of-experts model (expert parallelism, the dispatch all-to-all and expert
+                memory are not costed yet), naming the model and its size.
+        """
+        if self.is_moe:
+            raise ConfigError(
+                f"model {self.name}: mixture of experts ({self.num_experts} routed experts, top-{self.moe_top_k}; "
+                f"{self.num_params / 1e9:.1f}B parameters, {self.num_active_params / 1e9:.1f}B active): expert "
+                "parallelism is not costed yet (no EP/ETP plan fields, dispatch all-to-all or expert memory in "
+                "the simulator), so it cannot be simulated or tuned")
 
     def truncated(self, num_layers: int) -> "ModelSpec":
         """The same widths with ``num_layers`` layers (a depth proxy), named ``<name>-<N>L``.
@@ -251,7 +554,8 @@ class ModelSpec:
         """
         if not isinstance(num_layers, int) or not 1 <= num_layers <= self.num_layers:
             raise ConfigError(f"--layers {num_layers} must be between 1 and the model's {self.num_layers} layers")
-        return replace(self, num_layers=num_layers, name=f"{self.name}-{num_layers}L")
+        return replace(self, num_layers=num_layers, name=f"{self.name}-{num_layers}L",
+                       num_first_dense_layers=min(self.num_first_dense_layers, num_layers))
 
     def check_sequence(self, seq_len: int) -> str | None:
         """Refuse a sequence the cost model would cost wrongly; return a warning line or None.
@@ -329,6 +633,102 @@ CATALOG: dict[str, ModelSpec] = {
 }
 
 
+#: Mixture-of-experts models by name (``--model deepseek-v3``). Each field from the model's HF config.json
+#: (field names in :func:`model_from_hf_config`), cross-checked with torchtitan v0.2.2's flavours
+#: (``torchtitan/models/{deepseek_v3,qwen3,gpt_oss}/__init__.py``) and shared/reference/published-moe-runs.yaml;
+#: the parameter counts each gives are in tests/spec/test_models.py with their hand derivations.
+MOE_CATALOG: dict[str, ModelSpec] = {
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, h 4096, 32/8 heads, 8 experts (num_local_experts) of
+    # intermediate_size 14336, top-2, vocab 32000, rope_theta 1e6, 32768 positions, no sliding window
+    "mixtral-8x7b": ModelSpec(
+        name="mixtral-8x7b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+        vocab_size=32000, head_dim=128, rope_theta=1e6, norm_eps=1e-5, max_seq_len=32768,
+        num_experts=8, moe_top_k=2, moe_ffn_hidden_size=14336),
+    # Qwen/Qwen3-30B-A3B config.json (Qwen3MoeForCausalLM): 48 layers, h 2048, 32/4 heads of 128 with q/k
+    # RMSNorms, 128 experts of moe_intermediate_size 768, top-8 (norm_topk_prob), vocab 151936, untied,
+    # rope_theta 1e6, 40960 positions, rms_norm_eps 1e-6 (intermediate_size 6144 unused: no dense layer)
+    "qwen3-30b-a3b": ModelSpec(
+        name="qwen3-30b-a3b", hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4, ffn_hidden_size=6144,
+        vocab_size=151936, head_dim=128, rope_theta=1e6, norm_eps=1e-6, max_seq_len=40960, qk_norm=True,
+        num_experts=128, moe_top_k=8, moe_ffn_hidden_size=768),
+    # Qwen/Qwen3-235B-A22B config.json: 94 layers, h 4096, 64/4 heads of 128, 128 experts of 1536, top-8
+    "qwen3-235b-a22b": ModelSpec(
+        name="qwen3-235b-a22b", hidden_size=4096, num_layers=94, num_heads=64, num_kv_heads=4, ffn_hidden_size=12288,
+        vocab_size=151936, head_dim=128, rope_theta=1e6, norm_eps=1e-6, max_seq_len=40960, qk_norm=True,
+        num_experts=128, moe_top_k=8, moe_ffn_hidden_size=1536),
+    # deepseek-ai/DeepSeek-V3 config.json (also inference/configs/config_671B.json): 61 layers (first 3 dense,
+    # intermediate_size 18432), h 7168, 128 MLA heads (q_lora_rank 1536, kv_lora_rank 512, qk 128 + 64 rope,
+    # v 128), 256 routed experts of 2048 + 1 shared, top-8 of 8 groups limited to 4, sigmoid scores with
+    # e_score_correction_bias (noaux_tc), routed_scaling_factor 2.5, vocab 129280, 1 MTP layer
+    # (num_nextn_predict_layers), yarn RoPE x40 over 4096, 163840 positions
+    "deepseek-v3": ModelSpec(
+        name="deepseek-v3", hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128, ffn_hidden_size=18432,
+        vocab_size=129280, head_dim=192, rope_theta=10000.0, norm_eps=1e-6, max_seq_len=163840,
+        rope_scaling=RopeScaling(type="yarn", factor=40.0, original_max_position_embeddings=4096),
+        num_experts=256, moe_top_k=8, moe_ffn_hidden_size=2048, num_shared_experts=1,
+        shared_expert_ffn_hidden_size=2048, num_first_dense_layers=3, router_expert_bias=True,
+        router_score_function="sigmoid", router_num_groups=8, router_group_top_k=4, router_scaling_factor=2.5,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        mtp_num_layers=1),
+    # moonshotai/Kimi-K2-Instruct config.json (DeepseekV3ForCausalLM): DeepSeek-V3's shape with 64 heads,
+    # 384 experts, 1 dense layer, one expert group, routed_scaling_factor 2.827, vocab 163840, rope_theta 5e4,
+    # yarn x32 over 4096 (131072 positions), no MTP layer (the README lists none)
+    "kimi-k2": ModelSpec(
+        name="kimi-k2", hidden_size=7168, num_layers=61, num_heads=64, num_kv_heads=64, ffn_hidden_size=18432,
+        vocab_size=163840, head_dim=192, rope_theta=50000.0, norm_eps=1e-6, max_seq_len=131072,
+        rope_scaling=RopeScaling(type="yarn", factor=32.0, original_max_position_embeddings=4096),
+        num_experts=384, moe_top_k=8, moe_ffn_hidden_size=2048, num_shared_experts=1,
+        shared_expert_ffn_hidden_size=2048, num_first_dense_layers=1, router_expert_bias=True,
+        router_score_function="sigmoid", router_scaling_factor=2.827,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # torchtitan v0.2.2 deepseek_v3 flavour "16B" (the shape of DeepSeek-V2-Lite / Moonlight-16B-A3B): 27 layers
+    # (first dense, inter_dim 10944), h 2048, 16 MLA heads without q compression (q_lora_rank 0, kv_lora_rank 512),
+    # 64 experts of 1408 + 2 shared, top-6, softmax, vocab 102400
+    "deepseek-16b": ModelSpec(
+        name="deepseek-16b", hidden_size=2048, num_layers=27, num_heads=16, num_kv_heads=16, ffn_hidden_size=10944,
+        vocab_size=102400, head_dim=192, rope_theta=10000.0, norm_eps=1e-5, max_seq_len=163840,
+        rope_scaling=RopeScaling(type="yarn", factor=40.0, original_max_position_embeddings=4096),
+        num_experts=64, moe_top_k=6, moe_ffn_hidden_size=1408, num_shared_experts=2,
+        shared_expert_ffn_hidden_size=1408, num_first_dense_layers=1,
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # openai/gpt-oss-20b config.json (GptOssForCausalLM): 24 layers, h 2880, 64/8 heads of 64 with q/k/v/o
+    # biases (attention_bias) and sinks, sliding window 128 on even layers (layer_types), 32 experts of 2880
+    # with biases, top-4, router bias, vocab 201088, rope_theta 150000, yarn x32 over 4096, 131072 positions
+    "gpt-oss-20b": ModelSpec(
+        name="gpt-oss-20b", hidden_size=2880, num_layers=24, num_heads=64, num_kv_heads=8, ffn_hidden_size=2880,
+        vocab_size=201088, head_dim=64, rope_theta=150000.0, norm_eps=1e-5, max_seq_len=131072,
+        rope_scaling=RopeScaling(type="yarn", factor=32.0, original_max_position_embeddings=4096),
+        qkv_bias=True, attention_output_bias=True, attention_sinks=True, sliding_window=128,
+        sliding_window_period=2, features=("SwiGLU clamped at swiglu_limit 7 (GPT-OSS)",),
+        num_experts=32, moe_top_k=4, moe_ffn_hidden_size=2880, moe_expert_bias=True, router_bias=True),
+    # openai/gpt-oss-120b config.json: the same with 36 layers and 128 experts
+    "gpt-oss-120b": ModelSpec(
+        name="gpt-oss-120b", hidden_size=2880, num_layers=36, num_heads=64, num_kv_heads=8, ffn_hidden_size=2880,
+        vocab_size=201088, head_dim=64, rope_theta=150000.0, norm_eps=1e-5, max_seq_len=131072,
+        rope_scaling=RopeScaling(type="yarn", factor=32.0, original_max_position_embeddings=4096),
+        qkv_bias=True, attention_output_bias=True, attention_sinks=True, sliding_window=128,
+        sliding_window_period=2, features=("SwiGLU clamped at swiglu_limit 7 (GPT-OSS)",),
+        num_experts=128, moe_top_k=4, moe_ffn_hidden_size=2880, moe_expert_bias=True, router_bias=True),
+}
+
+
+def get_builtin_model(name: str) -> ModelSpec | None:
+    """The built-in model called ``name`` (a Llama 3.1 size or ``llama3.1-8b``, or a :data:`MOE_CATALOG` name
+    such as ``deepseek-v3``; case-insensitive), or None when no built-in has that name."""
+    key = str(name).strip().lower()
+    if key in MOE_CATALOG:
+        return MOE_CATALOG[key]
+    try:
+        return get_model(key)
+    except ConfigError:
+        return None
+
+
+def builtin_model_names() -> list[str]:
+    """Names ``--model`` accepts besides a config.json path: the Llama 3.1 catalog and :data:`MOE_CATALOG`."""
+    return [m.name for m in CATALOG.values()] + list(MOE_CATALOG)
+
+
 def get_model(size: str) -> ModelSpec:
     """The catalog model for ``size`` (``8b``, ``70b``, ``405b``; also accepts ``llama3.1-8b``).
 
@@ -363,7 +763,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "gemma2": dict(gated=True, tied=True, qkv_bias=False, norms=4, window="always"),
     "phi3": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="always"),
 }
-#: model_types that are mixture-of-experts (refused by name; the cost model is dense only).
+#: model_types that are mixture-of-experts; those in :data:`MOE_READERS` are read, the others refused by name.
 MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe",
              "phimoe", "granitemoe", "jetmoe", "arctic", "grok-1", "llama4"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
@@ -484,9 +884,12 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path or model_type>@
     <fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
 
+    Mixture-of-experts configs (``model_type`` mixtral, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss,
+    or without model_type one of :data:`MOE_HF_ARCHITECTURES`) are read by :func:`_moe_model_from_hf`.
+
     Raises:
         ConfigError: unreadable/non-JSON/binary file; a missing or mistyped field (named); a
-            mixture-of-experts model or an unsupported model_type (named, with the supported ones).
+            mixture-of-experts model of another family or an unsupported model_type (named, with the supported ones).
     """
     from autotune.files import read_json_file
     from autotune.spec.validate import require_bool, require_int, require_number
@@ -498,11 +901,16 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     mtype = raw.get("model_type")
     if mtype is not None and not isinstance(mtype, str):
         raise ConfigError(f"model config {p}: model_type must be a string, got {type(mtype).__name__}")
+    archs = raw.get("architectures")
+    arch0 = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    moe_type = mtype if mtype in MOE_READERS else (MOE_HF_ARCHITECTURES.get(arch0) if mtype is None else None)
+    if moe_type is not None:
+        return _moe_model_from_hf(raw, moe_type, p)
     moe = _moe_key(raw)
     if mtype in MOE_TYPES or moe:
         what = f"model_type {mtype!r}" if mtype in MOE_TYPES else f"field {_safe_label(moe)!r}"
-        raise ConfigError(f"model config {p}: {what}: mixture-of-experts models are not supported (dense decoders "
-                          f"only: {', '.join(ARCHITECTURES)})")
+        raise ConfigError(f"model config {p}: {what}: this mixture-of-experts model is not supported; supported "
+                          f"mixture-of-experts model_types: {', '.join(MOE_READERS)}; dense: {', '.join(ARCHITECTURES)}")
     if mtype is not None and mtype not in ARCHITECTURES:
         raise ConfigError(f"model config {p}: model_type {_safe_label(mtype)!r} is not supported; supported: "
                           f"{', '.join(ARCHITECTURES)} (or leave model_type out for a Llama-like decoder)")
@@ -587,3 +995,181 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
         mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
     return replace(spec, name=f"{_safe_label(Path(str(base)).name)}@{spec.fingerprint()}")
+
+
+#: mixture-of-experts model_types read from HF config.json -> the family's reader defaults (transformers
+#: ``models/<type>/configuration_<type>.py``; Kimi K2's own ``configuration_deepseek.py`` is DeepSeek-V3's)
+MOE_READERS: dict[str, dict[str, Any]] = {
+    "mixtral": dict(family="mixtral"),
+    "qwen3_moe": dict(family="qwen3_moe"),
+    "deepseek_v2": dict(family="deepseek", first_k_dense=0, scoring="softmax"),
+    "deepseek_v3": dict(family="deepseek", first_k_dense=3, scoring="sigmoid"),
+    "kimi_k2": dict(family="deepseek", first_k_dense=1, scoring="sigmoid"),
+    "gpt_oss": dict(family="gpt_oss"),
+}
+#: HF ``architectures`` -> model_type, for a config without ``model_type``
+MOE_HF_ARCHITECTURES = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe",
+                        "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+                        "GptOssForCausalLM": "gpt_oss"}
+
+
+def _moe_model_from_hf(raw: Mapping[str, Any], mtype: str, p: Path) -> ModelSpec:
+    """A mixture-of-experts HF ``config.json`` (:data:`MOE_READERS`) as a :class:`ModelSpec`.
+
+    Fields per family (HF transformers configuration and modeling files):
+
+    * all: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
+      ``vocab_size``, ``head_dim`` (default hidden / heads), ``tie_word_embeddings``, ``max_position_embeddings``,
+      ``rope_theta``, ``rope_scaling``, ``rms_norm_eps``, ``num_experts_per_tok`` (top-k);
+    * mixtral (``MixtralForCausalLM``): ``num_local_experts``, ``intermediate_size`` (each expert),
+      ``sliding_window`` (every layer when set);
+    * qwen3_moe (``Qwen3MoeForCausalLM``): ``num_experts``, ``moe_intermediate_size``, per-head q/k RMSNorms,
+      ``attention_bias`` (q, k, v and o); ``decoder_sparse_step`` other than 1, ``mlp_only_layers`` and
+      ``use_sliding_window`` are refused (not modelled);
+    * deepseek_v2 / deepseek_v3 / kimi_k2 (``DeepseekV3ForCausalLM``): ``n_routed_experts``, ``n_shared_experts``,
+      ``moe_intermediate_size``, ``intermediate_size`` (the dense layers), ``first_k_dense_replace``,
+      ``moe_layer_freq``, ``q_lora_rank`` (null = 0), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+      ``v_head_dim``, ``n_group`` / ``topk_group`` (1 = no group limit), ``scoring_func``, ``topk_method``
+      (``noaux_tc``: the e_score_correction_bias), ``routed_scaling_factor``, ``num_nextn_predict_layers`` (MTP);
+    * gpt_oss (``GptOssForCausalLM``): ``num_local_experts``, ``intermediate_size`` (each expert, with biases),
+      ``experts_per_token``, ``attention_bias`` (default true), sinks and router bias (always),
+      ``sliding_window`` with ``layer_types`` (alternating sliding / full from layer 0), ``swiglu_limit``.
+
+    Raises:
+        ConfigError: a missing or mistyped field (named), or a layout that is not modelled (named).
+    """
+    from autotune.spec.validate import require_bool, require_int, require_number
+
+    where = f"model config {p}"
+    fam = MOE_READERS[mtype]
+
+    def get(name: str, *alts: str, default: Any = None) -> Any:
+        for n in (name, *alts):
+            if raw.get(n) is not None:
+                return raw[n]
+        return default
+
+    def integer(name: str, *alts: str, default: Any = None, lo: int = 1) -> int:
+        v = get(name, *alts, default=default)
+        if v is None:
+            raise ConfigError(f"{where}: missing field {name!r} (expected a positive integer)")
+        return require_int(v, f"{where}: field {name}", lo=lo, hi=2**24 if name == "vocab_size" else 2**30)
+
+    def flag(name: str, default: bool) -> bool:
+        v = raw.get(name)
+        return default if v is None else require_bool(v, f"{where}: field {name}")
+
+    hidden = integer("hidden_size")
+    layers = integer("num_hidden_layers")
+    heads = integer("num_attention_heads")
+    kv = integer("num_key_value_heads", default=heads)
+    top_k = integer("num_experts_per_tok", "experts_per_token")
+    _check_rope_scaling(raw.get("rope_scaling"), where)
+    scaling = None if raw.get("rope_scaling") is None else RopeScaling.from_mapping(
+        raw["rope_scaling"], source=f"{where}: field rope_scaling")
+    common: dict[str, Any] = dict(
+        name="model", hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+        vocab_size=integer("vocab_size"), tied_embeddings=flag("tie_word_embeddings", False),
+        rope_theta=require_number(get("rope_theta", default=10000.0), f"{where}: field rope_theta", lo=0, lo_open=True),
+        norm_eps=require_number(get("rms_norm_eps", default=1e-6), f"{where}: field rms_norm_eps", lo=0, hi=1),
+        max_seq_len=integer("max_position_embeddings", default=4096), rope_scaling=scaling, moe_top_k=top_k)
+    if fam["family"] != "deepseek":
+        if raw.get("head_dim") is not None:
+            common["head_dim"] = integer("head_dim")
+        elif hidden % heads:
+            raise ConfigError(f"{where}: field num_attention_heads={heads} does not divide hidden_size={hidden} and "
+                              "there is no head_dim")
+        else:
+            common["head_dim"] = hidden // heads
+    features: list[str] = []
+    if fam["family"] == "mixtral":
+        ffn = integer("intermediate_size")
+        spec = dict(common, num_experts=integer("num_local_experts"), ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn)
+        if raw.get("sliding_window") is not None:
+            spec["sliding_window"] = require_int(raw["sliding_window"], f"{where}: field sliding_window", hi=2**30)
+    elif fam["family"] == "qwen3_moe":
+        step = integer("decoder_sparse_step", default=1)
+        only = raw.get("mlp_only_layers") or []
+        if step != 1 or only:
+            raise ConfigError(f"{where}: decoder_sparse_step={step} / mlp_only_layers={str(only)[:40]}: dense layers "
+                              "between MoE layers are not modelled for qwen3_moe (use decoder_sparse_step 1, no "
+                              "mlp_only_layers)")
+        if flag("use_sliding_window", False):
+            raise ConfigError(f"{where}: field use_sliding_window: true is not modelled for qwen3_moe")
+        bias = flag("attention_bias", False)
+        spec = dict(common, num_experts=integer("num_experts"), ffn_hidden_size=integer("intermediate_size",
+                    default=integer("moe_intermediate_size")), moe_ffn_hidden_size=integer("moe_intermediate_size"),
+                    qk_norm=True, qkv_bias=bias, attention_output_bias=bias)
+    elif fam["family"] == "deepseek":
+        if flag("attention_bias", False):
+            raise ConfigError(f"{where}: field attention_bias: true is not modelled for multi-latent attention")
+        moe_ffn = integer("moe_intermediate_size")
+        shared = integer("n_shared_experts", default=0, lo=0)
+        nope, rope = integer("qk_nope_head_dim"), integer("qk_rope_head_dim")
+        if kv != heads:
+            raise ConfigError(f"{where}: field num_key_value_heads={kv}: multi-latent attention has one key/value "
+                              f"head per query head (num_attention_heads={heads})")
+        n_group = integer("n_group", default=1)
+        topk_group = integer("topk_group", default=n_group)
+        method = get("topk_method", default="noaux_tc" if mtype != "deepseek_v2" else "greedy")
+        scoring = get("scoring_func", default=fam["scoring"])
+        if not isinstance(scoring, str) or scoring not in ROUTER_SCORE_FUNCTIONS:
+            raise ConfigError(f"{where}: field scoring_func {str(scoring)[:40]!r}: known "
+                              f"{', '.join(ROUTER_SCORE_FUNCTIONS)}")
+        spec = dict(common, head_dim=nope + rope, num_experts=integer("n_routed_experts"),
+                    ffn_hidden_size=integer("intermediate_size"), moe_ffn_hidden_size=moe_ffn,
+                    num_shared_experts=shared, shared_expert_ffn_hidden_size=moe_ffn if shared else 0,
+                    num_first_dense_layers=integer("first_k_dense_replace", default=fam["first_k_dense"], lo=0),
+                    moe_layer_freq=integer("moe_layer_freq", default=1),
+                    router_expert_bias=method == "noaux_tc", router_score_function=scoring,
+                    router_num_groups=n_group if n_group > 1 else 0, router_group_top_k=topk_group if n_group > 1 else 0,
+                    router_scaling_factor=require_number(get("routed_scaling_factor", default=1.0),
+                                                         f"{where}: field routed_scaling_factor", lo=0, lo_open=True),
+                    q_lora_rank=integer("q_lora_rank", default=0, lo=0), kv_lora_rank=integer("kv_lora_rank"),
+                    qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=integer("v_head_dim"),
+                    mtp_num_layers=integer("num_nextn_predict_layers", default=0, lo=0))
+    else:   # gpt_oss
+        ffn = integer("intermediate_size")
+        bias = flag("attention_bias", True)
+        window = integer("sliding_window", default=128)
+        types = raw.get("layer_types")
+        if types is None:
+            types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        if not isinstance(types, list) or len(types) != layers or any(t not in ("sliding_attention", "full_attention")
+                                                                      for t in types):
+            raise ConfigError(f"{where}: field layer_types must list sliding_attention / full_attention for each of "
+                              f"the {layers} layers")
+        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+        if sliding == list(range(0, layers, 2)):
+            period = 2
+        elif sliding == list(range(layers)):
+            period = 1
+        elif not sliding:
+            period, window = 1, None
+        else:
+            raise ConfigError(f"{where}: field layer_types: only sliding windows on every layer or on the even layers "
+                              "(GPT-OSS) are modelled")
+        limit = raw.get("swiglu_limit")
+        if limit is not None:
+            features.append(f"SwiGLU clamped at swiglu_limit "
+                            f"{require_number(limit, f'{where}: field swiglu_limit', lo=0, lo_open=True):g} (GPT-OSS)")
+        spec = dict(common, num_experts=integer("num_local_experts"), ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn,
+                    qkv_bias=bias, attention_output_bias=bias, attention_sinks=True, router_bias=True,
+                    moe_expert_bias=True, sliding_window=window, sliding_window_period=period)
+    if fam["family"] != "deepseek":
+        hd = spec["head_dim"]
+        if hd > MAX_HEAD_DIM or hd % HEAD_DIM_MULTIPLE:
+            raise ConfigError(f"{where}: field head_dim={hd}: the attention kernels run head dims that are multiples "
+                              f"of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} (FlashAttention-2, cuDNN)")
+        if heads % kv:
+            raise ConfigError(f"{where}: field num_key_value_heads={kv} does not divide num_attention_heads={heads}")
+    act = raw.get("hidden_act", "silu")
+    if not isinstance(act, str):
+        raise ConfigError(f"{where}: field hidden_act must be a string, got {type(act).__name__}")
+    try:
+        m = ModelSpec(**spec, mlp_activation=_safe_label(act.lower()), features=tuple(features))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
+        (mtype or p.parent.name or p.stem)
+    return replace(m, name=f"{_safe_label(Path(str(base)).name)}@{m.fingerprint()}")
