@@ -45,10 +45,8 @@ ROUTER_BYTES = 4
 
 
 def is_moe_layer(model: ModelSpec, i: int) -> bool:
-    """Whether main-model layer ``i`` (0-based) has routed experts: layer i >= ``num_first_dense_layers`` and
-    i % ``moe_layer_freq`` == 0 (HF ``DeepseekV3DecoderLayer``: ``layer_idx >= first_k_dense_replace and
-    layer_idx % moe_layer_freq == 0``)."""
-    return bool(model.num_experts) and i >= model.num_first_dense_layers and i % model.moe_layer_freq == 0
+    """Whether main-model layer ``i`` (0-based) has routed experts (:meth:`autotune.spec.models.ModelSpec.is_moe_layer`)."""
+    return model.is_moe_layer(i)
 
 
 @lru_cache(maxsize=4096)
@@ -128,37 +126,19 @@ def shared_ffn(model: ModelSpec) -> int:
 
 
 def expert_params_per_layer(model: ModelSpec) -> int:
-    """Parameters of the routed experts of one MoE layer: E x (3 h f_e for a gated MLP, else 2 h f_e), plus
-    their biases where the model has them (GPT-OSS: 2 f_e + h per expert)."""
-    h, f = model.hidden_size, model.moe_ffn_hidden_size
-    per = (3 if model.gated_mlp else 2) * h * f
-    if model.moe_expert_bias:
-        per += (2 * f if model.gated_mlp else f) + h
-    return model.num_experts * per
+    """Parameters of the routed experts of one MoE layer: E x :attr:`autotune.spec.models.ModelSpec.expert_params`."""
+    return model.num_experts * model.expert_params
 
 
 def dense_layer_params(model: ModelSpec) -> int:
-    """Parameters of one dense layer of an MoE model (its first dense layers): the model's own count when
-    it has one (``dense_layer_params``), else attention + norms + a dense MLP of ``ffn_hidden_size``."""
-    own = getattr(model, "dense_layer_params", None)
-    if isinstance(own, int):
-        return own
-    h = model.hidden_size
-    return (model.attention_params_per_layer + model.norms_per_layer * h
-            + (3 if model.gated_mlp else 2) * h * model.ffn_hidden_size)
+    """Parameters of one dense layer (the first dense layers of an MoE model): :attr:`ModelSpec.params_per_layer`."""
+    return model.params_per_layer
 
 
 def dense_params_of_moe_layer(model: ModelSpec) -> int:
-    """Parameters of one MoE layer that are not routed experts: attention, norms, router (E x h weight,
-    + E bias / expert-bias entries) and the shared experts (3 h f_s). From the model's own count of the
-    layer when it has one (``moe_layer_params``), else from the pieces here."""
-    own = getattr(model, "moe_layer_params", None)
-    if isinstance(own, int):
-        return own - expert_params_per_layer(model)
-    h = model.hidden_size
-    router = model.num_experts * h + (model.num_experts if (model.router_bias or model.router_expert_bias) else 0)
-    shared = (3 if model.gated_mlp else 2) * h * shared_ffn(model)
-    return model.attention_params_per_layer + model.norms_per_layer * h + router + shared
+    """Parameters of one MoE layer that are not routed experts (attention, norms, router, shared experts):
+    :attr:`ModelSpec.moe_layer_params` less :func:`expert_params_per_layer`."""
+    return model.moe_layer_params - expert_params_per_layer(model)
 
 
 def moe_activation_terms(model: ModelSpec, plan: Plan, seq_len: int, *, imbalance: float = 1.0) -> dict[str, int]:
