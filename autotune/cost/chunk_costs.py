@@ -481,9 +481,19 @@ class CostBuilder:
         sh = moe.expert_shapes(m, p, w.seq_len, imbalance=imb)
         n, el, h = sh["tokens"], sh["local_experts"], m.hidden_size
         gem = moe.expert_gemms(m, p, w.seq_len, imbalance=imb)
-        ex_f = el * sum(costs.gemm_ms(a, b, c, **gkw) for a, b, c in gem)
-        ex_b = el * sum(costs.gemm_ms(a, c, b, backward=True, **gkw) + costs.gemm_ms(c, b, a, backward=True, **gkw)
-                        for a, b, c in gem)
+        if p.moe_grouped_gemm:
+            # one grouped GEMM over the rank's experts: the dense GEMM of all their rows at the measured
+            # grouping efficiency for m_e rows per expert (autotune/data/grouped_gemm.yaml)
+            me = sh["rows_per_expert"]
+            rf, rd, rw = (moe.grouped_gemm_ratio(x, me) for x in ("fwd", "dgrad", "wgrad"))
+            ex_f = sum(costs.gemm_ms(el * a, b, c, **gkw) for a, b, c in gem) / rf
+            ex_b = sum(costs.gemm_ms(el * a, c, b, backward=True, **gkw) / rd
+                       + costs.gemm_ms(c, b, el * a, backward=True, **gkw) / rw for a, b, c in gem)
+        else:
+            # one GEMM per local expert (Megatron-LM SequentialMLP without --moe-grouped-gemm)
+            ex_f = el * sum(costs.gemm_ms(a, b, c, **gkw) for a, b, c in gem)
+            ex_b = el * sum(costs.gemm_ms(a, c, b, backward=True, **gkw) + costs.gemm_ms(c, b, a, backward=True, **gkw)
+                            for a, b, c in gem)
         flops = 2.0 * el * sum(a * b * c for a, b, c in moe.expert_gemms(m, p, w.seq_len))
         rows = el * gem[0][0]
         f = sh["ffn_per_rank"]

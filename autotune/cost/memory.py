@@ -511,7 +511,8 @@ def moe_layer_bytes(model: ModelSpec, plan: Plan, workload: Workload, engine: En
     mlp_keys = ("mlp_gate_up", "mlp_fc1", "mlp_act_output")
     attn = {k: v for k, v in terms.items() if k not in mlp_keys}
     experts = moe.moe_activation_terms(model, plan, workload.seq_len,
-                                       imbalance=float(getattr(workload, "moe_imbalance", 1.0)))
+                                       imbalance=float(getattr(workload, "moe_imbalance", 1.0)),
+                                       fp8_inputs=te_fp8(plan, eng))
     dense_t, moe_t = dict(terms), {**attn, **experts}
     if rc == "selective" and plan.recompute_modules is not None:
         drop = {k for mod in plan.recompute_modules for k in _MODULE_DROPS.get(mod, ())}

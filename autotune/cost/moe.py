@@ -44,6 +44,26 @@ BF16 = 2
 ROUTER_BYTES = 4
 
 
+@lru_cache(maxsize=None)
+def _grouped_table() -> dict:
+    from importlib import resources
+
+    from autotune.files import load_shipped_yaml
+
+    return load_shipped_yaml(resources.files("autotune").joinpath("data", "grouped_gemm.yaml").read_text())
+
+
+def grouped_gemm_ratio(pass_: str, rows_per_expert: float) -> float:
+    """A grouped GEMM's throughput over one dense GEMM of the same total shape, for ``pass_`` ``fwd``, ``dgrad``
+    or ``wgrad`` at ``rows_per_expert`` token rows per expert (log-linear between the measured points, flat
+    outside): ``autotune/data/grouped_gemm.yaml``, measured on H200 (bench/grouped_gemm.py, 2026-12-03), e.g.
+    0.96 / 0.99 / 0.98 at 4096 rows, 0.37 / 0.36 / 0.30 at 64."""
+    from autotune.cost.calibration import interp_log
+
+    t = _grouped_table()
+    return interp_log(t["rows_per_expert"], t[pass_], max(1.0, rows_per_expert))
+
+
 def is_moe_layer(model: ModelSpec, i: int) -> bool:
     """Whether main-model layer ``i`` (0-based) has routed experts (:meth:`autotune.spec.models.ModelSpec.is_moe_layer`)."""
     return model.is_moe_layer(i)
@@ -141,16 +161,20 @@ def dense_params_of_moe_layer(model: ModelSpec) -> int:
     return model.moe_layer_params - expert_params_per_layer(model)
 
 
-def moe_activation_terms(model: ModelSpec, plan: Plan, seq_len: int, *, imbalance: float = 1.0) -> dict[str, int]:
+def moe_activation_terms(model: ModelSpec, plan: Plan, seq_len: int, *, imbalance: float = 1.0,
+                         fp8_inputs: bool = False) -> dict[str, int]:
     """Bytes one MoE layer's expert part saves for backward on one rank, one micro-batch, no recompute
     (beside the attention and norm terms of :func:`autotune.cost.memory._layer_activation_terms`):
 
     * ``router_probs``: n x E FP32 router probabilities (for the router's backward);
-    * ``dispatched``: the n x k x ETP permuted token copies, h BF16 each (fc1's input, kept for its weight
-      gradient);
+    * ``dispatched``: the n x k x ETP permuted token copies, h each (fc1's input, kept for its weight
+      gradient): BF16, or 1 byte when the linears run FP8 through Transformer Engine (``fp8_inputs``: TE keeps
+      the quantized input);
     * ``expert_fc1``: fc1's output, 2 f_e / ETP (gated) BF16 per copy (the activation's backward input);
-    * ``expert_act``: the activation output, f_e / ETP BF16 per copy (fc2's input);
-    * ``combine``: the n x k routing weights (FP32) and the experts' output before unpermute, h BF16 per copy;
+    * ``expert_act``: the activation output, f_e / ETP per copy (fc2's input; 1 byte with ``fp8_inputs``);
+    * ``combine``: the n x k routing weights (FP32). The experts' outputs are not kept: Megatron-LM multiplies
+      the routing weights inside the activation (megatron/core/transformer/moe/experts.py "Activation and
+      post-multiply probs", ``weighted_bias_swiglu_impl``), so the unpermutation is a plain sum;
     * ``shared_*``: the shared experts' gate/up and activation outputs (n x TP tokens, f_s / TP), as a dense MLP.
 
     The busiest rank holds ``imbalance`` x the balanced token copies.
@@ -160,19 +184,20 @@ def moe_activation_terms(model: ModelSpec, plan: Plan, seq_len: int, *, imbalanc
     copies = s["token_copies"] * etp * imbalance
     f = s["ffn_per_rank"]
     up = 2 * f if model.gated_mlp else f
+    lin = 1 if fp8_inputs else BF16
     terms = {
         "router_probs": ROUTER_BYTES * n * model.num_experts,
-        "dispatched": int(BF16 * copies * h),
+        "dispatched": int(lin * copies * h),
         "expert_fc1": int(BF16 * copies * up),
-        "expert_act": int(BF16 * copies * f),
-        "combine": int(ROUTER_BYTES * s["token_copies"] + BF16 * s["token_copies"] * h),
+        "expert_act": int(lin * copies * f),
+        "combine": int(ROUTER_BYTES * s["token_copies"]),
     }
     fs = shared_ffn(model)
     if fs:
         t = plan.tp_degree
         tok = n * t                   # the shared experts see the whole sequence, their width split over TP
         terms["shared_gate_up"] = BF16 * tok * (2 * fs if model.gated_mlp else fs) // t
-        terms["shared_act"] = BF16 * tok * fs // t
+        terms["shared_act"] = lin * tok * fs // t
     return terms
 
 
@@ -192,6 +217,6 @@ def recomputed_moe_terms(recompute_modules: tuple[str, ...] | None) -> tuple[str
     return tuple(out)
 
 
-__all__ = ["chunk_layer_kinds", "dense_layer_params", "dense_params_of_moe_layer", "dispatch_bytes", "expert_gemms",
+__all__ = ["grouped_gemm_ratio", "chunk_layer_kinds", "dense_layer_params", "dense_params_of_moe_layer", "dispatch_bytes", "expert_gemms",
            "expert_params_per_layer", "expert_shapes", "is_moe_layer", "moe_activation_terms", "moe_layers_in",
            "mtp_layer_is_moe", "recomputed_moe_terms", "shared_ffn", "tokens_per_rank"]

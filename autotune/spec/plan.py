@@ -557,9 +557,6 @@ def validate_moe(plan: Plan, model: ModelSpec) -> list[str]:
     if ep == 1 and etp == 1 and plan.moe_dispatcher != "alltoall":
         warn.append(f"moe_dispatcher={plan.moe_dispatcher} has no effect with ep_degree=1 and etp_degree=1 "
                     "(no token leaves its rank)")
-    if not plan.moe_grouped_gemm:
-        warn.append("moe_grouped_gemm=false is costed as the grouped GEMM (the cost model times each local "
-                    "expert's GEMM on its own rows either way)")
     if plan.tp_comm_overlap and plan.tp_degree > 1 and (model.is_mla or not model.num_shared_experts):
         warn.append("tp_comm_overlap has no effect in the cost model for this MoE model's layers (the overlap "
                     "mechanisms are modelled on a standard layer's QKV, proj, fc1 and fc2 GEMMs)")
