@@ -495,6 +495,16 @@ class CostBuilder:
             ex_b = el * sum(costs.gemm_ms(a, c, b, backward=True, **gkw) + costs.gemm_ms(c, b, a, backward=True, **gkw)
                             for a, b, c in gem)
         flops = 2.0 * el * sum(a * b * c for a, b, c in moe.expert_gemms(m, p, w.seq_len))
+        if p.fp8:
+            # the experts' FP8 casts, as a dense layer's (fp8_cast_bytes): the rank's token copies into fc1
+            # and fc2, their weights (E / EP experts), the output gradients in backward
+            qf, qb = self.fp8_cast_bytes([(el * a, b, c) for a, b, c in gem])
+            wq = sum(float(c) * b for a, b, c in gem)           # one expert's weights; el - 1 more of them
+            te_cached = 1.0 / p.num_micro_batches if self.engine.fp8_library == "transformer_engine" else 1.0
+            qf += (el - 1) * wq * FP8_TE_CAST_TRANSPOSE_BYTES * te_cached
+            fused = p.compile or self.engine.fuses("fp8_cast")
+            ex_f += costs.quantize_ms(qf, p.precision, fused=fused)
+            ex_b += costs.quantize_ms(qb, p.precision, fused=fused)
         rows = el * gem[0][0]
         f = sh["ffn_per_rank"]
         act_f = self._memory_bound_ms(rows * (6 if m.gated_mlp else 4) * f, "swiglu")
