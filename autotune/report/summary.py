@@ -117,6 +117,17 @@ def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
         ("precision", plan.precision + (" (layers' linears; LM head BF16)" if plan.fp8 else "")),
         ("torch.compile", _onoff(plan.compile)),
     ]
+    if plan.ep_degree * plan.etp_degree > 1 or plan.moe_a2a_overlap or plan.moe_dispatcher != "alltoall":
+        # a mixture-of-experts plan: the expert layout (a dense plan has none of these rows)
+        rows += [
+            ("expert parallel", f"EP {plan.ep_degree} x ETP {plan.etp_degree} (folded over TP x CP x DP; "
+                                f"expert DP {plan.expert_dp_degree})"),
+            ("token dispatcher", plan.moe_dispatcher + (" (DeepEP / HybridEP)" if plan.moe_dispatcher == "flex" else "")),
+            ("dispatch overlap", _onoff(plan.moe_a2a_overlap) + " (all-to-all beside another micro-batch's compute)"),
+            ("grouped GEMM", _onoff(plan.moe_grouped_gemm)),
+        ]
+    if plan.recompute_modules is not None:
+        rows.append(("recompute modules", ", ".join(plan.recompute_modules)))
     return rows
 
 
