@@ -55,7 +55,8 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
             is not costed yet: :meth:`autotune.spec.models.ModelSpec.require_costed`).
     """
     from autotune.spec.hardware import make_cluster
-    from autotune.spec.models import CATALOG, builtin_model_names, get_builtin_model, get_model, model_from_hf_config
+    from autotune.spec.hf_config import model_from_hf_config
+    from autotune.spec.models import CATALOG, builtin_model_names, get_builtin_model, get_model
     from autotune.spec.plan import Workload
     from autotune.spec.validate import (
         MAX_GLOBAL_BATCH_SEQUENCES,

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.spec.models import MOE_CATALOG, ModelSpec, get_builtin_model, get_model, model_from_hf_config
+from autotune.spec.hf_config import model_from_hf_config
+from autotune.spec.models import MOE_CATALOG, ModelSpec, get_builtin_model, get_model
 
 
 def M(name):
