@@ -17,6 +17,7 @@ from pathlib import Path
 #: built-in name -> (published total, published active, source)
 PUBLISHED_COUNTS = {
     "mixtral-8x7b": ("46.7B", "12.9B", "mistralai/Mixtral-8x7B-v0.1 card"),
+    "mixtral-8x22b": ("141B", "39B", "Mistral AI's Mixtral 8x22B announcement"),
     "qwen3-30b-a3b": ("30.5B", "3.3B", "Qwen/Qwen3-30B-A3B card (30,532,122,624 in issue 38)"),
     "qwen3-235b-a22b": ("235B", "22B", "Qwen/Qwen3-235B-A22B card"),
     "deepseek-v3": ("671B main + 14B MTP (HF 685B)", "37B", "DeepSeek-V3 README / README_WEIGHTS.md"),

@@ -17,7 +17,7 @@ DEFAULT_STORAGE = "sqlite:///studies/autotune.db"  # == autotune.tune.tuner.DEFA
 DEFAULT_SEQ_LEN = 8192
 #: built-in model names ``--model`` takes besides a config.json (== autotune.spec.models.MOE_CATALOG; not
 #: imported: keeps --help fast; tests/cli/test_model_names.py checks they agree)
-BUILTIN_MODEL_NAMES = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2", "deepseek-16b",
+BUILTIN_MODEL_NAMES = ("mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2", "deepseek-16b",
                        "gpt-oss-20b", "gpt-oss-120b")
 MODEL_HELP = ("A Hugging Face config.json, or a built-in model: " + ", ".join(BUILTIN_MODEL_NAMES)
               + " (mixtures of experts: their parameters and FLOPs are known, expert parallelism is not costed yet, "

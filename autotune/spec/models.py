@@ -651,6 +651,13 @@ MOE_CATALOG: dict[str, ModelSpec] = {
         name="mixtral-8x7b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
         vocab_size=32000, head_dim=128, rope_theta=1e6, norm_eps=1e-5, max_seq_len=32768,
         num_experts=8, moe_top_k=2, moe_ffn_hidden_size=14336),
+    # mistralai/Mixtral-8x22B-v0.1 config.json, read from a copy (a test fixture of scaleapi/llm-engine,
+    # transformers 4.40.0.dev0; the Hub file was not reachable): 56 layers, h 6144, 48/8 heads, 8 experts of
+    # 16384, top-2, vocab 32000 (the Instruct-v0.1 tokenizer has 32768), rope_theta 1e6, 65536 positions
+    "mixtral-8x22b": ModelSpec(
+        name="mixtral-8x22b", hidden_size=6144, num_layers=56, num_heads=48, num_kv_heads=8, ffn_hidden_size=16384,
+        vocab_size=32000, head_dim=128, rope_theta=1e6, norm_eps=1e-5, max_seq_len=65536,
+        num_experts=8, moe_top_k=2, moe_ffn_hidden_size=16384),
     # Qwen/Qwen3-30B-A3B config.json (Qwen3MoeForCausalLM): 48 layers, h 2048, 32/4 heads of 128 with q/k
     # RMSNorms, 128 experts of moe_intermediate_size 768, top-8 (norm_topk_prob), vocab 151936, untied,
     # rope_theta 1e6, 40960 positions, rms_norm_eps 1e-6 (intermediate_size 6144 unused: no dense layer)

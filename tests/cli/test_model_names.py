@@ -20,7 +20,7 @@ def test_help_lists_agree_with_the_catalogs():
 def test_help_lists_builtin_models(cmd):
     out = CliRunner().invoke(main, cmd, terminal_width=400).output
     for name in ("deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b",
-                 "mixtral-8x7b", "deepseek-16b"):
+                 "mixtral-8x7b", "mixtral-8x22b", "deepseek-16b"):
         assert name in out, (cmd, name)
 
 
