@@ -5,7 +5,8 @@ import json
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.spec.models import ModelSpec, get_model, model_from_hf_config
+from autotune.spec.hf_config import model_from_hf_config
+from autotune.spec.models import ModelSpec, get_model
 
 
 @pytest.mark.parametrize("size,params", [

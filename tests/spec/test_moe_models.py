@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.spec.models import MOE_CATALOG, ModelSpec, get_builtin_model, get_model, model_from_hf_config
+from autotune.spec.hf_config import model_from_hf_config
+from autotune.spec.models import MOE_CATALOG, ModelSpec, get_builtin_model, get_model
 
 
 def M(name):
@@ -28,6 +29,18 @@ def test_mixtral_8x7b_counts():
     assert total == 46_702_792_704                                         # model card: 46.7B
     assert M("mixtral-8x7b").num_params == total
     assert M("mixtral-8x7b").num_active_params == emb + head + 32 * active_layer + 4096 == 12_879_925_248  # 12.9B
+
+
+def test_mixtral_8x22b_counts():
+    # Mixtral-8x22B-v0.1: h 6144, 56 layers, 48 q / 8 kv heads of 128, 8 experts of 16384, top-2, vocab 32000.
+    # Attention: q 6144x6144 = 37,748,736; k, v 6144x1024 = 6,291,456 each; o 37,748,736 -> 88,080,384.
+    # Expert 3 x 6144 x 16384 = 301,989,888; gate 8 x 6144 = 49,152; norms 12,288.
+    layer = 88_080_384 + 8 * 301_989_888 + 49_152 + 12_288
+    active_layer = 88_080_384 + 2 * 301_989_888 + 49_152 + 12_288
+    emb2 = 2 * 32000 * 6144
+    m = M("mixtral-8x22b")
+    assert m.num_params == emb2 + 56 * layer + 6144 == 140_620_634_112          # Mistral AI: 141B
+    assert m.num_active_params == emb2 + 56 * active_layer + 6144 == 39_152_031_744   # Mistral AI: 39B active
 
 
 def test_qwen3_30b_a3b_counts():
