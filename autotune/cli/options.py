@@ -20,8 +20,8 @@ DEFAULT_SEQ_LEN = 8192
 BUILTIN_MODEL_NAMES = ("mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2", "deepseek-16b",
                        "gpt-oss-20b", "gpt-oss-120b")
 MODEL_HELP = ("A Hugging Face config.json, or a built-in model: " + ", ".join(BUILTIN_MODEL_NAMES)
-              + " (mixtures of experts: their parameters and FLOPs are known, expert parallelism is not costed yet, "
-                "so simulate and run refuse them); instead of --size.")
+              + " (mixtures of experts: MFU on the active path; expert parallelism searched for engines that have "
+                "it); instead of --size.")
 #: GPUs of autotune/data/gpus.yaml for --help (tests/cli/test_model_names.py checks the list)
 GPU_NAMES = ("a100-80gb", "h100", "h800", "h200", "b200", "b300", "gb200", "gb300")
 
@@ -96,7 +96,6 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
         n = model.num_params
         key = next((k for k, v in CATALOG.items() if v == model), None) or \
             ("8b" if n < 20e9 else "70b" if n < 150e9 else "405b")
-    model.require_costed()      # a mixture of experts: one line naming what the cost model lacks
     d_gpus, d_batch = SIZE_DEFAULTS[key]
     cluster = make_cluster(gpu or DEFAULT_GPU, gpus if gpus is not None else d_gpus, interconnect)
     seq = seq_len if seq_len is not None else DEFAULT_SEQ_LEN

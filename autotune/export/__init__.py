@@ -58,12 +58,11 @@ def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> Launch
 
     Raises:
         ConfigError: unknown engine, a plan the engine's launch format cannot express (see the engine's
-            export module, ``autotune/engines/<engine>/export.py``), or a mixture-of-experts model (no engine
-            export writes the expert flags yet: :meth:`autotune.spec.models.ModelSpec.require_costed`).
+            export module, ``autotune/engines/<engine>/export.py``; an engine without expert parallelism
+            refuses a mixture-of-experts model there).
     """
     from autotune.engines.registry import ENGINES, export_module
 
-    doc.model.require_costed()
     if doc.engine not in ENGINES:
         raise ConfigError(f"engine {doc.engine!r}: valid engines are {', '.join(ENGINES)}")
     return export_module(doc.engine).launch_command(doc, plan_file=plan_file)

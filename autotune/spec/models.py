@@ -539,20 +539,6 @@ class ModelSpec:
         return (lm_head + self.active_layer_params + self.hidden_size
                 + self.mtp_num_layers * self.mtp_active_params_per_layer)
 
-    def require_costed(self) -> None:
-        """Refuse a model the cost model (simulator, memory, tuner) cannot price yet.
-
-        Raises:
-            ConfigError: a mixture-of-experts model (expert parallelism, the dispatch all-to-all and expert
-                memory are not costed yet), naming the model and its size.
-        """
-        if self.is_moe:
-            raise ConfigError(
-                f"model {self.name}: mixture of experts ({self.num_experts} routed experts, top-{self.moe_top_k}; "
-                f"{self.num_params / 1e9:.1f}B parameters, {self.num_active_params / 1e9:.1f}B active): expert "
-                "parallelism is not costed yet (no EP/ETP plan fields, dispatch all-to-all or expert memory in "
-                "the simulator), so it cannot be simulated or tuned")
-
     def truncated(self, num_layers: int) -> "ModelSpec":
         """The same widths with ``num_layers`` layers (a depth proxy), named ``<name>-<N>L``.
 
