@@ -51,8 +51,7 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
 
     Raises:
         ConfigError: unknown size/GPU/fabric (lists the known ones), both or neither of --size/--model,
-            a batch that is not a whole number of sequences, a mixture-of-experts model (expert parallelism
-            is not costed yet: :meth:`autotune.spec.models.ModelSpec.require_costed`).
+            a batch that is not a whole number of sequences.
     """
     from autotune.spec.hardware import make_cluster
     from autotune.spec.hf_config import model_from_hf_config

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 from autotune.engines.registry import engine_runners
 from autotune.errors import AutotuneError, ConfigError
-from autotune.spec.engines import EngineProfile, get_engine
+from autotune.spec.engines import EngineProfile, check_model_for_engine, get_engine
 from autotune.spec.hardware import ClusterSpec
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, Workload
@@ -115,6 +115,8 @@ class Evaluator(abc.ABC):
         self.cluster = cluster
         self.workload = workload
         self.engine = get_engine(engine)
+        # a mixture of experts on an engine with no expert parallelism (the native runtime): one line
+        check_model_for_engine(model, self.engine)
 
     @abc.abstractmethod
     def evaluate(self, plan: Plan) -> StepResult:

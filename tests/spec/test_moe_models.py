@@ -302,7 +302,14 @@ def test_builtin_names():
     assert get_builtin_model("no-such-model") is None
 
 
-def test_require_costed_names_what_is_missing():
-    get_model("405b").require_costed()
-    with pytest.raises(ConfigError, match="deepseek-v3: mixture of experts .*expert parallelism is not costed yet"):
-        M("deepseek-v3").require_costed()
+def test_an_engine_without_expert_parallelism_refuses_an_moe_model():
+    # the native runtime builds dense Llama blocks only (its facts.yaml moe_dispatchers: []): one line naming
+    # the model, the engine and the engines that can; Megatron-LM and torchtitan take it
+    from autotune.errors import PlanError
+    from autotune.spec.engines import check_model_for_engine, get_engine
+
+    check_model_for_engine(get_model("405b"), get_engine("native"))
+    check_model_for_engine(M("deepseek-v3"), get_engine("megatron"))
+    with pytest.raises(PlanError, match="deepseek-v3 is a mixture-of-experts model; engine native cannot run it: "
+                                        ".*engines that can: megatron, torchtitan"):
+        check_model_for_engine(M("deepseek-v3"), get_engine("native"))
