@@ -4,8 +4,9 @@ The package is layered; each layer imports only the layers below it (``pyproject
 ``[tool.importlinter]``, checked in CI; docs/architecture.md):
 
     cli -> tune (retune, screen -> workers -> tuner), report -> engines' runners, runners
-        -> runtime, profiling -> engines' importers and exports -> launchers, export
-        -> study -> search -> cost -> spec -> engines.registry -> signals, logs, files, errors
+        -> runtime, profiling -> engines' importers -> launchers, export -> engines' exports
+        -> engines' shared helpers -> study -> search -> cost -> engines.torchtitan.block_saved -> spec
+        -> engines.registry -> engines.base -> signals, logs, files, errors
 
 Each training engine's knowledge lives in one folder, ``autotune/engines/<engine>/``, reached through
 :mod:`autotune.engines.registry`.

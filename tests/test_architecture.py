@@ -50,3 +50,69 @@ def test_module_sizes():
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "autotune").rglob("*.py")}
     assert {k: v for k, v in sizes.items() if v > 800} == {}
     assert sizes["autotune/tune/tuner.py"] < 500
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_engines_contract_covers_every_module_outside_the_engines():
+    # the forbidden contract's source list is written by hand: every top-level module and package of autotune
+    # but autotune.engines (and the package's own __init__) must be in it, or a new one could import an
+    # engine's folder unchecked
+    contract = next(c for c in _pyproject()["tool"]["importlinter"]["contracts"] if c["type"] == "forbidden")
+    top = {f"autotune.{p.stem if p.is_file() else p.name}" for p in (ROOT / "autotune").iterdir()
+           if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert top - {"autotune.engines"} == set(contract["source_modules"])
+
+
+def _layer_index() -> list[tuple[int, str]]:
+    """(layer number from the top, module) of every module the layers contract names."""
+    contract = next(c for c in _pyproject()["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
+    out = []
+    for i, layer in enumerate(contract["layers"]):
+        for m in layer.replace(":", "|").split("|"):
+            out.append((i, m.strip()))
+    return out
+
+
+def _layer_of(module: str, index: list[tuple[int, str]]) -> int:
+    # the most specific layer entry that contains the module
+    best = max((m for _, m in index if module == m or module.startswith(m + ".")), key=len)
+    return next(i for i, m in index if m == best)
+
+
+def test_registry_parts_are_reached_from_their_layer_or_above():
+    # autotune.engines.registry imports an engine's parts by name (importlib), which the import-linter cannot
+    # see: every call of export_module / importer_module / runner_module / accounting_module must come from a
+    # module at the part's layer or above (a lower index in the layers list), else a low layer would run code
+    # of a higher one
+    import ast
+
+    from autotune.engines import registry
+
+    index = _layer_index()
+    parts = {"export_module": lambda e: registry.engine_parts(e).export,
+             "importer_module": lambda e: registry.engine_parts(e).importer,
+             "runner_module": lambda e: registry.engine_parts(e).runner[0],
+             "accounting_module": lambda a: registry.ACCOUNTING_MODULES[a]}
+    worst: dict[str, int] = {}          # the lowest layer (highest index) any engine's part of each kind sits in
+    for fn, path in parts.items():
+        keys = registry.ACCOUNTING_MODULES if fn == "accounting_module" else \
+            [e for e, p in registry.ENGINES.items() if getattr(p, fn.split("_")[0]) is not None]
+        worst[fn] = min(_layer_of(path(k), index) for k in keys)
+    bad, calls = [], 0
+    for p in (ROOT / "autotune").rglob("*.py"):
+        mod = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if mod.startswith("autotune.engines"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in parts:
+                    calls += 1
+                    if _layer_of(mod, index) > worst[name]:
+                        bad.append(f"{mod} calls {name} (its layer is below the parts')")
+    assert calls >= 5 and bad == []

@@ -7,8 +7,8 @@ from __future__ import annotations
 import click
 
 from autotune.errors import ConfigError
+from autotune.cli.launch_import import FORMATS as IMPORT_FORMATS   # the registry's --from-* formats
 
-IMPORT_FORMATS = ("megatron", "torchtitan")
 COMPARE_OPTIONS = [
     click.option("--compare-to", "compare_to", type=click.Path(dir_okay=False), default=None,
                  help="After tuning, print the tuned plan beside your own launch: a Megatron-LM argument list or a "
@@ -26,12 +26,12 @@ def compare_options(f):
 
 
 def read_launch(path: str, fmt: str | None, gpus: int | None):
-    """The :class:`~autotune.export.launch_import.ImportedLaunch` of ``path`` for ``--gpus``.
+    """The :class:`~autotune.cli.launch_import.ImportedLaunch` of ``path`` for ``--gpus``.
 
     Raises:
-        ConfigError: see :func:`autotune.export.launch_import.import_launch`.
+        ConfigError: see :func:`autotune.cli.launch_import.import_launch`.
     """
-    from autotune.export.launch_import import import_launch
+    from autotune.cli.launch_import import import_launch
     from autotune.spec.validate import MAX_NUM_GPUS, require_int
     if gpus is not None:
         require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)

@@ -479,8 +479,11 @@ def write_fabrics(session: Any, env: ProfileEnvironment, dirs: Sequence[Path]) -
         d = fabric_dict(session, env, tier)
         if d is None:
             continue
-        head = (f"# Interconnect tier '{tier}' measured by `autotune profile` on {env.hostname} "
-                f"({env.gpu_count}x {env.gpu_name}, {env.date}; NCCL {env.nccl}).\n"
+        from autotune.engines.quoting import comment_text    # names from the profile store: one comment line
+
+        head = (f"# Interconnect tier '{comment_text(tier)}' measured by `autotune profile` on "
+                f"{comment_text(env.hostname)} ({env.gpu_count}x {comment_text(env.gpu_name)}, "
+                f"{comment_text(env.date)}; NCCL {comment_text(env.nccl)}).\n"
                 f"# bandwidth_gbs: nominal link figure (scales the measured curves by 1); "
                 f"measured_busbw_gbs: all-reduce bus bandwidth at the largest size.\n")
         for dr in dirs:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from autotune.engines.registry import ENGINES
+
 
 @click.command("validate")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
@@ -19,7 +21,7 @@ import click
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Wall-clock limit, s.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu runs with gloo (tests); auto uses the local CUDA GPUs.")
-@click.option("--engine", type=click.Choice(["native", "torchtitan", "megatron"]), default="native", show_default=True,
+@click.option("--engine", type=click.Choice(list(ENGINES)), default="native", show_default=True,
               help="native: autotune's own runtime; torchtitan: torchtitan's trainer with the plan as its job "
                    "file (needs the torchtitan-runner extra); megatron: Megatron-LM's pretrain_gpt.py with the "
                    "plan's flags (needs the megatron-runner extra and AUTOTUNE_MEGATRON_LM).")

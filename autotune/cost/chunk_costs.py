@@ -974,7 +974,7 @@ def chunk_costs(cb: CostBuilder, plan: Plan, model: ModelSpec, *, cached: bool =
     ``cached``: compute :meth:`CostBuilder.chunk_cost` once per (first stage, last stage, layer count)
     and share the result between the virtual stages of that class (``chunk_cost`` depends on the
     stage index only through "is it the first (embedding) / last (LM head) stage"; the fast path's
-    equivalence test, tests/test_fast_sim.py, checks this against the uncached costs).
+    equivalence test, tests/cost/test_fast_sim.py, checks this against the uncached costs).
     """
     layers = plan.layers_per_virtual_stage(model.num_layers)
     n = len(layers)

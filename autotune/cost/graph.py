@@ -82,7 +82,7 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
     # Virtual stages of one chunk class share one ChunkCost object (chunk_costs(cached=True)), so a node's
     # (parts, duration, flops) and a chunk's DP bucket groups are computed once per distinct input and
     # reused: the same arithmetic on the same numbers, so the same floats as computing every (stage,
-    # chunk) afresh (tests/test_fast_sim.py compares this with the graph built node by node).
+    # chunk) afresh (tests/cost/test_fast_sim.py compares this with the graph built node by node).
     node_memo: dict[tuple, tuple[dict[str, float], float, float]] = {}
     dp_memo: dict[tuple, tuple[tuple[float, int, float], ...]] = {}
     bucket_memo: dict[int, list[float]] = {}

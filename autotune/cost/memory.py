@@ -107,7 +107,7 @@ FP8_BYTES = 1
 #: docs/results/saved-activations-h200x1-2026-12-01.json; Llama 3.1 8B block, seq 8192): the
 #: partitioner (AOTAutograd min-cut rematerialization) recomputes the norms and SwiGLU in backward, and
 #: with torchao FP8 saves the FP8 casts of the linears' inputs. FP8 rowwise measured the same as
-#: tensorwise. Full recompute keeps only the block input either way (1). tests/test_memory.py
+#: tensorwise. Full recompute keeps only the block input either way (1). tests/cost/test_memory.py
 #: re-derives these from the JSON.
 COMPILED_OVER_EAGER = {("bf16", "none"): 0.672, ("bf16", "selective"): 0.547,
                        ("fp8", "none"): 0.462, ("fp8", "selective"): 0.453}

@@ -16,7 +16,7 @@ instead): the graph's numbers (:func:`autotune.cost.graph.step_weights`) are com
 bucket groups and which tail nodes exist) is built once and cached, then compiled once into the visit
 order and predecessor lists :func:`simulate_graph` would use (:func:`compile_structure`), and
 :func:`simulate_structure` runs the same recurrence over plain lists. Same floats, same order of sums:
-tests/test_fast_sim.py compares both paths; 267 plans of three 405B / 70B studies gave bit-identical
+tests/cost/test_fast_sim.py compares both paths; 267 plans of three 405B / 70B studies gave bit-identical
 step times, MFU and breakdowns (2026-12-01). Measured on the project's 2-core dev machine: a 405B x 1,024
 B200 trial's evaluation went from ~0.3 s to ~25 ms CPU.
 """
@@ -235,7 +235,7 @@ def simulate_structure(s: StepStructure, w: StepWeights) -> tuple[float, tuple[d
     """The step time (ms) and per-stage breakdowns :func:`simulate_graph` gives for the graph
     :func:`autotune.cost.graph.build_step_graph` builds from ``s`` and ``w``, without building it: the same
     earliest-start recurrence, visit order and sums (so the same floats), over plain lists.
-    tests/test_fast_sim.py checks the two agree."""
+    tests/cost/test_fast_sim.py checks the two agree."""
     cs = compile_structure(s)
     wvals = [weight_of(w, k) for k in cs.wkeys]
     dur = [x[0] for x in wvals]
@@ -301,7 +301,7 @@ class SimulatedEvaluator(Evaluator):
         self.simulated_ms = 0.0         # building + simulating the graphs of feasible plans, ms
         self.num_simulated_plans = 0
         #: simulate through :func:`simulate_structure` (structures cached, no networkx graph; the same
-        #: results as building and simulating the graph, tests/test_fast_sim.py); False = the graph
+        #: results as building and simulating the graph, tests/cost/test_fast_sim.py); False = the graph
         self.fast = True
 
     def evaluate(self, plan: Plan) -> StepResult:

@@ -7,11 +7,14 @@ Lifecycle of an engine in autotune (each part is used only when a command needs 
    :class:`autotune.spec.engines.EngineProfile`, which the cost model, the memory model and the search space
    read (what the engine keeps per parameter, fuses, recomputes, which ZeRO stages, schedules and
    precisions it runs);
-2. **export** (a module with ``launch_command(doc, *, plan_file) -> autotune.export.LaunchCommand``,
-   ``model_refusal(model, seq_len) -> str | None`` and the engine's own launch files): ``autotune export``
-   and the end of ``autotune run``;
-3. **importer** (a module with ``import_launch(path, *, num_gpus) -> autotune.export.imported.ImportedLaunch``):
-   ``simulate --from-<engine>`` and ``run --compare-to``, a user's launch read back as a plan;
+2. **export** (a module with ``launch_command(doc, *, plan_file) -> LaunchCommand`` (below),
+   ``launch_refusal(model, seq_len) -> str | None`` (what ``autotune run`` says at its start about this
+   engine's launch files), ``EXTRA_FILES`` (names of the files it writes beside ``plan.yaml`` and the launch
+   scripts) and ``extra_files(doc) -> {name: text}``): ``autotune export`` and the end of ``autotune run``;
+3. **importer** (a module with ``import_launch(path, *, num_gpus) -> autotune.engines.imported.ImportedLaunch``
+   and ``FILE_SUFFIXES``, the launch-file suffixes it claims when ``--from-*`` detects a format; one importer
+   claims none and reads everything else): ``simulate --from-<engine>`` and ``run --compare-to``, a user's
+   launch read back as a plan;
 4. **runner** (module, class): an :class:`autotune.cost.evaluator.Evaluator` that runs a trial for real
    (``--backend real --engine <name>``), with the module functions ``check_engine()`` (raises if the
    engine is not installed) and ``run_key(model, workload, layers)`` (plans with equal keys launch the
@@ -52,4 +55,27 @@ class EngineParts:
     import_format: str | None = None
 
 
-__all__ = ["EngineParts"]
+@dataclass(frozen=True)
+class LaunchCommand:
+    """What a launch script runs on one node.
+
+    Attributes:
+        program: argv before the per-engine arguments (``$MEGATRON_LM/pretrain_gpt.py`` or
+            ``-m torchtitan.train``), shell words (``$VAR`` expanded by the script).
+        args: argv tokens after it (literal).
+        env: environment variables to export (literal values).
+        notes: comment lines for the script header.
+        use_torchrun: False for ``native`` (``autotune validate`` starts its own workers).
+        prelude: the engine's own shell lines before the command (fixed text, no input): where
+            Megatron-LM's checkout is, torchtitan's config module on ``PYTHONPATH``.
+    """
+
+    program: tuple[str, ...]
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+    use_torchrun: bool = True
+    prelude: tuple[str, ...] = ()
+
+
+__all__ = ["EngineParts", "LaunchCommand"]

@@ -5,9 +5,12 @@ none imports ``autotune.engines.megatron`` or ``autotune.engines.torchtitan`` it
 contract in ``pyproject.toml`` and ``tests/test_architecture.py`` check it). Parts are imported when first
 asked for (:func:`importlib.import_module`), so the CLI and the simulator load no runner and no torch.
 
-Which layer may use which part is that part's layer in ``pyproject.toml``'s layers contract: the facts and
-:func:`accounting_module` from the cost model up, an export or importer from ``autotune.export`` up, a
-runner from ``autotune.tune`` and the CLI.
+Which layer may use which part is that part's layer in ``pyproject.toml``'s layers contract: the facts
+(:func:`facts_file`) from ``autotune.spec`` up, :func:`accounting_module` from the cost model up, an export or
+importer from ``autotune.export`` up, a runner from the runners' layer up (``autotune.tune``, the CLI). The
+import-linter cannot see these imports (they are by name), so ``tests/test_architecture.py``
+``test_registry_parts_are_reached_from_their_layer_or_above`` checks every call of these functions against
+the layers.
 
 Adding an engine: a folder ``autotune/engines/<name>/`` with its ``facts.yaml`` and modules, one entry in
 :data:`ENGINES`, and its modules placed in the layers contract (docs/architecture.md, "Adding an engine").
@@ -60,11 +63,6 @@ def facts_file(name: str) -> Path:
     return ENGINES_DIR / engine_parts(name).folder / "facts.yaml"
 
 
-def engine_file(name: str, filename: str) -> Path:
-    """Path of a data file in engine ``name``'s folder (for example Megatron-LM's ``arg_facts.jsonl``)."""
-    return ENGINES_DIR / engine_parts(name).folder / filename
-
-
 def _part(name: str, part: str) -> ModuleType:
     path = getattr(engine_parts(name), part)
     if path is None:
@@ -93,11 +91,6 @@ def runner_module(name: str) -> ModuleType:
     return _part(name, "runner")
 
 
-def log_module(name: str) -> ModuleType:
-    """Engine ``name``'s training-log parser. Raises ConfigError as :func:`export_module`."""
-    return _part(name, "log")
-
-
 def engine_runners() -> dict[str, tuple[str, str]]:
     """Engines with a runner of their own: name -> (module path, evaluator class name)."""
     return {n: p.runner for n, p in ENGINES.items() if p.runner is not None}
@@ -122,5 +115,5 @@ def accounting_module(accounting: str) -> ModuleType:
     return importlib.import_module(path)
 
 
-__all__ = ["ACCOUNTING_MODULES", "ENGINES", "accounting_module", "engine_file", "engine_parts", "engine_runners",
-           "export_module", "facts_file", "import_formats", "importer_module", "log_module", "runner_module"]
+__all__ = ["ACCOUNTING_MODULES", "ENGINES", "accounting_module", "engine_parts", "engine_runners",
+           "export_module", "facts_file", "import_formats", "importer_module", "runner_module"]

@@ -22,34 +22,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.engines.base import LaunchCommand
 from autotune.errors import ConfigError
+from autotune.engines.quoting import comment_text, shell_name, slurm_job_name
 from autotune.files import write_output_text
 from autotune.spec.plan import PlanDocument
 
 LAUNCHERS = ("torchrun", "slurm")
-
-
-@dataclass(frozen=True)
-class LaunchCommand:
-    """What a launch script runs on one node.
-
-    Attributes:
-        program: argv before the per-engine arguments (``$MEGATRON_LM/pretrain_gpt.py`` or
-            ``-m torchtitan.train``), shell words (``$VAR`` expanded by the script).
-        args: argv tokens after it (literal).
-        env: environment variables to export (literal values).
-        notes: comment lines for the script header.
-        use_torchrun: False for ``native`` (``autotune validate`` starts its own workers).
-    """
-
-    program: tuple[str, ...]
-    args: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    notes: tuple[str, ...] = ()
-    use_torchrun: bool = True
 
 
 def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> LaunchCommand:
@@ -72,13 +53,27 @@ def _q(x: str) -> str:
     return shlex.quote(x)
 
 
+def _header(doc: PlanDocument) -> str:
+    """The first comment line of a launch script (every input string through :func:`comment_text`)."""
+    return (f"# {comment_text(doc.model.name)} on {doc.num_gpus} x {comment_text(doc.gpu)}, engine "
+            f"{comment_text(doc.engine)}; written by autotune export")
+
+
 def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -> str:
-    """Bash source of ``launch_torchrun.sh`` (``--dry-run`` prints, else ``exec``s the command)."""
+    """Bash source of ``launch_torchrun.sh`` (``--dry-run`` prints, else ``exec``s the command).
+
+    Nothing from the plan is written as shell code: the names in the comment lines pass
+    :func:`autotune.engines.quoting.comment_text` (one printable line), every argument and environment value
+    is a :func:`shlex.quote`'d word, environment names must be shell names; the program words
+    (``cmd.program``) are the engine's own (``"$MEGATRON_LM/pretrain_gpt.py"``).
+
+    Raises:
+        ConfigError: an environment variable name that is not a shell name.
+    """
     nnodes = max(1, doc.num_gpus // gpus_per_node)
-    lines = ["#!/usr/bin/env bash",
-             f"# {doc.model.name} on {doc.num_gpus} x {doc.gpu}, engine {doc.engine}; written by autotune export",
-             f"# study {doc.study}, trial {doc.trial_id}"]
-    lines += [f"# {n}" for n in cmd.notes]
+    lines = ["#!/usr/bin/env bash", _header(doc),
+             f"# study {comment_text(doc.study)}, trial {comment_text(doc.trial_id)}"]
+    lines += [f"# {comment_text(n)}" for n in cmd.notes]
     lines += ["# usage: bash launch_torchrun.sh [--dry-run] [extra arguments]",
               "# multi-node: run on every node with NODE_RANK=<0..NNODES-1> and MASTER_ADDR=<first node>",
               "set -euo pipefail",
@@ -90,12 +85,9 @@ def torchrun_script(doc: PlanDocument, cmd: LaunchCommand, gpus_per_node: int) -
               "NODE_RANK=${NODE_RANK:-0}",
               "MASTER_ADDR=${MASTER_ADDR:-localhost}",
               "MASTER_PORT=${MASTER_PORT:-29500}"]
-    if doc.engine == "megatron":
-        lines.append('MEGATRON_LM=${MEGATRON_LM:-"$HOME/Megatron-LM"}')
-    if doc.engine == "torchtitan":
-        lines.append('export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"')
+    lines += list(cmd.prelude)
     for k, v in cmd.env:
-        lines.append(f"export {k}={_q(v)}")
+        lines.append(f"export {shell_name(k)}={_q(v)}")
     if cmd.use_torchrun:
         head = ['torchrun', '--nnodes "$NNODES"', '--nproc-per-node "$GPUS_PER_NODE"', '--node-rank "$NODE_RANK"',
                 '--master-addr "$MASTER_ADDR"', '--master-port "$MASTER_PORT"'] + list(cmd.program)
@@ -124,20 +116,22 @@ def slurm_script(doc: PlanDocument, gpus_per_node: int, here: str | os.PathLike 
     from ``here`` (the launch directory, absolute: sbatch runs a spooled copy of the script, so its own
     location says nothing; None: the submit directory). ``segment_nodes``: hosts per NVLink domain the
     prediction assumed on a multi-host domain (NVL72), written as ``#SBATCH --segment`` (Slurm
-    topology/block: each segment is allocated inside one block; sbatch documentation ``--segment``)."""
+    topology/block: each segment is allocated inside one block; sbatch documentation ``--segment``).
+    The job name is the model name in :func:`autotune.engines.quoting.slurm_job_name`'s characters, the comment
+    line passes :func:`~autotune.engines.quoting.comment_text`, ``here`` is a :func:`shlex.quote`'d word."""
     nnodes = max(1, doc.num_gpus // gpus_per_node)
     g = min(gpus_per_node, doc.num_gpus)
     seg = ([f"#SBATCH --segment={segment_nodes}   # hosts per NVLink domain, as the prediction assumed"]
            if segment_nodes and segment_nodes < nnodes else [])
     return "\n".join([
         "#!/usr/bin/env bash",
-        f"#SBATCH --job-name=autotune-{doc.model.name}",
+        f"#SBATCH --job-name=autotune-{slurm_job_name(doc.model.name)}",
         f"#SBATCH --nodes={nnodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={g}",
         "#SBATCH --exclusive",
         *seg,
-        f"# {doc.model.name} on {doc.num_gpus} x {doc.gpu}, engine {doc.engine}; written by autotune export",
+        _header(doc),
         "# usage: sbatch launch_slurm.sbatch   |   bash launch_slurm.sbatch --dry-run",
         "set -euo pipefail",
         (f'HERE={shlex.quote(str(Path(here).resolve()))}' if here is not None else

@@ -479,7 +479,7 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     elif p.memory_reclaim != "none":
         env.append(f"# call torch.cuda.empty_cache() {p.memory_reclaim.replace('empty_cache_', '').replace('_', ' ')}")
     # an engine that cannot launch this model gets one line saying why instead of flags for another model
-    # (the check `export --launcher` refuses with: megatron.model_refusal, torchtitan.model_refusal)
+    # (the check `export --launcher` refuses with: each engine export's launch_refusal)
     from autotune.engines.registry import export_module
 
     meg_refusal = export_module("megatron").launch_refusal(model, workload.seq_len)

@@ -670,6 +670,38 @@ PLAN_DOCUMENT_KEYS = ("schema_version", "study", "trial_id", "engine", "model", 
                       "prediction")
 
 
+def _check_document_text(d: Mapping[str, Any], source: str) -> None:
+    """Refuse a plan file whose keys or string values (outside ``prediction``) are not short printable text
+    (:func:`autotune.spec.validate.require_text`: at most :data:`~autotune.spec.validate.MAX_NAME_CHARS`
+    characters, no newline or other control character), before any of them is echoed or written: the study,
+    model, GPU and fabric names reach the comment lines and the ``#SBATCH --job-name`` of the launch files
+    (autotune/export/__init__.py quotes them there too). ``prediction`` is left as it is (a real run's details
+    may hold log lines); it is only ever written back through the YAML writer. Walks iteratively (the YAML
+    reader caps the depth at :data:`autotune.files.MAX_NESTING_DEPTH`, a Python mapping may be deeper).
+
+    Raises:
+        ConfigError: ``<source>: field <path> <excerpt> contains a control character ...`` (one line).
+    """
+    from collections import deque
+
+    from autotune.files import display_text
+    from autotune.spec.validate import require_text, show
+
+    todo: deque[tuple[str, Any, Any]] = deque(("", k, v) for k, v in d.items() if k != "prediction")
+    while todo:                 # in file order: the first offending value is the one named
+        parent, key, v = todo.popleft()
+        where = display_text(parent, 100)
+        if isinstance(key, str):
+            require_text(key, f"{source}: a key of {'field ' + where if parent else 'the top level'}")
+        path = (f"{parent}.{key}" if parent else key) if isinstance(key, str) else f"{parent}[{show(key)}]"
+        if isinstance(v, str):
+            require_text(v, f"{source}: field {display_text(path, 100)}")
+        elif isinstance(v, Mapping):
+            todo.extend((path, k, x) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            todo.extend((path, i, x) for i, x in enumerate(v))
+
+
 @dataclass(frozen=True)
 class PlanDocument:
     """A plan with everything needed to re-evaluate or launch it; the YAML form of ``autotune export``.
@@ -717,6 +749,7 @@ class PlanDocument:
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan file") -> "PlanDocument":
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source}: expected a mapping at the top level")
+        _check_document_text(d, source)
         from autotune.spec.hardware import check_keys
         check_keys(d, PLAN_DOCUMENT_KEYS, source)
         ver = d.get("schema_version")

@@ -46,6 +46,10 @@ MAX_WORKER_ID = 2**31 - 1
 WORKERS_PER_CPU = 8
 #: --workers is always allowed up to this many, whatever the core count.
 MIN_MAX_WORKERS = 16
+#: Longest name or label a plan file may hold (study, model, GPU, fabric and link names, enum values), characters:
+#: Optuna's RDB storage keeps a study name in a ``VARCHAR(512)`` column (optuna/storages/_rdb/models.py
+#: ``MAX_INDEXED_STRING_LENGTH = 512``), and no catalog name comes near it (the longest is < 40).
+MAX_NAME_CHARS = 512
 
 
 def max_workers() -> int:
@@ -116,6 +120,28 @@ def require_name(v: Any, field: str) -> str:
     if not s.isprintable():
         raise ConfigError(f"{field} {show(s)} contains control characters")
     return s
+
+
+def require_text(v: Any, field: str, *, max_chars: int = MAX_NAME_CHARS) -> str:
+    """``v`` if it is a string of at most ``max_chars`` printable characters (``str.isprintable``: no newline,
+    tab, carriage return, NUL, escape or other control or format character, so it cannot start a new line in
+    a generated shell script, TOML or Python file). Unlike :func:`require_name` it is not stripped and may be
+    empty.
+
+    Raises:
+        ConfigError: "<field> <excerpt> contains control characters (...)" or "... is N characters long",
+            one line, the value shown as a short printable excerpt.
+    """
+    if not isinstance(v, str):
+        raise ConfigError(f"{field} must be text (a string), got {show(v)} ({type(v).__name__})")
+    if len(v) > max_chars:
+        raise ConfigError(f"{field} {display_text(repr(v), 60)} is {len(v):,} characters long; valid: at most "
+                          f"{max_chars:,} printable characters")
+    if not v.isprintable():
+        bad = next(ch for ch in v if not ch.isprintable())
+        raise ConfigError(f"{field} {display_text(repr(v), 60)} contains a control character ({bad!r}); valid: "
+                          f"printable text (no newline, tab, carriage return, escape or NUL)")
+    return v
 
 
 def require_bool(v: Any, field: str) -> bool:

@@ -367,8 +367,8 @@ def _plan_field(path, value):
         return {"schema_version": "schema_version", "cluster.num_gpus": "GPUs"}.get(path, last)
     if path == "model.num_kv_heads" and value == 3:
         return "num_kv_heads"
-    if path == "model.name" and value:
-        return "model name"
+    if path == "model.name" and value:      # control characters: refused by the plan file's text check
+        return "field model.name"
     return last
 
 

@@ -266,7 +266,7 @@ def test_uneven_stage_layers_per_rank():
              stage_layers=(3, 5, 6, 2))
     e = estimate_memory(m16, p, H200, W)
     assert [s.num_layers for s in e.stages] == [3 + 6, 5 + 2]
-    # In-flight, weighted by chunk layers (hand count in tests/test_schedule.py, p=2 v=2 m=4): rank 0
+    # In-flight, weighted by chunk layers (hand count in tests/cost/test_schedule.py, p=2 v=2 m=4): rank 0
     # peaks at 21 of its 9 layers alive (chunk 0 x 3 micro-batches x 3 layers + chunk 1 x 2 x 6), rank
     # 1 at 15 of 7 (chunk 0 x 3 x 5). Rank 0's other candidate instant, (18 layers, 4 chunk-0
     # micro-batches), holds less: 21 L + 3 SBH > 18 L + 4 SBH.
@@ -278,7 +278,7 @@ def test_uneven_stage_layers_per_rank():
 
 def test_llama3_405b_split_counts_its_empty_chunks():
     # Llama 3 405B (paper Table 4): TP 8, PP 16, v = 8, 126 layers in 128 virtual stages, the first and
-    # last empty; m = 2048 sequences / DP 64 = 32. Hand count (tests/test_schedule.py): rank 0 holds
+    # last empty; m = 2048 sequences / DP 64 = 32. Hand count (tests/cost/test_schedule.py): rank 0 holds
     # 112 of its 7 layers' passes at the peak -> 16; rank 15, 113 of 7 -> 16.14 (the old closed form:
     # 16.47 and 1.03). Rank 15's last chunk is the empty virtual stage 127 with the LM head: its
     # F is always followed by its B, so 1 micro-batch of logits, no other in flight.

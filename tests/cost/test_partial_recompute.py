@@ -2,7 +2,7 @@
 full --recompute-method block --recompute-num-layers N``: the first N layers of each model chunk are
 checkpointed, megatron/core/recompute.py ``checkpointed_forward``; the rest keep their activations).
 
-Values derived by hand from the 8B numbers of tests/test_memory.py (its module docstring):
+Values derived by hand from the 8B numbers of tests/cost/test_memory.py (its module docstring):
 one 8B layer at s = 8192, b = 1, t = 1 keeps LAYER8 = 1,141,899,264 bytes without recompute and its
 input 2sbh = SBH = 67,108,864 bytes under full recompute.
 """
@@ -29,7 +29,7 @@ H200 = get_gpu("h200")
 W = Workload(seq_len=8192, global_batch_size=8)
 LAYER8 = 1_141_899_264
 SBH = 67_108_864
-#: the minimal saved set with gradients alive (as tests/test_memory.py's MINIMAL): the hand numbers above
+#: the minimal saved set with gradients alive (as tests/cost/test_memory.py's MINIMAL): the hand numbers above
 MINIMAL = replace(get_engine("native"), activation_accounting="minimal", frees_grads_between_steps=False)
 
 
@@ -136,7 +136,7 @@ def _walk_peak(plan: Plan, stage: int, chunk_bytes: list[int], first_bytes: int)
 def test_memory_uneven_chunks_per_chunk_bytes():
     # 16-layer 8B, pp = 2, v = 2, stage_layers [3, 5, 6, 2] (rank 0: chunks of 3 and 6 layers; rank 1:
     # 5 and 2), N = 4: per micro-batch chunk 3 -> 3 SBH; chunk 6 -> 4 SBH + 2 L; chunk 5 -> 4 SBH + 1 L;
-    # chunk 2 -> 2 SBH. tests/test_memory.py's hand count of this schedule: rank 0's candidate instants
+    # chunk 2 -> 2 SBH. tests/cost/test_memory.py's hand count of this schedule: rank 0's candidate instants
     # are (chunk 0 x 3, chunk 1 x 2) and (chunk 0 x 4, chunk 1 x 1): 3 x 3 SBH + 2 (4 SBH + 2 L) + 3 SBH
     # = 20 SBH + 4 L > 4 x 3 SBH + (4 SBH + 2 L) + 4 SBH = 20 SBH + 2 L. Rank 1 peaks with chunk 0 x 3:
     # 3 (4 SBH + L) = 12 SBH + 3 L.

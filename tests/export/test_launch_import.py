@@ -13,7 +13,7 @@ from torchtitan_loader import torchtitan_available
 
 from autotune.errors import ConfigError
 from autotune.export import launch_command
-from autotune.export.launch_import import import_launch
+from autotune.cli.launch_import import import_launch
 from autotune.engines.megatron.importer import (
     NOT_MODELLED,
     RUN,
@@ -267,8 +267,15 @@ def test_torchtitan_config_module_round_trip(tmp_path):
 
 def test_torchtitan_config_module_needs_torchtitan(tmp_path, monkeypatch):
     import sys
+
+    from autotune.engines.torchtitan import importer
     f = _write(tmp_path, "def autotune_plan():\n    raise SystemExit('must not run')\n", "cfg.py")
-    monkeypatch.setitem(sys.modules, "torchtitan.config.manager", None)     # import fails
+    # the module loads in a child process: its interpreter is this one with torchtitan made unimportable
+    fake = tmp_path / "python-without-torchtitan"
+    fake.write_text(f"#!/bin/sh\nshift\nexec {sys.executable} -I -c 'import runpy, sys; sys.modules[\"torchtitan\"] = None; "
+                    f"sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name=\"__main__\")' \"$@\"\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(importer, "PYTHON", str(fake))
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[torchtitan\]'"):
         import_launch(f, None, num_gpus=8)
 

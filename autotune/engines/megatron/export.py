@@ -2,7 +2,7 @@
 
 Every option name is an argument of Megatron-LM's parser (``megatron/training/arguments.py``,
 ``add_megatron_arguments``; NVIDIA/Megatron-LM commit d98e8a64ddf34856e74b24714e3bedb2f5a39553, names
-in tests/data/megatron_args.txt, checked by tests/test_export.py). Facts used, each from that file:
+in tests/data/megatron_args.txt, checked by tests/export/test_export.py). Facts used, each from that file:
 
 * ZeRO-1 = ``--use-distributed-optimizer`` (optimizer state sharded over DP); ZeRO-2 / ZeRO-3 =
   Megatron-FSDP: ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
@@ -52,7 +52,7 @@ scaling factor 8, GQA, no biases, untied embeddings), never from the model's nam
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.export import LaunchCommand
+from autotune.engines.base import LaunchCommand
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, PlanDocument, Workload
 
@@ -332,7 +332,8 @@ def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> Launch
                          env=tuple(env.items()),
                          notes=("Megatron-LM checkout: $MEGATRON_LM (option names checked against commit "
                                 "d98e8a64ddf3 of NVIDIA/Megatron-LM)",
-                                "synthetic data (--mock-data): use --data-path and your tokenizer for real runs"))
+                                "synthetic data (--mock-data): use --data-path and your tokenizer for real runs"),
+                         prelude=('MEGATRON_LM=${MEGATRON_LM:-"$HOME/Megatron-LM"}',))
 
 
 def extra_files(doc: PlanDocument) -> dict[str, str]:

@@ -6,12 +6,12 @@ The file: ``pretrain_gpt.py`` arguments, one per line or on shell-style lines (`
 output): the line with the ``*.py`` word is the command, words before it (``torchrun ... pretrain_gpt.py``)
 are the launcher's and are listed as ignored (they may hold shell syntax). Bash arrays defined once in the
 script (``GPT_MODEL_ARGS=( ... )``, Megatron-LM's examples' layout) and variables assigned once to a literal
-are expanded (:mod:`autotune.export.shell_vars`); any other shell variable in the Megatron arguments is
+are expanded (:mod:`autotune.engines.shell_vars`); any other shell variable in the Megatron arguments is
 refused: autotune runs no shell. ``PYTORCH_CUDA_ALLOC_CONF`` set on
 that line or exported before it gives ``memory_reclaim expandable_segments`` (export writes it back).
 
-Every option is checked against the recorded facts of Megatron-LM's parser (``autotune/data/
-megatron_arg_facts.jsonl``: option strings, actions, value types, nargs and choices of
+Every option is checked against the recorded facts of Megatron-LM's parser (``autotune/engines/megatron/
+arg_facts.jsonl``: option strings, actions, value types, nargs and choices of
 ``megatron/training/arguments.py`` ``add_megatron_arguments`` at commit d98e8a64ddf3, written by
 tests/data/extract_megatron_args.py): an unknown option, a value of the wrong type or outside the choices is
 one error naming the option and what is valid, as ``pretrain_gpt.py`` would fail.
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, PlanError
-from autotune.export.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
-from autotune.export.shell_vars import expand, launcher_world, script_values
+from autotune.engines.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
+from autotune.engines.shell_vars import expand, launcher_world, script_values
 
 FACTS_FILE = Path(__file__).resolve().parent / "arg_facts.jsonl"
 MEGATRON_COMMIT = "d98e8a64ddf3"
@@ -733,7 +733,7 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
 
 def import_megatron_args(path: str | Path, *, num_gpus: int | None) -> ImportedLaunch:
     """Read a ``pretrain_gpt.py`` argument file (see the module docstring) for ``num_gpus`` GPUs (None: the
-    launcher's ``--nnodes`` x ``--nproc-per-node``, :func:`autotune.export.shell_vars.launcher_world`).
+    launcher's ``--nnodes`` x ``--nproc-per-node``, :func:`autotune.engines.shell_vars.launcher_world`).
 
     Raises:
         ConfigError: a file Megatron-LM's parser would reject, a missing required option, a setting that makes
@@ -773,7 +773,11 @@ def import_megatron_args(path: str | Path, *, num_gpus: int | None) -> ImportedL
                           approximated=tuple(r.approx))
 
 
-__all__ = ["FACTS_FILE", "REFUSED", "import_launch", "import_megatron_args", "parse_megatron_args", "parser_facts", "read_args_file",
+#: file suffixes this reader claims for ``--from-*`` autodetection: none, it reads what no other format claims
+#: (an argument list or launch script of any name)
+FILE_SUFFIXES: tuple[str, ...] = ()
+
+__all__ = ["FILE_SUFFIXES", "FACTS_FILE", "REFUSED", "import_launch", "import_megatron_args", "parse_megatron_args", "parser_facts", "read_args_file",
            "read_launch"]
 
 

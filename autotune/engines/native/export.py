@@ -5,7 +5,7 @@ starts the runtime's own workers on the local GPUs (:mod:`autotune.runtime`). Th
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.export import LaunchCommand
+from autotune.engines.base import LaunchCommand
 from autotune.spec.plan import PlanDocument
 
 #: files this engine writes beside ``plan.yaml`` and the launch scripts

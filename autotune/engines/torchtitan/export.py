@@ -44,7 +44,8 @@ the release's own Llama 3.1 function (``torchtitan/models/llama3/config_registry
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.export import LaunchCommand
+from autotune.engines.base import LaunchCommand
+from autotune.engines.quoting import comment_text, python_docstring_text
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, PlanDocument, Workload
 
@@ -149,6 +150,10 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, tru
 def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *, header: str = "") -> str:
     """Python source of the config module (``--module autotune_torchtitan --config autotune_plan``).
 
+    ``header`` (names from the plan file) becomes one docstring line through
+    :func:`autotune.engines.quoting.python_docstring_text`; every other value written is a number, a bool or
+    autotune's own string, written with ``repr``.
+
     Raises:
         ConfigError: see :func:`torchtitan_settings`.
     """
@@ -166,7 +171,7 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
                     f"filter_fqns={conv['filter_fqns']!r}, model_compile_enabled={compiled!r})]")
     else:
         conv_src = f"[MXFP8LinearConverter.Config(fqns={conv['fqns']!r}, model_compile_enabled={compiled!r})]"
-    doc = header.replace('"""', "'''")
+    doc = python_docstring_text(header, 1000)     # one printable line, backslashes and quotes escaped
     hook = s["empty_cache_after"]
     if hook is None:
         trainer_src, make_config = "", f'{s["base_config"]}()'
@@ -240,7 +245,8 @@ def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> Launch
         if doc.plan.memory_reclaim == "expandable_segments" else {}
     return LaunchCommand(program=("-m", "torchtitan.train"),
                          args=("--module", MODULE_NAME, "--config", CONFIG_FUNCTION), env=tuple(env.items()),
-                         notes=("torchtitan >= 0.3.0 (pip install torchtitan); config: autotune_torchtitan.py",))
+                         notes=("torchtitan >= 0.3.0 (pip install torchtitan); config: autotune_torchtitan.py",),
+                         prelude=('export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"',))
 
 
 def extra_files(doc: PlanDocument) -> dict[str, str]:
@@ -249,7 +255,8 @@ def extra_files(doc: PlanDocument) -> dict[str, str]:
     Raises:
         ConfigError: a plan or model the config cannot express.
     """
-    hdr = f"{doc.model.name} on {doc.num_gpus} x {doc.gpu}; study {doc.study}, trial {doc.trial_id}."
+    hdr = (f"{comment_text(doc.model.name)} on {doc.num_gpus} x {comment_text(doc.gpu)}; study "
+           f"{comment_text(doc.study)}, trial {doc.trial_id}.")
     return {f"{MODULE_NAME}.py": torchtitan_config_module(doc.plan, doc.model, doc.workload, header=hdr)}
 
 

@@ -14,11 +14,16 @@ Two formats:
   ``quantize.linear.float8`` (``recipe_name`` None = tensorwise, rowwise) and ``quantize.linear.mx``; TP
   always runs sequence-parallel (models/llama3/infra/parallelize.py ``apply_tp``);
 * a 0.3.0 Python config module (``--module M --config F``), loaded with torchtitan's own ``ConfigManager``
-  (torchtitan/config/manager.py), never executed by autotune itself: it needs torchtitan installed
-  (``pip install -e '.[torchtitan]' (in the autotune checkout)``). ``FILE.py:FUNCTION`` names the config function (default: the
-  module's ``autotune_plan``, or its only top-level function, found without running it). The converters
-  passed to ``model_registry`` are recorded while it loads (their GPU checks are not run: the BF16 model
-  is built), as tests/export/test_export.py does.
+  (torchtitan/config/manager.py) in a child process (:mod:`autotune.engines.torchtitan.config_child`): the
+  module's code runs there, as it does under ``torchtitan.train``, never inside autotune's process; the child
+  runs ``python -I`` in an empty temporary folder with stdin closed, under a time limit
+  (:data:`CONFIG_MODULE_TIMEOUT_S`, environment variable ``AUTOTUNE_CONFIG_MODULE_TIMEOUT_S``), the module's
+  folder after the standard library on ``sys.path``, a module inside a package loaded as that package's
+  module (relative imports work), and answers with the settings as JSON. It needs torchtitan installed
+  (``pip install -e '.[torchtitan]'`` in the autotune checkout). ``FILE.py:FUNCTION`` names the config
+  function (default: the module's ``autotune_plan``, or its only top-level function, found with :mod:`ast`,
+  without running it). The converters passed to ``model_registry`` are recorded while it loads (their GPU
+  checks are not run: the BF16 model is built), as tests/export/test_export.py does.
 
 Without ``module_fqns_per_model_part`` the pipeline split is torchtitan's (distributed/pipeline_parallel.py,
 both releases): ``pipeline_parallel_layers_per_stage`` or 1 stage per rank (single-stage schedules) / 2
@@ -30,14 +35,14 @@ autotune models; schedules GPipe, 1F1B, Interleaved1F1B; HSDP (shard and replica
 from __future__ import annotations
 
 import ast
-import contextlib
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, PlanError
-from autotune.export.imported import ImportedLaunch, allocator_reclaim
+from autotune.engines.imported import ImportedLaunch, allocator_reclaim
 
 SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}
 SINGLE_STAGE = ("GPipe", "1F1B")
@@ -239,6 +244,75 @@ def _leaves(d: dict, prefix: str = ""):
             yield key, v
 
 
+#: a token of TOML text that matters for its nesting: string and comment openers, brackets, dots, separators
+_TOML_TOKEN = re.compile(r'"""|\'\'\'|["\'#\n\[\]{}.=,]')
+_TOML_BASIC_REST = re.compile(r'(?:[^"\\\n]|\\.)*"')
+
+
+def _toml_depth_bound(text: str, stop_above: int | None = None) -> int:
+    """An upper bound of the deepest nesting on any line of TOML ``text``: open ``[`` / ``{`` plus the dots
+    of the key or header being read (strings and comments skipped; a float's dot counts too, so it may
+    overcount by one per value), in one pass with no recursion; returns as soon as it passes ``stop_above``."""
+    depth = run = best = 0
+    pos, n = 0, len(text)
+    while True:
+        m = _TOML_TOKEN.search(text, pos)
+        if m is None:
+            return best
+        t, pos = m.group(), m.end()
+        if t in ('"""', "'''"):
+            end = text.find(t, pos)
+            pos = n if end < 0 else end + 3
+        elif t == '"':
+            m2 = _TOML_BASIC_REST.match(text, pos)
+            pos = m2.end() if m2 else pos
+        elif t in ("'", "#"):
+            end = text.find("\n" if t == "#" else "'", pos)
+            pos = n if end < 0 else end + (t != "#")
+        elif t in "[{":
+            depth, run = depth + 1, 0
+        elif t in "]}":
+            depth, run = max(depth - 1, 0), 0
+        elif t == ".":
+            run += 1
+        else:                       # "=", ",", newline: the key (or value) ends
+            run = 0
+        best = max(best, depth + run)
+        if stop_above is not None and best > stop_above:
+            return best
+
+
+def parse_toml_text(text: str, *, source: str) -> dict:
+    """``tomllib.loads(text)``, refusing nesting deeper than :data:`autotune.files.MAX_NESTING_DEPTH` levels
+    (tables, dotted keys, arrays and inline tables each count one) before parsing: :mod:`tomllib` parses
+    arrays and inline tables recursively (RecursionError at about a thousand levels) and a key of 20,000
+    dotted parts takes it seconds (10 s for a 100,000-part table header on this project's 2-core machine).
+    A torchtitan job file nests 3 levels (``[quantize.linear.float8]``, a list of lists).
+
+    Raises:
+        ConfigError: ``<source> nests deeper than 64 levels``; tomllib.TOMLDecodeError: not TOML.
+    """
+    import tomllib
+
+    from autotune.files import MAX_NESTING_DEPTH
+
+    too_deep = f"{source} nests deeper than {MAX_NESTING_DEPTH} levels (TOML tables, dotted keys, arrays " \
+               "and inline tables counted)"
+    if _toml_depth_bound(text, MAX_NESTING_DEPTH) > MAX_NESTING_DEPTH:
+        raise ConfigError(too_deep)
+    try:
+        doc = tomllib.loads(text)
+    except RecursionError:              # not reached within the bound above; kept as the last guard
+        raise ConfigError(too_deep) from None
+    todo = [(doc, 1)]
+    while todo:
+        x, d = todo.pop()
+        if d > MAX_NESTING_DEPTH:
+            raise ConfigError(too_deep)
+        todo += [(v, d + 1) for v in (x.values() if isinstance(x, dict) else x) if isinstance(v, (dict, list))]
+    return doc
+
+
 def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     """Read a torchtitan 0.2.x job file (see the module docstring).
 
@@ -248,7 +322,7 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     import tomllib
     source = str(path)
     try:
-        doc = tomllib.loads(Path(path).read_text())
+        doc = parse_toml_text(Path(path).read_text(), source=source)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{source}: not a readable TOML job file: {e}") from None
     flat = dict(_leaves(doc))
@@ -335,6 +409,9 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
         tree = ast.parse(path.read_text())
     except (OSError, UnicodeDecodeError, SyntaxError) as e:
         raise ConfigError(f"{source}: not a readable Python config module: {e}") from None
+    except (RecursionError, MemoryError):      # an expression nested past the parser's stack (1+1+... 200,000 times)
+        raise ConfigError(f"{source}: not a readable Python config module: it nests too deeply for Python's "
+                          "parser") from None
     funcs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
     if fn is not None:
         if fn not in funcs:
@@ -349,34 +426,139 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
                       f"{', '.join(funcs) or 'none'})")
 
 
-@contextlib.contextmanager
-def _recording_registry(seen: dict):
-    """llama3 ``model_registry`` recording each call's converters by the ModelSpec it returns, building the
-    BF16 model (the converters' GPU checks are not run)."""
-    import importlib
-    ll3 = importlib.import_module("torchtitan.models.llama3")
-    reg = importlib.import_module("torchtitan.models.llama3.config_registry")
-    real = ll3.model_registry
+#: seconds a config module may take to load in its child process (importing torch and torchtitan there takes
+#: 5-15 s on this project's 2-core machine); the environment variable :data:`TIMEOUT_ENV` sets another limit
+CONFIG_MODULE_TIMEOUT_S = 120.0
+TIMEOUT_ENV = "AUTOTUNE_CONFIG_MODULE_TIMEOUT_S"
+#: most bytes read of the child's answer (a config's settings are < 10 KiB of JSON)
+MAX_ANSWER_BYTES = 4 * 2**20
+#: largest file the child may write (RLIMIT_FSIZE: its stdout and stderr, anything the module writes)
+CHILD_FSIZE_BYTES = 64 * 2**20
+#: the interpreter of the child process (this one: it has torchtitan when autotune's extra installed it)
+PYTHON = sys.executable
+#: the child's own script (standard library and torchtitan only)
+CHILD_SCRIPT = Path(__file__).with_name("config_child.py")
 
-    def registry(flavor, *a, converters=None, **kw):
-        spec = real(flavor, *a, **kw)
-        seen[id(spec)] = list(converters or [])
-        return spec
 
-    saved = (ll3.model_registry, reg.model_registry)
-    ll3.model_registry = reg.model_registry = registry
+def _timeout_s() -> float:
+    import os
+
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return CONFIG_MODULE_TIMEOUT_S
     try:
-        yield
-    finally:
-        ll3.model_registry, reg.model_registry = saved
+        t = float(raw)
+    except ValueError:
+        t = math.nan
+    if not (math.isfinite(t) and 0 < t <= 86400):
+        from autotune.files import display_text
+        raise ConfigError(f"{TIMEOUT_ENV}={display_text(raw, 40)}: must be a number of seconds in (0, 86400]")
+    return t
+
+
+def _one_line(text: str, n: int = 200) -> str:
+    from autotune.files import display_text
+
+    lines = [ln for ln in str(text).splitlines() if ln.strip()]
+    return display_text(lines[0] if lines else "", n)
+
+
+def _load_in_child(path: Path, fn: str, source: str) -> dict:
+    """The settings of config function ``fn`` of the module ``path``, loaded by
+    :mod:`autotune.engines.torchtitan.config_child` in a child process (never in this one): ``python -I``, an
+    empty temporary working directory, stdin closed, a session of its own under the guard of
+    :mod:`autotune.launchers.reaper` (it ends with this process, ``kill -9`` included), at most
+    :func:`_timeout_s` seconds; its answer is JSON data, checked here as any input.
+
+    Raises:
+        ConfigError: torchtitan not importable in the child (names the extra), the module failing to import
+            (its own error, one line), torchtitan's ConfigManager refusing it, the time limit, a child that
+            ends without an answer (``os._exit`` at import) or is killed.
+    """
+    import json
+    import os
+    import signal
+    import subprocess
+    import tempfile
+
+    from autotune.launchers.process import sigterm_as_interrupt
+    from autotune.launchers.reaper import guarded
+
+    timeout = _timeout_s()
+    req = json.dumps({"file": str(path), "function": fn, "cpu_s": int(timeout) + 10, "fsize_bytes": CHILD_FSIZE_BYTES,
+                      # this process's import folders (a torchtitan checkout on PYTHONPATH), appended after the child's
+                      "path": [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]})
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    with tempfile.TemporaryDirectory(prefix="autotune-config-") as cwd, tempfile.TemporaryFile() as out, \
+            tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(guarded([PYTHON, "-I", str(CHILD_SCRIPT), req], grace_s=1.0), cwd=cwd,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True)
+
+        def stop() -> None:
+            for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    return
+                try:
+                    proc.wait(timeout=wait_s)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
+
+        try:
+            with sigterm_as_interrupt():
+                rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop()
+            raise ConfigError(f"{source}: loading the config module took longer than {timeout:g} s and was stopped "
+                              f"(it runs in a child process; {TIMEOUT_ENV}=SECONDS sets the limit; a torchtitan 0.2 "
+                              "TOML job file is read without running anything)") from None
+        except BaseException:
+            stop()
+            raise
+        out.seek(0)
+        raw = out.read(MAX_ANSWER_BYTES + 1)
+        err.seek(0, os.SEEK_END)
+        err.seek(max(0, err.tell() - 4096))
+        tail = [ln for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    last = f"; its last message: {_one_line(tail[-1], 120)}" if tail else ""
+    if not raw:
+        how = (f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
+               else f"ended with exit status {rc}")
+        raise ConfigError(f"{source}: the process loading the config module {how} without returning a config (does "
+                          f"the module end the process at import, os._exit or a signal?){last}")
+    try:
+        answer = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_ANSWER_BYTES else None
+    except (ValueError, RecursionError):
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+        raise ConfigError(f"{source}: the process loading the config module returned no readable answer")
+    if answer["ok"]:
+        if not isinstance(answer.get("config"), dict):
+            raise ConfigError(f"{source}: the process loading the config module returned no readable answer")
+        return answer["config"]
+    kind, msg = answer.get("kind"), _one_line(answer.get("message", ""))
+    if kind == "torchtitan":
+        raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
+                          f"and torchtitan does not import here ({msg[:120]}); install it: "
+                          "pip install -e '.[torchtitan]' (in the autotune checkout), or give a torchtitan 0.2 TOML "
+                          "job file")
+    if kind == "import":
+        raise ConfigError(f"{source}: importing the config module failed: {msg}")
+    if kind == "exit":
+        raise ConfigError(f"{source}: torchtitan's ConfigManager refused it ({msg})")
+    raise ConfigError(f"{source}: torchtitan's ConfigManager could not load {fn}(): {msg}")
 
 
 def import_python_config(spec: str, *, num_gpus: int) -> ImportedLaunch:
-    """Read a torchtitan 0.3.0 config module ``FILE.py[:FUNCTION]`` with torchtitan's ConfigManager.
+    """Read a torchtitan 0.3.0 config module ``FILE.py[:FUNCTION]``: torchtitan's ConfigManager loads it in a
+    child process (:func:`_load_in_child`: the module's code runs there, never in autotune's process), which
+    answers with the settings as data.
 
     Raises:
-        ConfigError: torchtitan not installed (names the extra), a file torchtitan cannot load, or a setting
-            autotune cannot simulate (named).
+        ConfigError: torchtitan not installed (names the extra), a file torchtitan cannot load, a module that
+            hangs past the time limit or ends its process, or a setting autotune cannot simulate (named).
     """
     path_s, _, fn = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
     path = Path(path_s)
@@ -384,119 +566,95 @@ def import_python_config(spec: str, *, num_gpus: int) -> ImportedLaunch:
     if not path.is_file():
         raise ConfigError(f"{source}: no such file")
     fn = _config_function(path, fn or None, source)
+    return _from_config(_load_in_child(path.resolve(), fn, source), source, num_gpus)
+
+
+def _from_config(c: dict, source: str, num_gpus: int) -> ImportedLaunch:
+    """An :class:`ImportedLaunch` from the child's answer ``c`` (:func:`autotune.engines.torchtitan.config_child.describe`).
+
+    Raises:
+        ConfigError: a setting autotune cannot simulate, or an answer without the expected fields.
+    """
     try:
-        from torchtitan.config.manager import ConfigManager
-    except Exception as e:       # noqa: BLE001 - any import failure: torchtitan is not usable here
-        raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
-                          f"and torchtitan does not import here ({type(e).__name__}: {str(e)[:120]}); install it: "
-                          "pip install -e '.[torchtitan]' (in the autotune checkout)") from None
-    mod = path.stem
-    seen: dict = {}
-    sys.path.insert(0, str(path.resolve().parent))
-    old = sys.modules.pop(mod, None)
-    import logging
-    quiet = logging.root.manager.disable
-    logging.disable(logging.WARNING)         # torchtitan's notes on paths the config names (assets, checkpoints)
-    import os
-    before = os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    alloc: str | None = None
-    try:
-        with _recording_registry(seen):
-            cfg = ConfigManager().parse_args(["--module", mod, "--config", fn])
-        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")      # what the config function sets, if anything
-    except SystemExit as e:
-        raise ConfigError(f"{source}: torchtitan's ConfigManager refused it (exit {e.code})") from None
-    except Exception as e:       # noqa: BLE001 - the user's module or torchtitan raised: report it, one line
-        raise ConfigError(f"{source}: torchtitan's ConfigManager could not load {fn}(): {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
-    finally:
-        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        if before is not None:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = before
-        logging.disable(quiet)
-        sys.path.remove(str(path.resolve().parent))
-        sys.modules.pop(mod, None)
-        if old is not None:
-            sys.modules[mod] = old
-    return _from_config(cfg, seen, source, num_gpus, alloc)
+        return _from_settings(c, source, num_gpus)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{source}: the config module's settings are not a torchtitan Trainer.Config "
+                          f"({type(e).__name__}: {_one_line(e, 80)})") from None
 
 
-def _from_config(cfg, seen: dict, source: str, num_gpus: int, alloc: str | None = None) -> ImportedLaunch:
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+def _from_settings(c: dict, source: str, num_gpus: int) -> ImportedLaunch:
+    from autotune.spec.validate import show
 
-    ms = cfg.model_spec
-    if getattr(ms, "name", None) != "llama3":
-        raise ConfigError(f"{source}: model {getattr(ms, 'name', '?')!r}: autotune simulates torchtitan's llama3 "
+    ms = c["model"]
+    if ms["name"] != "llama3":
+        raise ConfigError(f"{source}: model {show(ms['name'])}: autotune simulates torchtitan's llama3 "
                           "(Llama 3.1) models")
     ignored: list = []
     approx: list = []
-    ac = cfg.activation_checkpoint
-    if ac is None:
-        mode = "none"
-    elif type(ac) is SelectiveAC.Config:
-        mode = "selective"
-    elif type(ac) is FullAC.Config:
-        mode = "full"
-    else:
-        raise ConfigError(f"{source}: activation_checkpoint {type(ac).__qualname__}: autotune models none, "
-                          "SelectiveAC and FullAC")
+    mode = c["activation_checkpoint"]
+    if mode not in ("none", "selective", "full"):
+        raise ConfigError(f"{source}: activation_checkpoint {show(mode.get('other') if isinstance(mode, dict) else mode)}: "
+                          "autotune models none, SelectiveAC and FullAC")
     precision = "bf16"
-    for c in seen.get(id(ms), []):
-        kind = type(c).__qualname__
+    for conv in c["converters"]:
+        kind = str(conv["kind"])
         if kind.startswith("Float8LinearConverter"):
-            if c.recipe_name != "rowwise":
-                raise ConfigError(f"{source}: Float8LinearConverter recipe {c.recipe_name!r}: autotune costs rowwise")
+            if conv["recipe_name"] != "rowwise":
+                raise ConfigError(f"{source}: Float8LinearConverter recipe {show(conv['recipe_name'])}: autotune "
+                                  "costs rowwise")
             precision = "fp8_rowwise"
         elif kind.startswith("MXFP8LinearConverter"):
             precision = "mxfp8"
         else:
-            raise ConfigError(f"{source}: model converter {kind}: autotune models Float8LinearConverter (rowwise) and "
-                              "MXFP8LinearConverter")
-    tr, par, comp = cfg.training, cfg.parallelism, cfg.compile
-    if tr.mixed_precision_param != "bfloat16":
-        raise ConfigError(f"{source}: training.mixed_precision_param {tr.mixed_precision_param}: autotune simulates "
-                          "BF16 compute")
-    compile_on = bool(comp.enable) and "model" in comp.components
-    if comp.enable and not compile_on:
+            raise ConfigError(f"{source}: model converter {show(kind)}: autotune models Float8LinearConverter "
+                              "(rowwise) and MXFP8LinearConverter")
+    tr, par, comp = c["training"], c["parallelism"], c["compile"]
+    if tr["mixed_precision_param"] != "bfloat16":
+        raise ConfigError(f"{source}: training.mixed_precision_param {show(tr['mixed_precision_param'])}: autotune "
+                          "simulates BF16 compute")
+    components = comp["components"] if isinstance(comp["components"], list) else []
+    compile_on = bool(comp["enable"]) and "model" in components
+    if comp["enable"] and not compile_on:
         approx.append("compile of the loss only: costed as eager (compile: false)")
-    owner = getattr(type(cfg), "_owner", None)
+    owner = c["trainer"]
     reclaim = "none"
-    if owner is not None and owner.__name__ == "AutotuneTrainer":
+    if owner is not None and owner["name"] == "AutotuneTrainer":
         # autotune's own Trainer subclass (autotune/engines/torchtitan/export.py): empty_cache after the hooked method
-        reclaim = "empty_cache_per_step" if "train_step" in vars(owner) else "empty_cache_per_microbatch"
-    elif owner is not None and owner.__name__ != "Trainer":
-        ignored.append((f"trainer {owner.__qualname__}", NOT_MODELLED))
-    if alloc is not None and allocator_reclaim({"PYTORCH_CUDA_ALLOC_CONF": alloc}):
+        reclaim = "empty_cache_per_step" if owner["train_step"] is True else "empty_cache_per_microbatch"
+    elif owner is not None and owner["name"] != "Trainer":
+        ignored.append((f"trainer {_one_line(owner['qualname'], 100)}", NOT_MODELLED))
+    alloc = c["alloc"]
+    if isinstance(alloc, str) and allocator_reclaim({"PYTORCH_CUDA_ALLOC_CONF": alloc}):
         if reclaim == "none":
             reclaim = "expandable_segments"      # the config function sets the allocator (export writes it so)
         else:
-            approx.append(f"PYTORCH_CUDA_ALLOC_CONF={alloc} with an empty_cache trainer: autotune has one memory "
-                          f"reclaim setting; costed as {reclaim}")
-    for name, v in (("training.enable_cpu_offload", tr.enable_cpu_offload),
-                    ("parallelism.enable_fsdp_symm_mem", getattr(par, "enable_fsdp_symm_mem", False))):
+            approx.append(f"PYTORCH_CUDA_ALLOC_CONF={_one_line(alloc, 100)} with an empty_cache trainer: autotune has "
+                          f"one memory reclaim setting; costed as {reclaim}")
+    for name, v in (("training.enable_cpu_offload", tr["enable_cpu_offload"]),
+                    ("parallelism.enable_fsdp_symm_mem", par.get("enable_fsdp_symm_mem", False))):
         if v:
-            ignored.append((f"{name} = {v!r}", NOT_MODELLED))
+            ignored.append((f"{name} = {show(v)}", NOT_MODELLED))
     ignored.append(("the optimizer, data, checkpoint and logging sections", RUN))
-    s = {"flavor": ms.flavor, "head": "lm_head",
-         "par": {"tp": par.tensor_parallel_degree, "pp": par.pipeline_parallel_degree,
-                 "cp": par.context_parallel_degree, "replicate": par.data_parallel_replicate_degree,
-                 "shard": par.data_parallel_shard_degree, "reshard": par.fsdp_reshard_after_forward,
-                 "schedule": par.pipeline_parallel_schedule, "pp_mbs": par.pipeline_parallel_microbatch_size,
-                 "layers_per_stage": par.pipeline_parallel_layers_per_stage,
-                 "fqns": par.module_fqns_per_model_part,
-                 "first_less": par.pipeline_parallel_first_stage_less_layers,
-                 "last_less": par.pipeline_parallel_last_stage_less_layers,
-                 "ep": par.expert_parallel_degree, "sp": par.enable_sequence_parallel,
+    s = {"flavor": ms["flavor"], "head": "lm_head",
+         "par": {"tp": par["tensor_parallel_degree"], "pp": par["pipeline_parallel_degree"],
+                 "cp": par["context_parallel_degree"], "replicate": par["data_parallel_replicate_degree"],
+                 "shard": par["data_parallel_shard_degree"], "reshard": par["fsdp_reshard_after_forward"],
+                 "schedule": par["pipeline_parallel_schedule"], "pp_mbs": par["pipeline_parallel_microbatch_size"],
+                 "layers_per_stage": par["pipeline_parallel_layers_per_stage"],
+                 "fqns": par["module_fqns_per_model_part"],
+                 "first_less": par["pipeline_parallel_first_stage_less_layers"],
+                 "last_less": par["pipeline_parallel_last_stage_less_layers"],
+                 "ep": par["expert_parallel_degree"], "sp": par["enable_sequence_parallel"],
                  "names": {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree",
                            "cp": "context_parallel_degree", "replicate": "data_parallel_replicate_degree"}},
-         "training": {"seq_len": tr.seq_len, "local": tr.local_batch_size, "global": tr.global_batch_size},
-         "ac": mode, "async_tp": comp.enable_async_tensor_parallel and compile_on, "compile": compile_on,
+         "training": {"seq_len": tr["seq_len"], "local": tr["local_batch_size"], "global": tr["global_batch_size"]},
+         "ac": mode, "async_tp": bool(comp["enable_async_tensor_parallel"]) and compile_on, "compile": compile_on,
          "precision": precision, "reclaim": reclaim}
-    modelled = {"flavor": ms.flavor, "parallelism": {k: getattr(par, k) for k in (
+    modelled = {"flavor": ms["flavor"], "parallelism": {k: par[k] for k in (
         "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "data_parallel_shard_degree",
         "data_parallel_replicate_degree", "fsdp_reshard_after_forward", "enable_sequence_parallel")},
-        "training": {"local_batch_size": tr.local_batch_size, "global_batch_size": tr.global_batch_size,
-                     "seq_len": tr.seq_len}, "activation_checkpoint": mode, "compile": compile_on,
+        "training": {"local_batch_size": tr["local_batch_size"], "global_batch_size": tr["global_batch_size"],
+                     "seq_len": tr["seq_len"]}, "activation_checkpoint": mode, "compile": compile_on,
         "precision": precision, "memory_reclaim": reclaim}
     return _target(s, num_gpus, source, "torchtitan 0.3 config", modelled, ignored, approx)
 
@@ -516,7 +674,10 @@ def import_torchtitan(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     raise ConfigError(f"{p}: a torchtitan launch is a .toml job file (0.2.x) or a .py config module (0.3.0)")
 
 
-__all__ = ["import_launch", "import_python_config", "import_toml", "import_torchtitan", "stage_split"]
+#: file suffixes this reader claims for ``--from-*`` autodetection: 0.2.x TOML job files, 0.3 config modules
+FILE_SUFFIXES: tuple[str, ...] = (".toml", ".py")
+
+__all__ = ["FILE_SUFFIXES", "import_launch", "import_python_config", "import_toml", "import_torchtitan", "stage_split"]
 
 
 def import_launch(path: str | Path, *, num_gpus: int | None) -> ImportedLaunch:

@@ -35,6 +35,7 @@ import dataclasses
 import shlex
 
 from autotune.errors import ConfigError
+from autotune.engines.quoting import comment_text, toml_string
 from autotune.engines.torchtitan.export import torchtitan_settings
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, Workload
@@ -127,15 +128,17 @@ def _toml_value(v) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return toml_string(v)       # quotes, backslashes and control characters escaped (a path with a newline)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"no TOML form for {v!r}")
 
 
 def render_toml(sections: dict[str, dict], *, header: str = "") -> str:
-    """TOML text of ``sections`` (tables named by dotted keys; None values left out)."""
-    lines = [f"# {h}" for h in header.splitlines()]
+    """TOML text of ``sections`` (tables named by dotted keys; None values left out). Strings are TOML basic
+    strings (:func:`autotune.engines.quoting.toml_string`), each ``header`` line one comment line
+    (:func:`~autotune.engines.quoting.comment_text`); section and key names are autotune's own."""
+    lines = [f"# {comment_text(h)}" for h in header.split("\n")]
     for name, fields in sections.items():
         lines += ["", f"[{name}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]

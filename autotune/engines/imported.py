@@ -1,6 +1,6 @@
 """What a user's launch file means to autotune (:class:`ImportedLaunch`), shared by the readers
 (:mod:`autotune.engines.megatron.importer`, :mod:`autotune.engines.torchtitan.importer`; the dispatcher is
-:mod:`autotune.export.launch_import`)."""
+:mod:`autotune.cli.launch_import`)."""
 
 from __future__ import annotations
 

@@ -15,14 +15,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.errors import ConfigError
-from autotune.export.imported import ImportedLaunch
+from autotune.engines.imported import ImportedLaunch
 
-FORMATS = ("megatron", "torchtitan")
+def _formats() -> dict[str, str]:
+    from autotune.engines.registry import import_formats
+
+    return import_formats()
+
+
+#: the ``--from-*`` launch formats (:func:`autotune.engines.registry.import_formats`)
+FORMATS = tuple(_formats())
 
 
 def detect_format(path: str | Path) -> str:
-    """``megatron`` or ``torchtitan`` for a launch file: ``.toml`` and ``.py`` files are torchtitan's
-    (0.2.x job file, 0.3.0 config module), anything else a Megatron-LM argument list.
+    """The format of a launch file: the format whose importer lists the file's suffix (its ``FILE_SUFFIXES``:
+    torchtitan's ``.toml`` job files and ``.py`` config modules), else the one that lists none (a Megatron-LM
+    argument list or launch script).
 
     Raises:
         ConfigError: the file does not exist.
@@ -33,7 +41,15 @@ def detect_format(path: str | Path) -> str:
     if not p.is_file():
         raise ConfigError(f"{path}: no such file (a Megatron-LM argument list, a torchtitan .toml job file or "
                           "a torchtitan .py config module)")
-    return "torchtitan" if p.suffix.lower() in (".toml", ".py") else "megatron"
+    from autotune.engines.registry import importer_module
+
+    by_suffix, default = {}, None
+    for fmt, engine in _formats().items():
+        suffixes = importer_module(engine).FILE_SUFFIXES
+        by_suffix.update((s, fmt) for s in suffixes)
+        if not suffixes:
+            default = fmt
+    return by_suffix.get(p.suffix.lower(), default)
 
 
 def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None) -> ImportedLaunch:
