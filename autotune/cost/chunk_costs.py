@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.cost import moe, overlap
+from autotune.cost import moe, moe_layer, overlap
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
 from autotune.spec.engines import EngineProfile, engine_for_plan
@@ -120,38 +120,6 @@ LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches
                 "moe_a2a_overlap", "moe_grouped_gemm", "recompute_modules")
 
 
-def attention_gemms(m: ModelSpec, t: int, T: int) -> list[tuple[int, int, int]]:
-    """(rows, N, K) of one layer's attention GEMMs per rank, forward (N split over TP for column-parallel,
-    K for row-parallel; Shoeybi et al. 2019, Sec. 3). Standard attention: the fused QKV projection and the
-    output projection. Multi-latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1; Megatron-LM
-    megatron/core/transformer/multi_latent_attention.py): the query down-projection h -> r_q (when
-    r_q > 0) and the KV down-projection h -> r_kv + d_rope are duplicated on every TP rank (not split),
-    the up-projections r_q -> n (d_nope + d_rope) / t and r_kv -> n (d_nope + d_v) / t and the output
-    projection n d_v / t -> h are split."""
-    h = m.hidden_size
-    if not m.is_mla:
-        return [(T, (m.q_dim + 2 * m.kv_dim) // t, h), (T, h, m.q_dim // t)]
-    n, dn, dr, dv = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
-    out = []
-    if m.q_lora_rank:
-        out += [(T, m.q_lora_rank, h), (T, n * (dn + dr) // t, m.q_lora_rank)]
-    else:
-        out.append((T, n * (dn + dr) // t, h))
-    out += [(T, m.kv_lora_rank + dr, h), (T, n * (dn + dv) // t, m.kv_lora_rank), (T, h, n * dv // t)]
-    return out
-
-
-def mlp_gemms(m: ModelSpec, t: int, T: int, kind: str) -> list[tuple[int, int, int]]:
-    """(rows, N, K) of one layer's dense MLP GEMMs per rank, forward: the MLP of ``ffn_hidden_size`` in a
-    ``dense`` layer, the shared experts (:func:`autotune.cost.moe.shared_ffn`, split over TP like a dense
-    MLP) in an ``moe`` layer (none without shared experts). The routed experts are
-    :func:`autotune.cost.moe.expert_gemms`."""
-    f = m.ffn_hidden_size if kind == "dense" else moe.shared_ffn(m)
-    if not f:
-        return []
-    return [(T, (2 * f if m.gated_mlp else f) // t, m.hidden_size), (T, m.hidden_size, f // t)]
-
-
 class CostBuilder:
     """Computes per-chunk costs of a plan from an :class:`OpCosts`. Pure arithmetic, cached per plan.
 
@@ -210,12 +178,7 @@ class CostBuilder:
         #: exposed TP / CP communication); empty unless ``recompute: full``
         self.full_recompute_parts: dict[str, float] = {}
         if model.is_moe:
-            # expert ranks: ETP stride 1, EP stride ETP (autotune.cost.moe), folded over TP x CP x DP
-            ep, etp = plan.ep_degree, plan.etp_degree
-            self.etp_place = placed("group", etp, 1)
-            self.ep_place = placed("group", ep, etp)
-            self.edp_group = plan.expert_dp_degree
-            self.edp_place = placed("group", self.edp_group, ep * etp)
+            moe_layer.place_expert_groups(self, placed)
         lkey = ("layer",) + tuple(getattr(plan, f) for f in LAYER_FIELDS) if memo is not None else None
         got = memo.get(lkey) if memo is not None else None
         if got is None:
@@ -273,7 +236,7 @@ class CostBuilder:
         q, kv = m.q_dim, m.kv_dim
         f = m.ffn_hidden_size if kind == "dense" else moe.shared_ffn(m)
         sp = p.sp_active
-        gemms = attention_gemms(m, t, T) + mlp_gemms(m, t, T, kind)
+        gemms = moe.attention_gemms(m, t, T) + moe.mlp_gemms(m, t, T, kind)
         # FP8 (plan.precision): the layers' four linears run FP8 GEMMs forward and backward (torchao
         # Float8Linear and TE Linear quantize dgrad and wgrad too); the LM head stays BF16 (chunk_cost).
         gkw = {"precision": p.precision} if p.fp8 else {}
@@ -292,11 +255,7 @@ class CostBuilder:
         flops = sum(2.0 * a * b * c for a, b, c in gemms)
         heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)
         seq = self.w.seq_len
-        head_dim = m.head_dim
-        if m.is_mla:
-            # QK^T over d_nope + d_rope, PV over d_v: the kernel's work is that of head_dim = their mean
-            head_dim = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) // 2
-            q, kv = m.num_heads * m.qk_rope_head_dim, m.qk_rope_head_dim       # RoPE widths (below)
+        head_dim, q, kv = moe.attention_widths(m)
         attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=head_dim)
         # the engine's attention kernel (facts.yaml attention_kernel: default dispatch or FlashAttention-2)
         kern = self.engine.attention_kernel
@@ -353,9 +312,7 @@ class CostBuilder:
         cp_fwd = cp_bwd = 0.0
         cp_step = 0.0
         if p.cp_degree > 1:
-            block = T * 2 * (kv // t if kv >= t else kv) * BF16
-            if m.is_mla:        # the up-projected K (d_nope + d_rope) and V (d_v) of the rank's heads
-                block = T * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * BF16
+            block = T * moe.cp_exchange_width(m, t, kv) * BF16
             if self.engine.cp_comm == "p2p":
                 cp_step = costs.placed_collective_ms("send_recv", block, self.cp_place)
                 cp_fwd = (p.cp_degree - 1) * cp_step
@@ -413,7 +370,7 @@ class CostBuilder:
                     hid["cp"] = hidden
         moe_fwd_ms = 0.0
         if kind == "moe":
-            moe_fwd_ms, moe_flops = self._moe_parts(fwd, bwd, gkw)
+            moe_fwd_ms, moe_flops = moe_layer.moe_parts(self, fwd, bwd, gkw)
             flops += moe_flops
         # recomputation happens in the backward pass
         if p.recompute == "full":
@@ -430,8 +387,8 @@ class CostBuilder:
                 for k, v in rc.items():
                     _add(bwd, k, v)
         elif p.recompute == "selective" and p.recompute_modules is not None:
-            _add(bwd, "recompute", self._module_recompute_ms(p.recompute_modules, gemms, gkw, attn_fwd, act_bytes,
-                                                             moe_fwd_ms, kind))
+            _add(bwd, "recompute", moe_layer.module_recompute_ms(
+                self, p.recompute_modules, gemms, gkw, attn_fwd, act_bytes, moe_fwd_ms, kind))
         elif p.recompute == "selective":
             mode = self.engine.selective_recompute
             if mode == "core_attention":
@@ -447,140 +404,6 @@ class CostBuilder:
             else:
                 _add(bwd, "recompute", attn_fwd + mb(T * act_bytes, "swiglu"))
         return fwd, bwd, flops
-
-    def _kinds(self, vstage: int, num_layers: int) -> tuple[int, int]:
-        """(dense, MoE) layers of virtual stage ``vstage`` (:func:`autotune.cost.moe.chunk_layer_kinds`)."""
-        kinds = getattr(self, "_chunk_kinds", None)
-        if kinds is None:
-            kinds = self._chunk_kinds = moe.chunk_layer_kinds(self.m, self.p)
-        got = kinds[vstage]
-        if sum(got) != num_layers:        # a caller's own layer count (the fast path's classes): MoE from the back
-            nm = min(num_layers, got[1])
-            return num_layers - nm, nm
-        return got
-
-    def _moe_parts(self, fwd: dict[str, float], bwd: dict[str, float], gkw: dict[str, Any]) -> tuple[float, float]:
-        """Add one MoE layer's routed-expert work to its forward and backward parts (the conventions and
-        sources: :mod:`autotune.cost.moe`): ``expert_compute`` (the rank's E / EP local experts' fc1 and
-        fc2 GEMMs at m_e rows each, their activation), ``router_permute`` (the router GEMM n x E x h and its
-        softmax / top-k, the permutation copies out and back unless the dispatcher fuses them), and
-        ``exposed_ep_comm`` (dispatch and combine over the EP group, forward and backward; the ETP gathers).
-
-        With ``moe_a2a_overlap`` (Megatron-LM ``--overlap-moe-expert-parallel-comm``: the forward of one
-        micro-batch runs beside the backward of another, megatron/core/pipeline_parallel/
-        combined_1f1b.py), a layer's forward communication hides behind a backward's compute of the same
-        layer and vice versa, from the second micro-batch on (so only with async collectives and >= 2
-        micro-batches); the hidden part slows the compute by the profile's overlap contention.
-
-        Returns:
-            (forward compute of the expert part in ms, recomputed under full recompute; its forward FLOPs,
-            balanced routing).
-        """
-        m, p, costs, w = self.m, self.p, self.costs, self.w
-        imb = float(getattr(w, "moe_imbalance", 1.0))
-        sh = moe.expert_shapes(m, p, w.seq_len, imbalance=imb)
-        n, el, h = sh["tokens"], sh["local_experts"], m.hidden_size
-        gem = moe.expert_gemms(m, p, w.seq_len, imbalance=imb)
-        if p.moe_grouped_gemm:
-            # one grouped GEMM over the rank's experts: the dense GEMM of all their rows at the measured
-            # grouping efficiency for m_e rows per expert (autotune/data/grouped_gemm.yaml)
-            me = sh["rows_per_expert"]
-            rf, rd, rw = (moe.grouped_gemm_ratio(x, me) for x in ("fwd", "dgrad", "wgrad"))
-            ex_f = sum(costs.gemm_ms(el * a, b, c, **gkw) for a, b, c in gem) / rf
-            ex_b = sum(costs.gemm_ms(el * a, c, b, backward=True, **gkw) / rd
-                       + costs.gemm_ms(c, b, el * a, backward=True, **gkw) / rw for a, b, c in gem)
-        else:
-            # one GEMM per local expert (Megatron-LM SequentialMLP without --moe-grouped-gemm)
-            ex_f = el * sum(costs.gemm_ms(a, b, c, **gkw) for a, b, c in gem)
-            ex_b = el * sum(costs.gemm_ms(a, c, b, backward=True, **gkw) + costs.gemm_ms(c, b, a, backward=True, **gkw)
-                            for a, b, c in gem)
-        flops = 2.0 * el * sum(a * b * c for a, b, c in moe.expert_gemms(m, p, w.seq_len))
-        if p.fp8:
-            # the experts' FP8 casts, as a dense layer's (fp8_cast_bytes): the rank's token copies into fc1
-            # and fc2, their weights (E / EP experts), the output gradients in backward
-            qf, qb = self.fp8_cast_bytes([(el * a, b, c) for a, b, c in gem])
-            wq = sum(float(c) * b for a, b, c in gem)           # one expert's weights; el - 1 more of them
-            te_cached = 1.0 / p.num_micro_batches if self.engine.fp8_library == "transformer_engine" else 1.0
-            qf += (el - 1) * wq * FP8_TE_CAST_TRANSPOSE_BYTES * te_cached
-            fused = p.compile or self.engine.fuses("fp8_cast")
-            ex_f += costs.quantize_ms(qf, p.precision, fused=fused)
-            ex_b += costs.quantize_ms(qb, p.precision, fused=fused)
-        rows = el * gem[0][0]
-        f = sh["ffn_per_rank"]
-        act_f = self._memory_bound_ms(rows * (6 if m.gated_mlp else 4) * f, "swiglu")
-        E = m.num_experts
-        router_f = costs.gemm_ms(n, E, h) + costs.memory_bound_ms(3 * moe.ROUTER_BYTES * n * E)
-        router_b = (costs.gemm_ms(n, h, E, backward=True) + costs.gemm_ms(h, E, n, backward=True)
-                    + costs.memory_bound_ms(3 * moe.ROUTER_BYTES * n * E))
-        copies = sh["token_copies"] * p.etp_degree * imb
-        # permute: read n x h, write the copies (and unpermute back), BF16; DeepEP / HybridEP fuse both
-        perm = 0.0 if p.moe_dispatcher == "flex" else 2 * costs.memory_bound_ms(BF16 * (n + copies) * h)
-        comm = 0.0
-        if p.ep_degree > 1:
-            if p.moe_dispatcher == "allgather":
-                gathered = n * h * BF16 * p.ep_degree
-                comm += (costs.placed_collective_ms("all_gather", gathered, self.ep_place)
-                         + costs.placed_collective_ms("reduce_scatter", gathered, self.ep_place))
-            else:
-                comm += 2 * costs.placed_collective_ms("all_to_all", moe.dispatch_bytes(m, p, w.seq_len, imbalance=imb),
-                                                       self.ep_place)
-        if p.etp_degree > 1:
-            tok = BF16 * copies * h
-            comm += (costs.placed_collective_ms("all_gather", tok, self.etp_place)
-                     + costs.placed_collective_ms("reduce_scatter", tok, self.etp_place))
-        _add(fwd, "expert_compute", ex_f + act_f)
-        _add(bwd, "expert_compute", ex_b + 2 * act_f)
-        _add(fwd, "router_permute", router_f + perm)
-        _add(bwd, "router_permute", router_b + perm)
-        overlapped = p.moe_a2a_overlap and p.async_collectives and p.num_micro_batches >= 2
-        exp_f = exp_b = comm
-        if overlapped and comm:
-            later = (p.num_micro_batches - 1) / p.num_micro_batches     # the first micro-batch has no partner
-            bwd_compute = bwd.get("compute", 0.0) + ex_b
-            fwd_compute = fwd.get("compute", 0.0) + ex_f
-            hid_f = later * min(comm, bwd_compute)
-            hid_b = later * min(comm, fwd_compute)
-            exp_f, exp_b = comm - hid_f, comm - hid_b
-            _add(fwd, "compute", self.slowdown * hid_f)
-            _add(bwd, "compute", self.slowdown * hid_b)
-            self.hidden_fwd["ep"] = hid_f
-            self.hidden_bwd["ep"] = hid_b
-        _add(fwd, "exposed_ep_comm", exp_f)
-        _add(bwd, "exposed_ep_comm", exp_b)
-        self._moe_act_ms = act_f
-        self._moe_exposed_fwd = exp_f
-        return ex_f + act_f + router_f + perm, flops
-
-    def _module_recompute_ms(self, modules: tuple[str, ...], gemms: list[tuple[int, int, int]], gkw: dict[str, Any],
-                             attn_fwd: float, act_bytes: float, moe_fwd_ms: float, kind: str) -> float:
-        """Backward re-run time of one layer's ``recompute_modules`` (Megatron-LM ``--recompute-modules``,
-        megatron/core/transformer/transformer_config.py): ``core_attn`` the attention kernel, ``layernorm``
-        the two RMSNorms, ``mla_up_proj`` MLA's two up-projection GEMMs, ``mlp`` a dense layer's MLP
-        (GEMMs and activation), ``shared_experts`` an MoE layer's shared experts, ``moe_act`` the routed
-        experts' activation, ``moe`` the whole routed part (with its exposed dispatch and combine)."""
-        m, p, costs = self.m, self.p, self.costs
-        t, T, h = p.tp_degree, self.tokens, m.hidden_size
-        mods, ms = set(modules), 0.0
-        hdiv = t if p.sp_active else 1
-        if "core_attn" in mods:
-            ms += attn_fwd
-        if "layernorm" in mods:
-            ms += self._memory_bound_ms(T * 8 * h / hdiv, "rmsnorm")
-        if "mla_up_proj" in mods and m.is_mla:
-            n = m.num_heads
-            ups = [(T, n * (m.qk_nope_head_dim + m.v_head_dim) // t, m.kv_lora_rank)]
-            if m.q_lora_rank:
-                ups.append((T, n * (m.qk_nope_head_dim + m.qk_rope_head_dim) // t, m.q_lora_rank))
-            ms += sum(costs.gemm_ms(a, b, c, **gkw) for a, b, c in ups)
-        if ("mlp" in mods and kind == "dense") or ("shared_experts" in mods and kind == "moe"):
-            ms += sum(costs.gemm_ms(a, b, c, **gkw) for a, b, c in mlp_gemms(m, t, T, kind))
-            ms += self._memory_bound_ms(T * act_bytes, "swiglu")
-        if kind == "moe":
-            if "moe" in mods:
-                ms += moe_fwd_ms + getattr(self, "_moe_exposed_fwd", 0.0)
-            elif "moe_act" in mods:
-                ms += getattr(self, "_moe_act_ms", 0.0)
-        return ms
 
     def _tp_overlap(self, gemms: list[tuple[int, int, int]], gkw: dict[str, Any], ag_fwd_ms: float, ag_ms: float,
                     rs_ms: float, gemm_fwd: float, gemm_bwd: float) -> tuple[float, float, float, float]:
@@ -697,13 +520,9 @@ class CostBuilder:
         cc = ChunkCost()
         last = vstage == p.num_virtual_stages - 1 if p.pipeline_schedule == "interleaved_1f1b" \
             else vstage == p.pp_degree - 1
-        # dense and MoE layers of this chunk (a dense model: all dense); the multi-token-prediction layers
-        # run after the last main layer, on the last stage (Megatron-LM places them there:
-        # megatron/core/transformer/multi_token_prediction.py), of the last main layer's type
-        n_dense, n_moe = (num_layers, 0) if self._moe_state is None else self._kinds(vstage, num_layers)
-        n_mtp = m.mtp_num_layers if last else 0
-        if n_mtp:
-            n_moe, n_dense = (n_moe + n_mtp, n_dense) if moe.mtp_layer_is_moe(m) else (n_moe, n_dense + n_mtp)
+        # dense and MoE layers of this chunk, multi-token-prediction layers included (autotune.cost.moe_layer)
+        n_dense, n_moe, n_mtp = (num_layers, 0, 0) if self._moe_state is None else \
+            moe_layer.chunk_kinds(self, vstage, num_layers, last)
         for k, v in lf.items():
             _add(cc.fwd_parts, k, v * n_dense)
         for k, v in lb.items():
@@ -711,12 +530,7 @@ class CostBuilder:
         hidden_per_layer = sum(self.hidden_fwd.values()) + sum(self.hidden_bwd.values())
         cc.hidden_ms = n_dense * hidden_per_layer
         if n_moe:
-            (mf, mbw, mflops), mhf, mhb, mrc = self._moe_state
-            for k, v in mf.items():
-                _add(cc.fwd_parts, k, v * n_moe)
-            for k, v in mbw.items():
-                _add(cc.bwd_parts, k, v * n_moe)
-            cc.hidden_ms += n_moe * (sum(mhf.values()) + sum(mhb.values()))
+            moe_layer.add_moe_layers(self, cc, n_moe)
         if p.partial_recompute:
             # the first N layers of the chunk recompute: its dense layers come first (dense-first models)
             n_rc = p.recomputed_layers(num_layers)
@@ -724,8 +538,7 @@ class CostBuilder:
             for k, v in self.full_recompute_parts.items():
                 _add(cc.bwd_parts, k, v * rc_dense)
             if n_rc > rc_dense:
-                for k, v in self._moe_state[3].items():
-                    _add(cc.bwd_parts, k, v * (n_rc - rc_dense))
+                moe_layer.add_moe_recompute(self, cc, n_rc - rc_dense)
         else:
             n_rc = num_layers if p.recompute == "full" else 0
             rc_dense = n_dense if p.recompute == "full" else 0
@@ -735,21 +548,11 @@ class CostBuilder:
         if n_moe and n_rc > rc_dense:
             cc.hidden_ms += (n_rc - rc_dense) * sum(self._moe_state[1].values())
         self._hidden = 0.0
-        cc.fwd_flops = lflops * n_dense + (self._moe_state[0][2] * n_moe if n_moe else 0.0)
+        cc.fwd_flops += lflops * n_dense
         if self._moe_state is None:
             cc.params = num_layers * m.params_per_layer // t
         else:
-            cc.params = (n_dense * moe.dense_layer_params(m) + n_moe * moe.dense_params_of_moe_layer(m)) // t
-            # the routed experts: E / EP experts of 1 / ETP each, reduced over the expert-DP group
-            cc.expert_params = n_moe * moe.expert_params_per_layer(m) // (p.ep_degree * p.etp_degree)
-        if n_mtp:
-            # each MTP depth's two norms and its 2h -> h projection (DeepSeek-V3, arXiv 2412.19437, Sec. 2.2),
-            # and the shared LM head and loss once more (below)
-            _add(cc.fwd_parts, "compute", n_mtp * costs.gemm_ms(T, h, 2 * h // t))
-            _add(cc.bwd_parts, "compute", n_mtp * (costs.gemm_ms(T, 2 * h // t, h, backward=True)
-                                                   + costs.gemm_ms(2 * h // t, h, T, backward=True)))
-            cc.fwd_flops += n_mtp * 2.0 * T * 2 * h * h / t
-            cc.params += n_mtp * (2 * h * h // t + 3 * h)
+            moe_layer.chunk_params(self, cc, n_dense, n_moe, n_mtp)
         if self.fp8_params:
             # the layers' linear weights are FP8 parameters (Megatron-LM --fp8-param-gather)
             cc.fp8_params = num_layers * sum(k * n for k, n in fp8_gemm_dims(m, t).values())
@@ -883,29 +686,6 @@ class CostBuilder:
                 memo[nbytes] = self.costs.placed_collective_ms(kind, nbytes, self.dp_place)
             out.append(memo[nbytes])
         return out
-
-    def expert_bucket_ms(self, expert_params: int) -> list[float]:
-        """End-of-step reduction of one chunk's routed-expert gradients over the expert-DP group
-        (tp x cp x dp / (ep x etp) ranks; Megatron-LM reduces expert gradients in their own buffer over
-        that group: megatron/core/distributed/distributed_data_parallel.py ``expert_parallel_buffers``),
-        bucketed as :meth:`dp_bucket_bytes`, ms."""
-        if not expert_params or getattr(self, "edp_group", 1) <= 1 or self.p.zero_stage >= 2:
-            return []
-        kind = "all_reduce" if self.p.zero_stage == 0 else "reduce_scatter"
-        total = expert_params * self.grad_reduce_bytes
-        bucket = self.p.bucket_size_mib * 2**20
-        if self.engine.one_bucket_without_overlap and not (self.p.dp_grad_reduce_overlap and self.p.async_collectives):
-            bucket = max(total, 1)
-        n_full, rem = divmod(total, bucket)
-        sizes = [bucket] * int(n_full) + ([rem] if rem else [])
-        memo: dict[int, float] = {}
-        return [memo.setdefault(b, self.costs.placed_collective_ms(kind, b, self.edp_place)) for b in sizes]
-
-    def expert_param_gather_ms(self, expert_params: int) -> float:
-        """ZeRO-1/2 all-gather of the updated routed-expert parameters over the expert-DP group, BF16, ms."""
-        if not expert_params or getattr(self, "edp_group", 1) <= 1 or self.p.zero_stage not in (1, 2):
-            return 0.0
-        return self.costs.placed_collective_ms("all_gather", expert_params * BF16, self.edp_place)
 
     def param_gather_ms(self, stage_params: int, fp8_params: int = 0) -> float:
         """ZeRO-1/2 all-gather of the updated parameters after the optimizer step, ms: BF16, except

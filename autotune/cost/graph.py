@@ -52,6 +52,7 @@ from autotune.cost.chunk_costs import (
     chunk_costs,
     hidden_comm_ms,
 )
+from autotune.cost import moe_layer
 from autotune.cost.op_costs import OpCosts
 from autotune.cost.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)
 from autotune.spec.engines import EngineProfile
@@ -122,7 +123,7 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
             buckets = bucket_memo.get(bkey)
             if buckets is None:
                 # the dense parameters' buckets over DP x CP, then the routed experts' over the expert-DP group
-                buckets = bucket_memo[bkey] = cb.dp_bucket_ms(cc.params) + cb.expert_bucket_ms(cc.expert_params)
+                buckets = bucket_memo[bkey] = cb.dp_bucket_ms(cc.params) + moe_layer.expert_bucket_ms(cb, cc.expert_params)
             if not buckets:
                 continue
             lb_dur = compute[r, "B", c][1]
@@ -149,7 +150,7 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
         skey = (stage_params, stage_fp8, first_f, stage_experts)
         got_s = stage_memo.get(skey)
         if got_s is None:
-            ag = cb.param_gather_ms(stage_params, stage_fp8) + cb.expert_param_gather_ms(stage_experts)
+            ag = cb.param_gather_ms(stage_params, stage_fp8) + moe_layer.expert_param_gather_ms(cb, stage_experts)
             if ag and p.param_gather_overlap and p.async_collectives:
                 # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
                 ag = max(0.0, ag - first_f)

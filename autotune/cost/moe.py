@@ -217,6 +217,58 @@ def recomputed_moe_terms(recompute_modules: tuple[str, ...] | None) -> tuple[str
     return tuple(out)
 
 
-__all__ = ["grouped_gemm_ratio", "chunk_layer_kinds", "dense_layer_params", "dense_params_of_moe_layer", "dispatch_bytes", "expert_gemms",
+def attention_gemms(m: ModelSpec, t: int, T: int) -> list[tuple[int, int, int]]:
+    """(rows, N, K) of one layer's attention GEMMs per rank, forward (N split over TP for column-parallel,
+    K for row-parallel; Shoeybi et al. 2019, Sec. 3). Standard attention: the fused QKV projection and the
+    output projection. Multi-latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1; Megatron-LM
+    megatron/core/transformer/multi_latent_attention.py): the query down-projection h -> r_q (when
+    r_q > 0) and the KV down-projection h -> r_kv + d_rope are duplicated on every TP rank (not split),
+    the up-projections r_q -> n (d_nope + d_rope) / t and r_kv -> n (d_nope + d_v) / t and the output
+    projection n d_v / t -> h are split."""
+    h = m.hidden_size
+    if not m.is_mla:
+        return [(T, (m.q_dim + 2 * m.kv_dim) // t, h), (T, h, m.q_dim // t)]
+    n, dn, dr, dv = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+    out = []
+    if m.q_lora_rank:
+        out += [(T, m.q_lora_rank, h), (T, n * (dn + dr) // t, m.q_lora_rank)]
+    else:
+        out.append((T, n * (dn + dr) // t, h))
+    out += [(T, m.kv_lora_rank + dr, h), (T, n * (dn + dv) // t, m.kv_lora_rank), (T, h, n * dv // t)]
+    return out
+
+
+def mlp_gemms(m: ModelSpec, t: int, T: int, kind: str) -> list[tuple[int, int, int]]:
+    """(rows, N, K) of one layer's dense MLP GEMMs per rank, forward: the MLP of ``ffn_hidden_size`` in a
+    ``dense`` layer, the shared experts (:func:`autotune.cost.moe.shared_ffn`, split over TP like a dense
+    MLP) in an ``moe`` layer (none without shared experts). The routed experts are
+    :func:`autotune.cost.moe.expert_gemms`."""
+    f = m.ffn_hidden_size if kind == "dense" else shared_ffn(m)
+    if not f:
+        return []
+    return [(T, (2 * f if m.gated_mlp else f) // t, m.hidden_size), (T, m.hidden_size, f // t)]
+
+
+
+def attention_widths(m: ModelSpec) -> tuple[int, int, int]:
+    """(head_dim the attention kernel is costed at, RoPE width of Q, RoPE width of K) of one layer: standard
+    attention d, q_dim, kv_dim; multi-latent attention (QK^T over d_nope + d_rope, PV over d_v: the kernel's
+    work is that of their mean) (d_nope + d_rope + d_v) / 2, n d_rope, d_rope (the decoupled RoPE key is
+    shared by the heads; DeepSeek-V2, arXiv 2405.04434, Sec. 2.1.3)."""
+    if not m.is_mla:
+        return m.head_dim, m.q_dim, m.kv_dim
+    return ((m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) // 2, m.num_heads * m.qk_rope_head_dim,
+            m.qk_rope_head_dim)
+
+
+def cp_exchange_width(m: ModelSpec, t: int, kv: int) -> int:
+    """Elements per token of the K and V blocks a context-parallel rank exchanges: 2 kv / t (at least the kv
+    width when TP exceeds the KV heads); with multi-latent attention the up-projected K (d_nope + d_rope) and V
+    (d_v) of the rank's n / t heads."""
+    if m.is_mla:
+        return m.num_heads // t * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 2 * (kv // t if kv >= t else kv)
+
+__all__ = ["attention_widths", "cp_exchange_width", "attention_gemms", "mlp_gemms", "grouped_gemm_ratio", "chunk_layer_kinds", "dense_layer_params", "dense_params_of_moe_layer", "dispatch_bytes", "expert_gemms",
            "expert_params_per_layer", "expert_shapes", "is_moe_layer", "moe_activation_terms", "moe_layers_in",
            "mtp_layer_is_moe", "recomputed_moe_terms", "shared_ffn", "tokens_per_rank"]
