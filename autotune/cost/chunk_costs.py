@@ -111,13 +111,13 @@ def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
                                               bandwidth_gbs=inter.bandwidth_gbs * share)
 
 
-#: the plan fields one layer's cost depends on (what ``CostBuilder.__init__`` and ``CostBuilder._layer_cost``
-#: read: the TP / CP groups, tokens per micro-batch, the micro-batch count (FP8 weight casts once per step),
-#: precision, SP, overlaps, compile, recomputation, and the engine options a plan can switch)
-LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
-                "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
-                "grad_reduce_in_bf16", "fp8_param_gather", "ep_degree", "etp_degree", "moe_dispatcher",
-                "moe_a2a_overlap", "moe_grouped_gemm", "recompute_modules")
+#: the plan fields one dense layer's cost depends on (``CostBuilder.__init__`` / ``_layer_cost``: TP / CP groups, tokens
+#: per micro-batch, micro-batch count, precision, SP, overlaps, compile, recomputation, the engine options a plan
+#: can switch); an MoE layer's also on the expert layout (LAYER_FIELDS)
+DENSE_LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
+                      "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
+                      "grad_reduce_in_bf16", "fp8_param_gather", "recompute_modules")
+LAYER_FIELDS = DENSE_LAYER_FIELDS + ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "moe_grouped_gemm")
 
 
 class CostBuilder:
@@ -179,23 +179,26 @@ class CostBuilder:
         self.full_recompute_parts: dict[str, float] = {}
         if model.is_moe:
             moe_layer.place_expert_groups(self, placed)
-        lkey = ("layer",) + tuple(getattr(plan, f) for f in LAYER_FIELDS) if memo is not None else None
+        # a dense layer's costs per DENSE_LAYER_FIELDS, an MoE layer's per LAYER_FIELDS (memoised apart)
+        lkey = ("layer",) + tuple(getattr(plan, f) for f in DENSE_LAYER_FIELDS) if memo is not None else None
         got = memo.get(lkey) if memo is not None else None
         if got is None:
             self._layer = self._layer_cost()
-            dense_state = (self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts)
-            #: an MoE layer's (parts, hidden forward, hidden backward, full-recompute parts); None for a dense model
-            self._moe_state = None
-            if model.is_moe:
-                self.full_recompute_parts = {}
-                ml = self._layer_cost("moe")
-                self._moe_state = (ml, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts)
-                self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = dense_state[2:]
+            got = (self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts)
             if memo is not None:
-                memo[lkey] = dense_state + (self._moe_state,)
-        else:           # read only after this: chunk_cost copies what it adds up
-            (self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts,
-             self._moe_state) = got
+                memo[lkey] = got
+        # read only after this: chunk_cost copies what it adds up
+        self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = got
+        self._moe_state = None      # an MoE layer's (parts, hidden fwd, hidden bwd, full-recompute parts)
+        if model.is_moe:
+            mkey = ("moe_layer",) + tuple(getattr(plan, f) for f in LAYER_FIELDS) if memo is not None else None
+            self._moe_state = memo.get(mkey) if memo is not None else None
+            if self._moe_state is None:     # (_layer_cost sets these four; the dense layer's are kept)
+                dense, self.full_recompute_parts = got[1:], {}
+                self._moe_state = (self._layer_cost("moe"), self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts)
+                self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = dense
+                if memo is not None:
+                    memo[mkey] = self._moe_state
 
     def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
         """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).

@@ -89,9 +89,14 @@ def moe_layers_in(model: ModelSpec, first: int, count: int) -> int:
 def chunk_layer_kinds(model: ModelSpec, plan: Plan) -> tuple[tuple[int, int], ...]:
     """(dense layers, MoE layers) of every virtual stage in model order (the layers of
     ``plan.layers_per_virtual_stage``, counted from layer 0 of the first stage). Multi-token-prediction
-    layers are not among them: they sit after the last stage (:func:`mtp_layers_on_last_stage`)."""
+    layers are not among them: they sit after the last stage (:func:`mtp_layer_is_moe`)."""
+    return _kinds(model, tuple(plan.layers_per_virtual_stage(model.num_layers)))
+
+
+@lru_cache(maxsize=65536)
+def _kinds(model: ModelSpec, layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     out, first = [], 0
-    for n in plan.layers_per_virtual_stage(model.num_layers):
+    for n in layers:
         nm = moe_layers_in(model, first, n)
         out.append((n - nm, nm))
         first += n

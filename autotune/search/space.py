@@ -419,8 +419,19 @@ class BoundSearchSpace:
                     return f"{knob}={v} needs a mixture-of-experts model ({m.name} is dense)"
                 if knob == "ep_degree" and (m.num_experts % v or n % v):
                     return f"ep_degree={v} does not divide the {m.num_experts} experts and the {n} GPUs"
-                if knob == "etp_degree" and (m.moe_ffn_hidden_size % v or n % v):
-                    return f"etp_degree={v} does not divide the expert FFN width {m.moe_ffn_hidden_size} and the {n} GPUs"
+            if knob == "ep_degree" and m.is_moe and self.gpu is not None and self.engine is not None:
+                # a lower bound on any plan's memory at this EP: the routed experts' weights and gradients
+                # of the fewest MoE layers a rank can hold (the space's largest PP, the largest ETP)
+                pp_max = max(x for x in self.space.choices["pp_degree"] if x <= m.num_layers)
+                etp_max = max(self.space.choices["etp_degree"])
+                per_rank = (-(-m.num_moe_layers // pp_max)) * (m.num_experts // v) * m.expert_params // etp_max
+                need = per_rank * (self.engine.param_bytes + self.engine.grad_buffer_bytes)
+                if need > self.gpu.usable_hbm_bytes:
+                    return (f"ep_degree={v}: the routed experts' weights and gradients alone need "
+                            f"{need / 2**30:.0f} GiB per GPU at pp {pp_max}, more than {self.gpu.name}'s "
+                            f"{self.gpu.usable_hbm_bytes / 2**30:.0f} GiB")
+            if knob == "etp_degree" and (m.moe_ffn_hidden_size % v or n % v):
+                return f"etp_degree={v} does not divide the expert FFN width {m.moe_ffn_hidden_size} and the {n} GPUs"
             if knob == "zero_stage" and m.is_moe and v >= 2:
                 return f"zero_stage={v} (FSDP) with routed experts is not costed"
             e = self.engine

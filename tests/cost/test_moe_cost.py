@@ -97,9 +97,8 @@ def test_the_measured_grouped_gemm_table_changes_the_prediction(monkeypatch):
 
 def test_moe_breakdown_shows_experts_dispatch_and_router():
     c, w = make_cluster("b200", 8), Workload(seq_len=4096, global_batch_size=512)
-    r = SimulatedEvaluator(model=QWEN30, cluster=c, workload=w, engine="megatron").evaluate(
-        _qwen_plan(micro_batch_size=4, num_micro_batches=16))
-    assert r.feasible or r.infeasible_reason
+    r = SimulatedEvaluator(model=QWEN30, cluster=c, workload=w, engine="megatron").evaluate(_qwen_plan())
+    assert r.feasible, r.infeasible_reason
     for k in ("expert_compute", "router_permute", "exposed_ep_comm"):
         assert r.breakdown_ms[k] > 0
     # a dense model's step has none of them
