@@ -46,6 +46,7 @@ bench: install
 	$(BIN)/python bench/published.py
 	$(BIN)/python bench/bench_tuner.py
 	$(BIN)/python bench/bench_run_cpu.py --runs 1
+	$(BIN)/python bench/bench_plan.py
 
 # GPU host with 2 GPUs and this package's dependencies in $(PY): profile into a fresh store, the
 # measured evaluator's predictions, every fidelity plan run for real -> the table in docs/fidelity.md

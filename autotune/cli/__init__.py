@@ -4,7 +4,7 @@ Importing this package registers every command on :data:`autotune.cli.app.main`:
 group, shared option sets in :mod:`autotune.cli.options`.
 """
 
-from autotune.cli import export, inspect, repair, simulate, tune  # noqa: F401 - registers the commands
+from autotune.cli import export, inspect, plan, repair, simulate, tune  # noqa: F401 - registers the commands
 from autotune.cli.app import main
 
 __all__ = ["main"]

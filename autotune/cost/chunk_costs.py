@@ -15,7 +15,7 @@ from autotune.cost.topology import place_group, place_pipeline_pair
 from autotune.spec.engines import EngineProfile, engine_for_plan
 from autotune.spec.hardware import ClusterSpec, LinkSpec
 from autotune.spec.models import ModelSpec
-from autotune.spec.plan import Plan, Workload, fp8_gemm_dims
+from autotune.spec.plan import Plan, Workload, fp8_gemm_dims, loss_chunk_tokens
 
 BF16 = 2  # bytes per element
 FP8_PARAM_BYTES = 1  # an FP8 parameter's element (Megatron-LM --fp8-param-gather)
@@ -117,7 +117,7 @@ def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
 DENSE_LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
                       "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
                       "grad_reduce_in_bf16", "fp8_param_gather", "recompute_modules")
-LAYER_FIELDS = DENSE_LAYER_FIELDS + ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "moe_grouped_gemm")
+LAYER_FIELDS = DENSE_LAYER_FIELDS + moe.MOE_LAYER_FIELDS
 
 
 class CostBuilder:
@@ -177,8 +177,6 @@ class CostBuilder:
         #: one layer's full-recompute backward additions per micro-batch, ms by part (recompute, its
         #: exposed TP / CP communication); empty unless ``recompute: full``
         self.full_recompute_parts: dict[str, float] = {}
-        if model.is_moe:
-            moe_layer.place_expert_groups(self, placed)
         # a dense layer's costs per DENSE_LAYER_FIELDS, an MoE layer's per LAYER_FIELDS (memoised apart)
         lkey = ("layer",) + tuple(getattr(plan, f) for f in DENSE_LAYER_FIELDS) if memo is not None else None
         got = memo.get(lkey) if memo is not None else None
@@ -189,16 +187,8 @@ class CostBuilder:
                 memo[lkey] = got
         # read only after this: chunk_cost copies what it adds up
         self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = got
-        self._moe_state = None      # an MoE layer's (parts, hidden fwd, hidden bwd, full-recompute parts)
-        if model.is_moe:
-            mkey = ("moe_layer",) + tuple(getattr(plan, f) for f in LAYER_FIELDS) if memo is not None else None
-            self._moe_state = memo.get(mkey) if memo is not None else None
-            if self._moe_state is None:     # (_layer_cost sets these four; the dense layer's are kept)
-                dense, self.full_recompute_parts = got[1:], {}
-                self._moe_state = (self._layer_cost("moe"), self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts)
-                self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = dense
-                if memo is not None:
-                    memo[mkey] = self._moe_state
+        # an MoE layer's (parts, hidden fwd, hidden bwd, full-recompute parts), its expert groups; None when dense
+        self._moe_state = moe_layer.moe_layer_state(self, memo, got, placed, lkey) if model.is_moe else None
 
     def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
         """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).
@@ -233,7 +223,7 @@ class CostBuilder:
     # ---- one transformer layer, one micro-batch, one rank
     def _layer_cost(self, kind: str = "dense") -> tuple[dict[str, float], dict[str, float], float]:
         """One layer's (forward parts, backward parts, forward FLOPs) per micro-batch: a ``dense`` layer, or
-        an ``moe`` layer (its attention, shared experts and, :meth:`_moe_parts`, routed experts)."""
+        an ``moe`` layer (its attention, shared experts and routed experts: :func:`autotune.cost.moe_layer.moe_parts`)."""
         m, p, costs = self.m, self.p, self.costs
         t, T, h = p.tp_degree, self.tokens, m.hidden_size
         q, kv = m.q_dim, m.kv_dim
@@ -262,6 +252,8 @@ class CostBuilder:
         attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=head_dim)
         # the engine's attention kernel (facts.yaml attention_kernel: default dispatch or FlashAttention-2)
         kern = self.engine.attention_kernel
+        if getattr(p, "attention_backend", "default") == "flash":
+            kern = "flash2"     # SDPA's flash backend only (Plan.attention_backend): the profile's flash2 table
         attn_fwd = costs.attention_kernel_ms(kern, **attn_kw) / p.cp_degree
         attn_bwd = costs.attention_kernel_ms(kern, **attn_kw, backward=True) / p.cp_degree
         flops += 2.0 * p.micro_batch_size * seq * seq * head_dim * heads / p.cp_degree
@@ -534,27 +526,20 @@ class CostBuilder:
         cc.hidden_ms = n_dense * hidden_per_layer
         if n_moe:
             moe_layer.add_moe_layers(self, cc, n_moe)
+        n_rc = p.recomputed_layers(num_layers) if p.partial_recompute else (num_layers if p.recompute == "full" else 0)
+        rc_dense = min(n_rc, n_dense)       # the first N layers recompute: a chunk's dense layers come first
         if p.partial_recompute:
-            # the first N layers of the chunk recompute: its dense layers come first (dense-first models)
-            n_rc = p.recomputed_layers(num_layers)
-            rc_dense = min(n_rc, n_dense)
             for k, v in self.full_recompute_parts.items():
                 _add(cc.bwd_parts, k, v * rc_dense)
-            if n_rc > rc_dense:
-                moe_layer.add_moe_recompute(self, cc, n_rc - rc_dense)
-        else:
-            n_rc = num_layers if p.recompute == "full" else 0
-            rc_dense = n_dense if p.recompute == "full" else 0
+        if n_moe and n_rc > rc_dense:
+            moe_layer.add_moe_recompute(self, cc, n_rc - rc_dense, partial=p.partial_recompute)
         # hidden TP / CP communication: each layer's forward and backward, and the forward re-run of the
         # fully recomputed layers
         cc.hidden_ms += rc_dense * sum(self.hidden_fwd.values())
-        if n_moe and n_rc > rc_dense:
-            cc.hidden_ms += (n_rc - rc_dense) * sum(self._moe_state[1].values())
         self._hidden = 0.0
         cc.fwd_flops += lflops * n_dense
-        if self._moe_state is None:
-            cc.params = num_layers * m.params_per_layer // t
-        else:
+        cc.params = num_layers * m.params_per_layer // t        # (an MoE model: moe_layer.chunk_params)
+        if self._moe_state is not None:
             moe_layer.chunk_params(self, cc, n_dense, n_moe, n_mtp)
         if self.fp8_params:
             # the layers' linear weights are FP8 parameters (Megatron-LM --fp8-param-gather)
@@ -572,13 +557,26 @@ class CostBuilder:
             V = m.vocab_size
             mb = self._memory_bound_ms
             ce = mb(T * V / t * 6, "cross_entropy")
-            if p.compile and self.engine.compile_loss:
-                ce *= COMPILED_LOSS_TIME_RATIO         # the compiled loss's fused kernels (measured)
-            heads = 1 + n_mtp                         # the main head, and the shared head once per MTP depth
-            _add(cc.fwd_parts, "compute", heads * (costs.gemm_ms(T, V // t, h) + ce + mb(4 * T * h, "rmsnorm")))
-            _add(cc.bwd_parts, "compute", heads * (costs.gemm_ms(T, h, V // t, backward=True)
-                 + costs.gemm_ms(h, V // t, T, backward=True) + ce + mb(6 * T * h, "rmsnorm")))
-            cc.fwd_flops += heads * 2.0 * T * V / t * h
+            head_gemms = (costs.gemm_ms(T, V // t, h), costs.gemm_ms(T, h, V // t, backward=True)
+                          + costs.gemm_ms(h, V // t, T, backward=True))
+            if getattr(p, "loss_impl", "full") == "chunked":
+                # chunked linear + cross-entropy (TP 1): all three head GEMMs in the forward, one soft-max +
+                # gradient pass per chunk (compiled with plan.compile: the compiled loss's measured ratio
+                # over the eager loss's forward + backward), the FP32 weight gradient read and written by
+                # each chunk's accumulating GEMM after the first, and both stored gradients scaled in backward
+                nchunks = -(-T // loss_chunk_tokens(V, T))
+                ce2 = 2 * ce * (COMPILED_LOSS_TIME_RATIO if p.compile else 1.0)
+                accum = costs.memory_bound_ms(max(nchunks - 1, 0) * V * h * 8)
+                _add(cc.fwd_parts, "compute", sum(head_gemms) + ce2 + accum + mb(4 * T * h, "rmsnorm"))
+                _add(cc.bwd_parts, "compute", costs.memory_bound_ms(V * h * 8 + T * h * 2 * BF16)
+                     + mb(6 * T * h, "rmsnorm"))
+            else:
+                if p.compile and self.engine.compile_loss:
+                    ce *= COMPILED_LOSS_TIME_RATIO         # the compiled loss's fused kernels (measured)
+                heads = 1 + n_mtp                     # the main head, and the shared head once per MTP depth
+                _add(cc.fwd_parts, "compute", heads * (head_gemms[0] + ce + mb(4 * T * h, "rmsnorm")))
+                _add(cc.bwd_parts, "compute", heads * (head_gemms[1] + ce + mb(6 * T * h, "rmsnorm")))
+            cc.fwd_flops += (1 + n_mtp) * 2.0 * T * V / t * h
             cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
         self._precision_costs(cc)
         # ZeRO-3 / FSDP: parameters all-gathered for each micro-batch's forward and backward, gradients

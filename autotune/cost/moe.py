@@ -39,6 +39,8 @@ from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan
 
 BF16 = 2
+#: the plan fields an MoE layer's cost depends on beyond a dense layer's (the expert layout)
+MOE_LAYER_FIELDS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "moe_grouped_gemm")
 #: router logits and probabilities are FP32 (Megatron-LM ``--moe-router-dtype`` fp32 in the published MoE
 #: recipes; megatron/core/transformer/moe/router.py casts the logits to the router dtype)
 ROUTER_BYTES = 4
@@ -274,6 +276,6 @@ def cp_exchange_width(m: ModelSpec, t: int, kv: int) -> int:
         return m.num_heads // t * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
     return 2 * (kv // t if kv >= t else kv)
 
-__all__ = ["attention_widths", "cp_exchange_width", "attention_gemms", "mlp_gemms", "grouped_gemm_ratio", "chunk_layer_kinds", "dense_layer_params", "dense_params_of_moe_layer", "dispatch_bytes", "expert_gemms",
+__all__ = ["MOE_LAYER_FIELDS", "attention_widths", "cp_exchange_width", "attention_gemms", "mlp_gemms", "grouped_gemm_ratio", "chunk_layer_kinds", "dense_layer_params", "dense_params_of_moe_layer", "dispatch_bytes", "expert_gemms",
            "expert_params_per_layer", "expert_shapes", "is_moe_layer", "moe_activation_terms", "moe_layers_in",
            "mtp_layer_is_moe", "recomputed_moe_terms", "shared_ffn", "tokens_per_rank"]

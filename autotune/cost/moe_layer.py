@@ -201,10 +201,14 @@ def add_moe_layers(cb: Any, cc: Any, n_moe: int) -> None:
     cc.fwd_flops += mflops * n_moe
 
 
-def add_moe_recompute(cb: Any, cc: Any, n_layers: int) -> None:
-    """Add the full-recompute backward parts of ``n_layers`` MoE layers (partial recompute) to chunk ``cc``."""
-    for k, v in cb._moe_state[3].items():
-        _add(cc.bwd_parts, k, v * n_layers)
+def add_moe_recompute(cb: Any, cc: Any, n_layers: int, *, partial: bool) -> None:
+    """Add to chunk ``cc`` the forward re-run of ``n_layers`` fully recomputed MoE layers: their hidden
+    communication, and with partial recompute (the first N layers of a chunk) their backward parts (without it
+    every layer's backward already holds them)."""
+    if partial:
+        for k, v in cb._moe_state[3].items():
+            _add(cc.bwd_parts, k, v * n_layers)
+    cc.hidden_ms += n_layers * sum(cb._moe_state[1].values())
 
 
 def chunk_params(cb: Any, cc: Any, n_dense: int, n_moe: int, n_mtp: int) -> None:
@@ -235,4 +239,21 @@ def place_expert_groups(cb: Any, placed: Any) -> None:
     cb.edp_group = cb.p.expert_dp_degree
     cb.edp_place = placed("group", cb.edp_group, ep * etp)
 
-__all__ = ["place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]
+
+def moe_layer_state(cb: Any, memo: dict | None, dense: tuple, placed: Any, lkey: tuple | None) -> tuple:
+    """One MoE layer's (forward / backward parts and FLOPs, hidden forward, hidden backward, full-recompute parts)
+    for ``cb``'s plan, memoised in ``memo`` per the dense layer's key ``lkey`` and the plan's
+    :data:`autotune.cost.moe.MOE_LAYER_FIELDS`; ``dense`` is the dense layer's state (``_layer_cost`` overwrites the builder's attributes, which
+    are restored from it). First places the expert groups (:func:`place_expert_groups`, with ``placed``)."""
+    place_expert_groups(cb, placed)
+    mkey = ("moe_layer",) + lkey + tuple(getattr(cb.p, f) for f in moe.MOE_LAYER_FIELDS) if memo is not None else None
+    state = memo.get(mkey) if memo is not None else None
+    if state is None:
+        cb.full_recompute_parts = {}
+        state = (cb._layer_cost("moe"), cb.hidden_fwd, cb.hidden_bwd, cb.full_recompute_parts)
+        cb.quantize_ms, cb.hidden_fwd, cb.hidden_bwd, cb.full_recompute_parts = dense[1:]
+        if memo is not None:
+            memo[mkey] = state
+    return state
+
+__all__ = ["moe_layer_state", "place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]

@@ -26,6 +26,9 @@ REFUSED_PRECISIONS = {
 
 #: Linear modules kept in BF16 under FP8 (torchtitan ``float8.md``: ``filter_fqns=["output"]``).
 FLOAT8_SKIP_FQNS = ("output",)
+#: further block linears kept BF16 per ``Plan.fp8_bf16_linears`` (module names in runtime/model.py)
+FLOAT8_BF16_LINEARS = {"none": (), "kv": ("attention.wk", "attention.wv"),
+                       "attention": ("attention.wq", "attention.wk", "attention.wv", "attention.wo")}
 
 #: torchao versions this runtime was run with (``../shared/device/fetch-wheels.sh``; design.md, 2026-12-01).
 TORCHAO_TESTED = "0.17.0"
@@ -77,23 +80,24 @@ def float8_config(precision: str, *, emulate: bool = False):
     return dataclasses.replace(cfg, emulate=True) if emulate else cfg
 
 
-def float8_module_filter(module: nn.Module, fqn: str) -> bool:
+def float8_module_filter(module: nn.Module, fqn: str, skip: tuple[str, ...] = ()) -> bool:
     """Whether a module becomes a torchao ``Float8Linear``: an ``nn.Linear`` whose in and out features
     are multiples of 16 (``torch._scaled_mm``; torchtitan ``quantization/utils.py`` ``module_filter_fn``)
     and whose name is not in :data:`FLOAT8_SKIP_FQNS` (the LM head stays BF16)."""
     if not isinstance(module, nn.Linear):
         return False
-    if any(fqn == s or fqn.endswith("." + s) for s in FLOAT8_SKIP_FQNS):
+    if any(fqn == s or fqn.endswith("." + s) for s in FLOAT8_SKIP_FQNS + tuple(skip)):
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def apply_float8(model: nn.Module, precision: str, *, emulate: bool = False) -> list[str]:
+def apply_float8(model: nn.Module, precision: str, *, emulate: bool = False, bf16_linears: str = "none") -> list[str]:
     """Swap the model's eligible linears for torchao ``Float8Linear`` (in place).
 
     Args:
         model: a :class:`Llama` (or chunk), before TP / FSDP (torchtitan converts at build time).
         precision: ``fp8_tensorwise`` or ``fp8_rowwise``; emulate: see :func:`float8_config`.
+        bf16_linears: a key of :data:`FLOAT8_BF16_LINEARS` (block linears left BF16, ``Plan.fp8_bf16_linears``).
 
     Returns:
         Names of the converted modules (``layers.0.attention.wq`` ...).
@@ -107,19 +111,50 @@ def apply_float8(model: nn.Module, precision: str, *, emulate: bool = False) -> 
         # torchtitan float8.py: "short-term solution for pytorch/pytorch#150859"
         import torch._inductor.config as inductor_config
         inductor_config.emulate_precision_casts = True
-    convert_to_float8_training(model, config=cfg, module_filter_fn=float8_module_filter)
+    if bf16_linears not in FLOAT8_BF16_LINEARS:
+        raise PlanError(f"fp8_bf16_linears={bf16_linears!r}; valid: {', '.join(FLOAT8_BF16_LINEARS)}")
+    skip = FLOAT8_BF16_LINEARS[bf16_linears]
+    convert_to_float8_training(model, config=cfg,
+                               module_filter_fn=lambda m, fqn: float8_module_filter(m, fqn, skip))
     from torchao.float8.float8_linear import Float8Linear
     return [n for n, m in model.named_modules() if isinstance(m, Float8Linear)]
 
 
-def apply_compile(model: Llama) -> int:
+def apply_compile(model: Llama, mode: str = "default") -> int:
     """``torch.compile`` each transformer block in place (``nn.Module.compile(fullgraph=True)``, default
-    inductor backend: torchtitan ``apply_compile``). Returns the number of blocks compiled."""
+    inductor backend: torchtitan ``apply_compile``), in inductor ``mode`` (``default`` or
+    ``max-autotune-no-cudagraphs``: ``Plan.compile_mode``). Returns the number of blocks compiled."""
     n = 0
+    kw = {} if mode == "default" else {"mode": mode}
     for blk in model.layers.values():
-        blk.compile(fullgraph=True)
+        blk.compile(fullgraph=True, **kw)
         n += 1
     return n
+
+
+#: ``Plan.attention_backend`` -> the SDPA backends left enabled (``torch.backends.cuda.enable_*_sdp``);
+#: ``default`` touches nothing (PyTorch's dispatch order: cuDNN, flash, efficient, math on Hopper with
+#: torch 2.11, ``torch/csrc/.../sdp_utils.cpp`` ``priority_order``)
+SDPA_BACKENDS = {"cudnn": ("cudnn",), "flash": ("flash",)}
+
+
+def set_attention_backend(backend: str) -> str:
+    """Restrict SDPA to ``backend`` for this process (global flags: the worker runs one plan per process;
+    torch.compile reads them when it traces the blocks). Returns what was set, for ``honored``.
+
+    Raises:
+        PlanError: an unknown backend."""
+    import torch
+    if backend == "default":
+        return "SDPA default dispatch"
+    if backend not in SDPA_BACKENDS:
+        raise PlanError(f"attention_backend={backend!r}; valid: default, {', '.join(SDPA_BACKENDS)}")
+    on = SDPA_BACKENDS[backend]
+    torch.backends.cuda.enable_cudnn_sdp("cudnn" in on)
+    torch.backends.cuda.enable_flash_sdp("flash" in on)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_math_sdp(False)
+    return f"SDPA {backend} only"
 
 
 def enable_async_tp(tp_mesh) -> str:

@@ -35,12 +35,14 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.errors import ConfigError
 from autotune.spec.models import ModelSpec
+from autotune.spec.plan import loss_chunk_tokens
 
 #: Llama 3 RoPE scaling (HF config.json ``rope_scaling`` of Llama-3.1-*: rope_type llama3).
 LLAMA3_ROPE_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                            original_max_position_embeddings=8192)
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+LOSS_IMPLS = ("full", "chunked")
 
 
 def llama3_inv_freq(head_dim: int, theta: float, *, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -227,6 +229,8 @@ class Llama(nn.Module):
         cos, sin = rope_tables(spec.head_dim, seq_len, spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.loss_impl = "full"
+        self.loss_compiled = False
         self.init_weights()
 
     @torch.no_grad()
@@ -254,12 +258,26 @@ class Llama(nn.Module):
             cos, sin = rope_tables(self.spec.head_dim, self.seq_len, self.spec.rope_theta, device=dev)
             self.rope_cos, self.rope_sin = cos, sin
 
+    def set_loss_impl(self, impl: str, *, compiled: bool = False) -> None:
+        """``full`` (the forward returns logits) or ``chunked`` (given labels, the forward returns the
+        mean loss from :func:`chunked_linear_cross_entropy`; ``compiled``: its per-chunk soft-max and
+        gradient run as one torch.compile'd kernel).
+
+        Raises:
+            ConfigError: an unknown ``impl``."""
+        if impl not in LOSS_IMPLS:
+            raise ConfigError(f"loss_impl={impl!r}; valid: {', '.join(LOSS_IMPLS)}")
+        self.loss_impl = impl
+        self.loss_compiled = compiled
+
     def set_recompute(self, mode: str) -> None:
         """Apply ``none`` / ``selective`` / ``full`` recomputation to every block."""
         for blk in self.layers.values():
             blk.set_recompute(mode)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits ``[b, T, V]`` (or hidden states without the head); with ``labels`` (int64 ``[b, T]``)
+        and ``loss_impl == "chunked"`` the mean token cross-entropy (FP32 scalar) instead."""
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)
             dev = h.device.type
@@ -272,7 +290,12 @@ class Llama(nn.Module):
         for blk in self.layers.values():
             h = blk(h, self.rope_cos, self.rope_sin)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        if self.output is None:
+            return h
+        if labels is not None and self.loss_impl == "chunked":
+            return chunked_linear_cross_entropy(h.flatten(0, 1), self.output.weight, labels.flatten(0, 1),
+                                                compiled=self.loss_compiled)
+        return self.output(h)
 
 
 def build_llama(spec: ModelSpec, *, seq_len: int, num_layers: Optional[int] = None,
@@ -311,3 +334,95 @@ def prune_to_stage(model: Llama, layer_ids: list[int], *, is_first: bool, is_las
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean token cross-entropy in FP32; logits ``[b, T, V]``, labels int64 ``[b, T]`` -> scalar."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+
+def _ce_chunk_grad(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy of one chunk and d(sum)/d(logits) = softmax - onehot, in the logits' dtype.
+
+    logits ``[C, V]`` (compute dtype), labels int64 ``[C]`` -> (FP32 scalar, ``[C, V]``). The soft-max
+    runs in FP32 (as :func:`cross_entropy_loss`)."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    tgt = x.gather(1, labels[:, None]).squeeze(1)
+    p = torch.exp(x - lse[:, None])
+    onehot = torch.arange(x.shape[1], device=x.device)[None, :] == labels[:, None]
+    return (lse - tgt).sum(), (p - onehot.to(p.dtype)).to(logits.dtype)
+
+
+_ce_chunk_grad_compiled = None
+
+
+def _chunk_grad_fn(compiled: bool):
+    global _ce_chunk_grad_compiled
+    if not compiled:
+        return _ce_chunk_grad
+    if _ce_chunk_grad_compiled is None:
+        _ce_chunk_grad_compiled = torch.compile(_ce_chunk_grad, fullgraph=True, dynamic=False)
+    return _ce_chunk_grad_compiled
+
+
+def _mm_accumulate(acc: Optional[torch.Tensor], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``acc + a @ b`` in FP32 from compute-dtype ``a``, ``b`` (``acc`` None: ``a @ b``).
+
+    On CUDA with BF16 operands: ``torch.mm`` / ``torch.addmm`` with ``out_dtype=float32`` (cuBLAS
+    accumulates into the FP32 buffer, beta = 1), else a compute-dtype product added in FP32."""
+    if a.is_cuda and a.dtype != torch.float32:
+        try:
+            if acc is None:
+                return torch.mm(a, b, out_dtype=torch.float32)
+            return torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        except (RuntimeError, TypeError):
+            pass
+    prod = (a @ b).float()
+    return prod if acc is None else acc.add_(prod)
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``h @ W^T`` over token chunks, gradients computed in the forward pass.
+
+    Forward, per chunk of C tokens: logits ``[C, V]`` = ``h_c W^T`` (compute dtype), FP32 soft-max, the
+    summed loss, ``g = softmax - onehot``; then ``dh_c = g W`` and ``dW += g^T h_c`` (FP32). Backward
+    scales the stored ``dh`` and ``dW`` by ``grad_output / N``. The same FLOPs as the materialized LM head
+    (three ``2 N h V`` GEMMs) with at most one chunk's logits alive: the approach of Liger-Kernel's
+    ``LigerFusedLinearCrossEntropyFunction`` (Hsu et al. 2024, arXiv:2410.10989, Sec. 3.3), in torch ops.
+
+    Args (forward): h ``[N, H]`` compute dtype; weight ``[V, H]`` (FP32 master or BF16 parameter);
+    labels int64 ``[N]``; chunk tokens; compiled (per-chunk kernel through torch.compile).
+    Returns: FP32 scalar, mean loss over N tokens.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, labels, chunk: int, compiled: bool):  # noqa: D401
+        n = h.shape[0]
+        w = weight.to(h.dtype)
+        grad_h = torch.empty_like(h)
+        grad_w = None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        fn = _chunk_grad_fn(compiled)
+        for s in range(0, n, chunk):
+            hc, yc = h[s:s + chunk], labels[s:s + chunk]
+            loss_c, g = fn(hc @ w.t(), yc)
+            total += loss_c
+            grad_h[s:s + chunk] = g @ w
+            grad_w = _mm_accumulate(grad_w, g.t(), hc)
+            del g
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.n = n
+        ctx.weight_dtype = weight.dtype
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_out / ctx.n
+        # in place: the stored gradients are used once (retain_graph is not supported)
+        return grad_h.mul_(scale.to(grad_h.dtype)), grad_w.mul_(scale).to(ctx.weight_dtype), None, None, None
+
+
+def chunked_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                                 compiled: bool = False) -> torch.Tensor:
+    """Mean token cross-entropy of the LM head without full-vocabulary logits
+    (:class:`ChunkedLinearCrossEntropy`); h ``[N, H]``, weight ``[V, H]``, labels int64 ``[N]`` -> FP32 scalar."""
+    chunk = loss_chunk_tokens(weight.shape[0], h.shape[0])
+    return ChunkedLinearCrossEntropy.apply(h, weight, labels, chunk, compiled)

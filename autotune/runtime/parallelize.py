@@ -99,6 +99,7 @@ from autotune.runtime.converters import (
     apply_float8,
     check_precision_support,
     enable_async_tp,
+    set_attention_backend,
 )
 from autotune.runtime.model import (
     Llama,
@@ -175,6 +176,15 @@ def check_runtime_support(plan: Plan, *, device_type: str) -> None:
             raise PlanError(f"cp_degree={p.cp_degree} with pp_degree={p.pp_degree} is not supported by this "
                             "runtime (context parallel is applied around a whole forward/backward); use "
                             "pp_degree=1 or cp_degree=1")
+    if p.attention_backend != "default" and device_type != "cuda":
+        raise PlanError(f"attention_backend={p.attention_backend} cannot be honored on {device_type}: the "
+                        "cuDNN and flash SDPA kernels are CUDA kernels; use attention_backend=default")
+    if p.loss_impl == "chunked" and (p.tp_degree > 1 or p.pp_degree > 1):
+        raise PlanError(f"loss_impl=chunked with tp_degree={p.tp_degree}, pp_degree={p.pp_degree} is not "
+                        "supported by this runtime (the chunked linear + cross-entropy takes the whole, "
+                        "unsharded LM head inside the model's forward); use loss_impl=full or TP = PP = 1")
+    if p.compile_mode != "default" and not p.compile:
+        raise PlanError(f"compile_mode={p.compile_mode} needs compile=true; use compile_mode=default")
     if p.memory_reclaim == "expandable_segments" and device_type == "cuda":
         conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         if "expandable_segments:True" not in conf:
@@ -450,7 +460,10 @@ class PlanRuntime:
                     y = labels[i * mbs:(i + 1) * mbs]
                     last = i == p.num_micro_batches - 1
                     with self._sync_ctx(last), self._cp_ctx(x, y) as (xs, ys), self._loss_ctx():
-                        loss = cross_entropy_loss(model(xs), ys)
+                        if p.loss_impl == "chunked":
+                            loss = model(xs, ys)
+                        else:
+                            loss = cross_entropy_loss(model(xs), ys)
                         (loss / p.num_micro_batches).backward()
                     val = _local_scalar(loss)
                     total = val if total is None else total + val
@@ -595,13 +608,15 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
         m = build_llama(tspec, seq_len=seq_len, seed=seed, device=None if full_init else "meta")
         prune_to_stage(m, ranges[sid], is_first=sid == 0, is_last=sid == n_stages - 1)
         if p.fp8:
-            converted += apply_float8(m, p.precision, emulate=device.type != "cuda")
+            converted += apply_float8(m, p.precision, emulate=device.type != "cuda",
+                                      bf16_linears=p.fp8_bf16_linears)
         if full_init:
             m.to(device)
         chunks.append(m)
     if p.fp8:
         honored["precision"] = (f"torchao float8 {FLOAT8_RECIPES[p.precision]} on {len(converted)} linears"
-                                f"{' (emulated on CPU)' if device.type != 'cuda' else ''}; LM head (output) not converted")
+                                f"{' (emulated on CPU)' if device.type != 'cuda' else ''}; LM head (output) not converted"
+                                + (f"; BF16 kept for {p.fp8_bf16_linears}" if p.fp8_bf16_linears != "none" else ""))
     else:
         honored["precision"] = "bf16"
     honored["pipeline"] = (f"stages {stage_ids} of {n_stages}, layers {[counts[s] for s in stage_ids]}"
@@ -613,18 +628,24 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
             apply_tp(m, mesh["tp"], sequence_parallel=p.sequence_parallel)
         honored["tp"] = f"DTensor TP {p.tp_degree}" + (" + SP" if p.sequence_parallel else "")
 
-    # ---- recompute ----
+    # ---- recompute, loss, attention kernel ----
     for m in chunks:
         m.set_recompute(p.recompute)
+        m.set_loss_impl(p.loss_impl, compiled=p.compile)
     honored["recompute"] = p.recompute
+    honored["loss_impl"] = ("chunked linear + cross-entropy (no full-vocabulary logits"
+                            + (", per-chunk kernel compiled)" if p.compile else ")")
+                            if p.loss_impl == "chunked" else "full logits, FP32 cross-entropy")
+    if device.type == "cuda":
+        honored["attention_backend"] = set_attention_backend(p.attention_backend)
 
     # ---- compile (after AC, before FSDP: torchtitan llama3/parallelize.py) ----
     if p.tp_comm_overlap and p.tp_degree > 1:
         enable_async_tp(mesh["tp"])
         honored["tp_comm_overlap"] = "async TP (inductor micro-pipeline TP, symmetric memory)"
     if p.compile:
-        nb = sum(apply_compile(m) for m in chunks)
-        honored["compile"] = f"torch.compile per block ({nb} blocks, fullgraph)"
+        nb = sum(apply_compile(m, p.compile_mode) for m in chunks)
+        honored["compile"] = f"torch.compile per block ({nb} blocks, fullgraph, mode {p.compile_mode})"
     else:
         honored["compile"] = "eager"
 
@@ -686,7 +707,10 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
     if device.type == "cuda":
         # one fused kernel per parameter group (torchtitan's default): the foreach implementation
         # made ~10 passes over the states, 41 ms vs 16 ms for 1.9 B parameters on H200 (2026-11-30)
-        adam_kw["fused"] = True
+        if p.optimizer_impl == "fused":
+            adam_kw["fused"] = True
+        else:
+            adam_kw["foreach"] = True
     if p.zero_stage == 1 and dp_mesh is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
@@ -702,7 +726,8 @@ def parallelize(plan: Plan, spec: ModelSpec, *, seq_len: int, num_layers: Option
             adam_kw["foreach"] = False
             adam_kw.pop("fused", None)
         opt = torch.optim.AdamW(params, **adam_kw)
-        honored["optimizer"] = ("AdamW (FP32 states" + (", fused" if adam_kw.get("fused") else "") + ")") + (", sharded by FSDP2" if dp_mode == "fsdp" else "")
+        impl = ", fused" if adam_kw.get("fused") else ", foreach" if adam_kw.get("foreach") else ""
+        honored["optimizer"] = ("AdamW (FP32 states" + impl + ")") + (", sharded by FSDP2" if dp_mode == "fsdp" else "")
 
     # ---- reclaim ----
     honored["memory_reclaim"] = p.memory_reclaim + ("" if device.type == "cuda" else " (no-op on CPU)")

@@ -14,7 +14,8 @@ exits with :data:`EXIT_OOM`.
 
 Result JSON (rank 0), times in ms, memory in bytes:
 ``step_times_ms`` (timed steps; per step the max over ranks), ``step_time_ms`` (median),
-``step_time_spread_ms`` (max - min) and ``step_time_iqr_ms``, ``tokens_per_s_per_gpu``, ``mfu``
+``step_time_spread_ms`` (max - min) and ``step_time_iqr_ms``, ``warmup_times_ms`` and ``compile_s`` (first warm-up step minus the median, s:
+compilation reported apart from the step time), ``tokens_per_s_per_gpu``, ``mfu``
 (causal convention, :mod:`autotune.cost.flops`, FLOPs of the model as run, i.e. of the truncated depth for
 a ``--layers`` proxy), ``mfu_palm``, ``hfu``, ``tflops_per_gpu``, ``peak_allocated_bytes`` /
 ``peak_reserved_bytes``, ``allocated_after_build_bytes`` (model as built) and
@@ -194,6 +195,7 @@ def _run(a, phase: _Phase, device) -> int:
 
     gbs = plan.global_batch_size
     times_ms: list[float] = []
+    warmup_ms: list[float] = []
     losses: list[float | None] = []
     total = a.warmup + a.steps
     for i in range(total):
@@ -213,6 +215,8 @@ def _run(a, phase: _Phase, device) -> int:
         if i >= a.warmup:
             times_ms.append(dt)
             losses.append(loss)
+        else:
+            warmup_ms.append(dt)
 
     phase("report")
     mem = _mem_stats(device)
@@ -234,7 +238,7 @@ def _run(a, phase: _Phase, device) -> int:
         Path(a.profile_dir).mkdir(parents=True, exist_ok=True)
         (Path(a.profile_dir) / f"profile.rank{dist.get_rank()}.json").write_text(json.dumps(summary, indent=1))
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"times": times_ms, "losses": losses, "mem": mem,
+    dist.all_gather_object(gathered, {"times": times_ms, "warmup": warmup_ms, "losses": losses, "mem": mem,
                                       "dp_rank": rt.dp_rank, "tp_rank": rt.mesh.get_local_rank("tp")})
     if dist.get_rank() != 0:
         return _leave_together(phase, dist)
@@ -261,6 +265,10 @@ def _run(a, phase: _Phase, device) -> int:
         "warmup_steps": a.warmup, "timed_steps": a.steps,
         "step_times_ms": step_ms, "step_time_ms": med, "step_time_spread_ms": max(step_ms) - min(step_ms),
         "step_time_iqr_ms": q[2] - q[0],
+        # warm-up steps (compilation, autotuning and allocator growth in the first): max over ranks;
+        # compile_s = first warm-up step minus the median step, the compile time reported apart
+        "warmup_times_ms": [max(g["warmup"][k] for g in gathered) for k in range(a.warmup)],
+        "compile_s": ((max(g["warmup"][0] for g in gathered) - med) / 1e3 if a.warmup else None),
         "tokens_per_s_per_gpu": gbs * wl.seq_len / s / n,
         "model_flops_per_step": model_flops,
         "tflops_per_gpu": model_flops / s / n / 1e12,

@@ -26,6 +26,8 @@ Sampling is define-by-run and conditional, so knobs that have no effect in a pla
 * ``sequence_parallel`` only when tp > 1; ``tp_comm_overlap`` only when tp > 1 and collectives are async;
 * ``precision`` and ``compile`` when the space lists more than one value (FP8 values the GPU cannot run are dropped at bind time when
   the GPU is given; per-rank GEMM dimensions FP8 cannot take are pruned);
+* ``loss_impl`` when the space lists more than one value and tp = pp = 1 (else ``full``: the chunked
+  linear + cross-entropy takes the whole LM head); values the engine does not run are dropped at bind time;
 * ``zero_stage`` and ``bucket_size_mib`` only when dp x cp > 1; ``dp_grad_reduce_overlap`` only then and
   with async collectives; ``param_gather_overlap`` only with grad-reduce overlap and ZeRO >= 1.
 
@@ -54,6 +56,7 @@ from autotune.spec.plan import (
     MOE_DISPATCHERS,
     PIPELINE_SCHEDULES,
     PRECISIONS,
+    LOSS_IMPLS,
     RECOMPUTE_MODES,
     ZERO_STAGES,
     Plan,
@@ -72,19 +75,19 @@ _BOOL_KNOBS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_
                "param_gather_overlap", "compile", "moe_a2a_overlap")
 _ENUM_KNOBS = {"pipeline_schedule": PIPELINE_SCHEDULES, "recompute": RECOMPUTE_MODES,
                "memory_reclaim": MEMORY_RECLAIM_POLICIES, "zero_stage": ZERO_STAGES, "precision": PRECISIONS,
-               "moe_dispatcher": MOE_DISPATCHERS}
+               "moe_dispatcher": MOE_DISPATCHERS, "loss_impl": LOSS_IMPLS}
 #: Every knob a search space may list, in sampling order.
 KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size",
          "sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
          "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim", "precision",
-         "compile", "ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
+         "compile", "loss_impl", "ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
 #: the mixture-of-experts knobs: sampled only for an MoE model (a dense model's trials have none of them),
 #: and left out of the space fingerprint (a dense study cannot use them, so stored dense studies resume
 #: under a space that lists them; an MoE study's trials hold their own values)
 MOE_KNOBS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
 #: knobs added after studies were first stored: left out of the fingerprint while fixed at the Plan
 #: default, so studies of a space that does not list them still resume
-_LATE_KNOBS = ("precision", "compile")
+_LATE_KNOBS = ("precision", "compile", "loss_impl")
 _PLAN_DEFAULTS = {f.name: f.default for f in fields(Plan)}
 
 
@@ -454,6 +457,8 @@ class BoundSearchSpace:
                     return f"engine {e.name} has no {v} recipe (it runs {', '.join(e.precisions)})"
                 if knob == "compile" and v is True and not e.compile:
                     return f"engine {e.name} has no torch.compile setting"
+                if knob == "loss_impl" and v not in e.lever_values("loss_impl"):
+                    return f"engine {e.name} has no loss_impl={v} (it runs {', '.join(e.lever_values('loss_impl'))})"
             return None
 
         choices: dict[str, tuple[Any, ...]] = {}
@@ -567,6 +572,11 @@ class BoundSearchSpace:
         # do not list them sample exactly as before
         precision = pick("precision") if len(c["precision"]) > 1 else c["precision"][0]
         compiled = pick("compile") if len(c["compile"]) > 1 else c["compile"][0]
+        # the chunked linear + cross-entropy takes the whole LM head (native runtime: TP 1, PP 1)
+        if tp == 1 and pp == 1:
+            loss_impl = pick("loss_impl") if len(c["loss_impl"]) > 1 else c["loss_impl"][0]
+        else:
+            loss_impl = "full"
         moe_kw: dict[str, Any] = {}
         if m.is_moe:
             ep = pick("ep_degree")
@@ -582,7 +592,8 @@ class BoundSearchSpace:
                         sequence_parallel=sp, recompute=recompute, zero_stage=zero, async_collectives=async_c,
                         tp_comm_overlap=tp_overlap, dp_grad_reduce_overlap=grad_overlap,
                         param_gather_overlap=gather_overlap, bucket_size_mib=bucket, memory_reclaim=reclaim,
-                        stage_layers=stage_layers, precision=precision, compile=compiled, **moe_kw)
+                        stage_layers=stage_layers, precision=precision, compile=compiled,
+                        loss_impl=loss_impl, **moe_kw)
             validate_plan(plan, m, n, w, gpu=self.gpu)
         except PlanError as e:
             raise Pruned(str(e)) from None
@@ -717,6 +728,8 @@ def plan_params(plan: Plan, *, moe: bool = False) -> dict[str, Any]:
     p["memory_reclaim"] = plan.memory_reclaim
     p["precision"] = plan.precision
     p["compile"] = plan.compile
+    if plan.tp_degree == 1 and plan.pp_degree == 1:
+        p["loss_impl"] = plan.loss_impl
     if moe:
         p["ep_degree"] = plan.ep_degree
         p["etp_degree"] = plan.etp_degree

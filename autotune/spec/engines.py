@@ -126,6 +126,10 @@ class EngineProfile:
         fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
             FP8 (1-byte) activations: the input is quantized before it is gathered.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
+        levers: the kernel-level Plan fields (:data:`autotune.spec.levers.LEVER_FIELDS`: attention_backend,
+            compile_mode, loss_impl, fp8_bf16_linears, optimizer_impl) -> the values it runs; a field not
+            listed runs its Plan default only (issue 43; the native runtime's are measured by
+            bench/bench_one_gpu.py).
         error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
         moe_dispatchers: the token dispatchers it runs for mixture-of-experts models (``Plan.moe_dispatcher``,
             :data:`autotune.spec.plan.MOE_DISPATCHERS`); empty: it cannot run an MoE model, ``moe_reason`` says why.
@@ -183,6 +187,7 @@ class EngineProfile:
     moe_reason: str = ""
     moe_a2a_overlap: bool = False
     recompute_modules: bool = False
+    levers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         checks = (("grad_accumulation", GRAD_ACCUMULATION_MODES), ("selective_recompute", SELECTIVE_RECOMPUTE_MODES),
@@ -199,6 +204,17 @@ class EngineProfile:
         for f in ("param_bytes", "optimizer_bytes", "grad_reduce_bytes"):
             if getattr(self, f) not in (2, 4, 8, 12):
                 raise ConfigError(f"engine {self.name}: {f}={getattr(self, f)!r} is not a byte count of 2, 4, 8 or 12")
+        from autotune.spec.levers import LEVER_FIELDS
+        for f, vals in self.levers.items():
+            if f not in LEVER_FIELDS or any(v not in LEVER_FIELDS[f] for v in vals):
+                raise ConfigError(f"engine {self.name}: levers.{f}={list(vals)!r} is not valid; levers are "
+                                  + "; ".join(f"{k}: {', '.join(v)}" for k, v in LEVER_FIELDS.items()))
+
+    def lever_values(self, lever: str) -> tuple[str, ...]:
+        """The values of Plan field ``lever`` (:data:`autotune.spec.levers.LEVER_FIELDS`) this engine runs:
+        its ``levers`` entry, else the Plan default alone."""
+        from autotune.spec.levers import LEVER_DEFAULTS
+        return tuple(self.levers.get(lever, (LEVER_DEFAULTS[lever],)))
 
     @property
     def grad_buffer_bytes(self) -> int:
@@ -230,6 +246,10 @@ class EngineProfile:
         for f in ("zero_stages", "schedules", "fused_kernels", "precisions", "fp8_tp_all_gather", "moe_dispatchers"):
             if f in kw:
                 kw[f] = tuple(kw[f])
+        if "levers" in kw:
+            if not isinstance(kw["levers"], Mapping):
+                raise ConfigError(f"engine {name}: levers must be a mapping of Plan field -> list of values")
+            kw["levers"] = {str(k): tuple(map(str, v)) for k, v in kw["levers"].items()}
         if "zero_stage_reasons" in kw:
             kw["zero_stage_reasons"] = {int(k): str(v) for k, v in kw["zero_stage_reasons"].items()}
         try:
@@ -401,3 +421,9 @@ def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
         raise PlanError(f"precision={precision} cannot run on engine {e.name}; it runs {', '.join(e.precisions)}")
     if getattr(plan, "compile", False) and not e.compile:
         raise PlanError(f"compile=true cannot run on engine {e.name} (it has no torch.compile setting)")
+    from autotune.spec.levers import LEVER_FIELDS
+    for lever in LEVER_FIELDS:
+        v = getattr(plan, lever, None)
+        if v is not None and v not in e.lever_values(lever):
+            raise PlanError(f"{lever}={v} cannot run on engine {e.name}; it runs {lever} "
+                            f"{', '.join(e.lever_values(lever))}")

@@ -61,6 +61,8 @@ class GPUSpec:
             rather than by datasheet peaks (:class:`autotune.cost.op_costs.CalibratedCosts`).
         gemm_reference_from: another catalog GPU whose references this one takes, scaled by the ratio of the
             two datasheet peaks (the same silicon at other clocks and power: GB200 from B200).
+        tdp_watts: maximum thermal design power of the module, W (datasheet; source per row in gpus.yaml), or
+            None: the default power per GPU of ``autotune plan``'s energy estimate.
     """
 
     name: str
@@ -76,6 +78,7 @@ class GPUSpec:
     bf16_gemm_reference: tuple[float, ...] | None = None
     fp8_gemm_reference: tuple[float, ...] | None = None
     gemm_reference_from: str | None = None
+    tdp_watts: float | None = None
 
     def __post_init__(self) -> None:
         for f in ("bf16_gemm_reference", "fp8_gemm_reference"):

@@ -28,6 +28,18 @@ from autotune.errors import ConfigError, PlanError
 from autotune.files import plain
 from autotune.spec.models import ModelSpec
 from autotune.spec.validate import MAX_NUM_GPUS, MAX_NUM_MICRO_BATCHES
+# kernel-level levers (issue 43), re-exported here: a leaf module, so spec.engines reads it without a cycle
+from autotune.spec.levers import (  # noqa: F401
+    ATTENTION_BACKENDS,
+    COMPILE_MODES,
+    FP8_BF16_LINEARS,
+    LEVER_DEFAULTS,
+    LEVER_FIELDS,
+    LOSS_CHUNK_BYTES,
+    LOSS_IMPLS,
+    OPTIMIZER_IMPLS,
+    loss_chunk_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +204,14 @@ class Plan:
         recompute_modules: with ``recompute: selective`` on an engine that has them, the modules whose
             activations are recomputed (Megatron-LM ``--recompute-modules``, :data:`RECOMPUTE_MODULES`),
             as a sorted tuple; None = the engine's default selective set.
+        attention_backend: SDPA backend, one of :data:`ATTENTION_BACKENDS` (native runtime only).
+        compile_mode: torch.compile mode with ``compile: true``, one of :data:`COMPILE_MODES`.
+        loss_impl: LM head + cross-entropy, one of :data:`LOSS_IMPLS` (``chunked``: native runtime,
+            TP 1 and PP 1 only).
+        fp8_bf16_linears: layer linears kept BF16 under FP8, one of :data:`FP8_BF16_LINEARS`.
+        optimizer_impl: AdamW kernels, one of :data:`OPTIMIZER_IMPLS`.
+        (Engines without these levers refuse values other than the defaults:
+        :func:`autotune.spec.engines.check_plan_for_engine`.)
 
     Raises:
         PlanError: wrong type or value for any field (names the field and the valid values).
@@ -226,6 +246,11 @@ class Plan:
     moe_a2a_overlap: bool = False
     moe_grouped_gemm: bool = True
     recompute_modules: tuple[str, ...] | None = None
+    attention_backend: str = "default"
+    compile_mode: str = "default"
+    loss_impl: str = "full"
+    fp8_bf16_linears: str = "none"
+    optimizer_impl: str = "fused"
 
     def __post_init__(self) -> None:
         # one C-level pass over the integer and boolean fields (a 405B x 1,024 B200 ranking built 17,495
@@ -236,7 +261,7 @@ class Plan:
             self._check_types()
         for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
                          ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS),
-                         ("moe_dispatcher", MOE_DISPATCHERS)):
+                         ("moe_dispatcher", MOE_DISPATCHERS), *LEVER_FIELDS.items()):
             if getattr(self, f) not in valid:
                 raise PlanError(f"{f}={getattr(self, f)!r} is not valid; choose one of {', '.join(valid)}")
         rn = self.recompute_num_layers

@@ -220,8 +220,8 @@ class Tuner:
 
             costs = getattr(self._evaluator, "costs", None) if self._evaluator is not None else None
             return make_sampler(self.bound, model=self.model, cluster=self.cluster, workload=self.workload,
-                                engine=self.engine, costs=costs, seed=self.seed,
-                                band_frac=band_fraction(self.info))
+                                engine=self.engine, costs=costs, seed=self.seed, band_frac=band_fraction(self.info),
+                                layers=self._evaluator_options.get("layers") if self.backend == "real" else None)
 
     @property
     def evaluator(self) -> Evaluator:
