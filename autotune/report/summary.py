@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from autotune.cost.evaluator import BREAKDOWN_KEYS, StepResult
+from autotune.cost.evaluator import BREAKDOWN_KEYS, MOE_BREAKDOWN_KEYS, StepResult
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, Workload
 
@@ -124,6 +124,17 @@ def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
     rows += [
         ("torch.compile", _onoff(plan.compile)),
     ]
+    if plan.ep_degree * plan.etp_degree > 1 or plan.moe_a2a_overlap or plan.moe_dispatcher != "alltoall":
+        # a mixture-of-experts plan: the expert layout (a dense plan has none of these rows)
+        rows += [
+            ("expert parallel", f"EP {plan.ep_degree} x ETP {plan.etp_degree} (folded over TP x CP x DP; "
+                                f"expert DP {plan.expert_dp_degree})"),
+            ("token dispatcher", plan.moe_dispatcher + (" (DeepEP / HybridEP)" if plan.moe_dispatcher == "flex" else "")),
+            ("dispatch overlap", _onoff(plan.moe_a2a_overlap) + " (all-to-all beside another micro-batch's compute)"),
+            ("grouped GEMM", _onoff(plan.moe_grouped_gemm)),
+        ]
+    if plan.recompute_modules is not None:
+        rows.append(("recompute modules", ", ".join(plan.recompute_modules)))
     return rows
 
 
@@ -182,7 +193,9 @@ def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str,
 
 def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
     total = result.step_time_ms or 1.0
-    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms] + \
+    # a dense model's step has no expert, router or dispatch time: those rows are left out
+    moe = any(result.breakdown_ms.get(k) for k in MOE_BREAKDOWN_KEYS)
+    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms and (moe or k not in MOE_BREAKDOWN_KEYS)] + \
         [k for k in result.breakdown_ms if k not in BREAKDOWN_KEYS]
     return [(f"  {k}", f"{result.breakdown_ms[k]:,.1f} ms ({100 * result.breakdown_ms[k] / total:.1f}%)")
             for k in keys]
@@ -293,7 +306,8 @@ def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engi
     rows.append(["peak memory per GPU"] + [f"{r.peak_memory_bytes / GIB:.1f} GiB" for _, _, r in columns])
     keys = list(dict.fromkeys([k for k in BREAKDOWN_KEYS] + [k for _, _, r in columns for k in r.breakdown_ms]))
     for k in keys:
-        if any(k in r.breakdown_ms for _, _, r in columns):
+        if any(k in r.breakdown_ms for _, _, r in columns) and (
+                k not in MOE_BREAKDOWN_KEYS or any(r.breakdown_ms.get(k) for _, _, r in columns)):
             rows.append([f"  {k} ms"] + [f"{r.breakdown_ms.get(k, 0.0):,.1f}" for _, _, r in columns])
     foot = [f"({lab})" for lab in dict.fromkeys(provenance_label(r) for _, _, r in columns)]
     if engine and any(r.backend != "real" for _, _, r in columns):

@@ -185,7 +185,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                 refresh()
             plan = self.next_plan(study, trial.number)
         if plan is not None:
-            self._chosen[trial.number] = plan_params(plan)
+            self._chosen[trial.number] = plan_params(plan, moe=self.bound.model.is_moe)
 
     def _claimed_earlier(self, study: optuna.Study, trial: FrozenTrial, plan: Plan) -> str | None:
         """Claim ``plan`` for ``trial`` in the storage (trial system attribute :data:`CLAIM_ATTR`), then say
@@ -261,7 +261,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
     def assignment(self, plan: Plan) -> dict[str, Any]:
         """Every knob's value: the plan's where the knob is active, the preferred value elsewhere."""
         a = dict(self._prefs)
-        a.update({k: v for k, v in plan_params(plan).items() if v in self.bound.choices[k]})
+        a.update({k: v for k, v in plan_params(plan, moe=self.bound.model.is_moe).items() if v in self.bound.choices[k]})
         return a
 
     def _default_prefs(self) -> dict[str, Any]:
@@ -426,7 +426,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         if best is not None:        # one pass of coordinate descent on the estimate at the best layout
             a = self.assignment(best)
             for k in KNOBS:
-                if k in LAYOUT_KNOBS or k in PER_LAYOUT_KNOBS or k in DP_KNOBS or len(self.bound.choices[k]) < 2:
+                if k in self._layout_knobs or k in PER_LAYOUT_KNOBS or k in DP_KNOBS or len(self.bound.choices[k]) < 2:
                     continue
                 cands = [self._plan({**a, k: v}) for v in self.bound.choices[k]]
                 cands = [p for p in cands if p is not None and self.screen.fits(p)]
@@ -434,13 +434,19 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                     pick = min(cands, key=lambda p: (self.screen.estimate_ms(p), p != best))
                     a[k] = getattr(pick, k)
                     best = pick
-            settings = [k for k in KNOBS if k not in LAYOUT_KNOBS and k not in PER_LAYOUT_KNOBS
+            settings = [k for k in KNOBS if k not in self._layout_knobs and k not in PER_LAYOUT_KNOBS
                         and k not in DP_KNOBS]
             if any(self._prefs[k] != a[k] for k in settings):
                 self._prefs.update({k: a[k] for k in settings})
                 self._plan_cache.clear()
                 ranking = self._make_ranking()
         self._ranking = ranking
+
+    @property
+    def _layout_knobs(self) -> tuple[str, ...]:
+        """:data:`LAYOUT_KNOBS`, and ``ep_degree`` for a mixture-of-experts model (a dense model's layouts, keys
+        and jitter are unchanged)."""
+        return LAYOUT_KNOBS + ("ep_degree",) if self.bound.model.is_moe else LAYOUT_KNOBS
 
     def _layout_assignments(self) -> Iterator[dict[str, Any]]:
         """Every layout's assignment (the preferred settings elsewhere), in enumeration order."""
@@ -450,8 +456,13 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             for sched in scheds:
                 vpps = c["vpp_degree"] if sched == "interleaved_1f1b" else (self._prefs["vpp_degree"],)
                 for vpp, mbs in itertools.product(vpps, c["micro_batch_size"]):
-                    yield {**self._prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
-                           "pipeline_schedule": sched, "vpp_degree": vpp, "micro_batch_size": mbs}
+                    # an MoE model: every expert-parallel degree is a layout of its own (the dispatch
+                    # traffic, the experts' memory and their GEMM shapes all follow EP)
+                    eps = c["ep_degree"] if self.bound.model.is_moe else (self._prefs["ep_degree"],)
+                    for ep in eps:
+                        yield {**self._prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
+                               "pipeline_schedule": sched, "vpp_degree": vpp, "micro_batch_size": mbs,
+                               "ep_degree": ep}
 
     def _layout_bound(self, a: dict[str, Any]) -> float:
         """:meth:`PlanScreen.layout_bound_ms` of layout ``a`` over its per-layout precisions, without
@@ -566,7 +577,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                 if interrupted():       # SIGINT / SIGTERM noted by the CLI or the tuner: stop ranking
                     raise KeyboardInterrupt
                 if self._plan(a) is not None:
-                    entries.append((i, {k: a[k] for k in LAYOUT_KNOBS}, self._layout_bound(a)))
+                    entries.append((i, {k: a[k] for k in self._layout_knobs}, self._layout_bound(a)))
         self._entries = entries
         knobs = {i: a for i, a, _ in entries}
 
@@ -577,7 +588,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
 
         def jitter(i: int) -> float:
             a = knobs[i]
-            return 1 + self.jitter * self._rng("layout", *(a[k] for k in LAYOUT_KNOBS)).uniform(-1, 1)
+            return 1 + self.jitter * self._rng("layout", *(a[k] for k in self._layout_knobs)).uniform(-1, 1)
 
         return LazyRanking({i: b for i, _, b in entries}, screen, self.screen.estimate_ms, jitter,
                            1 - self.jitter, known,
@@ -739,7 +750,8 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             layout_set = {q for q in self.rank().screened.values() if q is not None}
             nbrs = self.neighbours(base)
             # (loss_impl at its default left out: the seed of every plan stays what it was before the knob)
-            seed_params = {k: v for k, v in plan_params(base).items() if not (k == "loss_impl" and v == "full")}
+            seed_params = {k: v for k, v in plan_params(base, moe=self.bound.model.is_moe).items()
+                           if not (k == "loss_impl" and v == "full")}
             brng = self._rng("base", json.dumps(seed_params, sort_keys=True, default=str))
             jit = {q: 1 + self.jitter * brng.uniform(-1, 1) for q in nbrs}
             cands = [q for q in nbrs if q not in layout_set]

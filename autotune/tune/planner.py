@@ -60,6 +60,8 @@ class PlanPoint:
     meets: bool | None = None
     misses: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: a given plan (``--plan FILE``) the memory model refuses, timed as if it fit: the refusal, else None
+    memory_refusal: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -277,7 +279,7 @@ def cost_plan_file(doc: Any, *, engine: str | None = None) -> PlanPoint:
         roomy = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, hbm_gib=1e6))
         r2 = _evaluate(doc, roomy, eng.name)
         if r2.feasible:
-            pt.result = r2
+            pt.result, pt.memory_refusal = r2, r.infeasible_reason
             pt.warnings.append(f"the memory model says this plan does not fit ({r.infeasible_reason}); costed "
                                "anyway, timed as if it fit: a plan that ran is a memory-model error")
         else:

@@ -104,7 +104,7 @@ def test_retune_to_slower_fabric(tmp_path):
 
 @pytest.mark.parametrize("args,match", [
     (["run", "--size", "3b"], "known sizes: 8b, 70b, 405b"),
-    (["run", "--size", "8b", "--gpu", "tpu"], "known GPUs: a100-80gb, h100, h200, b200, gb200"),
+    (["run", "--size", "8b", "--gpu", "tpu"], "known GPUs: a100-80gb, h100, h800, h200, b200, b300, gb200, gb300"),
     (["run", "--size", "8b", "--interconnect", "nvlink9"], "known: nvlink5"),
     (["run", "--size", "8b", "--global-batch", "1000"], "not a whole number of 8192-token sequences"),
     (["run", "--size", "8b", "--global-batch", "lots"], "expected a positive number of tokens"),
