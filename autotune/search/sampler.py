@@ -692,10 +692,8 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
 
         idx = layout_index(number)
         if idx is not None and number >= n0 and self.rank_basis is not None:
-            # ranked by the conservative estimate, a layout trial takes the best-ranked untried layout that
-            # could still change the report (the ones the convergence stop waits for), when there is one
-            p = self._stalled_candidate(layouts, seen, wait=False)
-            if p is not None:
+            # conservative ranking: a layout trial takes an untried layout the convergence stop waits for first
+            if (p := self._stalled_candidate(layouts, seen, wait=False)) is not None:
                 return p
         if idx is not None:
             p = next((q for q in layouts.iter_from(idx) if q not in seen), None)
