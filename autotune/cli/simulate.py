@@ -271,8 +271,8 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
                                                                else {})})]))
         return
     click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
-                                target=target_line(doc.model, cluster, doc.workload), engine=eng.name,
-                                gpu=cluster.gpu.name, model=doc.model))
+                                target=target_line(doc.model, cluster, doc.workload), engine=eng.name, model=doc.model,
+                                gpu=cluster.gpu.name))
     click.echo("")
     click.echo(mem.describe())
     if same is not None:

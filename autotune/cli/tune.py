@@ -225,8 +225,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
-                                target=target_line(model, cluster, workload), engine=tuner.engine.name,
-                                gpu=cluster.gpu.name, model=model))
+                                target=target_line(model, cluster, workload), engine=tuner.engine.name, model=model,
+                                gpu=cluster.gpu.name))
     note = band_note(feas, best.trial_number, rank_basis(best.info))
     if note:
         click.echo(note)

@@ -85,8 +85,9 @@ def _bucket_text(plan: Plan, engine: str | None) -> str:
     return f"{plan.bucket_size_mib} MiB"
 
 
-def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
-    """(label, value) rows: degrees, schedule and settings (``engine``: how its DP bucket is read)."""
+def plan_rows(plan: Plan, engine: str | None = None, *, moe: bool = False) -> list[tuple[str, str]]:
+    """(label, value) rows: degrees, schedule and settings (``engine``: how its DP bucket is read; ``moe``: the plan
+    is of a mixture-of-experts model, so its expert layout is shown even at EP 1)."""
     sched = plan.pipeline_schedule if plan.pp_degree > 1 else "none (pp=1)"
     if plan.pipeline_schedule == "interleaved_1f1b" and plan.pp_degree > 1:
         sched += f", {plan.vpp_degree} chunks per rank"
@@ -124,7 +125,7 @@ def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
     rows += [
         ("torch.compile", _onoff(plan.compile)),
     ]
-    if plan.ep_degree * plan.etp_degree > 1 or plan.moe_a2a_overlap or plan.moe_dispatcher != "alltoall":
+    if moe or plan.ep_degree * plan.etp_degree > 1 or plan.moe_a2a_overlap or plan.moe_dispatcher != "alltoall":
         # a mixture-of-experts plan: the expert layout (a dense plan has none of these rows)
         rows += [
             ("expert parallel", f"EP {plan.ep_degree} x ETP {plan.etp_degree} (folded over TP x CP x DP; "
@@ -265,7 +266,8 @@ def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: Model
     if target:
         head.append(target)
     eng = engine or (result.details or {}).get("engine")
-    rows = plan_rows(plan, eng) + result_rows(result, plan)
+    rows = plan_rows(plan, eng, moe=bool(model is not None and getattr(model, "is_moe", False))) + \
+        result_rows(result, plan)
     if eng:
         rows.append(("engine", str(eng)))
     if result.backend != "real" and result.feasible:

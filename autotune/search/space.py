@@ -86,6 +86,10 @@ KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree
 #: and left out of the space fingerprint (a dense study cannot use them, so stored dense studies resume
 #: under a space that lists them; an MoE study's trials hold their own values)
 MOE_KNOBS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
+#: knobs left out of the fingerprint: the MoE knobs, and ``loss_impl`` (sampled only for the native engine at
+#: TP 1, PP 1; a stored study of another engine or layout never sampled it), so studies stored before these knobs
+#: were listed in the default space still resume
+_UNFINGERPRINTED = MOE_KNOBS + ("loss_impl",)
 #: knobs added after studies were first stored: left out of the fingerprint while fixed at the Plan
 #: default, so studies of a space that does not list them still resume
 _LATE_KNOBS = ("precision", "compile", "loss_impl", "fp8_param_gather", "grad_reduce_in_bf16")
@@ -273,7 +277,7 @@ class SearchSpace:
     def fingerprint(self) -> str:
         """Short hash of the choices (12 hex digits): studies remember which space they were tuned on."""
         knobs = {k: list(v) for k, v in self.choices.items()
-                 if not (k in _LATE_KNOBS and tuple(v) == (_PLAN_DEFAULTS[k],)) and k not in MOE_KNOBS}
+                 if not (k in _LATE_KNOBS and tuple(v) == (_PLAN_DEFAULTS[k],)) and k not in _UNFINGERPRINTED}
         blob = json.dumps({"layer_split": self.layer_split, "knobs": knobs}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -1,5 +1,6 @@
-"""--model NAME: the built-in models resolve; a mixture of experts gets one line naming what is missing
-(expert parallelism is not costed yet) and exit 2; --help lists the names and GPUs."""
+"""--model NAME: the built-in models resolve and tune with an expert layout; an engine without expert parallelism
+refuses a mixture of experts in one line; --help lists the names and GPUs."""
+
 
 import pytest
 from click.testing import CliRunner
@@ -25,15 +26,35 @@ def test_help_lists_builtin_models(cmd):
 
 
 @pytest.mark.parametrize("name", list(MOE_CATALOG))
-def test_moe_names_resolve_and_are_refused_honestly(name, tmp_path):
-    r = CliRunner().invoke(main, ["run", "--model", name, "--gpu", "b200", "--gpus", "256",
+def test_moe_names_resolve(name):
+    if name.startswith("gpt-oss"):
+        # its alternating 128-token sliding windows are not costed (attention would be costed full causal):
+        # refused past the window, as for any windowed model (ModelSpec.check_sequence; docs/moe.md)
+        with pytest.raises(ConfigError, match="sliding-window attention .* is not modelled"):
+            resolve_target(size=None, model_path=name, gpu="b200", gpus=256, interconnect=None, seq_len=4096,
+                           global_batch=None)
+        return
+    model, cluster, _ = resolve_target(size=None, model_path=name, gpu="b200", gpus=256, interconnect=None,
+                                       seq_len=4096, global_batch=None)
+    assert model is MOE_CATALOG[name] and model.is_moe and cluster.num_gpus == 256
+
+
+def test_an_moe_model_tunes_with_an_expert_layout(tmp_path):
+    # Qwen3-30B-A3B on 8 B200 (one NVLink domain): the tuned plan names its expert layout and the breakdown its
+    # expert GEMMs, router / permutation and dispatch
+    r = CliRunner().invoke(main, ["run", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "8", "--seq-len",
+                                  "4096", "--global-batch", "2M", "--trials", "6", "--no-early-stop",
                                   "--storage", f"sqlite:///{tmp_path}/s.db"])
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 0, r.output
+    for needle in ("expert parallel", "token dispatcher", "expert_compute", "router_permute", "exposed_ep_comm"):
+        assert needle in r.output, needle
+
+
+def test_the_native_engine_refuses_an_moe_model_in_one_line():
+    r = CliRunner().invoke(main, ["simulate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--engine", "native"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in r.output
-    assert f"model {name}: mixture of experts" in lines[0] and "expert parallelism is not costed yet" in lines[0]
-    r = CliRunner().invoke(main, ["simulate", "--model", name, "--gpus", "64", "--tp", "1"])
-    assert r.exit_code == 2 and "expert parallelism is not costed yet" in r.output
+    assert r.exit_code == 2 and len(lines) == 1 and "Traceback" not in r.output, r.output
+    assert "qwen3-30b-a3b is a mixture-of-experts model; engine native cannot run it" in lines[0]
 
 
 def test_dense_names_and_unknown_names():
@@ -45,27 +66,26 @@ def test_dense_names_and_unknown_names():
                        global_batch=None)
 
 
-def test_evaluator_and_export_refuse_moe():
-    # library paths that do not go through the CLI: the evaluator and the launch export
+def test_evaluator_of_an_engine_without_experts_and_exports():
+    # library paths that do not go through the CLI: the evaluator (engine native refuses, megatron takes it) and
+    # the launch export (Megatron-LM's MoE flags; torchtitan's export knows Llama 3.1 flavours only)
     from autotune.cost.evaluator import make_evaluator
-    from autotune.spec.hardware import make_cluster
-    from autotune.spec.plan import Workload
-    with pytest.raises(ConfigError, match="expert parallelism is not costed yet"):
-        make_evaluator("simulated", model=MOE_CATALOG["mixtral-8x7b"], cluster=make_cluster("h100", 64, None),
-                       workload=Workload.from_tokens(seq_len=4096, global_batch_tokens=4096 * 256))
-
-
-def test_plan_file_with_moe_model_round_trips_but_does_not_export():
-    # a plan file may carry an MoE model (its fields round-trip); no engine export writes expert flags yet
+    from autotune.errors import PlanError
     from autotune.export import launch_command
     from autotune.spec.hardware import make_cluster
     from autotune.spec.plan import Plan, PlanDocument, Workload
+
     cluster = make_cluster("h100", 64, None)
-    doc = PlanDocument(plan=Plan(), model=MOE_CATALOG["deepseek-v3"], gpu="h100", num_gpus=64,
-                       fabric=cluster.fabric.to_dict(), workload=Workload.from_tokens(seq_len=4096,
-                                                                                      global_batch_tokens=4096 * 64),
-                       engine="megatron")
+    w = Workload.from_tokens(seq_len=4096, global_batch_tokens=4096 * 256)
+    with pytest.raises(PlanError, match="engine native cannot run it"):
+        make_evaluator("simulated", model=MOE_CATALOG["mixtral-8x7b"], cluster=cluster, workload=w, engine="native")
+    make_evaluator("simulated", model=MOE_CATALOG["mixtral-8x7b"], cluster=cluster, workload=w, engine="megatron")
+    doc = PlanDocument(plan=Plan(dp_degree=64, ep_degree=8, num_micro_batches=4), model=MOE_CATALOG["mixtral-8x7b"],
+                       gpu="h100", num_gpus=64, fabric=cluster.fabric.to_dict(), workload=w, engine="megatron")
     again = PlanDocument.from_yaml(doc.to_yaml())
-    assert again.model == MOE_CATALOG["deepseek-v3"]
-    with pytest.raises(ConfigError, match="expert parallelism is not costed yet"):
-        launch_command(again)
+    assert again.model == MOE_CATALOG["mixtral-8x7b"] and again.plan.ep_degree == 8
+    args = launch_command(again).args
+    assert args[args.index("--num-experts") + 1] == "8" and args[args.index("--expert-model-parallel-size") + 1] == "8"
+    from autotune.engines.registry import export_module
+    assert "the torchtitan export knows Llama 3.1 flavours only" in \
+        export_module("torchtitan").launch_refusal(again.model, 4096)
