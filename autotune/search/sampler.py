@@ -106,9 +106,10 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         jitter: relative width of the band inside which the estimate's order is drawn at random.
         patience: :meth:`convergence` needs this many finished trials after the best one.
         bound_slack: :meth:`convergence`'s margin on the estimate's bound (0.05: 5% below it).
-        band_frac: the engine's error band as a fraction (``autotune.study.trials.band_fraction``; 0 =
-            none): ``run`` reports the first plan of the within-band order (:func:`autotune.search.band.
-            band_order`), and :meth:`convergence` waits for every layout that could change that plan.
+        rank_basis: what the conservative ranking reads (:class:`autotune.spec.trust.RankBasis`, from
+            ``autotune.study.trials.rank_basis``; None = plain MFU order): ``run`` reports the first plan of
+            :func:`autotune.search.band.conservative_order`, and :meth:`convergence` waits for every layout,
+            and every untried setting of the best plans, that could change that plan.
 
     Raises:
         ValueError: ``explore_every`` < 2 or ``num_initial`` < 1.
@@ -116,13 +117,14 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
 
     def __init__(self, bound: BoundSearchSpace, screen: PlanScreen, *, seed: int | None = None,
                  num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03, patience: int = 16,
-                 bound_slack: float = 0.05, band_frac: float = 0.0) -> None:
+                 bound_slack: float = 0.05, rank_basis: Any = None) -> None:
         if explore_every < 2 or num_initial < 1:
             raise ValueError(f"explore_every must be >= 2 and num_initial >= 1, got {explore_every}, {num_initial}")
         self.bound, self.screen = bound, screen
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.num_initial, self.explore_every, self.jitter = num_initial, explore_every, jitter
-        self.patience, self.bound_slack, self.band_frac = patience, bound_slack, band_frac
+        self.patience, self.bound_slack, self.rank_basis = patience, bound_slack, rank_basis
+        self._factors: dict[Plan, float] = {}
         self._step_ms: dict[int, float] = {}
         self._exposed_ms: dict[int, float] = {}     # step time with every overlapped collective exposed
         self._rh, self._rh_seen, self._own = 1.0, set(), set()      # ConvergenceStop._hidden_scale
@@ -395,10 +397,9 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                     pass
                 first = self._ranking.first() if prescreen else None      # type: ignore[union-attr]
                 if first is not None:
-                    reach = self.screen.estimate_ms(first) / (1 - self.band_frac) / (1 - self.bound_slack)
-                    for q in self._ranking.screen_below(reach):     # type: ignore[union-attr]
-                        if self.band_frac > 0:      # the stop's within-band test reads it
-                            self.screen.hidden_ms(q)
+                    reach = self.screen.estimate_ms(first) / self.factor(first) * self.factor_max \
+                        / (1 - self.bound_slack)
+                    self._ranking.screen_below(reach)     # type: ignore[union-attr]
                 self._store_ranking(study)
         return self._ranking            # type: ignore[return-value]
 
@@ -406,13 +407,12 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         """Rank once, before ``num_workers`` worker processes start on ``study`` (``autotune run --workers N``):
         place the layouts their trials take (one in :attr:`explore_every` after the first :attr:`num_initial`,
         of at most 100 trials), and screen every layout the convergence stop is expected to wait for: those
-        whose bound is below the best-ranked layout's estimate / (1 - :attr:`band_frac`) / (1 - :attr:`bound_slack`)
+        whose bound is below the best-ranked layout's estimate / its conservative factor x the largest factor /
+        (1 - :attr:`bound_slack`)
         (:meth:`ConvergenceStop.convergence`'s reach with the estimate taken at its word). They are stored with
         the ranking (and forked workers inherit the screen's caches), so the workers read them instead of each
         screening them again (issue 26: 70B x 64 B200, 4 workers x 25 trials took 1.4-1.7x one worker's CPU,
-        most of it 4 workers screening the same layouts for the stop). With an error band, the hidden
-        communication of those layouts too (the stop's within-band test reads it; forked workers inherit the
-        screen's caches). The stop's reach also divides by the estimate's error seen in the trials, unknown
+        most of it 4 workers screening the same layouts for the stop). The stop's reach also divides by the estimate's error seen in the trials, unknown
         here, so workers still screen some layouts past these, each for itself (sharing those through the study
         measured no gain: 70B x 64 B200, 4 x 25 trials, 9.3 / 10.7 s CPU shared against 9.1 / 10.9 s not)."""
         places = self.num_initial + min(num_workers * (trials_per_worker or 100), 100) // self.explore_every + 1
@@ -691,6 +691,10 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             return n if n < n0 else (n0 + (n - n0) // k if (n - n0) % k == k - 1 else None)
 
         idx = layout_index(number)
+        if idx is not None and number >= n0 and self.rank_basis is not None:
+            # conservative ranking: a layout trial takes an untried layout the convergence stop waits for first
+            if (p := self._stalled_candidate(layouts, seen, wait=False)) is not None:
+                return p
         if idx is not None:
             p = next((q for q in layouts.iter_from(idx) if q not in seen), None)
             if p is not None:
@@ -699,7 +703,8 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             return p
         skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen
                    and layout_index(n) is None)
-        bases = [p for _, _, p in sorted(((v, n, p) for n, (p, v) in self._history.items()
+        # local search around the best plans by the order run reports them in (the conservative estimate)
+        bases = [p for _, _, p in sorted(((v * self.factor(p), n, p) for n, (p, v) in self._history.items()
                                           if p is not None and v is not None), key=lambda x: (-x[0], x[1]))]
         base_set = set(bases)
         seen_ids = {id(self._canonical(p)) for p in seen}

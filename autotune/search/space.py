@@ -72,7 +72,7 @@ DERIVED_FIELDS = ("dp_degree", "num_micro_batches", "stage_layers")
 _INT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_size", "bucket_size_mib",
               "ep_degree", "etp_degree")
 _BOOL_KNOBS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
-               "param_gather_overlap", "compile", "moe_a2a_overlap")
+               "param_gather_overlap", "compile", "moe_a2a_overlap", "fp8_param_gather", "grad_reduce_in_bf16")
 _ENUM_KNOBS = {"pipeline_schedule": PIPELINE_SCHEDULES, "recompute": RECOMPUTE_MODES,
                "memory_reclaim": MEMORY_RECLAIM_POLICIES, "zero_stage": ZERO_STAGES, "precision": PRECISIONS,
                "moe_dispatcher": MOE_DISPATCHERS, "loss_impl": LOSS_IMPLS}
@@ -80,7 +80,8 @@ _ENUM_KNOBS = {"pipeline_schedule": PIPELINE_SCHEDULES, "recompute": RECOMPUTE_M
 KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size",
          "sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
          "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim", "precision",
-         "compile", "loss_impl", "ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
+         "compile", "loss_impl", "ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "fp8_param_gather",
+         "grad_reduce_in_bf16")
 #: the mixture-of-experts knobs: sampled only for an MoE model (a dense model's trials have none of them),
 #: and left out of the space fingerprint (a dense study cannot use them, so stored dense studies resume
 #: under a space that lists them; an MoE study's trials hold their own values)
@@ -91,7 +92,7 @@ MOE_KNOBS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
 _UNFINGERPRINTED = MOE_KNOBS + ("loss_impl",)
 #: knobs added after studies were first stored: left out of the fingerprint while fixed at the Plan
 #: default, so studies of a space that does not list them still resume
-_LATE_KNOBS = ("precision", "compile", "loss_impl")
+_LATE_KNOBS = ("precision", "compile", "loss_impl", "fp8_param_gather", "grad_reduce_in_bf16")
 _PLAN_DEFAULTS = {f.name: f.default for f in fields(Plan)}
 
 
@@ -461,6 +462,11 @@ class BoundSearchSpace:
                     return f"engine {e.name} has no {v} recipe (it runs {', '.join(e.precisions)})"
                 if knob == "compile" and v is True and not e.compile:
                     return f"engine {e.name} has no torch.compile setting"
+                if knob == "fp8_param_gather" and v is True and getattr(e, "fp8_library", None) != "transformer_engine":
+                    return (f"engine {e.name} keeps no FP8 parameters (Megatron-LM --fp8-param-gather needs "
+                            "Transformer Engine's FP8 weights)")
+                if knob == "grad_reduce_in_bf16" and v is True and not getattr(e, "grad_reduce_bf16", False):
+                    return f"engine {e.name} reduces gradients in FP32 only"
                 if knob == "loss_impl" and v not in e.lever_values("loss_impl"):
                     return f"engine {e.name} has no loss_impl={v} (it runs {', '.join(e.lever_values('loss_impl'))})"
             return None
@@ -576,6 +582,14 @@ class BoundSearchSpace:
         # do not list them sample exactly as before
         precision = pick("precision") if len(c["precision"]) > 1 else c["precision"][0]
         compiled = pick("compile") if len(c["compile"]) > 1 else c["compile"][0]
+        # FP8 plans only (issue 40): FP8 parameters (Megatron-LM --fp8-param-gather, Transformer Engine's FP8
+        # weights: the parameter all-gather moves 1 byte per element) and BF16 gradient reduction
+        # (--grad-reduce-in-bf16), as Megatron-Bridge's FP8 recipes set both; with a DP group for the second
+        fp8 = precision != "bf16"
+        fp8_pg = pick("fp8_param_gather") if fp8 and len(c["fp8_param_gather"]) > 1 else \
+            (c["fp8_param_gather"][0] and fp8)
+        bf16_grads = pick("grad_reduce_in_bf16") if fp8 and g > 1 and len(c["grad_reduce_in_bf16"]) > 1 else \
+            (c["grad_reduce_in_bf16"][0] and g > 1)
         # the chunked linear + cross-entropy takes the whole LM head (native runtime: TP 1, PP 1)
         if tp == 1 and pp == 1:
             loss_impl = pick("loss_impl") if len(c["loss_impl"]) > 1 else c["loss_impl"][0]
@@ -597,14 +611,15 @@ class BoundSearchSpace:
                         tp_comm_overlap=tp_overlap, dp_grad_reduce_overlap=grad_overlap,
                         param_gather_overlap=gather_overlap, bucket_size_mib=bucket, memory_reclaim=reclaim,
                         stage_layers=stage_layers, precision=precision, compile=compiled,
-                        loss_impl=loss_impl, **moe_kw)
+                        loss_impl=loss_impl, fp8_param_gather=fp8_pg, grad_reduce_in_bf16=bf16_grads, **moe_kw)
             validate_plan(plan, m, n, w, gpu=self.gpu)
         except PlanError as e:
             raise Pruned(str(e)) from None
         return plan
 
     #: the knobs :meth:`variant` re-derives from a plan of the same layout and settings
-    VARIANT_KNOBS = ("precision", "recompute", "zero_stage", "param_gather_overlap", "bucket_size_mib")
+    VARIANT_KNOBS = ("precision", "recompute", "zero_stage", "param_gather_overlap", "bucket_size_mib",
+                     "fp8_param_gather", "grad_reduce_in_bf16")
 
     def variant(self, base: Plan, params: Mapping[str, Any]) -> Plan:
         """``suggest`` of ``params`` (a value for every knob), derived from ``base``, the plan ``suggest``
@@ -618,7 +633,7 @@ class BoundSearchSpace:
         one. ``validate_plan`` reads these knobs only in its precision check (:func:`validate_precision`,
         run here when the precision changes; recompute_num_layers is 0 in every sampled plan), and Plan's own
         checks pass for choice values combined this way; so the plan is built without them, field for field
-        ``base``'s but those five. tests/search/test_search_space.py compares it with ``suggest`` over every
+        ``base``'s but those seven. tests/search/test_search_space.py compares it with ``suggest`` over every
         combination of many layouts.
 
         Raises:
@@ -635,6 +650,12 @@ class BoundSearchSpace:
             "bucket_size_mib": params["bucket_size_mib"] if g > 1 else c["bucket_size_mib"][0],
             "precision": params["precision"] if len(c["precision"]) > 1 else c["precision"][0],
         }
+        fp8 = changes["precision"] != "bf16"
+        fpg = c["fp8_param_gather"]
+        changes["fp8_param_gather"] = bool(params["fp8_param_gather"] if fp8 and len(fpg) > 1 else (fpg[0] and fp8))
+        bg = c["grad_reduce_in_bf16"]
+        changes["grad_reduce_in_bf16"] = bool(params["grad_reduce_in_bf16"] if fp8 and g > 1 and len(bg) > 1
+                                              else (bg[0] and g > 1))
         plan = object.__new__(Plan)
         plan.__dict__.update(base.__dict__)
         plan.__dict__.update(changes)
@@ -734,6 +755,10 @@ def plan_params(plan: Plan, *, moe: bool = False) -> dict[str, Any]:
     p["compile"] = plan.compile
     if plan.tp_degree == 1 and plan.pp_degree == 1:
         p["loss_impl"] = plan.loss_impl
+    if plan.precision != "bf16":
+        p["fp8_param_gather"] = plan.fp8_param_gather
+        if g > 1:
+            p["grad_reduce_in_bf16"] = plan.grad_reduce_in_bf16
     if moe:
         p["ep_degree"] = plan.ep_degree
         p["etp_degree"] = plan.etp_degree

@@ -119,11 +119,11 @@ def default_counts(model: ModelSpec, gpu: str, max_gpus: int, *, interconnect: s
 def _warm_params(prev_study: Any, info: Any, bound: Any, cluster: ClusterSpec, workload: Workload) -> list[Any]:
     """The previous count's best distinct trials whose knob values the new space offers and whose degrees fit
     the new count (tp x pp x cp divides it, the batch splits into micro-batches)."""
-    from autotune.study.trials import band_fraction, top_feasible_trials
+    from autotune.study.trials import rank_basis, top_feasible_trials
 
     out = []
     n, gbs = cluster.num_gpus, workload.global_batch_size
-    for t in top_feasible_trials(prev_study, WARM_START_TOP_K, band_fraction(info)):
+    for t in top_feasible_trials(prev_study, WARM_START_TOP_K, rank_basis(info), info.engine):
         p = t.params
         if any(k in bound.choices and v not in bound.choices[k] for k, v in p.items()):
             continue
