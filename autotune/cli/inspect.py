@@ -115,7 +115,7 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
     from autotune.report.summary import format_best_plan, json_document
     from autotune.study.identity import list_studies, load_study
     from autotune.study.storage_check import storage_errors
-    from autotune.study.trials import (band_fraction, band_note, feasible_trials, require_best_plan,
+    from autotune.study.trials import (rank_basis, band_note, feasible_trials, require_best_plan,
                                        top_feasible_trials, trial_plan, trial_result)
 
     if top < 1:
@@ -129,8 +129,8 @@ def _show_top(study, storage, ro_storage, top, as_json) -> None:
             study = names[0]
         st, info = load_study(study, ro_storage)
         require_best_plan(st, info, storage)          # no feasible plan: the reason, exit 2
-        trials = top_feasible_trials(st, top, band_fraction(info))
-        note = band_note(feasible_trials(st), trials[0].number, band_fraction(info)) if trials else None
+        trials = top_feasible_trials(st, top, rank_basis(info), info.engine)
+        note = band_note(feasible_trials(st), trials[0].number, rank_basis(info)) if trials else None
     if as_json:
         entries = [json_entry(plan=trial_plan(t), result=trial_result(t), info=info, engine=info.engine,
                               label=f"top{i}", study=info.name, trial=t.number) for i, t in enumerate(trials, 1)]

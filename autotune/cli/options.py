@@ -15,6 +15,15 @@ SIZE_DEFAULTS = {"8b": (8, "1M"), "70b": (64, "4M"), "405b": (1024, "16M")}
 DEFAULT_GPU = "b200"
 DEFAULT_STORAGE = "sqlite:///studies/autotune.db"  # == autotune.tune.tuner.DEFAULT_STORAGE (not imported: keeps --help fast)
 DEFAULT_SEQ_LEN = 8192
+#: built-in model names ``--model`` takes besides a config.json (== autotune.spec.models.MOE_CATALOG; not
+#: imported: keeps --help fast; tests/cli/test_model_names.py checks they agree)
+BUILTIN_MODEL_NAMES = ("mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2", "deepseek-16b",
+                       "gpt-oss-20b", "gpt-oss-120b")
+MODEL_HELP = ("A Hugging Face config.json, or a built-in model: " + ", ".join(BUILTIN_MODEL_NAMES)
+              + " (mixtures of experts: MFU on the active path; expert parallelism searched for engines that have "
+                "it); instead of --size.")
+#: GPUs of autotune/data/gpus.yaml for --help (tests/cli/test_model_names.py checks the list)
+GPU_NAMES = ("a100-80gb", "h100", "h800", "h200", "b200", "b300", "gb200", "gb300")
 
 
 
@@ -37,13 +46,16 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
 
     Defaults: B200 on nvlink5+ib-ndr400; 1024 GPUs and 16M tokens for 405b, 64 and 4M for 70b, 8 and 1M
     for 8b (a ``--model`` config takes the defaults of the nearest size by parameter count); seq 8192.
+    ``--model`` is a config.json path or a built-in name (:data:`BUILTIN_MODEL_NAMES`, a Llama 3.1 name);
+    a value with a ``/`` or ending in ``.json`` is always a path.
 
     Raises:
         ConfigError: unknown size/GPU/fabric (lists the known ones), both or neither of --size/--model,
             a batch that is not a whole number of sequences.
     """
     from autotune.spec.hardware import make_cluster
-    from autotune.spec.models import CATALOG, get_model, model_from_hf_config
+    from autotune.spec.hf_config import model_from_hf_config
+    from autotune.spec.models import CATALOG, builtin_model_names, get_builtin_model, get_model
     from autotune.spec.plan import Workload
     from autotune.spec.validate import (
         MAX_GLOBAL_BATCH_SEQUENCES,
@@ -69,13 +81,21 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
         raise ConfigError("give either --size or --model, not both")
     if not size and not model_path:
         raise ConfigError(f"give --size ({', '.join(CATALOG)}) or --model path/to/config.json")
+    builtin = None
+    if model_path and "/" not in model_path and not model_path.lower().endswith(".json"):
+        builtin = get_builtin_model(model_path)     # --model deepseek-v3 (a file: ./deepseek-v3 or *.json)
+        from pathlib import Path
+        if builtin is None and not Path(model_path).exists():
+            raise ConfigError(f"--model {model_path}: not a built-in model and no such file; built-in: "
+                              f"{', '.join(builtin_model_names())}, or give a config.json path")
     if size:
         model = get_model(size)
         key = next(k for k, v in CATALOG.items() if v == model)
     else:
-        model = model_from_hf_config(model_path)
+        model = builtin if builtin is not None else model_from_hf_config(model_path)
         n = model.num_params
-        key = "8b" if n < 20e9 else "70b" if n < 150e9 else "405b"
+        key = next((k for k, v in CATALOG.items() if v == model), None) or \
+            ("8b" if n < 20e9 else "70b" if n < 150e9 else "405b")
     d_gpus, d_batch = SIZE_DEFAULTS[key]
     cluster = make_cluster(gpu or DEFAULT_GPU, gpus if gpus is not None else d_gpus, interconnect)
     seq = seq_len if seq_len is not None else DEFAULT_SEQ_LEN
@@ -285,9 +305,8 @@ def target_options(f):
     """--size --model --gpu --gpus --interconnect --seq-len --global-batch."""
     opts = [
         click.option("--size", help="Llama 3.1 size: 8b, 70b or 405b."),
-        click.option("--model", "model_path", type=click.Path(dir_okay=False),
-                     help="Hugging Face config.json of a dense decoder (instead of --size)."),
-        click.option("--gpu", help=f"GPU: a100-80gb, h100, h200, b200, gb200 (default {DEFAULT_GPU})."),
+        click.option("--model", "model_path", type=click.Path(dir_okay=False), metavar="FILE|NAME", help=MODEL_HELP),
+        click.option("--gpu", help=f"GPU: {', '.join(GPU_NAMES)} (default {DEFAULT_GPU})."),
         click.option("--gpus", type=int, help="GPU count (default: 8 for 8b, 64 for 70b, 1024 for 405b)."),
         click.option("--interconnect", help="Fabric <intra>[+<inter>], e.g. nvlink5+ib-ndr400, or a YAML file "
                                             "(default: the GPU's NVLink + ib-ndr400)."),

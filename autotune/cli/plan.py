@@ -85,6 +85,13 @@ def _read_prices(text: str | None) -> tuple[dict[str, float], str | None]:
         return {}, None
     from pathlib import Path
 
+    if "=" not in text and (Path(text).exists() or "/" in text):
+        # a path that is not a regular YAML file: say what it is (files.py refuses FIFOs, devices, directories)
+        if not (text.endswith((".yaml", ".yml")) or Path(text).is_file()):
+            what = "a directory" if Path(text).is_dir() else "not a .yaml price file" if Path(text).exists() else \
+                "no such file"
+            raise ConfigError(f"--usd-per-gpu-hour {text[:100]!r}: {what}; give GPU=USD[,GPU=USD...] or a price "
+                              "file (examples/gpu-prices.yaml)")
     if text.endswith((".yaml", ".yml")) or Path(text).is_file():
         from autotune.files import read_yaml_file
 
@@ -93,9 +100,10 @@ def _read_prices(text: str | None) -> tuple[dict[str, float], str | None]:
             raise ConfigError(f"price file {text}: expected a mapping usd_per_gpu_hour: {{GPU: USD per GPU-hour}}")
         items = ",".join(f"{k}={v}" for k, v in d["usd_per_gpu_hour"].items())
         src = d.get("source")
-        return (parse_per_gpu(items, f"price file {text}: usd_per_gpu_hour", known_gpus(), allow_all=False),
+        return (parse_per_gpu(items, f"price file {text}: usd_per_gpu_hour", known_gpus(), allow_all=False,
+                              lo=0, lo_open=True),
                 str(src) if src is not None else None)
-    return parse_per_gpu(text, "--usd-per-gpu-hour", known_gpus(), allow_all=False), None
+    return parse_per_gpu(text, "--usd-per-gpu-hour", known_gpus(), allow_all=False, lo=0, lo_open=True), None
 
 
 def _si(x: float | None, unit: str = "") -> str:
@@ -193,6 +201,9 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
 
     n_tokens = parse_token_count(tokens)
     goodput_v = check_fraction(goodput if goodput is not None else DEFAULT_GOODPUT, "--goodput")
+    if goodput_v < MIN_GOODPUT:
+        raise ConfigError(f"--goodput {goodput!r}: must be at least {MIN_GOODPUT:g} (the share of wall time in "
+                          "productive steps; below 1% no budget is meaningful) and at most 1")
     pue_v = DEFAULT_PUE if pue is None else pue
     if not (isinstance(pue_v, float) and math.isfinite(pue_v) and 1.0 <= pue_v <= 5.0):
         raise ConfigError(f"--pue {pue!r}: must be a number from 1.0 (GPUs only) to 5.0 (facility energy / IT energy)")
@@ -241,6 +252,12 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
         gpus = [get_gpu(doc.gpu).name]
         check_prices(gpus)
         model, workload = doc.model, doc.workload
+        unused = [o for o, v, d in (("--space", space, "default"), ("--trials", trials, DEFAULT_PLAN_TRIALS),
+                                    ("--seed", seed, 0), ("--workers", workers, 1),
+                                    ("--storage", storage, DEFAULT_STORAGE)) if v != d]
+        if unused:
+            click.echo(f"warning: {', '.join(unused)} ha{'s' if len(unused) == 1 else 've'} no effect with --plan "
+                       "(the file's plan is costed, nothing is tuned or stored)", err=True)
         points = [cost_plan_file(doc, engine=engine)]
         what = f"plan file {plan_file}"
     else:
@@ -298,7 +315,11 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
     notes = _constraint_notes(points, cons)
     extremes = {"fastest": min(ok, key=lambda p: p.budget.days) if ok else None,
                 "cheapest": min(ok, key=lambda p: p.budget.cost_usd if by_cost else p.budget.gpu_hours) if ok else None}
-    if plot_path is not None:
+    if plot_path is not None and not ok:
+        warn_lines = [f"warning: -o {plot_path}: no option has a plan that fits, nothing drawn"]
+    else:
+        warn_lines = []
+    if plot_path is not None and ok:
         from autotune.report.plan_plot import write_plan_plot
 
         rows = [{"gpu": p.gpu, "num_gpus": p.num_gpus, "days": p.budget.days,
@@ -318,6 +339,8 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
     if as_json:
         _print_json(points, model, workload, inputs, cons, notes,
                     {k: (f"{p.gpu}x{p.num_gpus}" if p else None) for k, p in extremes.items()})
+        for w in warn_lines:
+            click.echo(w, err=True)
         return
     click.echo(_table(points, by_cost=by_cost, any_cost=any(p.budget.cost_usd is not None for p in ok),
                       co2=grid is not None, cons=cons))
@@ -336,6 +359,8 @@ def plan_cmd(size, model_path, tokens, gpu_list, gpus_list, max_gpus, interconne
         click.echo("no cost column: give --usd-per-gpu-hour GPU=USD,... or a price file (autotune ships no prices)")
     if grid is not None:
         click.echo(f"grid {grid:g} kg CO2 per kWh: t CO2 = MWh x kg/kWh")
+    for w in warn_lines:
+        click.echo(w, err=True)
     bands = sorted({p.band_text for p in ok if p.band_text})
     for b in bands:
         click.echo(f"interval: the prediction's error band {b}")
@@ -449,6 +474,11 @@ def _money_or_hours(p) -> str:
     return f"{_si(p.budget.gpu_hours)} GPU-hours"
 
 
+#: the least --goodput accepted: 1% of wall time in productive steps (below it days and cost lose meaning and
+#: overflow the chart's log axes)
+MIN_GOODPUT = 0.01
+
+
 def _print_json(points, model, workload, inputs, cons, notes, extremes) -> None:
     from autotune.report.summary import json_document, result_entry
 
@@ -457,7 +487,8 @@ def _print_json(points, model, workload, inputs, cons, notes, extremes) -> None:
         extra = {"budget": p.budget.to_dict() if p.budget else None, "pareto": p.pareto, "meets_constraints": p.meets,
                  "misses": {k: (v if math.isfinite(v) else None) for k, v in p.misses.items()},
                  "error": p.error, "reused_study": p.reused, "new_trials": p.n_new_trials,
-                 "warm_started": p.warm_started, "interval": p.band_text, "warnings": list(p.warnings)}
+                 "warm_started": p.warm_started, "interval": p.band_text, "warnings": list(p.warnings),
+                 "memory_refusal": p.memory_refusal}
         ok = p.ok
         entries.append(result_entry(plan=p.plan if ok else None, result=p.result if ok else None, model=model,
                                     gpu=p.gpu, num_gpus=p.num_gpus, fabric=p.fabric, workload=workload,

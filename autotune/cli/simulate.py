@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import main
-from autotune.cli.options import JSON_OPTION, json_entry, make_say, target_line
 from autotune.cli.compare import script_options, script_run
+from autotune.cli.options import JSON_OPTION, MODEL_HELP, json_entry, make_say, target_line
 from autotune.errors import ConfigError
 
 
@@ -19,8 +19,8 @@ PLAN_FLAGS = {"tp": "tp_degree", "pp": "pp_degree", "cp": "cp_degree", "vpp": "v
 def _plan_options(f):
     opts = [
         click.option("--size", help="Without PLAN_FILE: Llama 3.1 size (8b, 70b, 405b)."),
-        click.option("--model", "model_path", type=click.Path(dir_okay=False),
-                     help="Without PLAN_FILE: a Hugging Face config.json (instead of --size)."),
+        click.option("--model", "model_path", type=click.Path(dir_okay=False), metavar="FILE|NAME",
+                     help="Without PLAN_FILE: " + MODEL_HELP[0].lower() + MODEL_HELP[1:]),
         click.option("--gpu", help="Without PLAN_FILE: GPU (default b200)."),
         click.option("--gpus", type=int, help="Without PLAN_FILE: GPU count (default per size, as `run`)."),
         click.option("--seq-len", type=int, help="Without PLAN_FILE: sequence length (default 8192)."),
@@ -70,7 +70,7 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
     from autotune.spec.plan import Plan, PlanDocument
 
     if size is None and model_path is None:
-        raise ConfigError("without PLAN_FILE, give the model: --size 8b|70b|405b or --model config.json "
+        raise ConfigError("without PLAN_FILE, give the model: --size 8b|70b|405b or --model config.json|NAME "
                           "(and the plan: --tp, --pp, --cp, --mbs, ...)")
     model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                               interconnect=interconnect, seq_len=seq_len, global_batch=global_batch)
@@ -282,7 +282,7 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
                                                                else {})})]))
         return
     click.echo(format_best_plan(plan=doc.plan, result=result, title=f"plan {plan_file}",
-                                target=target_line(doc.model, cluster, doc.workload), engine=eng.name,
+                                target=target_line(doc.model, cluster, doc.workload), engine=eng.name, model=doc.model,
                                 gpu=cluster.gpu.name))
     click.echo("")
     click.echo(mem.describe())

@@ -204,7 +204,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     yours = _compare(imported, best, model=model, cluster=cluster, workload=workload, backend=backend,
                      engine=tuner.engine.name) if imported is not None else None
     from autotune.study.identity import load_study
-    from autotune.study.trials import band_fraction, band_note, feasible_trials
+    from autotune.study.trials import rank_basis, band_note, feasible_trials
     feas = feasible_trials(load_study(best.study, storage)[0])
     same = _same_precision(imported, best, feas, model=model, cluster=cluster, workload=workload, backend=backend,
                            engine=tuner.engine.name) if yours is not None and yours[0].feasible else None
@@ -230,9 +230,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo("")
     click.echo(format_best_plan(plan=best.plan, result=best.result,
                                 title=f"best plan: trial {best.trial_number} of {best.study}",
-                                target=target_line(model, cluster, workload), engine=tuner.engine.name,
+                                target=target_line(model, cluster, workload), engine=tuner.engine.name, model=model,
                                 gpu=cluster.gpu.name))
-    note = band_note(feas, best.trial_number, band_fraction(best.info))
+    note = band_note(feas, best.trial_number, rank_basis(best.info))
     if note:
         click.echo(note)
     if yours is not None:
@@ -262,6 +262,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         click.echo(format_comparison(("tuned", best.plan, yours[2], tuner.engine.name),
                                      (f"yours: {os.path.basename(imported.source)}", imported.plan, yours[0],
                                       imported.engine), notes))
+    _print_attribution(best, imported, yours, model=model, cluster=cluster, workload=workload, backend=backend,
+                       engine=tuner.engine.name)
     # the study name carries every option that selected it (GPU, fabric, workload, space, backend)
     import shlex
     if ":memory:" in storage:       # nothing is kept once this process ends: no export command can read it
@@ -270,6 +272,52 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     click.echo(f"\nexport it: {prog_name()} export --study {shlex.quote(tuner.name)}"
                + (f" --storage {shlex.quote(redact(storage))}" if storage != DEFAULT_STORAGE else "") + " -o plan.yaml")
 
+
+
+def _print_attribution(best, imported, yours, *, model, cluster, workload, backend, engine) -> None:
+    """Which knob brings how much (autotune/report/attribution.py): from the user's ``--compare-to`` plan when
+    given (and it fits), else from the published plan for this model, GPU and precision class at this GPU
+    count and batch (autotune/data/published_frontier.yaml ``published_plans``; none: nothing printed), one knob
+    at a time, simulated (the simulator after real trials, as ``--compare-to``)."""
+    from autotune.report.attribution import attribute, format_attribution
+    from autotune.spec.trust import published_plan
+
+    if best.plan is None or not best.result.feasible:
+        return
+    if imported is not None and yours is not None and yours[0].feasible:
+        base, label = imported.plan, "your plan"
+    else:
+        got = published_plan(model.name, cluster.gpu.name, best.plan.precision, cluster.num_gpus,
+                             workload.global_batch_size, model.num_layers, engine)
+        if got is None:
+            return
+        base, e = got
+        label = (f"the published plan ({e['model']} on {e['num_gpus']} {e['gpu']}, {e['source']}; at "
+                 f"{cluster.num_gpus} GPUs: DP {base.dp_degree})")
+    if base == best.plan:
+        return
+    from autotune.cost.evaluator import make_evaluator
+
+    from autotune.errors import AutotuneError
+
+    how = backend if backend in ("simulated", "measured") else "simulated"
+    try:
+        ev = make_evaluator(how, model=model, cluster=cluster, workload=workload, engine=engine)
+        try:
+            b = ev.evaluate(base)
+            gains, rest = attribute(base, best.plan, ev.evaluate)
+            t = ev.evaluate(best.plan)
+        finally:
+            ev.close()
+    except AutotuneError as e:      # the baseline cannot run on this engine / target: said, the run stands
+        click.echo(f"\nno knob attribution from {label}: {str(e).splitlines()[0]}")
+        return
+    if not b.feasible:
+        click.echo(f"\n{label} does not fit on this target ({b.infeasible_reason or 'over the GPU memory'}): no "
+                   "knob attribution")
+        return
+    click.echo("")
+    click.echo(format_attribution(label, gains, rest, b.mfu, t.mfu))
 
 
 def _trials_seen(stop_reason: str) -> int:
@@ -325,7 +373,7 @@ def _same_precision(imported, best, feas, *, model, cluster, workload, backend, 
     precision of the user's launch, on the footing of :func:`_compare` (the simulator after real trials); when
     the study holds no feasible plan in that precision (the search may never try it: it screens precisions
     by predicted speed), (None, the tuned plan's layout in that precision, predicted; it may not fit)."""
-    from autotune.study.trials import band_fraction, robust_order, trial_plan, trial_result
+    from autotune.study.trials import rank_basis, robust_order, trial_plan, trial_result
 
     if best.plan.precision == imported.plan.precision:
         return best.trial_number, None if not best.result.feasible else best.result
@@ -335,7 +383,7 @@ def _same_precision(imported, best, feas, *, model, cluster, workload, backend, 
         plan = best.plan.replace(precision=p, **({"fp8_param_gather": False} if p == "bf16" else {}))
         how = backend if backend in ("simulated", "measured") else "simulated"
         return None, _predict(plan, how, model=model, cluster=cluster, workload=workload, engine=engine)
-    t = robust_order(same, band_fraction(best.info), k=1)[0]
+    t = robust_order(same, rank_basis(best.info), k=1)[0]
     if backend in ("simulated", "measured"):
         return t.number, trial_result(t)
     return t.number, _predict(trial_plan(t), "simulated", model=model, cluster=cluster, workload=workload,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.cost import overlap
+from autotune.cost import moe, moe_layer, overlap
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
 from autotune.spec.engines import EngineProfile, engine_for_plan
@@ -75,6 +75,9 @@ class ChunkCost:
     fwd_flops: float = 0.0
     params: int = 0             # parameters of the chunk on this rank (after TP)
     fp8_params: int = 0         # of which FP8 parameters (EngineProfile.fp8_param_gather), 1 byte each
+    #: routed-expert parameters of the chunk on this rank (after EP x ETP), not in ``params``: their
+    #: gradients are reduced and their optimizer states sharded over the expert-DP group
+    expert_params: int = 0
     #: communication an overlap hides per micro-batch (forward + backward, TP, CP and per-layer FSDP
     #: gathers / reduce-scatters), ms: what exposing every overlap would add
     hidden_ms: float = 0.0
@@ -108,12 +111,13 @@ def group_link(cluster: ClusterSpec, extent: int) -> LinkSpec:
                                               bandwidth_gbs=inter.bandwidth_gbs * share)
 
 
-#: the plan fields one layer's cost depends on (what ``CostBuilder.__init__`` and ``CostBuilder._layer_cost``
-#: read: the TP / CP groups, tokens per micro-batch, the micro-batch count (FP8 weight casts once per step),
-#: precision, SP, overlaps, compile, recomputation, and the engine options a plan can switch)
-LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
-                "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
-                "grad_reduce_in_bf16", "fp8_param_gather")
+#: the plan fields one dense layer's cost depends on (``CostBuilder.__init__`` / ``_layer_cost``: TP / CP groups, tokens
+#: per micro-batch, micro-batch count, precision, SP, overlaps, compile, recomputation, the engine options a plan
+#: can switch); an MoE layer's also on the expert layout (LAYER_FIELDS)
+DENSE_LAYER_FIELDS = ("tp_degree", "cp_degree", "micro_batch_size", "num_micro_batches", "precision", "sp_active",
+                      "async_collectives", "tp_comm_overlap", "compile", "recompute", "recompute_num_layers",
+                      "grad_reduce_in_bf16", "fp8_param_gather", "recompute_modules")
+LAYER_FIELDS = DENSE_LAYER_FIELDS + moe.MOE_LAYER_FIELDS
 
 
 class CostBuilder:
@@ -173,15 +177,18 @@ class CostBuilder:
         #: one layer's full-recompute backward additions per micro-batch, ms by part (recompute, its
         #: exposed TP / CP communication); empty unless ``recompute: full``
         self.full_recompute_parts: dict[str, float] = {}
-        lkey = ("layer",) + tuple(getattr(plan, f) for f in LAYER_FIELDS) if memo is not None else None
+        # a dense layer's costs per DENSE_LAYER_FIELDS, an MoE layer's per LAYER_FIELDS (memoised apart)
+        lkey = ("layer",) + tuple(getattr(plan, f) for f in DENSE_LAYER_FIELDS) if memo is not None else None
         got = memo.get(lkey) if memo is not None else None
         if got is None:
             self._layer = self._layer_cost()
+            got = (self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts)
             if memo is not None:
-                memo[lkey] = (self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd,
-                              self.full_recompute_parts)
-        else:           # read only after this: chunk_cost copies what it adds up
-            self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = got
+                memo[lkey] = got
+        # read only after this: chunk_cost copies what it adds up
+        self._layer, self.quantize_ms, self.hidden_fwd, self.hidden_bwd, self.full_recompute_parts = got
+        # an MoE layer's (parts, hidden fwd, hidden bwd, full-recompute parts), its expert groups; None when dense
+        self._moe_state = moe_layer.moe_layer_state(self, memo, got, placed, lkey) if model.is_moe else None
 
     def fp8_cast_bytes(self, gemms: list[tuple[int, int, int]]) -> tuple[float, float]:
         """Bytes the FP8 casts of one layer's linears move per micro-batch, (forward, backward).
@@ -214,16 +221,15 @@ class CostBuilder:
         return b * (x + w / p.num_micro_batches), b * dy
 
     # ---- one transformer layer, one micro-batch, one rank
-    def _layer_cost(self) -> tuple[dict[str, float], dict[str, float], float]:
+    def _layer_cost(self, kind: str = "dense") -> tuple[dict[str, float], dict[str, float], float]:
+        """One layer's (forward parts, backward parts, forward FLOPs) per micro-batch: a ``dense`` layer, or
+        an ``moe`` layer (its attention, shared experts and routed experts: :func:`autotune.cost.moe_layer.moe_parts`)."""
         m, p, costs = self.m, self.p, self.costs
         t, T, h = p.tp_degree, self.tokens, m.hidden_size
-        q, kv, f = m.q_dim, m.kv_dim, m.ffn_hidden_size
+        q, kv = m.q_dim, m.kv_dim
+        f = m.ffn_hidden_size if kind == "dense" else moe.shared_ffn(m)
         sp = p.sp_active
-        gemms = [(T, (q + 2 * kv) // t, h), (T, h, q // t)]
-        if m.gated_mlp:
-            gemms += [(T, 2 * f // t, h), (T, h, f // t)]
-        else:
-            gemms += [(T, f // t, h), (T, h, f // t)]
+        gemms = moe.attention_gemms(m, t, T) + moe.mlp_gemms(m, t, T, kind)
         # FP8 (plan.precision): the layers' four linears run FP8 GEMMs forward and backward (torchao
         # Float8Linear and TE Linear quantize dgrad and wgrad too); the LM head stays BF16 (chunk_cost).
         gkw = {"precision": p.precision} if p.fp8 else {}
@@ -242,14 +248,15 @@ class CostBuilder:
         flops = sum(2.0 * a * b * c for a, b, c in gemms)
         heads, kvh = m.num_heads // t, max(1, m.num_kv_heads // t)
         seq = self.w.seq_len
-        attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=m.head_dim)
+        head_dim, q, kv = moe.attention_widths(m)
+        attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=head_dim)
         # the engine's attention kernel (facts.yaml attention_kernel: default dispatch or FlashAttention-2)
         kern = self.engine.attention_kernel
         if getattr(p, "attention_backend", "default") == "flash":
             kern = "flash2"     # SDPA's flash backend only (Plan.attention_backend): the profile's flash2 table
         attn_fwd = costs.attention_kernel_ms(kern, **attn_kw) / p.cp_degree
         attn_bwd = costs.attention_kernel_ms(kern, **attn_kw, backward=True) / p.cp_degree
-        flops += 2.0 * p.micro_batch_size * seq * seq * m.head_dim * heads / p.cp_degree
+        flops += 2.0 * p.micro_batch_size * seq * seq * head_dim * heads / p.cp_degree
         # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
         # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t
         # (plain GeLU r f w f: 4f/t). Backward moves about twice the forward bytes.
@@ -300,14 +307,15 @@ class CostBuilder:
         cp_fwd = cp_bwd = 0.0
         cp_step = 0.0
         if p.cp_degree > 1:
-            block = T * 2 * (kv // t if kv >= t else kv) * BF16
+            block = T * moe.cp_exchange_width(m, t, kv) * BF16
             if self.engine.cp_comm == "p2p":
                 cp_step = costs.placed_collective_ms("send_recv", block, self.cp_place)
                 cp_fwd = (p.cp_degree - 1) * cp_step
             else:
                 cp_fwd = costs.placed_collective_ms("all_gather", p.cp_degree * block, self.cp_place)
             cp_bwd = 2 * cp_fwd
-        overlap_tp = bool(tp_fwd) and p.async_collectives and p.tp_comm_overlap
+        # (the overlap mechanisms chunk the four GEMMs of a standard layer: QKV, proj, fc1, fc2)
+        overlap_tp = bool(tp_fwd) and p.async_collectives and p.tp_comm_overlap and len(gemms) == 4
         if overlap_tp and sp:
             # the mechanism of the engine's overlap (autotune.cost.overlap): per-GEMM chunking and contention
             fx, fe, bx, be = self._tp_overlap(gemms, gkw, ag_fwd, ag, rs, gemm_fwd, gemm_bwd)
@@ -355,18 +363,27 @@ class CostBuilder:
                     hidden = total - exposed
                     _add(parts, "compute", self.slowdown * hidden)
                     hid["cp"] = hidden
+        moe_fwd_ms = 0.0
+        if kind == "moe":
+            moe_fwd_ms, moe_flops = moe_layer.moe_parts(self, fwd, bwd, gkw)
+            flops += moe_flops
         # recomputation happens in the backward pass
         if p.recompute == "full":
             # one layer's forward re-run and its exposed TP / CP communication; with
             # recompute_num_layers N >= 1 only min(N, L_c) layers of a chunk pay it (chunk_cost)
             rc: dict[str, float] = {}
-            _add(rc, "recompute", gemm_fwd + attn_fwd + mem_fwd)
+            _add(rc, "recompute", gemm_fwd + attn_fwd + mem_fwd + moe_fwd_ms)
             _add(rc, "exposed_tp_comm", fwd.get("exposed_tp_comm", 0.0))
             _add(rc, "exposed_cp_comm", fwd.get("exposed_cp_comm", 0.0))
+            if fwd.get("exposed_ep_comm"):
+                _add(rc, "exposed_ep_comm", fwd["exposed_ep_comm"])
             self.full_recompute_parts = rc
             if not p.partial_recompute:
                 for k, v in rc.items():
                     _add(bwd, k, v)
+        elif p.recompute == "selective" and p.recompute_modules is not None:
+            _add(bwd, "recompute", moe_layer.module_recompute_ms(
+                self, p.recompute_modules, gemms, gkw, attn_fwd, act_bytes, moe_fwd_ms, kind))
         elif p.recompute == "selective":
             mode = self.engine.selective_recompute
             if mode == "core_attention":
@@ -496,28 +513,37 @@ class CostBuilder:
         t, T, h = p.tp_degree, self.tokens, m.hidden_size
         lf, lb, lflops = self._layer
         cc = ChunkCost()
+        last = vstage == p.num_virtual_stages - 1 if p.pipeline_schedule == "interleaved_1f1b" \
+            else vstage == p.pp_degree - 1
+        # dense and MoE layers of this chunk, multi-token-prediction layers included (autotune.cost.moe_layer)
+        n_dense, n_moe, n_mtp = (num_layers, 0, 0) if self._moe_state is None else \
+            moe_layer.chunk_kinds(self, vstage, num_layers, last)
         for k, v in lf.items():
-            _add(cc.fwd_parts, k, v * num_layers)
+            _add(cc.fwd_parts, k, v * n_dense)
         for k, v in lb.items():
-            _add(cc.bwd_parts, k, v * num_layers)
+            _add(cc.bwd_parts, k, v * n_dense)
+        hidden_per_layer = sum(self.hidden_fwd.values()) + sum(self.hidden_bwd.values())
+        cc.hidden_ms = n_dense * hidden_per_layer
+        if n_moe:
+            moe_layer.add_moe_layers(self, cc, n_moe)
+        n_rc = p.recomputed_layers(num_layers) if p.partial_recompute else (num_layers if p.recompute == "full" else 0)
+        rc_dense = min(n_rc, n_dense)       # the first N layers recompute: a chunk's dense layers come first
         if p.partial_recompute:
-            n_rc = p.recomputed_layers(num_layers)
             for k, v in self.full_recompute_parts.items():
-                _add(cc.bwd_parts, k, v * n_rc)
-        else:
-            n_rc = num_layers if p.recompute == "full" else 0
+                _add(cc.bwd_parts, k, v * rc_dense)
+        if n_moe and n_rc > rc_dense:
+            moe_layer.add_moe_recompute(self, cc, n_rc - rc_dense, partial=p.partial_recompute)
         # hidden TP / CP communication: each layer's forward and backward, and the forward re-run of the
         # fully recomputed layers
-        cc.hidden_ms = (num_layers * (sum(self.hidden_fwd.values()) + sum(self.hidden_bwd.values()))
-                        + n_rc * sum(self.hidden_fwd.values()))
+        cc.hidden_ms += rc_dense * sum(self.hidden_fwd.values())
         self._hidden = 0.0
-        cc.fwd_flops = lflops * num_layers
-        cc.params = num_layers * m.params_per_layer // t
+        cc.fwd_flops += lflops * n_dense
+        cc.params = num_layers * m.params_per_layer // t        # (an MoE model: moe_layer.chunk_params)
+        if self._moe_state is not None:
+            moe_layer.chunk_params(self, cc, n_dense, n_moe, n_mtp)
         if self.fp8_params:
             # the layers' linear weights are FP8 parameters (Megatron-LM --fp8-param-gather)
             cc.fp8_params = num_layers * sum(k * n for k, n in fp8_gemm_dims(m, t).values())
-        last = vstage == p.num_virtual_stages - 1 if p.pipeline_schedule == "interleaved_1f1b" \
-            else vstage == p.pp_degree - 1
         if vstage == 0:                               # embedding lookup (vocab-parallel: + all-reduce)
             _add(cc.fwd_parts, "compute", costs.memory_bound_ms(2 * T * h * BF16))
             _add(cc.bwd_parts, "compute", costs.memory_bound_ms(3 * T * h * BF16))
@@ -547,9 +573,10 @@ class CostBuilder:
             else:
                 if p.compile and self.engine.compile_loss:
                     ce *= COMPILED_LOSS_TIME_RATIO         # the compiled loss's fused kernels (measured)
-                _add(cc.fwd_parts, "compute", head_gemms[0] + ce + mb(4 * T * h, "rmsnorm"))
-                _add(cc.bwd_parts, "compute", head_gemms[1] + ce + mb(6 * T * h, "rmsnorm"))
-            cc.fwd_flops += 2.0 * T * V / t * h
+                heads = 1 + n_mtp                     # the main head, and the shared head once per MTP depth
+                _add(cc.fwd_parts, "compute", heads * (head_gemms[0] + ce + mb(4 * T * h, "rmsnorm")))
+                _add(cc.bwd_parts, "compute", heads * (head_gemms[1] + ce + mb(6 * T * h, "rmsnorm")))
+            cc.fwd_flops += (1 + n_mtp) * 2.0 * T * V / t * h
             cc.params += (m.vocab_size * h if not m.tied_embeddings else 0) // t + h
         self._precision_costs(cc)
         # ZeRO-3 / FSDP: parameters all-gathered for each micro-batch's forward and backward, gradients
@@ -670,9 +697,12 @@ class CostBuilder:
         nbytes = (stage_params - fp8_params) * BF16 + fp8_params * FP8_PARAM_BYTES
         return self.costs.placed_collective_ms("all_gather", nbytes, self.dp_place)
 
-    def optimizer_ms(self, stage_params: int) -> float:
-        """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1), memory-bound."""
+    def optimizer_ms(self, stage_params: int, expert_params: int = 0) -> float:
+        """Adam step over this rank's shard (sharded over DP x CP for ZeRO >= 1; routed-expert parameters over
+        the expert-DP group), memory-bound."""
         shard = stage_params / (self.dp_group if self.p.zero_stage >= 1 else 1)
+        if expert_params:
+            shard += expert_params / (getattr(self, "edp_group", 1) if self.p.zero_stage >= 1 else 1)
         return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM, "adamw")
 
 
@@ -731,10 +761,11 @@ def chunk_costs(cb: CostBuilder, plan: Plan, model: ModelSpec, *, cached: bool =
     n = len(layers)
     if not cached:
         return {vs: cb.chunk_cost(vs, layers[vs]) for vs in range(n)}
-    by_class: dict[tuple[bool, bool, int], ChunkCost] = {}
+    by_class: dict[tuple, ChunkCost] = {}
     out = {}
+    kinds = moe.chunk_layer_kinds(model, plan) if model.is_moe else None
     for vs in range(n):
-        key = (vs == 0, vs == n - 1, layers[vs])
+        key = (vs == 0, vs == n - 1, layers[vs]) if kinds is None else (vs == 0, vs == n - 1, kinds[vs])
         cc = by_class.get(key)
         if cc is None:
             cc = by_class[key] = cb.chunk_cost(vs, layers[vs])

@@ -23,14 +23,18 @@ from typing import Any, Callable, Mapping
 
 from autotune.engines.registry import engine_runners
 from autotune.errors import AutotuneError, ConfigError
-from autotune.spec.engines import EngineProfile, get_engine
+from autotune.spec.engines import EngineProfile, check_model_for_engine, get_engine
 from autotune.spec.hardware import ClusterSpec
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, Workload
 
-#: Keys of :attr:`StepResult.breakdown_ms`, in report order.
-BREAKDOWN_KEYS = ("compute", "recompute", "exposed_tp_comm", "exposed_cp_comm", "exposed_pp_comm",
-                  "exposed_dp_comm", "bubble", "optimizer", "reclaim")
+#: Keys of :attr:`StepResult.breakdown_ms`, in report order. ``expert_compute`` (routed experts' GEMMs and
+#: activation), ``router_permute`` (router, token permutation) and ``exposed_ep_comm`` (token dispatch and
+#: combine) are 0 for a dense model (autotune/cost/moe.py); :data:`MOE_BREAKDOWN_KEYS`.
+BREAKDOWN_KEYS = ("compute", "expert_compute", "router_permute", "recompute", "exposed_tp_comm", "exposed_cp_comm",
+                  "exposed_ep_comm", "exposed_pp_comm", "exposed_dp_comm", "bubble", "optimizer", "reclaim")
+#: the breakdown keys only a mixture-of-experts model has
+MOE_BREAKDOWN_KEYS = ("expert_compute", "router_permute", "exposed_ep_comm")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ class Evaluator(abc.ABC):
         self.cluster = cluster
         self.workload = workload
         self.engine = get_engine(engine)
+        # a mixture of experts on an engine with no expert parallelism (the native runtime): one line
+        check_model_for_engine(model, self.engine)
 
     @abc.abstractmethod
     def evaluate(self, plan: Plan) -> StepResult:

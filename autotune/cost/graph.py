@@ -52,6 +52,7 @@ from autotune.cost.chunk_costs import (
     chunk_costs,
     hidden_comm_ms,
 )
+from autotune.cost import moe_layer
 from autotune.cost.op_costs import OpCosts
 from autotune.cost.schedule import schedule_order  # noqa: F401  (moved there; re-exported here)
 from autotune.spec.engines import EngineProfile
@@ -111,15 +112,18 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                     if not own:         # the chunk class's own dict: shared by its nodes, as before
                         node_memo[key] = got
                 compute[r, phase, c] = got
-        stage_params = stage_fp8 = 0
+        stage_params = stage_fp8 = stage_experts = 0
         for c in range(v):
             vs = c * P + r
             cc = chunks[vs]
             stage_params += cc.params
             stage_fp8 += cc.fp8_params
-            buckets = bucket_memo.get(cc.params)
+            stage_experts += cc.expert_params
+            bkey = (cc.params, cc.expert_params)
+            buckets = bucket_memo.get(bkey)
             if buckets is None:
-                buckets = bucket_memo[cc.params] = cb.dp_bucket_ms(cc.params)
+                # the dense parameters' buckets over DP x CP, then the routed experts' over the expert-DP group
+                buckets = bucket_memo[bkey] = cb.dp_bucket_ms(cc.params) + moe_layer.expert_bucket_ms(cb, cc.expert_params)
             if not buckets:
                 continue
             lb_dur = compute[r, "B", c][1]
@@ -143,14 +147,14 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                 got = dp_memo[key] = tuple(out)
             dp_groups[r, c] = got
         first_f = compute[r, "F", 0][1] if m else 0.0
-        skey = (stage_params, stage_fp8, first_f)
+        skey = (stage_params, stage_fp8, first_f, stage_experts)
         got_s = stage_memo.get(skey)
         if got_s is None:
-            ag = cb.param_gather_ms(stage_params, stage_fp8)
+            ag = cb.param_gather_ms(stage_params, stage_fp8) + moe_layer.expert_param_gather_ms(cb, stage_experts)
             if ag and p.param_gather_overlap and p.async_collectives:
                 # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
                 ag = max(0.0, ag - first_f)
-            got_s = stage_memo[skey] = (cb.optimizer_ms(stage_params), ag)
+            got_s = stage_memo[skey] = (cb.optimizer_ms(stage_params, stage_experts), ag)
         opt_ms.append(got_s[0])
         ag_ms.append(got_s[1])
         if p.memory_reclaim == "empty_cache_per_step":

@@ -38,8 +38,9 @@ def launch_command(doc: PlanDocument, *, plan_file: str = "plan.yaml") -> Launch
     (:func:`autotune.engines.registry.export_module`).
 
     Raises:
-        ConfigError: unknown engine, or a plan the engine's launch format cannot express (see the engine's
-            export module, ``autotune/engines/<engine>/export.py``).
+        ConfigError: unknown engine, a plan the engine's launch format cannot express (see the engine's
+            export module, ``autotune/engines/<engine>/export.py``; an engine without expert parallelism
+            refuses a mixture-of-experts model there).
     """
     from autotune.engines.registry import ENGINES, export_module
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from autotune.cost.evaluator import BREAKDOWN_KEYS, StepResult
+from autotune.cost.evaluator import BREAKDOWN_KEYS, MOE_BREAKDOWN_KEYS, StepResult
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, Workload
 
@@ -85,8 +85,9 @@ def _bucket_text(plan: Plan, engine: str | None) -> str:
     return f"{plan.bucket_size_mib} MiB"
 
 
-def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
-    """(label, value) rows: degrees, schedule and settings (``engine``: how its DP bucket is read)."""
+def plan_rows(plan: Plan, engine: str | None = None, *, moe: bool = False) -> list[tuple[str, str]]:
+    """(label, value) rows: degrees, schedule and settings (``engine``: how its DP bucket is read; ``moe``: the plan
+    is of a mixture-of-experts model, so its expert layout is shown even at EP 1)."""
     sched = plan.pipeline_schedule if plan.pp_degree > 1 else "none (pp=1)"
     if plan.pipeline_schedule == "interleaved_1f1b" and plan.pp_degree > 1:
         sched += f", {plan.vpp_degree} chunks per rank"
@@ -115,8 +116,26 @@ def plan_rows(plan: Plan, engine: str | None = None) -> list[tuple[str, str]]:
         ("DP bucket", _bucket_text(plan, engine)),
         ("memory reclaim", plan.memory_reclaim),
         ("precision", plan.precision + (" (layers' linears; LM head BF16)" if plan.fp8 else "")),
+    ]
+    if plan.fp8:
+        rows.append(("FP8 parameters", _onoff(plan.fp8_param_gather) + (" (FP8 parameter all-gather)"
+                                                                        if plan.fp8_param_gather else "")))
+    if plan.dp_degree * plan.cp_degree > 1:
+        rows.append(("gradient reduce", "BF16" if plan.grad_reduce_in_bf16 else "FP32"))
+    rows += [
         ("torch.compile", _onoff(plan.compile)),
     ]
+    if moe or plan.ep_degree * plan.etp_degree > 1 or plan.moe_a2a_overlap or plan.moe_dispatcher != "alltoall":
+        # a mixture-of-experts plan: the expert layout (a dense plan has none of these rows)
+        rows += [
+            ("expert parallel", f"EP {plan.ep_degree} x ETP {plan.etp_degree} (folded over TP x CP x DP; "
+                                f"expert DP {plan.expert_dp_degree})"),
+            ("token dispatcher", plan.moe_dispatcher + (" (DeepEP / HybridEP)" if plan.moe_dispatcher == "flex" else "")),
+            ("dispatch overlap", _onoff(plan.moe_a2a_overlap) + " (all-to-all beside another micro-batch's compute)"),
+            ("grouped GEMM", _onoff(plan.moe_grouped_gemm)),
+        ]
+    if plan.recompute_modules is not None:
+        rows.append(("recompute modules", ", ".join(plan.recompute_modules)))
     return rows
 
 
@@ -159,11 +178,6 @@ def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str,
                     f"{result.tflops_per_gpu:.0f} TFLOP/s per GPU"),
             ("HFU", f"{100 * result.hfu:.1f}%"),
         ]
-        if result.step_time_exposed_ms > result.step_time_ms:
-            # the range: overlaps at their modelled value .. every overlapped collective exposed
-            rows.insert(1, ("step time, all exposed",
-                            f"{result.step_time_exposed_ms:,.1f} ms (upper bound: every overlapped collective "
-                            f"on the critical path; MFU {100 * result.mfu_exposed:.1f}%)"))
     u8 = fp8_peak_utilization(result) if plan is not None and plan.fp8 and result.feasible else None
     if u8 is not None:
         rows.append(("FP8 peak utilisation", f"{100 * u8:.1f}% (model TFLOP/s / dense FP8 peak; MFU above "
@@ -180,7 +194,9 @@ def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str,
 
 def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
     total = result.step_time_ms or 1.0
-    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms] + \
+    # a dense model's step has no expert, router or dispatch time: those rows are left out
+    moe = any(result.breakdown_ms.get(k) for k in MOE_BREAKDOWN_KEYS)
+    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms and (moe or k not in MOE_BREAKDOWN_KEYS)] + \
         [k for k in result.breakdown_ms if k not in BREAKDOWN_KEYS]
     return [(f"  {k}", f"{result.breakdown_ms[k]:,.1f} ms ({100 * result.breakdown_ms[k] / total:.1f}%)")
             for k in keys]
@@ -195,26 +211,51 @@ def _gpu_band(band: Mapping[str, Any], gpu: str | None) -> tuple[str | None, Map
 
 
 def error_band_line(engine: str, gpu: str | None = None) -> str:
-    """How far to trust a prediction for ``engine``: its held-out (leave-one-source-out) error against
-    published runs (``bench/published.py --cross-validate``) or, for ``native``, against real runs
-    (``docs/fidelity.md``), read from ``autotune/data/error_bands.yaml``; with ``gpu``, the figure of that
-    hardware family when one was measured; says so when the engine has no measured error yet."""
+    """How far to trust a prediction when no plan is at hand (tables of several plans, ``export``): the pooled
+    central 80% interval of held-out errors on published runs (autotune/spec/trust.py; with ``gpu``, its
+    family's interval where the development set has enough runs), or for the ``native`` engine its error
+    against real runs (``docs/fidelity.md``); says so when nothing was measured. A single plan's table prints
+    its own interval instead (:func:`trust_rows`)."""
     from autotune.spec.engines import error_band
+    from autotune.spec.hardware import gpu_family
+    from autotune.spec.trust import interval_data, interval_from_table
 
     b = error_band(engine)
+    d = interval_data()
+    if engine != "native" and d:
+        iv = interval_from_table(d, [f"gpu:{gpu_family(gpu) or gpu}"] if gpu else [])
+        cov = d.get("coverage") or {}
+        return (f"80% interval ({engine}{', ' + str(gpu_family(gpu) or gpu) if gpu else ''}): measured throughput "
+                f"within predicted / {1 + iv.high:.3f} .. predicted / {1 + iv.low:.3f} (held-out errors "
+                f"{100 * iv.low:+.1f}..{100 * iv.high:+.1f}%, predicted / measured - 1, "
+                f"{iv.basis() or 'all ' + str(iv.num_pooled) + ' published runs'}; leave-one-source-out coverage "
+                f"{cov.get('covered', '?')}/{cov.get('rows', '?')}; {d.get('source', '?')}, {d.get('date', '?')})")
     if b is None:
         return f"error band: none measured yet for engine {engine}"
     q = b.get("quantity", "step time")
-    fam, g = _gpu_band(b, gpu)
-    if g:
-        return (f"error band ({engine}, {fam}): predicted {q} off by {g['mean_abs_error_pct']:.1f}% on average "
-                f"(signed {g['mean_signed_error_pct']:+.1f}%), worst {g['worst_error_pct']:+.1f}% (predicted / "
-                f"measured - 1), over {g['num_runs']} {b['against']}; all GPUs: {b['mean_abs_error_pct']:.1f}% "
-                f"over {b['num_runs']} ({b['source']}, {b.get('date', '?')})")
     return (f"error band ({engine}): predicted {q} off by {b['mean_abs_error_pct']:.1f}% on average, worst "
             f"{b['worst_error_pct']:+.1f}% (predicted / measured - 1), over {b['num_runs']} {b['against']} "
-            f"({b['source']}, {b.get('date', '?')})" + (f"; none measured on {gpu}" if gpu and fam and not g
-                                                        else ""))
+            f"({b['source']}, {b.get('date', '?')})")
+
+
+def trust_rows(plan: Plan, result: StepResult, gpu: str | None, model: ModelSpec | None) -> list[tuple[str, str]]:
+    """The rows that say how far a prediction can be trusted (autotune/spec/trust.py): ``80% interval`` (one
+    sentence: the measured MFU, tokens/s and step time the central 80% interval of held-out errors on published
+    runs allows, and the regimes it rests on) and, when the predicted TFLOP/s per GPU exceeds the best published
+    run for the GPU, precision class and model class, ``frontier`` naming that run. Empty for an infeasible
+    result; the interval row says so when no interval data is shipped."""
+    from autotune.spec.trust import frontier_sentence, interval_for, interval_sentence
+
+    if not result.feasible:
+        return []
+    iv = interval_for(plan, gpu, model.hidden_size if model is not None else None)
+    rows = [("80% interval", interval_sentence(iv, mfu=result.mfu, tokens_per_s=result.tokens_per_s_per_gpu,
+                                               step_ms=result.step_time_ms) if iv is not None else
+             "none: no interval data shipped (autotune/data/error_bands.yaml)")]
+    f = frontier_sentence(result.tflops_per_gpu, gpu, plan.precision, "dense")
+    if f:
+        rows.append(("frontier", f"above the published frontier: {f}"))
+    return rows
 
 
 def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: ModelSpec | None = None,
@@ -225,11 +266,12 @@ def format_best_plan(*, plan: Plan, result: StepResult, title: str, model: Model
     if target:
         head.append(target)
     eng = engine or (result.details or {}).get("engine")
-    rows = plan_rows(plan, eng) + result_rows(result, plan)
+    rows = plan_rows(plan, eng, moe=bool(model is not None and getattr(model, "is_moe", False))) + \
+        result_rows(result, plan)
     if eng:
         rows.append(("engine", str(eng)))
-        if result.backend != "real":
-            rows.append(("trust", error_band_line(str(eng), gpu).split(": ", 1)[1]))
+    if result.backend != "real" and result.feasible:
+        rows += trust_rows(plan, result, gpu, model)
     d = result.details or {}
     if result.backend == "real":
         sim_ms = d.get("simulated_step_time_ms")
@@ -266,7 +308,8 @@ def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engi
     rows.append(["peak memory per GPU"] + [f"{r.peak_memory_bytes / GIB:.1f} GiB" for _, _, r in columns])
     keys = list(dict.fromkeys([k for k in BREAKDOWN_KEYS] + [k for _, _, r in columns for k in r.breakdown_ms]))
     for k in keys:
-        if any(k in r.breakdown_ms for _, _, r in columns):
+        if any(k in r.breakdown_ms for _, _, r in columns) and (
+                k not in MOE_BREAKDOWN_KEYS or any(r.breakdown_ms.get(k) for _, _, r in columns)):
             rows.append([f"  {k} ms"] + [f"{r.breakdown_ms.get(k, 0.0):,.1f}" for _, _, r in columns])
     foot = [f"({lab})" for lab in dict.fromkeys(provenance_label(r) for _, _, r in columns)]
     if engine and any(r.backend != "real" for _, _, r in columns):
@@ -566,7 +609,7 @@ def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSp
         "plan": plan.to_dict() if plan is not None else None,
         "prediction": None, "breakdown_ms": None, "memory_per_stage": None,
         "error_band": _jsonable(_band_for(error_band(engine), gpu)),
-        "provenance": None,
+        "provenance": None, "interval": None, "frontier": None,
     }
     if result is not None:
         rd = result.to_dict()
@@ -582,9 +625,37 @@ def result_entry(*, plan: Plan | None, result: StepResult | None, model: ModelSp
             stages.append(st)
         e["memory_per_stage"] = stages
         e["provenance"] = {"label": provenance_label(result), "details": _jsonable(result.details)}
+        e["interval"], e["frontier"] = _interval_entry(plan, result, model, gpu)
     if extra:
         e.update(_jsonable(extra))
     return _jsonable(e)
+
+
+def _interval_entry(plan: Plan | None, result: StepResult, model: ModelSpec, gpu: str) -> tuple[Any, Any]:
+    """(``interval``, ``frontier``) of a ``--json`` entry (docs/json-schema.md): the prediction's central 80%
+    interval (autotune/spec/trust.py :class:`Interval` ``to_dict`` plus the measured MFU, tokens/s per GPU and
+    step time it allows, and the one sentence the text prints), and the best published run for the GPU,
+    precision class and model class with ``above`` (whether the prediction exceeds it); None where there is
+    no plan, the plan does not fit, the result is a real run or nothing is shipped."""
+    from autotune.spec.trust import frontier_for, interval_for, interval_sentence
+
+    if plan is None or not result.feasible or result.backend == "real":
+        return None, None
+    iv = interval_for(plan, gpu, model.hidden_size)
+    ivd = None
+    if iv is not None:
+        m0, m1 = iv.throughput(result.mfu)
+        t0, t1 = iv.throughput(result.tokens_per_s_per_gpu)
+        s0, s1 = iv.step_time(result.step_time_ms)
+        if result.mfu > 0 and m1 > 1.0:     # capped at the dense peak, as the text (interval_sentence)
+            t1, s0, m1 = result.tokens_per_s_per_gpu / result.mfu, result.step_time_ms * result.mfu, 1.0
+        ivd = {**iv.to_dict(), "mfu": [m0, m1], "tokens_per_s_per_gpu": [t0, t1], "step_time_ms": [s0, s1],
+               "text": interval_sentence(iv, mfu=result.mfu, tokens_per_s=result.tokens_per_s_per_gpu,
+                                         step_ms=result.step_time_ms)}
+    f = frontier_for(gpu, plan.precision, "dense")
+    if f is not None:
+        f = {**f, "above": result.tflops_per_gpu > float(f["tflops_per_gpu"])}
+    return ivd, f
 
 
 def _estimate_memory_for(model: ModelSpec, plan: Plan, gpu: str, workload: Workload, engine: str) -> Any:

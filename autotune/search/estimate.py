@@ -260,7 +260,8 @@ class PlanScreen:
         return r
 
     def layer_ms(self, plan: Plan) -> float:
-        """One transformer layer's forward + backward time per micro-batch on one rank, ms: the sum of
+        """One transformer layer's forward + backward time per micro-batch on one rank, ms (a mixture of experts:
+        the lesser of a dense and an MoE layer's, a lower bound on either): the sum of
         :class:`CostBuilder`'s per-layer parts (GEMMs, attention, memory-bound kernels, FP8 casts, the
         exposed part of TP / CP communication, recomputation). Cached per the plan fields that
         ``CostBuilder.__init__`` / ``_layer_cost`` read (:data:`LAYER_FIELDS`; tests/search/test_lazy_ranking.py
@@ -273,6 +274,12 @@ class PlanScreen:
                                  costs=self.costs, engine=self.engine, memo=self._memo)
                 lf, lb, _ = cb._layer
                 r = sum(lf.values()) + sum(lb.values())
+                if cb._moe_state is not None:
+                    # a mixture of experts: every layer is dense or MoE, so the lesser of the two bounds both
+                    # (layout_bound_ms multiplies it by a layer count)
+                    mf, mb, _ = cb._moe_state[0]
+                    r = min(r, sum(mf.values()) + sum(mb.values())) if self.model.num_dense_layers else \
+                        sum(mf.values()) + sum(mb.values())
             except (PlanError, ValueError, ZeroDivisionError):
                 r = 0.0
             self._layer[key] = r

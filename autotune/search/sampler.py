@@ -106,9 +106,10 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         jitter: relative width of the band inside which the estimate's order is drawn at random.
         patience: :meth:`convergence` needs this many finished trials after the best one.
         bound_slack: :meth:`convergence`'s margin on the estimate's bound (0.05: 5% below it).
-        band_frac: the engine's error band as a fraction (``autotune.study.trials.band_fraction``; 0 =
-            none): ``run`` reports the first plan of the within-band order (:func:`autotune.search.band.
-            band_order`), and :meth:`convergence` waits for every layout that could change that plan.
+        rank_basis: what the conservative ranking reads (:class:`autotune.spec.trust.RankBasis`, from
+            ``autotune.study.trials.rank_basis``; None = plain MFU order): ``run`` reports the first plan of
+            :func:`autotune.search.band.conservative_order`, and :meth:`convergence` waits for every layout,
+            and every untried setting of the best plans, that could change that plan.
 
     Raises:
         ValueError: ``explore_every`` < 2 or ``num_initial`` < 1.
@@ -116,13 +117,14 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
 
     def __init__(self, bound: BoundSearchSpace, screen: PlanScreen, *, seed: int | None = None,
                  num_initial: int = 8, explore_every: int = 4, jitter: float = 0.03, patience: int = 16,
-                 bound_slack: float = 0.05, band_frac: float = 0.0) -> None:
+                 bound_slack: float = 0.05, rank_basis: Any = None) -> None:
         if explore_every < 2 or num_initial < 1:
             raise ValueError(f"explore_every must be >= 2 and num_initial >= 1, got {explore_every}, {num_initial}")
         self.bound, self.screen = bound, screen
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.num_initial, self.explore_every, self.jitter = num_initial, explore_every, jitter
-        self.patience, self.bound_slack, self.band_frac = patience, bound_slack, band_frac
+        self.patience, self.bound_slack, self.rank_basis = patience, bound_slack, rank_basis
+        self._factors: dict[Plan, float] = {}
         self._step_ms: dict[int, float] = {}
         self._exposed_ms: dict[int, float] = {}     # step time with every overlapped collective exposed
         self._rh, self._rh_seen, self._own = 1.0, set(), set()      # ConvergenceStop._hidden_scale
@@ -183,7 +185,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                 refresh()
             plan = self.next_plan(study, trial.number)
         if plan is not None:
-            self._chosen[trial.number] = plan_params(plan)
+            self._chosen[trial.number] = plan_params(plan, moe=self.bound.model.is_moe)
 
     def _claimed_earlier(self, study: optuna.Study, trial: FrozenTrial, plan: Plan) -> str | None:
         """Claim ``plan`` for ``trial`` in the storage (trial system attribute :data:`CLAIM_ATTR`), then say
@@ -259,7 +261,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
     def assignment(self, plan: Plan) -> dict[str, Any]:
         """Every knob's value: the plan's where the knob is active, the preferred value elsewhere."""
         a = dict(self._prefs)
-        a.update({k: v for k, v in plan_params(plan).items() if v in self.bound.choices[k]})
+        a.update({k: v for k, v in plan_params(plan, moe=self.bound.model.is_moe).items() if v in self.bound.choices[k]})
         return a
 
     def _default_prefs(self) -> dict[str, Any]:
@@ -395,10 +397,9 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                     pass
                 first = self._ranking.first() if prescreen else None      # type: ignore[union-attr]
                 if first is not None:
-                    reach = self.screen.estimate_ms(first) / (1 - self.band_frac) / (1 - self.bound_slack)
-                    for q in self._ranking.screen_below(reach):     # type: ignore[union-attr]
-                        if self.band_frac > 0:      # the stop's within-band test reads it
-                            self.screen.hidden_ms(q)
+                    reach = self.screen.estimate_ms(first) / self.factor(first) * self.factor_max \
+                        / (1 - self.bound_slack)
+                    self._ranking.screen_below(reach)     # type: ignore[union-attr]
                 self._store_ranking(study)
         return self._ranking            # type: ignore[return-value]
 
@@ -406,13 +407,12 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         """Rank once, before ``num_workers`` worker processes start on ``study`` (``autotune run --workers N``):
         place the layouts their trials take (one in :attr:`explore_every` after the first :attr:`num_initial`,
         of at most 100 trials), and screen every layout the convergence stop is expected to wait for: those
-        whose bound is below the best-ranked layout's estimate / (1 - :attr:`band_frac`) / (1 - :attr:`bound_slack`)
+        whose bound is below the best-ranked layout's estimate / its conservative factor x the largest factor /
+        (1 - :attr:`bound_slack`)
         (:meth:`ConvergenceStop.convergence`'s reach with the estimate taken at its word). They are stored with
         the ranking (and forked workers inherit the screen's caches), so the workers read them instead of each
         screening them again (issue 26: 70B x 64 B200, 4 workers x 25 trials took 1.4-1.7x one worker's CPU,
-        most of it 4 workers screening the same layouts for the stop). With an error band, the hidden
-        communication of those layouts too (the stop's within-band test reads it; forked workers inherit the
-        screen's caches). The stop's reach also divides by the estimate's error seen in the trials, unknown
+        most of it 4 workers screening the same layouts for the stop). The stop's reach also divides by the estimate's error seen in the trials, unknown
         here, so workers still screen some layouts past these, each for itself (sharing those through the study
         measured no gain: 70B x 64 B200, 4 x 25 trials, 9.3 / 10.7 s CPU shared against 9.1 / 10.9 s not)."""
         places = self.num_initial + min(num_workers * (trials_per_worker or 100), 100) // self.explore_every + 1
@@ -426,7 +426,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
         if best is not None:        # one pass of coordinate descent on the estimate at the best layout
             a = self.assignment(best)
             for k in KNOBS:
-                if k in LAYOUT_KNOBS or k in PER_LAYOUT_KNOBS or k in DP_KNOBS or len(self.bound.choices[k]) < 2:
+                if k in self._layout_knobs or k in PER_LAYOUT_KNOBS or k in DP_KNOBS or len(self.bound.choices[k]) < 2:
                     continue
                 cands = [self._plan({**a, k: v}) for v in self.bound.choices[k]]
                 cands = [p for p in cands if p is not None and self.screen.fits(p)]
@@ -434,13 +434,19 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                     pick = min(cands, key=lambda p: (self.screen.estimate_ms(p), p != best))
                     a[k] = getattr(pick, k)
                     best = pick
-            settings = [k for k in KNOBS if k not in LAYOUT_KNOBS and k not in PER_LAYOUT_KNOBS
+            settings = [k for k in KNOBS if k not in self._layout_knobs and k not in PER_LAYOUT_KNOBS
                         and k not in DP_KNOBS]
             if any(self._prefs[k] != a[k] for k in settings):
                 self._prefs.update({k: a[k] for k in settings})
                 self._plan_cache.clear()
                 ranking = self._make_ranking()
         self._ranking = ranking
+
+    @property
+    def _layout_knobs(self) -> tuple[str, ...]:
+        """:data:`LAYOUT_KNOBS`, and ``ep_degree`` for a mixture-of-experts model (a dense model's layouts, keys
+        and jitter are unchanged)."""
+        return LAYOUT_KNOBS + ("ep_degree",) if self.bound.model.is_moe else LAYOUT_KNOBS
 
     def _layout_assignments(self) -> Iterator[dict[str, Any]]:
         """Every layout's assignment (the preferred settings elsewhere), in enumeration order."""
@@ -450,8 +456,13 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             for sched in scheds:
                 vpps = c["vpp_degree"] if sched == "interleaved_1f1b" else (self._prefs["vpp_degree"],)
                 for vpp, mbs in itertools.product(vpps, c["micro_batch_size"]):
-                    yield {**self._prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
-                           "pipeline_schedule": sched, "vpp_degree": vpp, "micro_batch_size": mbs}
+                    # an MoE model: every expert-parallel degree is a layout of its own (the dispatch
+                    # traffic, the experts' memory and their GEMM shapes all follow EP)
+                    eps = c["ep_degree"] if self.bound.model.is_moe else (self._prefs["ep_degree"],)
+                    for ep in eps:
+                        yield {**self._prefs, "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
+                               "pipeline_schedule": sched, "vpp_degree": vpp, "micro_batch_size": mbs,
+                               "ep_degree": ep}
 
     def _layout_bound(self, a: dict[str, Any]) -> float:
         """:meth:`PlanScreen.layout_bound_ms` of layout ``a`` over its per-layout precisions, without
@@ -566,7 +577,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
                 if interrupted():       # SIGINT / SIGTERM noted by the CLI or the tuner: stop ranking
                     raise KeyboardInterrupt
                 if self._plan(a) is not None:
-                    entries.append((i, {k: a[k] for k in LAYOUT_KNOBS}, self._layout_bound(a)))
+                    entries.append((i, {k: a[k] for k in self._layout_knobs}, self._layout_bound(a)))
         self._entries = entries
         knobs = {i: a for i, a, _ in entries}
 
@@ -577,7 +588,7 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
 
         def jitter(i: int) -> float:
             a = knobs[i]
-            return 1 + self.jitter * self._rng("layout", *(a[k] for k in LAYOUT_KNOBS)).uniform(-1, 1)
+            return 1 + self.jitter * self._rng("layout", *(a[k] for k in self._layout_knobs)).uniform(-1, 1)
 
         return LazyRanking({i: b for i, _, b in entries}, screen, self.screen.estimate_ms, jitter,
                            1 - self.jitter, known,
@@ -680,6 +691,10 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             return n if n < n0 else (n0 + (n - n0) // k if (n - n0) % k == k - 1 else None)
 
         idx = layout_index(number)
+        if idx is not None and number >= n0 and self.rank_basis is not None:
+            # conservative ranking: a layout trial takes an untried layout the convergence stop waits for first
+            if (p := self._stalled_candidate(layouts, seen, wait=False)) is not None:
+                return p
         if idx is not None:
             p = next((q for q in layouts.iter_from(idx) if q not in seen), None)
             if p is not None:
@@ -688,7 +703,8 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             return p
         skip = sum(1 for n in range(number) if n not in self._history and n not in self._chosen
                    and layout_index(n) is None)
-        bases = [p for _, _, p in sorted(((v, n, p) for n, (p, v) in self._history.items()
+        # local search around the best plans by the order run reports them in (the conservative estimate)
+        bases = [p for _, _, p in sorted(((v * self.factor(p), n, p) for n, (p, v) in self._history.items()
                                           if p is not None and v is not None), key=lambda x: (-x[0], x[1]))]
         base_set = set(bases)
         seen_ids = {id(self._canonical(p)) for p in seen}
@@ -732,7 +748,8 @@ class LayoutSampler(SharedSearch, ConvergenceStop, optuna.samplers.BaseSampler):
             layout_set = {q for q in self.rank().screened.values() if q is not None}
             nbrs = self.neighbours(base)
             # (loss_impl at its default left out: the seed of every plan stays what it was before the knob)
-            seed_params = {k: v for k, v in plan_params(base).items() if not (k == "loss_impl" and v == "full")}
+            seed_params = {k: v for k, v in plan_params(base, moe=self.bound.model.is_moe).items()
+                           if not (k == "loss_impl" and v == "full")}
             brng = self._rng("base", json.dumps(seed_params, sort_keys=True, default=str))
             jit = {q: 1 + self.jitter * brng.uniform(-1, 1) for q in nbrs}
             cands = [q for q in nbrs if q not in layout_set]

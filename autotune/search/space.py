@@ -53,6 +53,7 @@ from autotune.errors import ConfigError, PlanError
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import (
     MEMORY_RECLAIM_POLICIES,
+    MOE_DISPATCHERS,
     PIPELINE_SCHEDULES,
     PRECISIONS,
     LOSS_IMPLS,
@@ -68,20 +69,30 @@ SEARCH_SPACE_SCHEMA_VERSION = 1
 LAYER_SPLITS = ("even", "ends")
 DERIVED_FIELDS = ("dp_degree", "num_micro_batches", "stage_layers")
 
-_INT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_size", "bucket_size_mib")
+_INT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_size", "bucket_size_mib",
+              "ep_degree", "etp_degree")
 _BOOL_KNOBS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
-               "param_gather_overlap", "compile")
+               "param_gather_overlap", "compile", "moe_a2a_overlap", "fp8_param_gather", "grad_reduce_in_bf16")
 _ENUM_KNOBS = {"pipeline_schedule": PIPELINE_SCHEDULES, "recompute": RECOMPUTE_MODES,
                "memory_reclaim": MEMORY_RECLAIM_POLICIES, "zero_stage": ZERO_STAGES, "precision": PRECISIONS,
-               "loss_impl": LOSS_IMPLS}
+               "moe_dispatcher": MOE_DISPATCHERS, "loss_impl": LOSS_IMPLS}
 #: Every knob a search space may list, in sampling order.
 KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree", "micro_batch_size",
          "sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
          "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim", "precision",
-         "compile", "loss_impl")
+         "compile", "loss_impl", "ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "fp8_param_gather",
+         "grad_reduce_in_bf16")
+#: the mixture-of-experts knobs: sampled only for an MoE model (a dense model's trials have none of them),
+#: and left out of the space fingerprint (a dense study cannot use them, so stored dense studies resume
+#: under a space that lists them; an MoE study's trials hold their own values)
+MOE_KNOBS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
+#: knobs left out of the fingerprint: the MoE knobs, and ``loss_impl`` (sampled only for the native engine at
+#: TP 1, PP 1; a stored study of another engine or layout never sampled it), so studies stored before these knobs
+#: were listed in the default space still resume
+_UNFINGERPRINTED = MOE_KNOBS + ("loss_impl",)
 #: knobs added after studies were first stored: left out of the fingerprint while fixed at the Plan
 #: default, so studies of a space that does not list them still resume
-_LATE_KNOBS = ("precision", "compile", "loss_impl")
+_LATE_KNOBS = ("precision", "compile", "loss_impl", "fp8_param_gather", "grad_reduce_in_bf16")
 _PLAN_DEFAULTS = {f.name: f.default for f in fields(Plan)}
 
 
@@ -266,7 +277,7 @@ class SearchSpace:
     def fingerprint(self) -> str:
         """Short hash of the choices (12 hex digits): studies remember which space they were tuned on."""
         knobs = {k: list(v) for k, v in self.choices.items()
-                 if not (k in _LATE_KNOBS and tuple(v) == (_PLAN_DEFAULTS[k],))}
+                 if not (k in _LATE_KNOBS and tuple(v) == (_PLAN_DEFAULTS[k],)) and k not in _UNFINGERPRINTED}
         blob = json.dumps({"layer_split": self.layer_split, "knobs": knobs}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -305,8 +316,12 @@ def _divides_all(t: int, dims: Mapping[str, int]) -> list[str]:
     return [f"{k}={v}" for k, v in dims.items() if v % t]
 
 
-def derive_stage_layers(num_layers: int, num_virtual_stages: int, layer_split: str) -> tuple[int, ...] | None:
+def derive_stage_layers(num_layers: int, num_virtual_stages: int, layer_split: str, *,
+                        wide_ends: bool = False) -> tuple[int, ...] | None:
     """Layers per virtual stage for ``layer_split``; None means the even split.
+
+    ``wide_ends`` (mixture-of-experts models): a deficit 2 < d <= 2 (per - 1) is taken from the two end stages,
+    ceil(d / 2) from the last and floor(d / 2) from the first.
 
     ``ends``: with ``per = ceil(L / n)`` and deficit ``d = n per - L``, d = 1 takes one layer from the
     last virtual stage (it also runs the LM head and loss), d = 2 one from the first and one from the
@@ -327,6 +342,14 @@ def derive_stage_layers(num_layers: int, num_virtual_stages: int, layer_split: s
                         f"({num_layers / n:g} per stage)")
     per = -(-num_layers // n)
     deficit = n * per - num_layers
+    if wide_ends and 2 < deficit <= 2 * (per - 1):
+        # a mixture-of-experts model: the first stage (embedding) and the last (loss, MTP layers) hold up to
+        # per - 1 layers fewer each, the last the larger share (Megatron-LM --pipeline-model-parallel-layout,
+        # e.g. DeepSeek-V3's 61 layers on 16 virtual stages as 3, 4 x 14, 2)
+        out = [per] * n
+        out[-1] -= -(-deficit // 2)
+        out[0] -= deficit // 2
+        return tuple(out)
     if deficit > 2:
         raise PlanError(f"{num_layers} layers over pp x vpp = {n} stages: an even split needs {n * per}, "
                         f"{deficit} more; layer_split=ends removes at most one layer from the first and one "
@@ -399,8 +422,32 @@ class BoundSearchSpace:
                     return f"precision=mxfp8 needs a Blackwell GPU; {self.gpu.name} is {self.gpu.arch}"
                 if not self.gpu.supports_fp8:
                     return f"precision={v} needs FP8 tensor cores (Hopper or newer); {self.gpu.name} is {self.gpu.arch}"
+            if knob in MOE_KNOBS and v != _PLAN_DEFAULTS[knob]:
+                if not m.is_moe:
+                    return f"{knob}={v} needs a mixture-of-experts model ({m.name} is dense)"
+                if knob == "ep_degree" and (m.num_experts % v or n % v):
+                    return f"ep_degree={v} does not divide the {m.num_experts} experts and the {n} GPUs"
+            if knob == "ep_degree" and m.is_moe and self.gpu is not None and self.engine is not None:
+                # a lower bound on any plan's memory at this EP: the routed experts' weights and gradients
+                # of the fewest MoE layers a rank can hold (the space's largest PP, the largest ETP)
+                pp_max = max(x for x in self.space.choices["pp_degree"] if x <= m.num_layers)
+                etp_max = max(self.space.choices["etp_degree"])
+                per_rank = (-(-m.num_moe_layers // pp_max)) * (m.num_experts // v) * m.expert_params // etp_max
+                need = per_rank * (self.engine.param_bytes + self.engine.grad_buffer_bytes)
+                if need > self.gpu.usable_hbm_bytes:
+                    return (f"ep_degree={v}: the routed experts' weights and gradients alone need "
+                            f"{need / 2**30:.0f} GiB per GPU at pp {pp_max}, more than {self.gpu.name}'s "
+                            f"{self.gpu.usable_hbm_bytes / 2**30:.0f} GiB")
+            if knob == "etp_degree" and (m.moe_ffn_hidden_size % v or n % v):
+                return f"etp_degree={v} does not divide the expert FFN width {m.moe_ffn_hidden_size} and the {n} GPUs"
+            if knob == "zero_stage" and m.is_moe and v >= 2:
+                return f"zero_stage={v} (FSDP) with routed experts is not costed"
             e = self.engine
             if e is not None:
+                if knob == "moe_dispatcher" and m.is_moe and v not in e.moe_dispatchers:
+                    return f"engine {e.name} has no {v} dispatcher (it has {', '.join(e.moe_dispatchers) or 'none'})"
+                if knob == "moe_a2a_overlap" and v is True and not e.moe_a2a_overlap:
+                    return f"engine {e.name} has no expert-parallel all-to-all overlap"
                 if knob == "zero_stage" and v not in e.zero_stages:
                     return e.zero_stage_reasons.get(v) or f"engine {e.name} has no zero_stage {v}"
                 if knob == "pipeline_schedule" and v not in e.schedules:
@@ -415,6 +462,11 @@ class BoundSearchSpace:
                     return f"engine {e.name} has no {v} recipe (it runs {', '.join(e.precisions)})"
                 if knob == "compile" and v is True and not e.compile:
                     return f"engine {e.name} has no torch.compile setting"
+                if knob == "fp8_param_gather" and v is True and getattr(e, "fp8_library", None) != "transformer_engine":
+                    return (f"engine {e.name} keeps no FP8 parameters (Megatron-LM --fp8-param-gather needs "
+                            "Transformer Engine's FP8 weights)")
+                if knob == "grad_reduce_in_bf16" and v is True and not getattr(e, "grad_reduce_bf16", False):
+                    return f"engine {e.name} reduces gradients in FP32 only"
                 if knob == "loss_impl" and v not in e.lever_values("loss_impl"):
                     return f"engine {e.name} has no loss_impl={v} (it runs {', '.join(e.lever_values('loss_impl'))})"
             return None
@@ -508,7 +560,7 @@ class BoundSearchSpace:
         schedule = pick("pipeline_schedule") if pp > 1 else "1f1b"
         vpp = pick("vpp_degree") if schedule == "interleaved_1f1b" else 1
         try:
-            stage_layers = derive_stage_layers(m.num_layers, pp * vpp, self.space.layer_split)
+            stage_layers = derive_stage_layers(m.num_layers, pp * vpp, self.space.layer_split, wide_ends=m.is_moe)
         except PlanError as e:
             raise Pruned(str(e)) from None
         mbs = pick("micro_batch_size")
@@ -530,11 +582,28 @@ class BoundSearchSpace:
         # do not list them sample exactly as before
         precision = pick("precision") if len(c["precision"]) > 1 else c["precision"][0]
         compiled = pick("compile") if len(c["compile"]) > 1 else c["compile"][0]
+        # FP8 plans only (issue 40): FP8 parameters (Megatron-LM --fp8-param-gather, Transformer Engine's FP8
+        # weights: the parameter all-gather moves 1 byte per element) and BF16 gradient reduction
+        # (--grad-reduce-in-bf16), as Megatron-Bridge's FP8 recipes set both; with a DP group for the second
+        fp8 = precision != "bf16"
+        fp8_pg = pick("fp8_param_gather") if fp8 and len(c["fp8_param_gather"]) > 1 else \
+            (c["fp8_param_gather"][0] and fp8)
+        bf16_grads = pick("grad_reduce_in_bf16") if fp8 and g > 1 and len(c["grad_reduce_in_bf16"]) > 1 else \
+            (c["grad_reduce_in_bf16"][0] and g > 1)
         # the chunked linear + cross-entropy takes the whole LM head (native runtime: TP 1, PP 1)
         if tp == 1 and pp == 1:
             loss_impl = pick("loss_impl") if len(c["loss_impl"]) > 1 else c["loss_impl"][0]
         else:
             loss_impl = "full"
+        moe_kw: dict[str, Any] = {}
+        if m.is_moe:
+            ep = pick("ep_degree")
+            etp = pick("etp_degree") if len(c["etp_degree"]) > 1 else c["etp_degree"][0]
+            if (tp * cp * dp) % (ep * etp):
+                raise Pruned(f"ep x etp = {ep} x {etp} does not divide tp x cp x dp = {tp * cp * dp}")
+            moe_kw = {"ep_degree": ep, "etp_degree": etp,
+                      "moe_dispatcher": pick("moe_dispatcher") if ep * etp > 1 else "alltoall",
+                      "moe_a2a_overlap": pick("moe_a2a_overlap") if ep > 1 and async_c else False}
         try:
             plan = Plan(tp_degree=tp, pp_degree=pp, dp_degree=dp, cp_degree=cp, vpp_degree=vpp,
                         micro_batch_size=mbs, num_micro_batches=num_mb, pipeline_schedule=schedule,
@@ -542,14 +611,15 @@ class BoundSearchSpace:
                         tp_comm_overlap=tp_overlap, dp_grad_reduce_overlap=grad_overlap,
                         param_gather_overlap=gather_overlap, bucket_size_mib=bucket, memory_reclaim=reclaim,
                         stage_layers=stage_layers, precision=precision, compile=compiled,
-                        loss_impl=loss_impl)
+                        loss_impl=loss_impl, fp8_param_gather=fp8_pg, grad_reduce_in_bf16=bf16_grads, **moe_kw)
             validate_plan(plan, m, n, w, gpu=self.gpu)
         except PlanError as e:
             raise Pruned(str(e)) from None
         return plan
 
     #: the knobs :meth:`variant` re-derives from a plan of the same layout and settings
-    VARIANT_KNOBS = ("precision", "recompute", "zero_stage", "param_gather_overlap", "bucket_size_mib")
+    VARIANT_KNOBS = ("precision", "recompute", "zero_stage", "param_gather_overlap", "bucket_size_mib",
+                     "fp8_param_gather", "grad_reduce_in_bf16")
 
     def variant(self, base: Plan, params: Mapping[str, Any]) -> Plan:
         """``suggest`` of ``params`` (a value for every knob), derived from ``base``, the plan ``suggest``
@@ -563,7 +633,7 @@ class BoundSearchSpace:
         one. ``validate_plan`` reads these knobs only in its precision check (:func:`validate_precision`,
         run here when the precision changes; recompute_num_layers is 0 in every sampled plan), and Plan's own
         checks pass for choice values combined this way; so the plan is built without them, field for field
-        ``base``'s but those five. tests/search/test_search_space.py compares it with ``suggest`` over every
+        ``base``'s but those seven. tests/search/test_search_space.py compares it with ``suggest`` over every
         combination of many layouts.
 
         Raises:
@@ -580,6 +650,12 @@ class BoundSearchSpace:
             "bucket_size_mib": params["bucket_size_mib"] if g > 1 else c["bucket_size_mib"][0],
             "precision": params["precision"] if len(c["precision"]) > 1 else c["precision"][0],
         }
+        fp8 = changes["precision"] != "bf16"
+        fpg = c["fp8_param_gather"]
+        changes["fp8_param_gather"] = bool(params["fp8_param_gather"] if fp8 and len(fpg) > 1 else (fpg[0] and fp8))
+        bg = c["grad_reduce_in_bf16"]
+        changes["grad_reduce_in_bf16"] = bool(params["grad_reduce_in_bf16"] if fp8 and g > 1 and len(bg) > 1
+                                              else (bg[0] and g > 1))
         plan = object.__new__(Plan)
         plan.__dict__.update(base.__dict__)
         plan.__dict__.update(changes)
@@ -647,8 +723,9 @@ class BoundSearchSpace:
         return out
 
 
-def plan_params(plan: Plan) -> dict[str, Any]:
-    """The Optuna params that :meth:`BoundSearchSpace.suggest` would sample for ``plan``.
+def plan_params(plan: Plan, *, moe: bool = False) -> dict[str, Any]:
+    """The Optuna params that :meth:`BoundSearchSpace.suggest` would sample for ``plan`` (``moe``: the plan is
+    of a mixture-of-experts model, whose trials also sample :data:`MOE_KNOBS`).
 
     Only the knobs the conditional sampling reads for this plan are included (for ``enqueue_trial``).
     """
@@ -678,6 +755,17 @@ def plan_params(plan: Plan) -> dict[str, Any]:
     p["compile"] = plan.compile
     if plan.tp_degree == 1 and plan.pp_degree == 1:
         p["loss_impl"] = plan.loss_impl
+    if plan.precision != "bf16":
+        p["fp8_param_gather"] = plan.fp8_param_gather
+        if g > 1:
+            p["grad_reduce_in_bf16"] = plan.grad_reduce_in_bf16
+    if moe:
+        p["ep_degree"] = plan.ep_degree
+        p["etp_degree"] = plan.etp_degree
+        if plan.ep_degree * plan.etp_degree > 1:
+            p["moe_dispatcher"] = plan.moe_dispatcher
+        if plan.ep_degree > 1 and plan.async_collectives:
+            p["moe_a2a_overlap"] = plan.moe_a2a_overlap
     return p
 
 

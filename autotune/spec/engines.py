@@ -128,6 +128,11 @@ class EngineProfile:
             listed runs its Plan default only (issue 43; the native runtime's are measured by
             bench/bench_one_gpu.py).
         error_source: where its prediction error comes from (``real_runs`` or ``published_runs``).
+        moe_dispatchers: the token dispatchers it runs for mixture-of-experts models (``Plan.moe_dispatcher``,
+            :data:`autotune.spec.plan.MOE_DISPATCHERS`); empty: it cannot run an MoE model, ``moe_reason`` says why.
+        moe_a2a_overlap: it overlaps expert-parallel all-to-alls with another micro-batch's compute
+            (``Plan.moe_a2a_overlap``).
+        recompute_modules: its selective recomputation takes a list of modules (``Plan.recompute_modules``).
 
     Raises:
         ConfigError: a field missing or outside its valid values (names the engine and the field).
@@ -177,6 +182,10 @@ class EngineProfile:
     one_bucket_without_overlap: bool = False
     loss_bytes_per_logit: int = 0
     loss_inflight_bytes_per_logit: int = 0
+    moe_dispatchers: tuple[str, ...] = ()
+    moe_reason: str = ""
+    moe_a2a_overlap: bool = False
+    recompute_modules: bool = False
     levers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -233,7 +242,7 @@ class EngineProfile:
         if unknown:
             raise ConfigError(f"engine {name}: unknown field(s) {unknown}; valid: {sorted(known)}")
         kw = dict(d)
-        for f in ("zero_stages", "schedules", "fused_kernels", "precisions", "fp8_tp_all_gather"):
+        for f in ("zero_stages", "schedules", "fused_kernels", "precisions", "fp8_tp_all_gather", "moe_dispatchers"):
             if f in kw:
                 kw[f] = tuple(kw[f])
         if "levers" in kw:
@@ -380,6 +389,19 @@ def engine_for_plan(engine: EngineProfile | str | None, plan: Any) -> EngineProf
     return dataclasses.replace(e, **kw)
 
 
+def check_model_for_engine(model: Any, engine: EngineProfile) -> None:
+    """Refuse a model ``engine`` cannot run in autotune's cost model: a mixture-of-experts model on an engine
+    with no expert parallelism facts (:attr:`EngineProfile.moe_dispatchers` empty).
+
+    Raises:
+        PlanError: naming the model, the engine, why, and the engines that can.
+    """
+    if getattr(model, "num_experts", 0) and not engine.moe_dispatchers:
+        able = [n for n in engine_names() if get_engine(n).moe_dispatchers]
+        raise PlanError(f"{model.name} is a mixture-of-experts model; engine {engine.name} cannot run it: "
+                        f"{engine.moe_reason or 'no expert parallelism'}; engines that can: {', '.join(able)}")
+
+
 def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
     """Refuse a plan setting ``engine`` cannot run.
 
@@ -413,6 +435,19 @@ def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
         raise PlanError(f"recompute_num_layers={rn} cannot run on engine {e.name}: "
                         f"{e.partial_recompute_reason or 'it recomputes every layer or none'}; "
                         f"use recompute_num_layers=0 (every layer)")
+    if getattr(plan, "ep_degree", 1) > 1 or getattr(plan, "etp_degree", 1) > 1:
+        if not e.moe_dispatchers:
+            raise PlanError(f"ep_degree={plan.ep_degree}, etp_degree={plan.etp_degree} cannot run on engine {e.name}: "
+                            f"{e.moe_reason or 'it has no expert parallelism'}")
+    disp = getattr(plan, "moe_dispatcher", "alltoall")
+    if e.moe_dispatchers and disp not in e.moe_dispatchers:
+        raise PlanError(f"moe_dispatcher={disp} cannot run on engine {e.name}; it has {', '.join(e.moe_dispatchers)}")
+    if getattr(plan, "moe_a2a_overlap", False) and not e.moe_a2a_overlap:
+        raise PlanError(f"moe_a2a_overlap=true cannot run on engine {e.name} (it has no expert-parallel "
+                        "all-to-all overlap)")
+    if getattr(plan, "recompute_modules", None) is not None and not e.recompute_modules:
+        raise PlanError(f"recompute_modules cannot run on engine {e.name}: its selective recompute is "
+                        f"{e.selective_recompute}; leave recompute_modules unset")
     precision = getattr(plan, "precision", "bf16")
     if precision not in e.precisions and precision != "bf16":
         raise PlanError(f"precision={precision} cannot run on engine {e.name}; it runs {', '.join(e.precisions)}")

@@ -1,4 +1,6 @@
-"""Model catalog: dense decoder-only transformers (Llama 3.1 8B/70B/405B, or any HF ``config.json``).
+"""Model catalog: decoder-only transformers, dense (Llama 3.1 8B/70B/405B) or mixtures of experts (DeepSeek-V3,
+Kimi K2, Qwen3-MoE, GPT-OSS, Mixtral: :data:`MOE_CATALOG`), or any HF ``config.json``
+(:mod:`autotune.spec.hf_config`).
 
 A :class:`ModelSpec` holds the architecture numbers the planner needs. Parameter counts follow the
 architecture exactly (no rounding); for Llama 3.1 they equal the published counts:
@@ -12,13 +14,18 @@ architecture exactly (no rounding); for Llama 3.1 they equal the published count
 
 with V vocabulary, h hidden size, L layers, n_q query heads, n_kv KV heads, d head dim, f FFN size
 (Llama 3 paper, Table 3; Hugging Face ``LlamaForCausalLM``). With tied embeddings the 2 V h term is V h.
+
+A mixture of experts replaces the MLP of its MoE layers by E routed experts (3 h f_e each, gated), S shared
+experts and a router (E h, + biases), attention may be multi-latent (DeepSeek-V2/V3) and multi-token prediction
+adds D modules; :attr:`ModelSpec.num_params` counts them all exactly (unique parameters) and
+:attr:`ModelSpec.num_active_params` what one token uses (top-k of the E). The per-component formulas are on the
+properties (:attr:`ModelSpec.attention_params_per_layer`, :attr:`ModelSpec.expert_params`, ...).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.errors import ConfigError
@@ -93,12 +100,24 @@ class RopeScaling:
 
 #: ModelSpec fields added after plan files and study names existed: left out of :meth:`ModelSpec.to_dict`
 #: and :meth:`ModelSpec.fingerprint` at their defaults, so earlier files and study names are unchanged.
-_LATER_FIELDS = {"mlp_activation": "silu", "rope_scaling": None, "features": ()}
+_LATER_FIELDS = {"mlp_activation": "silu", "rope_scaling": None, "features": (),
+                 # mixture of experts, multi-latent attention, multi-token prediction, GPT-OSS attention
+                 # (issue 38): a dense model leaves them at these defaults, so its file and study name stay
+                 "num_experts": 0, "moe_top_k": 0, "moe_ffn_hidden_size": 0, "num_shared_experts": 0,
+                 "shared_expert_ffn_hidden_size": 0, "num_first_dense_layers": 0, "moe_layer_freq": 1,
+                 "moe_expert_bias": False, "router_bias": False, "router_expert_bias": False,
+                 "router_score_function": "softmax", "router_num_groups": 0, "router_group_top_k": 0,
+                 "router_scaling_factor": 1.0, "q_lora_rank": 0, "kv_lora_rank": 0, "qk_nope_head_dim": 0,
+                 "qk_rope_head_dim": 0, "v_head_dim": 0, "mtp_num_layers": 0, "qk_norm": False,
+                 "attention_output_bias": False, "attention_sinks": False, "sliding_window_period": 1}
+#: router score functions (Megatron-LM ``--moe-router-score-function``; HF DeepSeek-V3 ``scoring_func``)
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture of a dense decoder-only transformer.
+    """Architecture of a decoder-only transformer: dense, or a mixture of experts (MoE) with optional
+    multi-latent attention (MLA) and multi-token prediction (MTP).
 
     Attributes:
         name: catalog name (``llama3.1-8b``) or a user label.
@@ -125,8 +144,46 @@ class ModelSpec:
             reproduce, as readable names (``embedding scaled by sqrt(hidden_size)``, ``attention logit
             soft-capping 50``); an export for an engine that cannot express one is refused naming it.
 
+    Mixture of experts (all 0 / False for a dense model; HF ``MixtralConfig``, ``Qwen3MoeConfig``,
+    ``DeepseekV3Config``, ``GptOssConfig``; Megatron-LM ``--num-experts`` ... flags in brackets):
+        num_experts: routed experts per MoE layer E (``--num-experts``); 0 = dense.
+        moe_top_k: experts each token is routed to k (``--moe-router-topk``).
+        moe_ffn_hidden_size: one routed expert's inner width f_e (``--moe-ffn-hidden-size``); the expert is
+            a gated MLP when ``gated_mlp`` (3 h f_e weights), else 2 h f_e.
+        num_shared_experts, shared_expert_ffn_hidden_size: experts every token passes through, and the
+            inner width of each (DeepSeek: 1 x 2048); Megatron's ``--moe-shared-expert-intermediate-size``
+            is their product.
+        num_first_dense_layers: the first k layers keep a dense MLP of ``ffn_hidden_size`` (HF
+            ``first_k_dense_replace``; DeepSeek-V3 3, Kimi K2 1).
+        moe_layer_freq: after those, layer i (0-based) is MoE when i % moe_layer_freq == 0 (HF DeepSeek
+            ``moe_layer_freq``; 1 = every layer).
+        moe_expert_bias: expert projections carry biases (GPT-OSS ``gate_up_proj_bias``, ``down_proj_bias``).
+        router_bias: the router linear carries a bias (GPT-OSS ``mlp.router.bias``).
+        router_expert_bias: a per-expert score-correction bias for aux-loss-free balancing (DeepSeek-V3
+            ``gate.e_score_correction_bias``, stored in the checkpoint; ``--moe-router-enable-expert-bias``).
+        router_score_function: ``softmax`` or ``sigmoid`` (``scoring_func``).
+        router_num_groups, router_group_top_k: device-limited routing (``n_group``, ``topk_group``; 0 = none).
+        router_scaling_factor: the routed-output scale (``routed_scaling_factor``; 1 = none).
+    Multi-latent attention (DeepSeek-V2 paper, arXiv 2405.04434, Sec. 2.1; 0 = standard attention):
+        q_lora_rank: r_q, the query down-projection rank (0 = queries projected directly, DeepSeek-V2-Lite).
+        kv_lora_rank: r_kv, the joint key/value latent width; > 0 makes the attention MLA.
+        qk_nope_head_dim, qk_rope_head_dim, v_head_dim: per-head query/key widths without and with RoPE,
+            and the value width (``head_dim`` is then qk_nope + qk_rope). MLA carries RMSNorms over the
+            query latent (r_q, when r_q > 0) and the kv latent (r_kv): ``q_a_layernorm``, ``kv_a_layernorm``.
+    Other:
+        mtp_num_layers: multi-token prediction depth D (DeepSeek-V3 paper, arXiv 2412.19437, Sec. 2.2; HF
+            ``num_nextn_predict_layers``; ``--mtp-num-layers``): each depth adds two RMSNorms (h each), a
+            projection 2h -> h, one decoder layer (MoE when the last main layer is) and an output norm; the
+            embedding and LM head are shared with the main model.
+        qk_norm: RMSNorm over each query and key head (Qwen3 ``q_norm``, ``k_norm``: 2 d weights per layer).
+        attention_output_bias: the output projection carries a bias (GPT-OSS ``attention_bias``).
+        attention_sinks: one learned sink logit per query head per layer (GPT-OSS ``self_attn.sinks``).
+        sliding_window_period: with ``sliding_window``, layer i uses the window when
+            i % sliding_window_period == 0 (1: every layer; GPT-OSS 2: even layers, full attention on odd).
+
     Raises:
-        ConfigError: on a non-positive size or heads that do not divide (n_q % n_kv != 0).
+        ConfigError: on a non-positive size or heads that do not divide (n_q % n_kv != 0), or an MoE / MLA
+            field out of range (top-k above the expert count, dense-first layers beyond the depth, ...).
     """
 
     name: str
@@ -148,6 +205,30 @@ class ModelSpec:
     mlp_activation: str = "silu"
     rope_scaling: RopeScaling | None = None
     features: tuple[str, ...] = ()
+    num_experts: int = 0
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    num_first_dense_layers: int = 0
+    moe_layer_freq: int = 1
+    moe_expert_bias: bool = False
+    router_bias: bool = False
+    router_expert_bias: bool = False
+    router_score_function: str = "softmax"
+    router_num_groups: int = 0
+    router_group_top_k: int = 0
+    router_scaling_factor: float = 1.0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_num_layers: int = 0
+    qk_norm: bool = False
+    attention_output_bias: bool = False
+    attention_sinks: bool = False
+    sliding_window_period: int = 1
 
     def __post_init__(self) -> None:
         from autotune.spec.validate import (
@@ -196,6 +277,75 @@ class ModelSpec:
             raise ConfigError(
                 f"model {self.name!r}: num_heads={self.num_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads} (grouped-query attention needs n_q % n_kv == 0)")
+        self._check_moe_fields()
+
+    def _check_moe_fields(self) -> None:
+        """Bounds of the MoE / MLA / MTP / GPT-OSS fields (:meth:`__post_init__`).
+
+        Raises:
+            ConfigError: naming the field, its value and the valid range.
+        """
+        from autotune.spec.validate import require_bool, require_int, require_number
+
+        where = f"model {self.name!r}"
+        for f in ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
+                  "shared_expert_ffn_hidden_size", "num_first_dense_layers", "router_num_groups",
+                  "router_group_top_k", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                  "v_head_dim", "mtp_num_layers"):
+            require_int(getattr(self, f), f"{where}: {f}", lo=0, hi=2**20)
+        for f in ("moe_layer_freq", "sliding_window_period"):
+            require_int(getattr(self, f), f"{where}: {f}", lo=1, hi=2**20)
+        for f in ("moe_expert_bias", "router_bias", "router_expert_bias", "qk_norm", "attention_output_bias",
+                  "attention_sinks"):
+            require_bool(getattr(self, f), f"{where}: {f}")
+        require_number(self.router_scaling_factor, f"{where}: router_scaling_factor", lo=0, lo_open=True, hi=1e6)
+        if self.router_score_function not in ROUTER_SCORE_FUNCTIONS:
+            raise ConfigError(f"{where}: router_score_function {str(self.router_score_function)[:40]!r} is not "
+                              f"known; known: {', '.join(ROUTER_SCORE_FUNCTIONS)}")
+        if self.num_experts:
+            if not 1 <= self.moe_top_k <= self.num_experts:
+                raise ConfigError(f"{where}: moe_top_k={self.moe_top_k} must be between 1 and num_experts="
+                                  f"{self.num_experts} (each token goes to top-k of the routed experts)")
+            if self.moe_ffn_hidden_size < 1:
+                raise ConfigError(f"{where}: moe_ffn_hidden_size must be a positive integer for an MoE model, "
+                                  f"got {self.moe_ffn_hidden_size}")
+            if self.num_first_dense_layers > self.num_layers:
+                raise ConfigError(f"{where}: num_first_dense_layers={self.num_first_dense_layers} exceeds "
+                                  f"num_layers={self.num_layers}")
+            if self.router_num_groups:
+                if self.num_experts % self.router_num_groups or not 1 <= self.router_group_top_k <= \
+                        self.router_num_groups:
+                    raise ConfigError(f"{where}: router_num_groups={self.router_num_groups} must divide "
+                                      f"num_experts={self.num_experts} and router_group_top_k="
+                                      f"{self.router_group_top_k} lie in 1..{self.router_num_groups}")
+            elif self.router_group_top_k:
+                raise ConfigError(f"{where}: router_group_top_k={self.router_group_top_k} needs router_num_groups")
+        else:
+            moe_set = [f for f in ("moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
+                                   "shared_expert_ffn_hidden_size", "num_first_dense_layers", "router_num_groups",
+                                   "router_group_top_k", "moe_expert_bias", "router_bias", "router_expert_bias")
+                       if getattr(self, f)]
+            if moe_set:
+                raise ConfigError(f"{where}: {', '.join(moe_set)} set on a model without experts (num_experts=0)")
+        if bool(self.num_shared_experts) != bool(self.shared_expert_ffn_hidden_size):
+            raise ConfigError(f"{where}: num_shared_experts={self.num_shared_experts} and "
+                              f"shared_expert_ffn_hidden_size={self.shared_expert_ffn_hidden_size} must both be set "
+                              "or both be 0")
+        if self.kv_lora_rank:
+            if not (self.qk_nope_head_dim and self.qk_rope_head_dim and self.v_head_dim):
+                raise ConfigError(f"{where}: multi-latent attention (kv_lora_rank={self.kv_lora_rank}) needs "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
+            if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim or self.num_kv_heads != self.num_heads:
+                raise ConfigError(f"{where}: with multi-latent attention head_dim must be qk_nope_head_dim + "
+                                  f"qk_rope_head_dim = {self.qk_nope_head_dim + self.qk_rope_head_dim} (got "
+                                  f"{self.head_dim}) and num_kv_heads = num_heads = {self.num_heads} (got "
+                                  f"{self.num_kv_heads})")
+            if self.qkv_bias or self.qk_norm or self.attention_sinks or self.attention_output_bias:
+                raise ConfigError(f"{where}: qkv_bias, qk_norm, attention_sinks and attention_output_bias are not "
+                                  "modelled with multi-latent attention")
+        elif self.q_lora_rank or self.qk_nope_head_dim or self.qk_rope_head_dim or self.v_head_dim:
+            raise ConfigError(f"{where}: q_lora_rank / qk_nope_head_dim / qk_rope_head_dim / v_head_dim need "
+                              "multi-latent attention (kv_lora_rank > 0)")
 
     # ---- parameter counts (elements) ----
     @property
@@ -209,22 +359,149 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (``num_experts`` > 0)."""
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-latent attention (``kv_lora_rank`` > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_params_per_layer(self) -> int:
-        """h (n_q d + 2 n_kv d) + n_q d h: Q, K, V and output projection weights, + n_q d + 2 n_kv d
-        Q/K/V biases when ``qkv_bias`` (Qwen2)."""
+        """Attention weights of one layer (elements).
+
+        Standard (GQA) attention: h (n_q d + 2 n_kv d) + n_q d h (Q, K, V and output projections), + n_q d +
+        2 n_kv d Q/K/V biases when ``qkv_bias`` (Qwen2, GPT-OSS), + h output bias when
+        ``attention_output_bias`` (GPT-OSS), + n_q sinks (GPT-OSS), + 2 d for Qwen3's per-head q/k RMSNorms.
+
+        Multi-latent attention (HF ``DeepseekV3Attention``; n heads, r_q, r_kv, d_n = qk_nope, d_r = qk_rope,
+        d_v): q_a h r_q + q_a_layernorm r_q + q_b r_q n (d_n + d_r) (or h n (d_n + d_r) when r_q = 0), then
+        kv_a_proj_with_mqa h (r_kv + d_r) + kv_a_layernorm r_kv + kv_b r_kv n (d_n + d_v), and o_proj n d_v h.
+        DeepSeek-V3: 11,010,048 + 1,536 + 37,748,736 + 4,128,768 + 512 + 16,777,216 + 117,440,512 = 187,107,328.
+        """
         h = self.hidden_size
+        if self.is_mla:
+            n, dq, dv = self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim
+            rq, rkv = self.q_lora_rank, self.kv_lora_rank
+            q = (h * rq + rq + rq * n * dq) if rq else h * n * dq
+            kv = h * (rkv + self.qk_rope_head_dim) + rkv + rkv * n * (self.qk_nope_head_dim + dv)
+            return q + kv + n * dv * h
         bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + bias
+        extra = ((h if self.attention_output_bias else 0) + (self.num_heads if self.attention_sinks else 0)
+                 + (2 * self.head_dim if self.qk_norm else 0))
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + bias + extra
 
     @property
     def mlp_params_per_layer(self) -> int:
-        """3 h f for SwiGLU (gate, up, down), 2 h f for a plain MLP."""
+        """Dense MLP: 3 h f for SwiGLU (gate, up, down), 2 h f for a plain MLP."""
         return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden_size
 
     @property
     def params_per_layer(self) -> int:
-        """Attention + MLP + ``norms_per_layer`` RMSNorm weight vectors (2 h; 4 h in Gemma 2)."""
+        """A dense layer: attention + MLP + ``norms_per_layer`` RMSNorm weight vectors (2 h; 4 h in Gemma 2).
+        (An MoE layer: :attr:`moe_layer_params`.)"""
         return self.attention_params_per_layer + self.mlp_params_per_layer + self.norms_per_layer * self.hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (elements): 3 h f_e gated (gate, up, down; 2 h f_e plain), + 2 f_e + h biases
+        gated (f_e + h plain) when ``moe_expert_bias`` (GPT-OSS ``gate_up_proj_bias`` [2 f_e], ``down_proj_bias``
+        [h]). Mixtral-8x7B: 3 x 4096 x 14336 = 176,160,768; GPT-OSS: 24,883,200 + 5,760 + 2,880 = 24,891,840."""
+        h, f = self.hidden_size, self.moe_ffn_hidden_size
+        w = (3 if self.gated_mlp else 2) * h * f
+        b = ((2 * f if self.gated_mlp else f) + h) if self.moe_expert_bias else 0
+        return w + b
+
+    @property
+    def shared_expert_params(self) -> int:
+        """All shared experts of one MoE layer: num_shared x 3 h f_s (gated; 2 h f_s plain), no biases
+        (HF ``DeepseekV3MoE.shared_experts`` is one MLP of width n_shared x moe_intermediate_size: the same count)."""
+        return self.num_shared_experts * (3 if self.gated_mlp else 2) * self.hidden_size * \
+            self.shared_expert_ffn_hidden_size
+
+    @property
+    def router_params(self) -> int:
+        """The router of one MoE layer: E h gate weights, + E bias (GPT-OSS) + E score-correction bias
+        (DeepSeek-V3 ``e_score_correction_bias``, a stored buffer)."""
+        e = self.num_experts
+        return e * self.hidden_size + (e if self.router_bias else 0) + (e if self.router_expert_bias else 0)
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One MoE layer, all experts (elements): attention + E experts + shared experts + router + norms.
+        0 for a dense model."""
+        if not self.is_moe:
+            return 0
+        return (self.attention_params_per_layer + self.num_experts * self.expert_params + self.shared_expert_params
+                + self.router_params + self.norms_per_layer * self.hidden_size)
+
+    @property
+    def moe_layer_active_params(self) -> int:
+        """One MoE layer as one token uses it: the same with top-k of the E routed experts. 0 for a dense model."""
+        if not self.is_moe:
+            return 0
+        return self.moe_layer_params - (self.num_experts - self.moe_top_k) * self.expert_params
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether main layer ``index`` (0-based) has routed experts: index >= num_first_dense_layers and
+        index % moe_layer_freq == 0 (HF DeepSeek ``DeepseekV3DecoderLayer``; Megatron ``--moe-layer-freq``)."""
+        return self.is_moe and index >= self.num_first_dense_layers and index % self.moe_layer_freq == 0
+
+    @property
+    def moe_layer_pattern(self) -> tuple[int, ...]:
+        """1 for an MoE layer, 0 for a dense one, per main layer (Megatron ``--moe-layer-freq`` as a list)."""
+        return tuple(int(self.is_moe_layer(i)) for i in range(self.num_layers))
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Main layers with routed experts (DeepSeek-V3: 58)."""
+        return sum(self.moe_layer_pattern) if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Main layers with a dense MLP (DeepSeek-V3: 3; every layer of a dense model)."""
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def mtp_layer_is_moe(self) -> bool:
+        """An MTP depth's decoder layer has the type of the last main layer (DeepSeek-V3: MoE; Megatron-LM
+        ``num_floating_point_operations`` counts it so)."""
+        return self.is_moe_layer(self.num_layers - 1)
+
+    @property
+    def mtp_params_per_layer(self) -> int:
+        """One MTP depth, its own weights (elements): enorm + hnorm (2 h), eh_proj 2h x h, one decoder layer and
+        the output norm h (DeepSeek-V3 ``model.layers.61``: 11,610,068,224); the embedding and LM head are the
+        main model's (the checkpoint stores copies, :attr:`mtp_stored_duplicate_params`)."""
+        h = self.hidden_size
+        layer = self.moe_layer_params if self.mtp_layer_is_moe else self.params_per_layer
+        return 3 * h + 2 * h * h + layer
+
+    @property
+    def mtp_active_params_per_layer(self) -> int:
+        """One MTP depth as one token uses it (top-k experts in its MoE layer)."""
+        h = self.hidden_size
+        layer = self.moe_layer_active_params if self.mtp_layer_is_moe else self.params_per_layer
+        return 3 * h + 2 * h * h + layer
+
+    @property
+    def mtp_stored_duplicate_params(self) -> int:
+        """Elements a DeepSeek-V3 checkpoint stores again per MTP depth (``embed_tokens`` and ``shared_head.head``,
+        2 V h): counted in the HF "685B" but not unique parameters."""
+        return self.mtp_num_layers * 2 * self.vocab_size * self.hidden_size
+
+    @property
+    def layer_params(self) -> int:
+        """All main layers (elements): dense layers x :attr:`params_per_layer` + MoE layers x
+        :attr:`moe_layer_params`."""
+        return self.num_dense_layers * self.params_per_layer + self.num_moe_layers * self.moe_layer_params
+
+    @property
+    def active_layer_params(self) -> int:
+        """All main layers as one token uses them (top-k experts per MoE layer)."""
+        return self.num_dense_layers * self.params_per_layer + self.num_moe_layers * self.moe_layer_active_params
 
     @property
     def embedding_params(self) -> int:
@@ -238,9 +515,21 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Total parameters (elements), exact; e.g. 8,030,261,248 for Llama 3.1 8B."""
-        return (self.embedding_params + self.lm_head_params + self.num_layers * self.params_per_layer
-                + self.hidden_size)
+        """Total parameters (elements), exact, unique: embedding + LM head + layers + final norm + MTP depths;
+        e.g. 8,030,261,248 for Llama 3.1 8B, 671,026,419,200 + 11,610,068,224 for DeepSeek-V3 with its MTP
+        module."""
+        return (self.embedding_params + self.lm_head_params + self.layer_params + self.hidden_size
+                + self.mtp_num_layers * self.mtp_params_per_layer)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses (elements): :attr:`num_params` with top-k of the routed experts in each MoE
+        layer (shared experts, router, attention, dense layers, embedding and LM head all count); equal to
+        :attr:`num_params` for a dense model. Published "active" figures differ in what they include: OpenAI's
+        GPT-OSS figure leaves out the input embedding (:attr:`num_active_params_without_embedding`), DeepSeek's
+        "37B" the MTP module."""
+        return (self.embedding_params + self.lm_head_params + self.active_layer_params + self.hidden_size
+                + self.mtp_num_layers * self.mtp_active_params_per_layer)
 
     @property
     def num_params_without_embedding(self) -> int:
@@ -249,7 +538,14 @@ class ModelSpec:
         For a tied model the shared matrix still does the LM-head matmul, so V h is kept.
         """
         lm_head = self.vocab_size * self.hidden_size
-        return lm_head + self.num_layers * self.params_per_layer + self.hidden_size
+        return lm_head + self.layer_params + self.hidden_size + self.mtp_num_layers * self.mtp_params_per_layer
+
+    @property
+    def num_active_params_without_embedding(self) -> int:
+        """Active parameters excluding the input embedding (the LM head counts once): the N in 6N for an MoE."""
+        lm_head = self.vocab_size * self.hidden_size
+        return (lm_head + self.active_layer_params + self.hidden_size
+                + self.mtp_num_layers * self.mtp_active_params_per_layer)
 
     def truncated(self, num_layers: int) -> "ModelSpec":
         """The same widths with ``num_layers`` layers (a depth proxy), named ``<name>-<N>L``.
@@ -259,7 +555,8 @@ class ModelSpec:
         """
         if not isinstance(num_layers, int) or not 1 <= num_layers <= self.num_layers:
             raise ConfigError(f"--layers {num_layers} must be between 1 and the model's {self.num_layers} layers")
-        return replace(self, num_layers=num_layers, name=f"{self.name}-{num_layers}L")
+        return replace(self, num_layers=num_layers, name=f"{self.name}-{num_layers}L",
+                       num_first_dense_layers=min(self.num_first_dense_layers, num_layers))
 
     def check_sequence(self, seq_len: int) -> str | None:
         """Refuse a sequence the cost model would cost wrongly; return a warning line or None.
@@ -337,6 +634,109 @@ CATALOG: dict[str, ModelSpec] = {
 }
 
 
+#: Mixture-of-experts models by name (``--model deepseek-v3``). Each field from the model's HF config.json
+#: (field names in :func:`autotune.spec.hf_config.model_from_hf_config`), cross-checked with torchtitan v0.2.2's flavours
+#: (``torchtitan/models/{deepseek_v3,qwen3,gpt_oss}/__init__.py``) and shared/reference/published-moe-runs.yaml;
+#: the parameter counts each gives are in tests/spec/test_models.py with their hand derivations.
+MOE_CATALOG: dict[str, ModelSpec] = {
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, h 4096, 32/8 heads, 8 experts (num_local_experts) of
+    # intermediate_size 14336, top-2, vocab 32000, rope_theta 1e6, 32768 positions, no sliding window
+    "mixtral-8x7b": ModelSpec(
+        name="mixtral-8x7b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+        vocab_size=32000, head_dim=128, rope_theta=1e6, norm_eps=1e-5, max_seq_len=32768,
+        num_experts=8, moe_top_k=2, moe_ffn_hidden_size=14336),
+    # mistralai/Mixtral-8x22B-v0.1 config.json, read from a copy (a test fixture of scaleapi/llm-engine,
+    # transformers 4.40.0.dev0; the Hub file was not reachable): 56 layers, h 6144, 48/8 heads, 8 experts of
+    # 16384, top-2, vocab 32000 (the Instruct-v0.1 tokenizer has 32768), rope_theta 1e6, 65536 positions
+    "mixtral-8x22b": ModelSpec(
+        name="mixtral-8x22b", hidden_size=6144, num_layers=56, num_heads=48, num_kv_heads=8, ffn_hidden_size=16384,
+        vocab_size=32000, head_dim=128, rope_theta=1e6, norm_eps=1e-5, max_seq_len=65536,
+        num_experts=8, moe_top_k=2, moe_ffn_hidden_size=16384),
+    # Qwen/Qwen3-30B-A3B config.json (Qwen3MoeForCausalLM): 48 layers, h 2048, 32/4 heads of 128 with q/k
+    # RMSNorms, 128 experts of moe_intermediate_size 768, top-8 (norm_topk_prob), vocab 151936, untied,
+    # rope_theta 1e6, 40960 positions, rms_norm_eps 1e-6 (intermediate_size 6144 unused: no dense layer)
+    "qwen3-30b-a3b": ModelSpec(
+        name="qwen3-30b-a3b", hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4, ffn_hidden_size=6144,
+        vocab_size=151936, head_dim=128, rope_theta=1e6, norm_eps=1e-6, max_seq_len=40960, qk_norm=True,
+        num_experts=128, moe_top_k=8, moe_ffn_hidden_size=768),
+    # Qwen/Qwen3-235B-A22B config.json: 94 layers, h 4096, 64/4 heads of 128, 128 experts of 1536, top-8
+    "qwen3-235b-a22b": ModelSpec(
+        name="qwen3-235b-a22b", hidden_size=4096, num_layers=94, num_heads=64, num_kv_heads=4, ffn_hidden_size=12288,
+        vocab_size=151936, head_dim=128, rope_theta=1e6, norm_eps=1e-6, max_seq_len=40960, qk_norm=True,
+        num_experts=128, moe_top_k=8, moe_ffn_hidden_size=1536),
+    # deepseek-ai/DeepSeek-V3 config.json (also inference/configs/config_671B.json): 61 layers (first 3 dense,
+    # intermediate_size 18432), h 7168, 128 MLA heads (q_lora_rank 1536, kv_lora_rank 512, qk 128 + 64 rope,
+    # v 128), 256 routed experts of 2048 + 1 shared, top-8 of 8 groups limited to 4, sigmoid scores with
+    # e_score_correction_bias (noaux_tc), routed_scaling_factor 2.5, vocab 129280, 1 MTP layer
+    # (num_nextn_predict_layers), yarn RoPE x40 over 4096, 163840 positions
+    "deepseek-v3": ModelSpec(
+        name="deepseek-v3", hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128, ffn_hidden_size=18432,
+        vocab_size=129280, head_dim=192, rope_theta=10000.0, norm_eps=1e-6, max_seq_len=163840,
+        rope_scaling=RopeScaling(type="yarn", factor=40.0, original_max_position_embeddings=4096),
+        num_experts=256, moe_top_k=8, moe_ffn_hidden_size=2048, num_shared_experts=1,
+        shared_expert_ffn_hidden_size=2048, num_first_dense_layers=3, router_expert_bias=True,
+        router_score_function="sigmoid", router_num_groups=8, router_group_top_k=4, router_scaling_factor=2.5,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        mtp_num_layers=1),
+    # moonshotai/Kimi-K2-Instruct config.json (DeepseekV3ForCausalLM): DeepSeek-V3's shape with 64 heads,
+    # 384 experts, 1 dense layer, one expert group, routed_scaling_factor 2.827, vocab 163840, rope_theta 5e4,
+    # yarn x32 over 4096 (131072 positions), no MTP layer (the README lists none)
+    "kimi-k2": ModelSpec(
+        name="kimi-k2", hidden_size=7168, num_layers=61, num_heads=64, num_kv_heads=64, ffn_hidden_size=18432,
+        vocab_size=163840, head_dim=192, rope_theta=50000.0, norm_eps=1e-6, max_seq_len=131072,
+        rope_scaling=RopeScaling(type="yarn", factor=32.0, original_max_position_embeddings=4096),
+        num_experts=384, moe_top_k=8, moe_ffn_hidden_size=2048, num_shared_experts=1,
+        shared_expert_ffn_hidden_size=2048, num_first_dense_layers=1, router_expert_bias=True,
+        router_score_function="sigmoid", router_scaling_factor=2.827,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # torchtitan v0.2.2 deepseek_v3 flavour "16B" (the shape of DeepSeek-V2-Lite / Moonlight-16B-A3B): 27 layers
+    # (first dense, inter_dim 10944), h 2048, 16 MLA heads without q compression (q_lora_rank 0, kv_lora_rank 512),
+    # 64 experts of 1408 + 2 shared, top-6, softmax, vocab 102400
+    "deepseek-16b": ModelSpec(
+        name="deepseek-16b", hidden_size=2048, num_layers=27, num_heads=16, num_kv_heads=16, ffn_hidden_size=10944,
+        vocab_size=102400, head_dim=192, rope_theta=10000.0, norm_eps=1e-5, max_seq_len=163840,
+        rope_scaling=RopeScaling(type="yarn", factor=40.0, original_max_position_embeddings=4096),
+        num_experts=64, moe_top_k=6, moe_ffn_hidden_size=1408, num_shared_experts=2,
+        shared_expert_ffn_hidden_size=1408, num_first_dense_layers=1,
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # openai/gpt-oss-20b config.json (GptOssForCausalLM): 24 layers, h 2880, 64/8 heads of 64 with q/k/v/o
+    # biases (attention_bias) and sinks, sliding window 128 on even layers (layer_types), 32 experts of 2880
+    # with biases, top-4, router bias, vocab 201088, rope_theta 150000, yarn x32 over 4096, 131072 positions
+    "gpt-oss-20b": ModelSpec(
+        name="gpt-oss-20b", hidden_size=2880, num_layers=24, num_heads=64, num_kv_heads=8, ffn_hidden_size=2880,
+        vocab_size=201088, head_dim=64, rope_theta=150000.0, norm_eps=1e-5, max_seq_len=131072,
+        rope_scaling=RopeScaling(type="yarn", factor=32.0, original_max_position_embeddings=4096),
+        qkv_bias=True, attention_output_bias=True, attention_sinks=True, sliding_window=128,
+        sliding_window_period=2, features=("SwiGLU clamped at swiglu_limit 7 (GPT-OSS)",),
+        num_experts=32, moe_top_k=4, moe_ffn_hidden_size=2880, moe_expert_bias=True, router_bias=True),
+    # openai/gpt-oss-120b config.json: the same with 36 layers and 128 experts
+    "gpt-oss-120b": ModelSpec(
+        name="gpt-oss-120b", hidden_size=2880, num_layers=36, num_heads=64, num_kv_heads=8, ffn_hidden_size=2880,
+        vocab_size=201088, head_dim=64, rope_theta=150000.0, norm_eps=1e-5, max_seq_len=131072,
+        rope_scaling=RopeScaling(type="yarn", factor=32.0, original_max_position_embeddings=4096),
+        qkv_bias=True, attention_output_bias=True, attention_sinks=True, sliding_window=128,
+        sliding_window_period=2, features=("SwiGLU clamped at swiglu_limit 7 (GPT-OSS)",),
+        num_experts=128, moe_top_k=4, moe_ffn_hidden_size=2880, moe_expert_bias=True, router_bias=True),
+}
+
+
+def get_builtin_model(name: str) -> ModelSpec | None:
+    """The built-in model called ``name`` (a Llama 3.1 size or ``llama3.1-8b``, or a :data:`MOE_CATALOG` name
+    such as ``deepseek-v3``; case-insensitive), or None when no built-in has that name."""
+    key = str(name).strip().lower()
+    if key in MOE_CATALOG:
+        return MOE_CATALOG[key]
+    try:
+        return get_model(key)
+    except ConfigError:
+        return None
+
+
+def builtin_model_names() -> list[str]:
+    """Names ``--model`` accepts besides a config.json path: the Llama 3.1 catalog and :data:`MOE_CATALOG`."""
+    return [m.name for m in CATALOG.values()] + list(MOE_CATALOG)
+
+
 def get_model(size: str) -> ModelSpec:
     """The catalog model for ``size`` (``8b``, ``70b``, ``405b``; also accepts ``llama3.1-8b``).
 
@@ -351,256 +751,3 @@ def get_model(size: str) -> ModelSpec:
         raise ConfigError(f"unknown model size {size!r}; known sizes: {', '.join(CATALOG)} "
                           "(or pass --model path/to/config.json)")
     return CATALOG[key]
-
-
-#: model_type -> the architecture's defaults where its HF config leaves a field out (HF transformers
-#: ``models/<type>/configuration_<type>.py`` and ``modeling_<type>.py``):
-#:   gated: the MLP is gated (gate, up, down) whatever ``hidden_act`` says (Gemma's GeGLU uses
-#:     ``gelu``/``gelu_pytorch_tanh``, GemmaMLP; Llama/Mistral/Qwen2/Phi-3 SwiGLU with ``silu``);
-#:   tied: ``tie_word_embeddings`` default (GemmaConfig / Gemma2Config: True; the others False,
-#:     except where the config says so, e.g. Llama-3.2-1B);
-#:   qkv_bias: Qwen2Attention builds q/k/v_proj with bias=True (o_proj without);
-#:   norms: RMSNorm vectors per layer (Gemma2DecoderLayer: 4);
-#:   window: how a sliding window is declared (``sliding_window`` always used for Mistral/Phi-3/Gemma 2;
-#:     Qwen2 only with ``use_sliding_window: true``).
-ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "llama": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="never"),
-    "mistral": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="always"),
-    "qwen2": dict(gated=True, tied=False, qkv_bias=True, norms=2, window="use_sliding_window"),
-    "gemma": dict(gated=True, tied=True, qkv_bias=False, norms=2, window="never"),
-    "gemma2": dict(gated=True, tied=True, qkv_bias=False, norms=4, window="always"),
-    "phi3": dict(gated=True, tied=False, qkv_bias=False, norms=2, window="always"),
-}
-#: model_types that are mixture-of-experts (refused by name; the cost model is dense only).
-MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe",
-             "phimoe", "granitemoe", "jetmoe", "arctic", "grok-1", "llama4"}
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
-
-
-def _moe_key(raw: dict[str, Any]) -> str | None:
-    """The first key of ``raw`` that declares mixture-of-experts layers with a set value (not null, 0, false
-    or empty), or None. Families (HF transformers configuration_*.py of Mixtral, Qwen2-MoE, DeepSeek-V2/V3,
-    DBRX, Jamba, OLMoE, Granite-MoE, Llama 4): :data:`_MOE_KEYS`; any key naming experts (``n_shared_experts``,
-    ``num_experts_per_tok``, ``expert_interval``, ``shared_expert_intermediate_size``); ``moe_*``
-    (``moe_layer_freq``, ``moe_intermediate_size``); ``router_*`` (``router_aux_loss_coef``, DBRX
-    ``router_jitter_noise``: a router exists only in an MoE); ``first_k_dense_replace``, ``decoder_sparse_step``,
-    ``mlp_only_layers`` (which layers are dense in an MoE); ``ffn_config`` (DBRX's expert settings)."""
-    for k in _MOE_KEYS:
-        if raw.get(k):
-            return k
-    for k, v in raw.items():
-        if not v or not isinstance(k, str):
-            continue
-        low = k.lower()
-        if ("expert" in low or low.startswith(("moe_", "router_")) or
-                low in ("first_k_dense_replace", "decoder_sparse_step", "mlp_only_layers", "ffn_config")):
-            return k
-    return None
-
-
-#: RoPE scaling types HF transformers implements (``modeling_rope_utils.py`` ROPE_INIT_FUNCTIONS); ``type``
-#: is the older key of ``rope_type``. They change the rotary frequencies, not the FLOPs or memory, but a
-#: config naming another type (or a factor < 1) is a config autotune would misread, so it is refused.
-ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
-#: head dims the attention kernels run: FlashAttention-2 supports head dims up to 256 that are multiples of
-#: 8 (flash-attention README "Head dim up to 256"; ``flash_api.cpp`` checks ``head_size % 8 == 0`` and
-#: ``head_size <= 256``); cuDNN's fused attention (Transformer Engine) has the same limits for training.
-MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 256, 8
-
-
-def _check_rope_scaling(rs: Any, where: str) -> None:
-    """Refuse a ``rope_scaling`` that is not null or a mapping of a known type with a factor >= 1
-    (HF ``_validate_linear_scaling_rope_parameters`` and siblings: ``factor`` must be a float >= 1).
-
-    Raises:
-        ConfigError: naming the field, the value and what is valid.
-    """
-    from autotune.files import display_text
-    from autotune.spec.validate import require_number
-
-    if rs is None:
-        return
-    if not isinstance(rs, dict):
-        raise ConfigError(f"{where}: field rope_scaling must be a JSON object or null, got {type(rs).__name__}")
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    if not isinstance(kind, str) or kind not in ROPE_SCALING_TYPES:
-        raise ConfigError(f"{where}: field rope_scaling type {display_text(repr(kind), 40)} is unknown; valid: "
-                          f"{', '.join(ROPE_SCALING_TYPES)}")
-    if kind != "default" or "factor" in rs:
-        if "factor" not in rs and kind != "longrope":
-            raise ConfigError(f"{where}: field rope_scaling factor is missing for type {kind!r} (a number >= 1)")
-        if "factor" in rs:
-            require_number(rs["factor"], f"{where}: field rope_scaling factor", lo=1.0, hi=2.0**20)
-_GATED_ACTS = {"silu", "swiglu", "swish"}
-
-
-def _safe_label(s: str) -> str:
-    """``s`` reduced to ``[A-Za-z0-9._-]`` (no escape sequences reach a terminal or a study name)."""
-    import re
-    out = re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-.")
-    return out[:64] or "model"
-
-
-def _hf_features(raw: Mapping[str, Any], mtype: str | None, head_dim: int, p: Path) -> tuple[str, ...]:
-    """Architecture features of an HF config beyond the Llama baseline that no ModelSpec field holds
-    (see :attr:`ModelSpec.features`), from transformers' modeling files:
-
-    * Gemma / Gemma 2 scale the input embedding by sqrt(hidden_size) (GemmaModel ``normalizer``) and
-      keep RMSNorm weights as 1 + w (GemmaRMSNorm);
-    * Gemma 2: ``attn_logit_softcapping``, ``final_logit_softcapping`` (tanh soft-capping,
-      Gemma2Attention / Gemma2ForCausalLM) and ``query_pre_attn_scalar`` when it is not head_dim (the
-      attention scale is query_pre_attn_scalar^-0.5);
-    * ``partial_rotary_factor`` < 1 (RoPE on a fraction of each head).
-
-    Raises:
-        ConfigError: a soft-capping or scalar value that is not a positive number (named).
-    """
-    from autotune.spec.validate import require_number
-
-    out: list[str] = []
-    if mtype in ("gemma", "gemma2"):
-        out += ["embedding scaled by sqrt(hidden_size) (Gemma)", "RMSNorm weight 1 + w (Gemma)"]
-    for key, what in (("attn_logit_softcapping", "attention logit soft-capping"),
-                      ("final_logit_softcapping", "final logit soft-capping")):
-        if raw.get(key) is not None:
-            out.append(f"{what} {require_number(raw[key], f'model config {p}: field {key}', lo=0, lo_open=True):g}")
-    q = raw.get("query_pre_attn_scalar")
-    if q is not None and require_number(q, f"model config {p}: field query_pre_attn_scalar", lo=0, lo_open=True) \
-            != head_dim:
-        out.append(f"attention scale query_pre_attn_scalar^-0.5 with query_pre_attn_scalar {q:g} (not head_dim "
-                   f"{head_dim})")
-    prf = raw.get("partial_rotary_factor")
-    if prf is not None and require_number(prf, f"model config {p}: field partial_rotary_factor", lo=0, hi=1,
-                                          lo_open=True) < 1:
-        out.append(f"partial rotary embedding (partial_rotary_factor {prf:g})")
-    return tuple(out)
-
-
-def model_from_hf_config(path: str | Path) -> ModelSpec:
-    """Read a Hugging Face ``config.json`` of a dense decoder, per ``model_type``.
-
-    Supported ``model_type``: llama (Llama 2, 3, 3.1, 3.2, 3.3), mistral, qwen2 (Qwen2, Qwen2.5), gemma,
-    gemma2, phi3, with each architecture's defaults (:data:`ARCHITECTURES`); a config without
-    ``model_type`` is read as Llama-like with ``hidden_act`` deciding the MLP (``silu``: gated, else plain
-    two-projection). Fields: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-    ``num_key_value_heads`` (default: the head count; 0 refused), ``intermediate_size``, ``vocab_size``,
-    ``head_dim`` (default hidden/heads, which must divide), ``tie_word_embeddings``,
-    ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``, ``sliding_window``, ``hidden_act`` /
-    ``hidden_activation`` (kept as ``mlp_activation``), ``rope_scaling`` (or transformers 5's
-    ``rope_parameters``, which also holds ``rope_theta``) and the features of :func:`_hf_features`
-    (soft-capping, Gemma's embedding scale, ...), which launch files must reproduce. Integer fields must
-    be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path or model_type>@
-    <fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
-
-    Raises:
-        ConfigError: unreadable/non-JSON/binary file; a missing or mistyped field (named); a
-            mixture-of-experts model or an unsupported model_type (named, with the supported ones).
-    """
-    from autotune.files import read_json_file
-    from autotune.spec.validate import require_bool, require_int, require_number
-
-    p = Path(path)
-    raw = read_json_file(p, what="model config")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"model config {p}: expected a JSON object, got {type(raw).__name__}")
-    mtype = raw.get("model_type")
-    if mtype is not None and not isinstance(mtype, str):
-        raise ConfigError(f"model config {p}: model_type must be a string, got {type(mtype).__name__}")
-    moe = _moe_key(raw)
-    if mtype in MOE_TYPES or moe:
-        what = f"model_type {mtype!r}" if mtype in MOE_TYPES else f"field {_safe_label(moe)!r}"
-        raise ConfigError(f"model config {p}: {what}: mixture-of-experts models are not supported (dense decoders "
-                          f"only: {', '.join(ARCHITECTURES)})")
-    if mtype is not None and mtype not in ARCHITECTURES:
-        raise ConfigError(f"model config {p}: model_type {_safe_label(mtype)!r} is not supported; supported: "
-                          f"{', '.join(ARCHITECTURES)} (or leave model_type out for a Llama-like decoder)")
-    arch = ARCHITECTURES.get(mtype or "", {})
-
-    def field(name: str, *alts: str, default: Any = None, required: bool = True) -> Any:
-        for n in (name, *alts):
-            if n in raw and raw[n] is not None:
-                return raw[n]
-        if required and default is None:
-            raise ConfigError(f"model config {p}: missing field {name!r} (expected a positive integer)")
-        return default
-
-    from autotune.spec.validate import MAX_FFN_HIDDEN_SIZE, MAX_HIDDEN_SIZE, MAX_NUM_HEADS, MAX_NUM_LAYERS
-    # checked as each field is read, before any work (a 10**6-layer config ran 200 s at 3.2 GB before)
-    bounds = {"vocab_size": 2**24, "num_hidden_layers": MAX_NUM_LAYERS, "hidden_size": MAX_HIDDEN_SIZE,
-              "intermediate_size": MAX_FFN_HIDDEN_SIZE, "num_attention_heads": MAX_NUM_HEADS,
-              "num_key_value_heads": MAX_NUM_HEADS}
-
-    def integer(name: str, *alts: str, default: Any = None, lo: int = 1) -> int:
-        return require_int(field(name, *alts, default=default), f"model config {p}: field {name}", lo=lo,
-                           hi=bounds.get(name, 2**30))
-
-    hidden = integer("hidden_size", "n_embd", "d_model")
-    heads = integer("num_attention_heads", "n_head")
-    kv = integer("num_key_value_heads", default=heads)
-    if "head_dim" in raw and raw["head_dim"] is not None:
-        head_dim = integer("head_dim")
-    else:
-        if hidden % heads:
-            raise ConfigError(f"model config {p}: field num_attention_heads={heads} does not divide "
-                              f"hidden_size={hidden} and there is no head_dim; give head_dim or a dividing head count")
-        head_dim = hidden // heads
-    if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_MULTIPLE:
-        raise ConfigError(f"model config {p}: field head_dim={head_dim}"
-                          + ("" if "head_dim" in raw and raw["head_dim"] is not None else
-                             f" (hidden_size {hidden} / num_attention_heads {heads})")
-                          + f": the attention kernels run head dims that are multiples of {HEAD_DIM_MULTIPLE} up to "
-                          f"{MAX_HEAD_DIM} (FlashAttention-2, cuDNN)")
-    _check_rope_scaling(raw.get("rope_scaling"), f"model config {p}")
-    if heads % kv:
-        raise ConfigError(f"model config {p}: field num_key_value_heads={kv} does not divide "
-                          f"num_attention_heads={heads} (grouped-query attention needs n_q % n_kv == 0)")
-    ffn = integer("intermediate_size", "n_inner", default=4 * hidden)
-    act = field("hidden_activation", "hidden_act", "activation_function", default="silu")
-    if not isinstance(act, str):
-        raise ConfigError(f"model config {p}: field hidden_act must be a string, got {type(act).__name__}")
-    gated = raw.get("gated_mlp")
-    if gated is not None:
-        gated = require_bool(gated, f"model config {p}: field gated_mlp")
-    elif arch:
-        gated = arch["gated"]
-    else:
-        gated = act.lower() in _GATED_ACTS or raw.get("mlp_type") == "swiglu"
-    tied = raw.get("tie_word_embeddings")
-    tied = arch.get("tied", False) if tied is None else require_bool(tied, f"model config {p}: field tie_word_embeddings")
-    qkv_bias = arch.get("qkv_bias", False)
-    for key in ("attention_bias", "mlp_bias"):
-        if raw.get(key) is not None and require_bool(raw[key], f"model config {p}: field {key}") and not qkv_bias:
-            raise ConfigError(f"model config {p}: field {key}: true is not modelled (only Qwen2's q/k/v biases are)")
-    window = None
-    sw = raw.get("sliding_window")
-    uses_window = arch.get("window") == "always" or (arch.get("window") == "use_sliding_window"
-                                                     and raw.get("use_sliding_window") is True)
-    if sw is not None and uses_window:
-        window = require_int(sw, f"model config {p}: field sliding_window", hi=2**30)
-    max_pos = integer("max_position_embeddings", "n_positions", default=4096)
-    # transformers >= 5 writes rope_theta and the scaling inside rope_parameters
-    rope_params = raw.get("rope_parameters")
-    if rope_params is not None and not isinstance(rope_params, dict):
-        raise ConfigError(f"model config {p}: field rope_parameters must be a mapping, got {type(rope_params).__name__}")
-    rope_params = rope_params or {}
-    theta = rope_params.get("rope_theta") if rope_params.get("rope_theta") is not None else field("rope_theta",
-                                                                                                   default=10000.0)
-    rope = require_number(theta, f"model config {p}: field rope_theta", lo=0, lo_open=True)
-    scaling_raw = raw.get("rope_scaling") if raw.get("rope_scaling") is not None else (rope_params or None)
-    scaling = None if scaling_raw is None else RopeScaling.from_mapping(
-        scaling_raw, source=f"model config {p}: field {'rope_scaling' if raw.get('rope_scaling') else 'rope_parameters'}")
-    features = _hf_features(raw, mtype, head_dim, p)
-    eps = require_number(field("rms_norm_eps", "layer_norm_eps", default=1e-5), f"model config {p}: field rms_norm_eps",
-                         lo=0, hi=1)
-    # the model's own name: _name_or_path (transformers writes the hub id or folder), else the folder of a
-    # config.json (a downloaded model's folder is its name), else the file's stem; model_type ("llama") last
-    folder = p.resolve().parent.name if p.name == "config.json" else p.stem
-    base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
-        (folder or mtype or "model")
-    spec = ModelSpec(
-        name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
-        num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
-        tied_embeddings=tied, gated_mlp=bool(gated), rope_theta=rope, norm_eps=eps, max_seq_len=max_pos,
-        qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
-        mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
-    return replace(spec, name=f"{_safe_label(Path(str(base)).name)}@{spec.fingerprint()}")

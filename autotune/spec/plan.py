@@ -48,6 +48,15 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_RECLAIM_POLICIES = ("none", "empty_cache_per_step", "empty_cache_per_microbatch",
                            "expandable_segments")
 ZERO_STAGES = (0, 1, 2, 3)
+#: how routed tokens reach their experts (Megatron-LM ``--moe-token-dispatcher-type``, megatron/training/
+#: arguments.py at d98e8a64: ``allgather``, ``alltoall``, ``flex``; ``flex`` runs DeepEP or HybridEP,
+#: ``--moe-flex-dispatcher-backend``). Which an engine has: its ``moe_dispatchers`` fact.
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+#: Megatron-LM ``--recompute-modules`` choices with ``--recompute-granularity selective``
+#: (megatron/core/transformer/transformer_config.py ``recompute_modules`` at d98e8a64): ``core_attn``,
+#: ``moe_act`` (the routed experts' activation), ``layernorm``, ``mla_up_proj`` (MLA's Q/KV up projections),
+#: ``mlp`` (the dense MLP), ``moe`` (the whole MoE layer) and ``shared_experts``.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 #: GEMM precision of the transformer layers' linear layers (the LM head stays BF16, see graph.py):
 #: ``bf16``; ``fp8_tensorwise``: dynamic (current) per-tensor scaling, torchao Float8LinearConfig
 #: recipe "tensorwise" / Transformer Engine Float8CurrentScaling; ``fp8_rowwise``: torchao recipe
@@ -120,10 +129,12 @@ class Workload:
 #: Plan's integer fields (>= 1) and their upper bounds, which bound the simulated step graph (O(pp x vpp x m)
 #: nodes, autotune/cost/graph.py); Plan's boolean fields
 _INT_FIELDS = ("tp_degree", "pp_degree", "dp_degree", "cp_degree", "vpp_degree", "micro_batch_size",
-               "num_micro_batches", "bucket_size_mib")
-_INT_MAX = (MAX_NUM_GPUS, MAX_NUM_GPUS, MAX_NUM_GPUS, MAX_NUM_GPUS, 1024, 2**20, MAX_NUM_MICRO_BATCHES, 2**20)
+               "num_micro_batches", "bucket_size_mib", "ep_degree", "etp_degree")
+_INT_MAX = (MAX_NUM_GPUS, MAX_NUM_GPUS, MAX_NUM_GPUS, MAX_NUM_GPUS, 1024, 2**20, MAX_NUM_MICRO_BATCHES, 2**20,
+            MAX_NUM_GPUS, MAX_NUM_GPUS)
 _BOOL_FIELDS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
-                "param_gather_overlap", "compile", "grad_reduce_in_bf16", "fp8_param_gather")
+                "param_gather_overlap", "compile", "grad_reduce_in_bf16", "fp8_param_gather", "moe_a2a_overlap",
+                "moe_grouped_gemm")
 _int_fields = operator.attrgetter(*_INT_FIELDS)
 _bool_fields = operator.attrgetter(*_BOOL_FIELDS)
 
@@ -177,6 +188,22 @@ class Plan:
         fp8_param_gather: with an FP8 precision, keep the layers' linear weights as FP8 parameters
             (Megatron-LM ``--fp8-param-gather``): no BF16 weight beside Transformer Engine's FP8 copies, and
             parameter all-gathers move 1 byte per such weight. Needs Transformer Engine (Megatron-LM).
+        ep_degree: expert-parallel degree of a mixture-of-experts model: the routed experts of every MoE
+            layer are split over EP ranks (Megatron-LM ``--expert-model-parallel-size``). The expert group
+            EP x ETP is folded over the dense layers' TP x CP x DP ranks ("MoE Parallel Folding", Liu et al.
+            2025, arXiv 2504.14960, Sec. 3): EP x ETP divides tp x cp x dp, and the expert data-parallel
+            degree is tp x cp x dp / (EP x ETP). 1 for a dense model.
+        etp_degree: expert tensor-parallel degree (Megatron-LM ``--expert-tensor-parallel-size``): each
+            expert's FFN split over ETP ranks; 1 = whole experts (the published MoE recipes' choice).
+        moe_dispatcher: token dispatcher, one of :data:`MOE_DISPATCHERS` (the engine's ``moe_dispatchers``).
+        moe_a2a_overlap: overlap the dispatch / combine all-to-all of one micro-batch with another
+            micro-batch's compute (Megatron-LM ``--overlap-moe-expert-parallel-comm``, which pairs the forward
+            of one micro-batch with the backward of another in 1F1B).
+        moe_grouped_gemm: the routed experts of a rank run as one grouped GEMM (Megatron-LM
+            ``--moe-grouped-gemm``); off = one GEMM per local expert.
+        recompute_modules: with ``recompute: selective`` on an engine that has them, the modules whose
+            activations are recomputed (Megatron-LM ``--recompute-modules``, :data:`RECOMPUTE_MODULES`),
+            as a sorted tuple; None = the engine's default selective set.
         attention_backend: SDPA backend, one of :data:`ATTENTION_BACKENDS` (native runtime only).
         compile_mode: torch.compile mode with ``compile: true``, one of :data:`COMPILE_MODES`.
         loss_impl: LM head + cross-entropy, one of :data:`LOSS_IMPLS` (``chunked``: native runtime,
@@ -213,6 +240,12 @@ class Plan:
     compile: bool = False
     grad_reduce_in_bf16: bool = False
     fp8_param_gather: bool = False
+    ep_degree: int = 1
+    etp_degree: int = 1
+    moe_dispatcher: str = "alltoall"
+    moe_a2a_overlap: bool = False
+    moe_grouped_gemm: bool = True
+    recompute_modules: tuple[str, ...] | None = None
     attention_backend: str = "default"
     compile_mode: str = "default"
     loss_impl: str = "full"
@@ -228,7 +261,7 @@ class Plan:
             self._check_types()
         for f, valid in (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE_MODES),
                          ("memory_reclaim", MEMORY_RECLAIM_POLICIES), ("precision", PRECISIONS),
-                         *LEVER_FIELDS.items()):
+                         ("moe_dispatcher", MOE_DISPATCHERS), *LEVER_FIELDS.items()):
             if getattr(self, f) not in valid:
                 raise PlanError(f"{f}={getattr(self, f)!r} is not valid; choose one of {', '.join(valid)}")
         rn = self.recompute_num_layers
@@ -245,6 +278,8 @@ class Plan:
             raise PlanError("param_gather_overlap=true needs dp_grad_reduce_overlap=true (parameter "
                             "all-gathers are overlapped only in the overlapped DP path, as in Megatron-LM's "
                             "--overlap-param-gather, which requires --overlap-grad-reduce)")
+        if self.recompute_modules is not None:
+            self._check_recompute_modules()
         if self.stage_layers is not None:
             sl = self.stage_layers
             if isinstance(sl, list):
@@ -255,6 +290,24 @@ class Plan:
             if not isinstance(sl, tuple) or not sl or not set(map(type, sl)) <= {int} or min(sl) < 0:
                 raise PlanError(f"stage_layers must be a list of integers >= 0 (0 = a stage holding only "
                                 f"the embedding or the LM head), got {sl!r}")
+
+    def _check_recompute_modules(self) -> None:
+        """Normalise ``recompute_modules`` to a sorted tuple of :data:`RECOMPUTE_MODULES` and check it goes
+        with ``recompute: selective`` (raises :class:`PlanError` naming the value and the valid ones)."""
+        rm = self.recompute_modules
+        if isinstance(rm, str):
+            rm = tuple(x.strip() for x in rm.split(",") if x.strip())
+        if not isinstance(rm, (list, tuple)) or not rm or not all(isinstance(x, str) for x in rm):
+            raise PlanError(f"recompute_modules must be a non-empty list of module names from "
+                            f"{', '.join(RECOMPUTE_MODULES)}, got {rm!r}")
+        bad = sorted(set(rm) - set(RECOMPUTE_MODULES))
+        if bad:
+            raise PlanError(f"recompute_modules {bad} are not valid; choose from {', '.join(RECOMPUTE_MODULES)}")
+        if self.recompute != "selective":
+            raise PlanError(f"recompute_modules={list(rm)} needs recompute=selective (Megatron-LM "
+                            f"--recompute-modules goes with --recompute-granularity selective), got "
+                            f"recompute={self.recompute}")
+        object.__setattr__(self, "recompute_modules", tuple(sorted(set(rm))))
 
     def _check_types(self) -> None:
         """Raise :class:`PlanError` naming the first integer field that is not an integer in its range
@@ -310,6 +363,13 @@ class Plan:
         return min(self.recompute_num_layers, chunk_layers)
 
     @property
+    def expert_dp_degree(self) -> int:
+        """Expert data-parallel degree: tp x cp x dp / (ep x etp) ranks hold the same experts ("MoE
+        Parallel Folding", arXiv 2504.14960; Megatron-LM's expert data-parallel group). Assumes the plan
+        is valid (:func:`validate_plan` checks that ep x etp divides tp x cp x dp)."""
+        return max(1, self.tp_degree * self.cp_degree * self.dp_degree // (self.ep_degree * self.etp_degree))
+
+    @property
     def fp8(self) -> bool:
         """The layers' linear GEMMs run in an FP8 format (any precision but ``bf16``)."""
         return self.precision != "bf16"
@@ -358,6 +418,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stage_layers"] = list(self.stage_layers) if self.stage_layers is not None else None
+        d["recompute_modules"] = list(self.recompute_modules) if self.recompute_modules is not None else None
         return d
 
     @classmethod
@@ -374,6 +435,8 @@ class Plan:
             if not isinstance(kw["stage_layers"], (list, tuple)):
                 raise PlanError(f"{source}: stage_layers must be a list of integers, got {kw['stage_layers']!r}")
             kw["stage_layers"] = tuple(kw["stage_layers"])
+        if kw.get("recompute_modules") is not None and isinstance(kw["recompute_modules"], list):
+            kw["recompute_modules"] = tuple(kw["recompute_modules"])
         try:
             return cls(**kw)
         except PlanError as e:
@@ -498,7 +561,9 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
         raise PlanError(f"interleaved_1f1b needs num_micro_batches ({p.num_micro_batches}) to be a multiple "
                         f"of pp_degree ({p.pp_degree})")
     # 7. precision against the GPU and the per-rank GEMM shapes
-    warn: list[str] = []
+    from autotune.spec.moe_plan import validate_moe
+
+    warn: list[str] = validate_moe(p, m)
     if gpu is not None:
         warn += validate_precision(p, m, gpu)
     # warnings: settings with no effect

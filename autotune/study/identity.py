@@ -143,7 +143,7 @@ def check_identity(attrs: Mapping[str, Any], *, name: str, storage: str, space: 
     other contents. ``space_fingerprint`` (:attr:`SearchSpace.fingerprint`) and ``fabric_fingerprint``
     (:func:`fabric_fingerprint`) in the study's user_attrs must match; a study without them (written
     before they were recorded) is accepted. (A ``--model`` config.json carries its architecture's
-    fingerprint in the model name, :func:`autotune.spec.models.model_from_hf_config`.)
+    fingerprint in the model name, :func:`autotune.spec.hf_config.model_from_hf_config`.)
 
     ``n_trials`` (called only for a study without autotune's user_attrs): its number of trials. A study
     with trials and no ``autotune_schema`` was made by another tool (a plain Optuna study that happens to

@@ -18,10 +18,11 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.cost.evaluator import StepResult
 from autotune.errors import AutotuneError, ConfigError, NoFeasiblePlanError
 from autotune.files import plain
-from autotune.search.band import band_order
+from autotune.search.band import conservative_order
 from autotune.study.identity import StudyInfo
 from autotune.study.storage_check import user_url
 from autotune.spec.plan import Plan, PlanDocument
+from autotune.spec.trust import RankBasis
 
 MEMORY_CONSTRAINT = "memory_over_capacity_gib"
 #: The objective's name in optuna-dashboard (``study.set_metric_names``).
@@ -51,13 +52,26 @@ def mfu_exposed(t: FrozenTrial) -> float:
     return mfu * step / exposed if exposed > step > 0 else mfu
 
 
-def robust_order(trials: Sequence[FrozenTrial], band_frac: float, k: int | None = None) -> list[FrozenTrial]:
-    """The first ``k`` (all) of ``trials`` (feasible) best first, by MFU, except that among the trials whose
-    MFU is within ``band_frac`` of the best remaining one (their predictions overlap within the error band)
-    the one with the highest MFU at its overlap-exposed bound (:func:`mfu_exposed`) comes first: its
-    advantage rests least on communication the model says is hidden. ``band_frac`` 0 = plain MFU order.
-    (docs/search.md, "Ranking within the error band".)"""
-    return band_order(trials, band_frac, value=_value, exposed=mfu_exposed, number=_number, k=k)
+def robust_order(trials: Sequence[FrozenTrial], basis: "RankBasis | None", k: int | None = None) -> list[FrozenTrial]:
+    """The first ``k`` (all) of ``trials`` (feasible) best first by the conservative estimate: MFU x
+    :func:`autotune.spec.trust.conservative_factor` of the trial's plan for ``basis`` (its GPU and model), the
+    low end of the prediction's central 80% interval (ties: higher MFU, earlier trial). ``basis`` None: plain
+    MFU order. A trial without a stored plan gets factor 1. (docs/search.md, "Ranking by the conservative
+    estimate".)"""
+    if basis is None:
+        return conservative_order(trials, value=_value, factor=None, number=_number, k=k)
+    return conservative_order(trials, value=_value, factor=lambda t: trial_factor(t, basis), number=_number, k=k)
+
+
+def trial_factor(t: FrozenTrial, basis: "RankBasis") -> float:
+    """:meth:`RankBasis.factor` of trial ``t``'s stored plan (1 without one)."""
+    d = t.user_attrs.get("plan")
+    if d is None:
+        return 1.0
+    try:
+        return basis.factor(Plan.from_dict(d, source=f"trial {t.number}"))
+    except AutotuneError:
+        return 1.0
 
 
 def _value(t: FrozenTrial) -> float:
@@ -67,55 +81,96 @@ def _value(t: FrozenTrial) -> float:
 _number = operator.attrgetter("number")
 
 
-def band_note(trials: Sequence[FrozenTrial], chosen: int, band_frac: float) -> str | None:
+def band_note(trials: Sequence[FrozenTrial], chosen: int, basis: "RankBasis | None") -> str | None:
     """One line saying why trial ``chosen`` (the first of :func:`robust_order`) is reported although a
-    feasible trial of ``trials`` has a higher MFU: the error band, its width, which trial is fastest and by how
-    much, and the exposed-bound MFUs that decided; None when ``chosen`` is the fastest."""
+    feasible trial of ``trials`` has a higher MFU: the fastest trial, both conservative estimates (the low end of
+    each interval) and the regimes that widened the fastest one's; None when ``chosen`` is the fastest."""
     feas = [t for t in trials if t.value is not None and float(t.value) > 0]
-    if not feas:
+    if not feas or basis is None:
         return None
     fastest = min(feas, key=lambda t: (-float(t.value), t.number))
     pick = next((t for t in feas if t.number == chosen), None)
     if pick is None or fastest.number == chosen or float(fastest.value) <= float(pick.value):
         return None
+    from autotune.spec.trust import interval_for, regime_words
+
     d = 100 * (float(fastest.value) - float(pick.value))
-    return (f"ranked within the error band (MFU within {100 * band_frac:.1f}% of each other cannot be told apart): "
-            f"trial {fastest.number} is fastest at MFU {100 * float(fastest.value):.2f}%, {d:.2f} points above trial "
-            f"{pick.number}, but trial {pick.number} keeps more with every overlapped collective exposed (MFU "
-            f"{100 * mfu_exposed(pick):.2f}% vs {100 * mfu_exposed(fastest):.2f}%); see docs/search.md "
-            "\"Ranking within the error band\"")
+    why = ""
+    try:
+        iv = interval_for(trial_plan(fastest), basis.gpu, basis.hidden_size)
+        wide = [regime_words(g) for g, _, how in iv.regimes if how != "own"] if iv else []
+        if wide:
+            why = f" (its interval is wide: {', '.join(wide)})"
+    except AutotuneError:
+        pass
+    return (f"ranked by the conservative estimate (the low end of each prediction's 80% interval): trial "
+            f"{fastest.number} is fastest at MFU {100 * float(fastest.value):.2f}%, {d:.2f} points above trial "
+            f"{pick.number}, but its low end is {100 * float(fastest.value) * trial_factor(fastest, basis):.2f}%"
+            f"{why} against trial {pick.number}'s {100 * float(pick.value) * trial_factor(pick, basis):.2f}%; "
+            "see docs/search.md \"Ranking by the conservative estimate\"")
 
 
-def band_fraction(info: "StudyInfo | None") -> float:
-    """The held-out mean absolute error of ``info``'s engine on its GPU family (else over all GPUs), as a
-    fraction (autotune/data/error_bands.yaml; 0 when none was measured): the band within which two
-    predictions are not told apart."""
-    if info is None:
-        return 0.0
-    from autotune.spec.engines import error_band
+def rank_basis(info: "StudyInfo | None") -> "RankBasis | None":
+    """What :func:`robust_order` ranks ``info``'s trials by (its GPU and model's hidden size,
+    :class:`autotune.spec.trust.RankBasis`); None (plain MFU order) without a study or for a real-run study
+    (measured numbers carry no model error) or when no interval data is shipped."""
+    if info is None or info.backend == "real":
+        return None
+    from autotune.spec.trust import RankBasis, interval_data
 
-    b = error_band(info.engine)
-    if not b:
-        return 0.0
-    from autotune.spec.hardware import gpu_family
-
-    fam = gpu_family(info.gpu)
-    g = (b.get("by_gpu") or {}).get(fam) if fam else None
-    return float((g or b).get("mean_abs_error_pct", 0.0)) / 100.0
+    if not interval_data():
+        return None
+    return RankBasis(gpu=info.gpu, hidden_size=getattr(info.model, "hidden_size", None))
 
 
-def best_trial(study: optuna.Study, band_frac: float = 0.0) -> FrozenTrial | None:
+def best_trial(study: optuna.Study, basis: "RankBasis | None" = None) -> FrozenTrial | None:
     """The best feasible COMPLETE trial (never an infeasible or failed one): the highest MFU, or with
-    ``band_frac`` > 0 the first of :func:`robust_order`; None when there is none."""
-    f = robust_order(feasible_trials(study), band_frac, k=1)
+    ``basis`` the first of :func:`robust_order`; None when there is none."""
+    f = robust_order(feasible_trials(study), basis, k=1)
     return f[0] if f else None
 
 
-def top_feasible_trials(study: optuna.Study, k: int, band_frac: float = 0.0) -> list[FrozenTrial]:
-    """The ``k`` best distinct feasible plans (a plan evaluated twice counts once), in :func:`robust_order`."""
+def effective_plan_key(d: Mapping[str, Any] | None, engine: str | None = None) -> str:
+    """A key equal for two stored plans (``user_attrs['plan']``) that run alike: knobs with no effect set to
+    None -- sequence parallelism and TP comm overlap at TP 1 (TP comm overlap also without async collectives),
+    the ZeRO stage, overlaps and DP bucket without a DP group (DP x CP = 1), the DP bucket of an engine that
+    reduces each gradient buffer as one bucket without an overlapped reduction (facts.yaml
+    ``one_bucket_without_overlap``: Megatron-LM), the virtual stages and schedule at PP 1. ``show --top N`` and
+    ``retune`` count a plan once by it (issue 40: ``show --top 5`` listed one plan at three bucket sizes)."""
+    if d is None:
+        return "null"
+    e = dict(d)
+    tp, pp = int(e.get("tp_degree", 1)), int(e.get("pp_degree", 1))
+    dpcp = int(e.get("dp_degree", 1)) * int(e.get("cp_degree", 1))
+    if tp == 1:
+        e["sequence_parallel"] = e["tp_comm_overlap"] = None
+    elif not e.get("async_collectives", True):
+        e["tp_comm_overlap"] = None
+    if pp == 1:
+        e["pipeline_schedule"] = e["vpp_degree"] = None
+    if dpcp == 1:
+        for k in ("zero_stage", "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib"):
+            e[k] = None
+    elif engine and not (e.get("dp_grad_reduce_overlap") and e.get("async_collectives", True)):
+        from autotune.spec.engines import get_engine
+
+        try:
+            one = get_engine(engine).one_bucket_without_overlap
+        except AutotuneError:
+            one = False
+        if one:
+            e["bucket_size_mib"] = None
+    return json.dumps(e, sort_keys=True, default=str)
+
+
+def top_feasible_trials(study: optuna.Study, k: int, basis: "RankBasis | None" = None,
+                        engine: str | None = None) -> list[FrozenTrial]:
+    """The ``k`` best distinct feasible plans in :func:`robust_order`: a plan evaluated twice, or two plans
+    that differ only in knobs without effect (:func:`effective_plan_key` for ``engine``), count once (the
+    first in that order stands for both)."""
     out, seen = [], set()
-    for t in robust_order(feasible_trials(study), band_frac):
-        key = json.dumps(t.user_attrs.get("plan"), sort_keys=True)
+    for t in robust_order(feasible_trials(study), basis):
+        key = effective_plan_key(t.user_attrs.get("plan"), engine)
         if key in seen:
             continue
         seen.add(key)
@@ -216,8 +271,8 @@ class BestPlan:
 
 def best_plan(study: optuna.Study, info: StudyInfo) -> BestPlan | None:
     """The study's best plan: :func:`best_trial` within the error band of ``info``'s engine and GPU
-    (:func:`band_fraction`), or None."""
-    t = best_trial(study, band_fraction(info))
+    (:func:`rank_basis`), or None."""
+    t = best_trial(study, rank_basis(info))
     if t is None:
         return None
     return BestPlan(study=study.study_name, trial_number=t.number, plan=trial_plan(t), result=trial_result(t),

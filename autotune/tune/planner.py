@@ -60,6 +60,8 @@ class PlanPoint:
     meets: bool | None = None
     misses: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: a given plan (``--plan FILE``) the memory model refuses, timed as if it fit: the refusal, else None
+    memory_refusal: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -117,11 +119,11 @@ def default_counts(model: ModelSpec, gpu: str, max_gpus: int, *, interconnect: s
 def _warm_params(prev_study: Any, info: Any, bound: Any, cluster: ClusterSpec, workload: Workload) -> list[Any]:
     """The previous count's best distinct trials whose knob values the new space offers and whose degrees fit
     the new count (tp x pp x cp divides it, the batch splits into micro-batches)."""
-    from autotune.study.trials import band_fraction, top_feasible_trials
+    from autotune.study.trials import rank_basis, top_feasible_trials
 
     out = []
     n, gbs = cluster.num_gpus, workload.global_batch_size
-    for t in top_feasible_trials(prev_study, WARM_START_TOP_K, band_fraction(info)):
+    for t in top_feasible_trials(prev_study, WARM_START_TOP_K, rank_basis(info), info.engine):
         p = t.params
         if any(k in bound.choices and v not in bound.choices[k] for k, v in p.items()):
             continue
@@ -277,7 +279,7 @@ def cost_plan_file(doc: Any, *, engine: str | None = None) -> PlanPoint:
         roomy = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, hbm_gib=1e6))
         r2 = _evaluate(doc, roomy, eng.name)
         if r2.feasible:
-            pt.result = r2
+            pt.result, pt.memory_refusal = r2, r.infeasible_reason
             pt.warnings.append(f"the memory model says this plan does not fit ({r.infeasible_reason}); costed "
                                "anyway, timed as if it fit: a plan that ran is a memory-model error")
         else:

@@ -18,7 +18,7 @@ from autotune.study.identity import StudyInfo, list_studies, load_study
 from autotune.study.storage import DEFAULT_BACKEND, DEFAULT_STORAGE, check_heartbeat
 from autotune.study.trials import (
     BestPlan,
-    band_fraction,
+    rank_basis,
     best_trial,
     outcome_counts,
     require_best_plan,
@@ -114,7 +114,7 @@ def retune(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, space:
     if fabric_speed(fast_info.fabric) <= fabric_speed(cluster.fabric):
         say(f"note: {fast_info.fabric_name} is not faster than {cluster.fabric.name}; warm-starting from it anyway")
     fast_best = require_best_plan(fast_study, fast_info, storage)
-    top = top_feasible_trials(fast_study, top_k, band_fraction(fast_info))
+    top = top_feasible_trials(fast_study, top_k, rank_basis(fast_info))
     n_enq = slow.enqueue(top, source=fast_study.study_name)
     say(f"warm start: {n_enq} best plan(s) of {fast_study.study_name} enqueued")
     try:

@@ -216,11 +216,11 @@ class Tuner:
             if self.sampler_name == "tpe":
                 return optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True)
             from autotune.search import make_sampler
-            from autotune.study.trials import band_fraction
+            from autotune.study.trials import rank_basis
 
             costs = getattr(self._evaluator, "costs", None) if self._evaluator is not None else None
             return make_sampler(self.bound, model=self.model, cluster=self.cluster, workload=self.workload,
-                                engine=self.engine, costs=costs, seed=self.seed, band_frac=band_fraction(self.info),
+                                engine=self.engine, costs=costs, seed=self.seed, rank_basis=rank_basis(self.info),
                                 layers=self._evaluator_options.get("layers") if self.backend == "real" else None)
 
     @property

@@ -389,7 +389,7 @@ CFG_MUTATIONS = [
     ("num_attention_heads", 0), ("num_attention_heads", "abc"), ("num_attention_heads", 3), ("num_attention_heads", NAN),
     ("num_key_value_heads", 0), ("num_key_value_heads", 3), ("num_key_value_heads", 1.5),
     ("vocab_size", 0), ("vocab_size", 2**30), ("intermediate_size", 0), ("intermediate_size", "x"),
-    ("model_type", "mixtral"), ("model_type", "gpt2"), ("model_type", 5), ("num_local_experts", 8),
+    ("model_type", "dbrx"), ("model_type", "gpt2"), ("model_type", 5), ("num_local_experts", 8),
     ("tie_word_embeddings", "yes"), ("rope_theta", "x"), ("rope_theta", -1), ("head_dim", 0),
     ("num_hidden_layers", 2.0), ("max_position_embeddings", "long"), ("attention_bias", True),
 ]

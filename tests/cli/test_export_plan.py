@@ -41,7 +41,7 @@ def _study(tmp_path, name, cfg, engine):
     assert r.exit_code == 0, r.output
     # the run says at its start that the engine's launch files will be refused (the export's own check)
     from autotune.cli.tune import _launch_refusal
-    from autotune.spec.models import model_from_hf_config
+    from autotune.spec.hf_config import model_from_hf_config
     refusal = _launch_refusal(engine, model_from_hf_config(f), _workload_4096())
     warned = [x for x in r.output.splitlines() if x.startswith("warning: ") and "launch files" in x]
     assert (warned == [f"warning: {refusal}; the tuned plan can be exported as YAML, not as {engine} launch files"]

@@ -35,6 +35,11 @@ def _invoke(args):
     (["--tokens", "1T", "--workers", "0"], "--workers must be an integer from 1"),
     (["--tokens", "1T", "--watts-per-gpu", "h200=0"], "--watts-per-gpu h200 '0'"),
     (["--tokens", "1T", "--gpu", "h200,tpu9"], "unknown GPU 'tpu9'"),
+    # QA of issue 41: a goodput so small days overflow, a free GPU (a cost of 0 has no place on the log-scale
+    # chart and is no price), a directory given as the price file
+    (["--tokens", "1T", "--goodput", "1e-300"], "--goodput 1e-300: must be at least 0.01"),
+    (["--tokens", "1T", "--usd-per-gpu-hour", "h200=0"], "--usd-per-gpu-hour h200 '0'"),
+    (["--tokens", "1T", "--usd-per-gpu-hour", "/tmp"], "'/tmp': a directory"),
 ])
 def test_bad_input_one_line_exit_2(args, needle, tmp_path):
     r = _invoke(["--size", "8b", "--gpu", "h200", "--gpus", "8", "--storage", f"sqlite:///{tmp_path}/s.db", *args])
@@ -156,3 +161,26 @@ def test_bad_price_file(tmp_path, text, needle):
     r = _invoke(["--plan", str(PLAN_8B), "--tokens", "10B", "--usd-per-gpu-hour", str(f)])
     err = r.stderr if hasattr(r, "stderr") else r.output
     assert r.exit_code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_plan_file_the_memory_model_refuses_says_so_in_json_and_warns_unused_options():
+    # Meta's 405B layout on 80 GB H100s: the memory model refuses it (docs/planner.md), it is costed as if it fit,
+    # and the JSON says so instead of calling it feasible; --trials has no effect with --plan (a warning)
+    r = _invoke(["--plan", str(META_405B), "--tokens", "15.6T", "--json", "--trials", "7"])
+    assert r.exit_code == 0, r.output
+    out = r.stdout if hasattr(r, "stdout") else r.output
+    doc = json.loads(out[out.index("{"):])
+    entry = doc["results"][0] if "results" in doc else doc["entries"][0]
+    assert entry["memory_refusal"] and "out of memory" in entry["memory_refusal"]
+    err = r.stderr if hasattr(r, "stderr") else ""
+    assert "--trials has no effect with --plan" in err
+
+
+def test_a_chart_with_nothing_to_draw_keeps_the_sweep(tmp_path):
+    # 8B on 12 GPUs: no layout divides; the table and its reasons are printed, the chart is a warning
+    r = _invoke(["--size", "8b", "--gpu", "h100", "--gpus", "12", "--tokens", "1T", "--space", "small", "--trials",
+                 "3", "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "n.png")])
+    assert r.exit_code == 0, r.output
+    err = r.stderr if hasattr(r, "stderr") else r.output
+    assert "nothing drawn" in err and not (tmp_path / "n.png").exists()
+    assert "h100" in (r.stdout if hasattr(r, "stdout") else r.output)

@@ -24,7 +24,8 @@ from autotune.export import launch_command
 from autotune.engines.megatron.export import ddp_bucket_size, megatron_args, unsupported_features
 from autotune.engines.torchtitan.export import torchtitan_settings
 from autotune.spec.hardware import make_cluster
-from autotune.spec.models import get_model, model_from_hf_config
+from autotune.spec.hf_config import model_from_hf_config
+from autotune.spec.models import get_model
 from autotune.spec.plan import Plan, PlanDocument, Workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -198,7 +198,7 @@ def test_cli_engine_option(tmp_path):
                                   "--engine", "torchtitan"])
     assert r.exit_code == 0, r.output
     assert "/torchtitan/" in r.output and "engine                     torchtitan" in r.output
-    assert "error band" not in r.output and "off by" in r.output    # the trust row
+    assert "error band" not in r.output and "80% interval" in r.output    # the interval row
     r = CliRunner().invoke(main, ["run", "--size", "8b", "--trials", "3", "--storage", url, "--engine", "foo"])
     assert r.exit_code == 2 and "unknown engine 'foo'" in r.output
     r = CliRunner().invoke(main, ["show", "--storage", url, "--engine", "torchtitan"])

@@ -9,7 +9,7 @@ from autotune.spec.hardware import get_fabric, get_gpu, make_cluster
 def test_gpus():
     assert get_gpu("H100").bf16_tflops == 989
     assert get_gpu("b200").bf16_tflops == 2250
-    with pytest.raises(ConfigError, match="a100-80gb, h100, h200, b200, gb200"):
+    with pytest.raises(ConfigError, match="a100-80gb, h100, h800, h200, b200, b300, gb200, gb300"):
         get_gpu("mi300x")
 
 
@@ -86,3 +86,24 @@ def test_every_interconnect_suggestion_is_itself_accepted():
                             assert "inter-node tier" in str(e2), (gpu, fab, n, k, str(e2))
                         checked += 1
     assert checked > 50, checked
+
+
+def test_datasheet_gpus_b300_gb300_h800():
+    # issue 38: datasheet entries, unmeasured. Dense peaks = the spec tables' sparse figures / 2 per GPU:
+    # HGX B300 36 PF BF16 / 72 PF FP8 over 8 GPUs -> 2250 / 4500; GB300 NVL72 360 / 720 PF over 72 -> 2500 / 5000;
+    # H800 SXM 1,979 / 3,958 TF sparse -> 989 / 1979. Memory bandwidth 8 TB/s (64 TB/s / 8, 576 TB/s / 72), 3.35 TB/s.
+    from autotune.spec.hardware import get_gpu, make_cluster
+    b300, gb300, h800 = get_gpu("b300"), get_gpu("gb300"), get_gpu("h800")
+    assert (b300.bf16_tflops, b300.fp8_tflops, b300.hbm_bandwidth_gbs) == (2250, 4500, 8000)
+    assert (gb300.bf16_tflops, gb300.fp8_tflops, gb300.hbm_bandwidth_gbs) == (2500, 5000, 8000)
+    assert (h800.bf16_tflops, h800.fp8_tflops, h800.hbm_bandwidth_gbs) == (989, 1979, 3350)
+    # 288 GB HBM3e: more than B200's 179 GiB, below 288 GiB (the driver keeps some; B200 reports 179.0 of 192)
+    assert get_gpu("b200").hbm_gib < b300.hbm_gib < 288 and b300.supports_mxfp8 and h800.supports_fp8
+    # NVLink domains: HGX B300 8 GPUs at 900 GB/s per direction, GB300 NVL72 72, H800 400 GB/s bidirectional
+    assert make_cluster("b300", 16, None).fabric.intra_node.gpus_per_node == 8
+    assert make_cluster("gb300", 144, None).fabric.intra_node.gpus_per_node == 72
+    assert make_cluster("h800", 16, None).fabric.intra_node.bandwidth_gbs == 200
+    # unmeasured Blackwell Ultra kernel rates: B200's published GEMM references scaled by the dense peaks
+    # (1420 TFLOP/s x 2250 / 2250 for B300, x 2500 / 2250 for GB300, as for GB200)
+    assert b300.gemm_reference("bf16") == (8192.0, 8192.0, 8192.0, 1420.0)
+    assert gb300.gemm_reference("bf16")[3] == pytest.approx(1420 * 2500 / 2250)

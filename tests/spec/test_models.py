@@ -5,7 +5,8 @@ import json
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.spec.models import ModelSpec, get_model, model_from_hf_config
+from autotune.spec.hf_config import model_from_hf_config
+from autotune.spec.models import ModelSpec, get_model
 
 
 @pytest.mark.parametrize("size,params", [
@@ -172,7 +173,7 @@ def test_sliding_window_refused_only_beyond_window(tmp_path):
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"model_type": "mixtral"}, "mixture-of-experts"),
+    ({"model_type": "dbrx"}, "mixture-of-experts model is not supported"),
     ({"model_type": "llama", "num_local_experts": 8}, "num_local_experts"),
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
 ])

@@ -76,7 +76,8 @@ def unsupported_features(model: ModelSpec, seq_len: int) -> list[str]:
         out.append(f"{'gated ' if model.gated_mlp else ''}{model.mlp_activation} MLP"
                    + (" (GeGLU)" if model.gated_mlp and model.mlp_activation.startswith("gelu") else ""))
     rs = model.rope_scaling
-    if rs is not None and not (rs.type == "llama3" and all(
+    yarn_ok = rs is not None and rs.type == "yarn" and rs.original_max_position_embeddings is not None
+    if rs is not None and not yarn_ok and not (rs.type == "llama3" and all(
             getattr(rs, k) == v for k, v in MEGATRON_LLAMA3_SCALING.items())):
         out.append(f"RoPE scaling {rs.describe()} (Megatron-LM has llama3 scaling with low/high frequency "
                    "factors 1/4 and original context 8192 only)")
@@ -123,14 +124,72 @@ def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
              "--attention-dropout", "0", "--hidden-dropout", "0"]
     if model.qkv_bias:
         args.append("--add-qkv-bias")
-    if model.rope_scaling is not None:
-        args += ["--use-rope-scaling", "--rope-scaling-factor", f"{model.rope_scaling.factor:g}"]
+    rs = model.rope_scaling
+    if rs is not None and rs.type == "yarn":
+        # YaRN (arguments.py: --rope-type yarn for multi-latent attention, --position-embedding-type yarn
+        # otherwise; --rotary-scaling-factor, --yarn-original-max-position-embeddings)
+        if model.is_mla:
+            args += ["--rope-type", "yarn"]
+        else:
+            args[args.index("--position-embedding-type") + 1] = "yarn"
+        args += ["--rotary-scaling-factor", f"{rs.factor:g}", "--yarn-original-max-position-embeddings",
+                 str(rs.original_max_position_embeddings)]
+    elif rs is not None:
+        args += ["--use-rope-scaling", "--rope-scaling-factor", f"{rs.factor:g}"]
     args += ACTIVATIONS[model.gated_mlp, model.mlp_activation]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += ["--vocab-size", str(model.vocab_size), "--tokenizer-type", "NullTokenizer",
              "--make-vocab-size-divisible-by", "128"]
-    return args
+    return args + moe_architecture_args(model)
+
+
+def moe_architecture_args(model: ModelSpec) -> list[str]:
+    """Mixture-of-experts, multi-latent-attention and multi-token-prediction flags of ``model`` (none for a
+    dense model): ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+    ``--moe-shared-expert-intermediate-size`` (the shared experts' total width), ``--moe-layer-freq`` as a
+    per-layer list when the first layers are dense or not every layer is MoE (megatron/training/arguments.py
+    ``moe_freq_type``: a Python list expression), the router's score function, expert bias and device-limited
+    groups, ``--moe-grouped-gemm``; MLA: ``--multi-latent-attention``, ``--q-lora-rank`` (when > 0),
+    ``--kv-lora-rank``, ``--qk-head-dim``, ``--qk-pos-emb-head-dim``, ``--v-head-dim``; ``--mtp-num-layers``.
+    Option names as in Megatron-LM at d98e8a64 (arguments.py ``_add_moe_args``, ``_add_mla_args``,
+    TransformerConfig fields)."""
+    a: list[str] = []
+    if model.is_moe:
+        a += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_top_k),
+              "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size)]
+        shared = model.num_shared_experts * model.shared_expert_ffn_hidden_size
+        if shared:
+            a += ["--moe-shared-expert-intermediate-size", str(shared)]
+        pattern = model.moe_layer_pattern
+        if not all(pattern):
+            dense = model.num_first_dense_layers
+            if model.moe_layer_freq == 1 and dense:
+                expr = f"([0]*{dense}+[1]*{model.num_layers - dense})"
+            else:
+                expr = "[" + ",".join(map(str, pattern)) + "]"
+            a += ["--moe-layer-freq", expr]
+        if model.router_score_function != "softmax":
+            a += ["--moe-router-score-function", model.router_score_function]
+        if model.router_expert_bias:
+            a.append("--moe-router-enable-expert-bias")
+        if model.router_num_groups:
+            a += ["--moe-router-num-groups", str(model.router_num_groups), "--moe-router-group-topk",
+                  str(model.router_group_top_k)]
+        if model.router_scaling_factor != 1.0:
+            a += ["--moe-router-topk-scaling-factor", f"{model.router_scaling_factor:g}"]
+        # published benchmarks force-balance routing, and so does the cost model (autotune/cost/moe.py)
+        a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-3",
+              "--moe-router-force-load-balancing", "--moe-router-dtype", "fp32", "--moe-permute-fusion"]
+    if model.is_mla:
+        a.append("--multi-latent-attention")
+        if model.q_lora_rank:
+            a += ["--q-lora-rank", str(model.q_lora_rank)]
+        a += ["--kv-lora-rank", str(model.kv_lora_rank), "--qk-head-dim", str(model.qk_nope_head_dim),
+              "--qk-pos-emb-head-dim", str(model.qk_rope_head_dim), "--v-head-dim", str(model.v_head_dim)]
+    if model.mtp_num_layers:
+        a += ["--mtp-num-layers", str(model.mtp_num_layers)]
+    return a
 
 
 def ddp_bucket_size(plan: Plan) -> int:
@@ -162,17 +221,29 @@ def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
          "--context-parallel-size", str(p.cp_degree), "--micro-batch-size", str(p.micro_batch_size),
          "--global-batch-size", str(workload.global_batch_size)]
     layers = p.layers_per_virtual_stage(model.num_layers)
-    if p.pp_degree > 1 and len(set(layers)) > 1:
+    if p.pp_degree > 1 and (len(set(layers)) > 1 or model.mtp_num_layers):
         stages = ["t" * n for n in layers]
         stages[0] = "E" + stages[0]
-        stages[-1] = stages[-1] + "L"
+        # the multi-token-prediction layers (m) run on the last stage, before the loss (L)
+        stages[-1] = stages[-1] + "m" * model.mtp_num_layers + "L"
         a += ["--pipeline-model-parallel-layout", "|".join(stages)]
     elif p.pp_degree > 1 and p.pipeline_schedule == "interleaved_1f1b" and p.vpp_degree > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", str(layers[0])]
     if p.sp_active:
         a.append("--sequence-parallel")
+    if model.is_moe:
+        a += ["--expert-model-parallel-size", str(p.ep_degree), "--expert-tensor-parallel-size", str(p.etp_degree),
+              "--moe-token-dispatcher-type", p.moe_dispatcher]
+        if p.moe_dispatcher == "flex":
+            a += ["--moe-flex-dispatcher-backend", "deepep"]
+        if p.moe_grouped_gemm:
+            a.append("--moe-grouped-gemm")
+        if p.moe_a2a_overlap and p.async_collectives:
+            a.append("--overlap-moe-expert-parallel-comm")
     if p.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
+        if p.recompute_modules is not None:
+            a += ["--recompute-modules", *p.recompute_modules]
     elif p.recompute == "full" and p.recompute_num_layers >= 1:
         a += ["--recompute-granularity", "full", "--recompute-method", "block",
               "--recompute-num-layers", str(p.recompute_num_layers)]

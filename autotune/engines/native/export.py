@@ -20,6 +20,8 @@ def native_unsupported_features(model, seq_len: int) -> list[str]:
     from autotune.spec.models import LLAMA31_ROPE_SCALING
 
     out = []
+    if getattr(model, "num_experts", 0):
+        out.append(f"mixture of experts ({model.num_experts} routed experts; the runtime builds dense blocks)")
     if not (model.gated_mlp and model.mlp_activation in ("silu", "swish")):
         out.append(f"{'gated ' if model.gated_mlp else ''}{model.mlp_activation} MLP (the runtime has SwiGLU)")
     if model.qkv_bias:
