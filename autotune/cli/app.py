@@ -184,6 +184,7 @@ def _silence_stdout() -> None:
 
 
 @click.group(cls=AutotuneGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="autotune", prog_name="autotune", message="%(prog)s %(version)s")
 def main() -> None:
     """autotune: find the parallelism plan with the highest MFU for an LLM on a GPU cluster.
 

@@ -19,14 +19,50 @@ COMPARE_OPTIONS = [
 ]
 
 
+SCRIPT_OPTIONS = [
+    click.option("--run-script", "run_script", is_flag=True, default=False,
+                 help="Read a Megatron-LM launch script by running it: bash runs it in a child process (empty "
+                      "temporary directory, no stdin, 20 s timeout, minimal environment) with torchrun, python, "
+                      "python3, srun, deepspeed, uv, nsys and mpirun replaced by a recorder of their arguments; "
+                      "nothing is trained and nothing runs inside autotune. Without it the script is read "
+                      "statically (arrays and variables assigned once).") ,
+    click.option("--script-args", "script_args", default=None, metavar="'A B ...'",
+                 help="With --run-script: the script's positional arguments ($1 $2 ...), as shell words."),
+    click.option("--script-env", "script_env", multiple=True, metavar="NAME=VALUE",
+                 help="With --run-script: an environment variable the script sees (repeatable), e.g. NNODES=4."),
+]
+
+
+def script_options(f):
+    for o in reversed(SCRIPT_OPTIONS):
+        f = o(f)
+    return f
+
+
+def script_run(run_script: bool, script_args, script_env):
+    """The :class:`~autotune.export.script_run.ScriptRun` of ``--run-script`` (None without it).
+
+    Raises:
+        ConfigError: --script-args / --script-env without --run-script, or malformed.
+    """
+    if not run_script:
+        given = [o for o, v in (("--script-args", script_args), ("--script-env", script_env)) if v]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --run-script (the script is read statically without it)")
+        return None
+    from autotune.export.script_run import ScriptRun
+    return ScriptRun.from_options(script_args, tuple(script_env or ()))
+
+
 def compare_options(f):
     for o in reversed(COMPARE_OPTIONS):
         f = o(f)
     return f
 
 
-def read_launch(path: str, fmt: str | None, gpus: int | None):
-    """The :class:`~autotune.cli.launch_import.ImportedLaunch` of ``path`` for ``--gpus``.
+def read_launch(path: str, fmt: str | None, gpus: int | None, script=None):
+    """The :class:`~autotune.cli.launch_import.ImportedLaunch` of ``path`` for ``--gpus`` (``script``: a
+    :class:`~autotune.export.script_run.ScriptRun`, ``--run-script``).
 
     Raises:
         ConfigError: see :func:`autotune.cli.launch_import.import_launch`.
@@ -35,7 +71,7 @@ def read_launch(path: str, fmt: str | None, gpus: int | None):
     from autotune.spec.validate import MAX_NUM_GPUS, require_int
     if gpus is not None:
         require_int(gpus, "--gpus", hi=MAX_NUM_GPUS)
-    return import_launch(path, fmt, num_gpus=gpus)
+    return import_launch(path, fmt, num_gpus=gpus, script=script)
 
 
 def imported_target(imp, *, size, model_path, gpu, gpus, interconnect, seq_len, global_batch):

@@ -107,8 +107,9 @@ def export(study, plan_file, size, model_path, gpu, gpus, interconnect, seq_len,
                                  plan_file=output))
         return
     click.echo(f"model {doc.model.name}: {doc.model.num_params:,} parameters")
-    click.echo(f"wrote {output}: {origin}, MFU {100 * result.mfu:.1f}%, step {result.step_time_ms:,.1f} ms "
-               f"(engine {doc.engine})")
+    # with --launcher the files were named on the "wrote ..." line above: the plan is not named twice
+    click.echo(f"{'plan' if launcher else f'wrote {output}'}: {origin}, MFU {100 * result.mfu:.1f}%, step "
+               f"{result.step_time_ms:,.1f} ms (engine {doc.engine})")
     click.echo(error_band_line(doc.engine, doc.gpu))
     click.echo(launch_hints(doc.plan, doc.model, doc.workload))
 

@@ -58,12 +58,15 @@ def detect_format(path: str | Path) -> str:
     return by_suffix.get(p.suffix.lower(), default)
 
 
-def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None) -> ImportedLaunch:
+def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None, script=None) -> ImportedLaunch:
     """Read ``path`` in format ``fmt`` (None: :func:`detect_format`) for a world of ``num_gpus`` GPUs (None: a
-    Megatron-LM launch's own ``--nnodes`` x ``--nproc-per-node``).
+    Megatron-LM launch's own ``--nnodes`` x ``--nproc-per-node``). ``script`` (a
+    :class:`autotune.export.script_run.ScriptRun`, ``--run-script``): a Megatron-LM launch script is run under
+    bash with its launchers recorded (:mod:`autotune.export.script_run`) instead of read statically.
 
     Raises:
-        ConfigError: an unknown format, a missing GPU count, or anything the format's reader refuses.
+        ConfigError: an unknown format, a missing GPU count, ``--run-script`` on a torchtitan file, or anything
+            the format's reader refuses.
     """
     detected = detect_format(path)          # also: the file exists
     fmt = fmt or detected
@@ -71,6 +74,11 @@ def import_launch(path: str | Path, fmt: str | None, *, num_gpus: int | None) ->
         raise ConfigError(f"format {fmt!r}: valid formats are {', '.join(FORMATS)}")
     from autotune.engines.registry import import_formats, importer_module
 
+    if script is not None:
+        if fmt != "megatron":
+            raise ConfigError(f"{path}: --run-script runs a Megatron-LM launch script; a {fmt} file is read as data "
+                              "(leave --run-script out)")
+        return importer_module(import_formats()[fmt]).import_launch(path, num_gpus=num_gpus, script=script)
     return importer_module(import_formats()[fmt]).import_launch(path, num_gpus=num_gpus)
 
 

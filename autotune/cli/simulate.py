@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import main
+from autotune.cli.compare import script_options, script_run
 from autotune.cli.options import JSON_OPTION, MODEL_HELP, json_entry, make_say, target_line
 from autotune.errors import ConfigError
 
@@ -133,10 +134,12 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
               help="Write the plan being simulated (from PLAN_FILE, --from-megatron/--from-torchtitan or the "
                    "command-line degrees) with this prediction as a plan YAML, as `simulate PLAN_FILE` and "
                    "`export --plan` read it.")
+@script_options
 @_plan_options
 @JSON_OPTION
 def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, from_megatron, from_torchtitan,
-             save_plan, as_json, size, model_path, gpu, gpus, seq_len, global_batch, sets, **flags):
+             save_plan, as_json, size, model_path, gpu, gpus, seq_len, global_batch, sets, run_script, script_args,
+             script_env, **flags):
     """Predict one plan file (model, cluster and workload from the file) and print its memory table; or,
     without PLAN_FILE, a plan given by degrees with the target options (a quick memory and step-time check);
     or your own launch (--from-megatron ARGS_FILE, --from-torchtitan CONFIG): every setting it has is
@@ -186,6 +189,9 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
         raise ConfigError(f"{', '.join(given)}: the plan and target come from {plan_file}; give either PLAN_FILE or "
                           "the command-line plan (--size/--model, --tp, --pp, ...), not both")
     imported = None
+    script = script_run(run_script, script_args, script_env)
+    if script is not None and not from_megatron:
+        raise ConfigError("--run-script runs the Megatron-LM launch script of --from-megatron SCRIPT; give it")
     launch = [(o, v) for o, v in (("--from-megatron", from_megatron), ("--from-torchtitan", from_torchtitan)) if v]
     if launch:
         other = [o for o, _ in launch[1:]] + ([plan_file] if plan_file else []) + \
@@ -194,7 +200,7 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
             raise ConfigError(f"{launch[0][0]} {launch[0][1]}: the plan and model come from that file; leave out "
                               f"{', '.join(other)} (give --gpus, --gpu, --interconnect, --engine, --backend)")
         from autotune.cli.compare import print_import_report, read_launch
-        imported = read_launch(launch[0][1], launch[0][0][len("--from-"):], gpus)
+        imported = read_launch(launch[0][1], launch[0][0][len("--from-"):], gpus, script)
         from autotune.cli.options import DEFAULT_GPU
         from autotune.spec.hardware import make_cluster
         cl = make_cluster(gpu or DEFAULT_GPU, imported.num_gpus, interconnect)
@@ -229,7 +235,12 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
     if seq_note:
         click.echo(seq_note.replace("--seq-len", "seq_len"), err=True)
     eng = resolve_engine(engine if engine is not None else (None if backend == "real" else doc.engine), backend)
-    ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng.name)
+    eng_arg = eng.name
+    if imported is not None and imported.engine_release and engine is None and backend != "real":
+        # a launch file is judged by the engine release it is written for (torchtitan 0.2 TOML, 0.3 module)
+        from autotune.spec.engines import engine_release
+        eng = eng_arg = engine_release(imported.engine, imported.engine_release)
+    ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng_arg)
     try:
         result = ev.evaluate(doc.plan)
         if (trace_path or gantt_path) and result.feasible:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import main
-from autotune.cli.compare import compare_options
+from autotune.cli.compare import compare_options, script_options, script_run
 from autotune.cli.options import (
     DEFAULT_STORAGE,
     JSON_OPTION,
@@ -41,10 +41,12 @@ from autotune.errors import ConfigError, NoFeasiblePlanError, redact
 @click.option("--no-early-stop", "no_early_stop", is_flag=True,
               help="Run all --trials trials (no convergence stop: docs/search.md).")
 @compare_options
+@script_options
 @JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
         timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
-        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, compare_to, compare_format, as_json):
+        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, compare_to, compare_format, as_json, run_script,
+        script_args, script_env):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     With --backend real --engine torchtitan (or megatron) every trial runs that engine's own trainer; the
@@ -57,10 +59,12 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     from autotune.tune.tuner import Tuner
 
     imported = None
+    if compare_to is None and (run_script or script_args or script_env):
+        raise ConfigError("--run-script, --script-args and --script-env read the launch script of --compare-to; give it")
     if compare_to is not None:
         # the user's launch is read (and refused) before any trial runs; its target is the run's
         from autotune.cli.compare import imported_target, read_launch
-        imported = read_launch(compare_to, compare_format, gpus)
+        imported = read_launch(compare_to, compare_format, gpus, script_run(run_script, script_args, script_env))
         gpus = gpus if gpus is not None else imported.num_gpus    # a launch's --nnodes x --nproc-per-node
         model, cluster, workload = imported_target(imported, size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                                    interconnect=interconnect, seq_len=seq_len,
@@ -72,6 +76,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                                   interconnect=interconnect, seq_len=seq_len,
                                                   global_batch=global_batch)
+    _check_state_fits(model, cluster, engine, backend)
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     check_workers(workers, storage, backend=backend, launcher=launcher)
@@ -498,3 +503,29 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     click.echo(f"studies: {r.fast.study} (fast) and {r.slow.study} (slow), {r.n_enqueued} warm-start plan(s)")
 
 
+
+
+def _check_state_fits(model, cluster, engine, backend) -> None:
+    """Refuse, before any trial, a world whose HBM cannot hold the model's weights, gradients and optimizer
+    state under any plan (sharding only divides that total).
+
+    Raises:
+        NoFeasiblePlanError: "no plan fits", with the total and the world's usable HBM.
+    """
+    from autotune.spec.engines import resolve_engine
+
+    eng = resolve_engine(engine, backend)
+    # a lower bound for every plan: the engine's optimizer bytes per parameter (Adam's two FP32 moments, plus
+    # the FP32 main weight where the engine keeps one: optimizer_bytes of its facts.yaml), at least a BF16
+    # gradient (2 bytes, --grad-reduce-in-bf16) and at least an FP8 weight (1 byte, --fp8-param-gather) per
+    # parameter; TP, PP and ZeRO-3 sharding only divide this total among the GPUs
+    need = model.num_params * (eng.optimizer_bytes + 2 + 1)
+    have = cluster.gpu.usable_hbm_bytes * cluster.num_gpus
+    if need > have:
+        per = need // model.num_params
+        raise NoFeasiblePlanError(
+            f"no plan fits: {model.name} ({model.num_params / 1e9:,.1f}B parameters) needs at least "
+            f"{need / 1e12:,.1f} TB of weights, gradients and optimizer state ({per} bytes per parameter on engine "
+            f"{eng.name}: {eng.optimizer_bytes} optimizer, 2 gradient, 1 weight at the least), more than "
+            f"{cluster.num_gpus} x {cluster.gpu.usable_hbm_bytes / 1e9:,.0f} GB usable on {cluster.gpu.name}; "
+            f"the state alone needs the HBM of {-(-need // cluster.gpu.usable_hbm_bytes)} GPUs")

@@ -345,6 +345,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
       a_c = forwards - backwards of chunk c done; the instant maximises the rank's activations plus
       its in-flight logits (below). Every chunk holds min(p - r, m) under 1F1B, m under GPipe, 1 when p = 1;
     * transient = last rank: logits s b ceil(V/t) x 12 bytes (FP32 loss, :data:`LOGITS_BYTES_PER_ELEMENT`;
+      an engine with its own loss: ``loss_bytes_per_logit`` of its facts, Megatron-LM 6, and
+      ``loss_inflight_bytes_per_logit`` for the other in-flight micro-batches, Megatron-LM 4, no kept output;
       a compiled loss: 4 and no separate kept output, :data:`COMPILED_LOSS_BYTES_PER_LOGIT`),
       with PP (p > 1) + 2 bytes (the kept BF16 stage output) + (a_last - 1) x 6 bytes, a_last the
       micro-batches alive in the rank's last chunk (the last virtual stage) at that instant
@@ -477,7 +479,11 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     if sp:
         common_transient += BF16_BYTES * s * b * h
     compiled_loss = bool(getattr(plan, "compile", False)) and eng.compile_loss
-    logits = s * b * vocab_shard * (COMPILED_LOSS_BYTES_PER_LOGIT if compiled_loss else LOGITS_BYTES_PER_ELEMENT)
+    # an engine's own eager loss (Megatron-Core's in-place cross-entropy, facts.yaml loss_bytes_per_logit)
+    eager_logit = eng.loss_bytes_per_logit or LOGITS_BYTES_PER_ELEMENT
+    eager_inflight = eng.loss_inflight_bytes_per_logit or PP_INFLIGHT_LOGITS_BYTES
+    own_loss = bool(eng.loss_bytes_per_logit or eng.loss_inflight_bytes_per_logit)
+    logits = s * b * vocab_shard * (COMPILED_LOSS_BYTES_PER_LOGIT if compiled_loss else eager_logit)
     if getattr(plan, "loss_impl", "full") == "chunked":
         from autotune.spec.plan import loss_chunk_tokens
         chunk = loss_chunk_tokens(V, s * b)
@@ -527,7 +533,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         held = count.num_inflight_microbatches
         first_chunk_bytes = embed_out if r == 0 else 0
         per_logit = s * b * vocab_shard
-        other_logits_bytes = (per_logit * (COMPILED_LOSS_INFLIGHT_BYTES if compiled_loss else PP_INFLIGHT_LOGITS_BYTES)
+        other_logits_bytes = (per_logit * (COMPILED_LOSS_INFLIGHT_BYTES if compiled_loss else eager_inflight)
                               if r == p - 1 and p > 1 else 0)
 
         # partial recompute: the same walk with each chunk weighed by its bytes per micro-batch
@@ -581,7 +587,8 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         if r == p - 1:
             # the current micro-batch's logits buffers; with PP its kept BF16 output (2 bytes) and the
             # other micro-batches alive in the last chunk at the peak, PP_INFLIGHT_LOGITS_BYTES each
-            kept_output = 0 if compiled_loss else per_logit * 2     # compiled: in COMPILED_LOSS_BYTES_PER_LOGIT
+            # compiled: in COMPILED_LOSS_BYTES_PER_LOGIT; an engine's own loss: its pipeline keeps the loss
+            kept_output = 0 if compiled_loss or own_loss else per_logit * 2
             transient_logits = logits + (kept_output + max(last_alive - 1, 0) * other_logits_bytes
                                          if p > 1 else 0)
         else:
@@ -608,3 +615,4 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             grads_bytes=grads, optimizer_bytes=optim, activations_bytes=acts, transient_bytes=transient,
             allocator_overhead_bytes=math.ceil(frac * subtotal) + rs_pool))
     return MemoryEstimate(stages=tuple(stages), capacity_bytes=gpu.usable_hbm_bytes)
+

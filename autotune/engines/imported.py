@@ -25,6 +25,10 @@ class ImportedLaunch:
             (Megatron: option -> value tokens, ``()`` for a switch; torchtitan: ``section.field`` -> value).
         ignored: ``(setting, why)`` for each setting that is not modelled.
         approximated: lines saying which settings are costed as a nearby value autotune has.
+        engine_release: the engine release the file is judged by (torchtitan ``0.2`` for a TOML job file,
+            ``0.3`` for a config module; :func:`autotune.spec.engines.engine_release`), None: the profile's.
+        notes: lines on how the file was read (``--run-script``: the command run) and which engine release
+            it is judged by.
     """
 
     source: str
@@ -37,21 +41,27 @@ class ImportedLaunch:
     modelled: dict = field(default_factory=dict)
     ignored: tuple[tuple[str, str], ...] = ()
     approximated: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    engine_release: str | None = None
 
     def report_lines(self) -> list[str]:
-        """``ignored: ...`` lines (grouped by reason) and ``approximated: ...`` lines, for the terminal."""
+        """``note: ...``, ``ignored: ...`` lines (grouped by reason; each setting at most 100 printable
+        characters, :func:`autotune.files.excerpt`) and ``approximated: ...`` lines, for the terminal."""
+        from autotune.files import excerpt
+
         by_reason: dict[str, list[str]] = {}
         for setting, why in self.ignored:
-            by_reason.setdefault(why, []).append(setting)
+            # each setting as a short sanitised excerpt: a value may come from anywhere a script read
+            by_reason.setdefault(why, []).append(excerpt(setting))
         out = [f"ignored ({why}): {', '.join(s)}" for why, s in by_reason.items()]
-        return out + [f"approximated: {a}" for a in self.approximated]
+        return [f"note: {n}" for n in self.notes] + out + [f"approximated: {a}" for a in self.approximated]
 
     def to_json(self) -> dict:
         """Plain data for ``--json`` (format, modelled settings, ignored and approximated ones)."""
         return {"source": self.source, "format": self.fmt, "engine": self.engine,
                 "modelled": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.modelled.items()},
                 "ignored": [{"setting": s, "why": w} for s, w in self.ignored],
-                "approximated": list(self.approximated)}
+                "approximated": list(self.approximated), "notes": list(self.notes), "engine_release": self.engine_release}
 
 
 def label_from_path(path: str | Path) -> str:

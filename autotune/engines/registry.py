@@ -63,6 +63,12 @@ def facts_file(name: str) -> Path:
     return ENGINES_DIR / engine_parts(name).folder / "facts.yaml"
 
 
+def releases_file(name: str) -> Path:
+    """Path of engine ``name``'s ``releases.yaml`` (the facts of each engine release whose launch files autotune
+    reads, where they differ from facts.yaml; it may not exist). Raises ConfigError if the engine is unknown."""
+    return ENGINES_DIR / engine_parts(name).folder / "releases.yaml"
+
+
 def _part(name: str, part: str) -> ModuleType:
     path = getattr(engine_parts(name), part)
     if path is None:

@@ -7,8 +7,12 @@ matplotlib), both in the ``plot`` extra (``pip install -e '.[plot]' (in the auto
 * ``history``: MFU (causal, %) by trial with the best-so-far line over the feasible trials
   (:func:`history_points`; out-of-memory trials marked differently, as Optuna's
   ``plot_optimization_history`` greys constraint-violating trials, which plots the raw fraction);
-* ``importances``: parameter importances of the knobs (``plot_param_importances``, Optuna's default
-  evaluator), over the complete trials;
+* ``importances``: for a study of simulated numbers, each knob's effect as the simulator gives it
+  (:func:`knob_effects`): the MFU range in percentage points when that knob alone takes each of its values
+  around the study's best plans, re-simulated; a knob that changes nothing there is named as having no
+  effect. Optuna's fANOVA importances (``plot_param_importances``, a random forest fitted to the trials)
+  ranked a knob with no effect first in a study where it changed nothing (issue 42); they are still drawn
+  for studies of measured or real numbers, which cannot be re-run here;
 * ``mfu_vs_memory``: MFU against peak memory per GPU (GiB, ``user_attrs['peak_memory_bytes']``),
   feasible and out-of-memory trials marked differently, the usable capacity as a line (peak minus the
   ``memory_over_capacity_gib`` constraint);
@@ -104,6 +108,95 @@ def backend_title(study) -> str:
     return f"{study.study_name} ({word} numbers)"
 
 
+#: best complete trials around which :func:`knob_effects` varies each knob
+EFFECT_TRIALS = 5
+
+
+def knob_effects(study, *, top: int = EFFECT_TRIALS) -> dict[str, float] | None:
+    """knob -> MFU range in percentage points when that knob alone takes each value of the study's search
+    space (the others as sampled), averaged over the ``top`` best complete trials, each variant re-evaluated
+    with the simulator (an out-of-memory variant counts as MFU 0, as its trial would; a combination the
+    space's conditional rules refuse is skipped). 0.0: no effect around those plans. None when the study's
+    numbers are not simulated (measured op timings or real runs cannot be re-run here) or its target or
+    search space cannot be rebuilt from its attributes.
+
+    Cost: ``top`` x knobs x values simulations (about 300 for the default space; milliseconds each for 8B)."""
+    from optuna.trial import TrialState
+
+    from autotune.errors import AutotuneError
+    from autotune.study.identity import study_info
+
+    info = study_info(study)
+    if info is None or info.backend != "simulated":
+        return None
+    try:
+        from autotune.cost.evaluator import make_evaluator
+        from autotune.search.space import Pruned, SearchSpace
+        from autotune.spec.engines import get_engine
+        from autotune.spec.hardware import ClusterSpec, fabric_from_dict, get_gpu
+        cluster = ClusterSpec(gpu=get_gpu(info.gpu), num_gpus=info.num_gpus,
+                              fabric=fabric_from_dict(info.fabric, where=f"study {info.name}: fabric"))
+        space = SearchSpace.load(info.space).bind(model=info.model, num_gpus=info.num_gpus, workload=info.workload,
+                                                  gpu=cluster.gpu, engine=get_engine(info.engine))
+        ev = make_evaluator("simulated", model=info.model, cluster=cluster, workload=info.workload,
+                            engine=info.engine)
+    except (AutotuneError, OSError, ValueError):
+        return None
+    trials = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value),
+                    key=lambda t: -float(t.value))[:top]
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    try:
+        for t in trials:
+            for knob, base in t.params.items():
+                mfus = [100 * float(t.value)]
+                for v in space.choices.get(knob, ()):
+                    if v == base:
+                        continue
+                    try:
+                        plan = space.plan_from_params(dict(t.params, **{knob: v}))
+                    except (Pruned, AutotuneError, ValueError, KeyError):   # a combination the space refuses
+                        continue
+                    r = ev.evaluate(plan)
+                    mfus.append(100 * r.mfu if r.feasible else 0.0)
+                if len(mfus) > 1:
+                    sums[knob] = sums.get(knob, 0.0) + max(mfus) - min(mfus)
+                    counts[knob] = counts.get(knob, 0) + 1
+    finally:
+        ev.close()
+    return {k: sums[k] / counts[k] for k in sorted(sums, key=lambda k: -sums[k] / counts[k])}
+
+
+def _mpl_effects(effects: dict[str, float]):
+    import matplotlib.pyplot as plt
+
+    some = {k: v for k, v in effects.items() if v > 1e-9}
+    fig, ax = plt.subplots(figsize=(7, 0.35 * max(len(some), 1) + 1.5))
+    names = list(some)[::-1]
+    ax.barh(names, [some[k] for k in names])
+    ax.set_xlabel(f"MFU range when the knob alone changes (percentage points), {EFFECT_TRIALS} best plans")
+    return ax
+
+
+def _plotly_effects(effects: dict[str, float]):
+    import plotly.graph_objects as go
+
+    some = {k: v for k, v in effects.items() if v > 1e-9}
+    names = list(some)[::-1]
+    fig = go.Figure(go.Bar(x=[some[k] for k in names], y=names, orientation="h"))
+    fig.update_layout(xaxis_title=f"MFU range when the knob alone changes (percentage points), {EFFECT_TRIALS} "
+                                  "best plans")
+    return fig
+
+
+def _effects_head(effects: dict[str, float] | None) -> str:
+    if effects is None:
+        return "Parameter importances for MFU (Optuna fANOVA)"
+    none = [k for k, v in effects.items() if v <= 1e-9]
+    return ("Knob effects on MFU (re-simulated around the best plans)"
+            + (f"; no effect: {', '.join(none)}" if none else ""))
+
+
 def write_study_plots(study, out_dir: str | Path) -> list[Path]:
     """Write the four plots (see the module docstring) of ``study`` into ``out_dir``.
 
@@ -133,19 +226,22 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
     def in_pct(t):
         return 100 * float(t.value or 0.0)
 
+    effects = knob_effects(study)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # Optuna's ExperimentalWarning for the matplotlib backend
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         if html:
             import optuna.visualization as vis
             figs = {"history": _plotly_history(hist, title),
-                    "importances": _or_none(lambda: vis.plot_param_importances(study, target_name=METRIC)),
+                    "importances": (_plotly_effects(effects) if effects else
+                                    _or_none(lambda: vis.plot_param_importances(study, target_name=METRIC))),
                     "mfu_vs_memory": _plotly_memory(pts, title),
                     "knobs": vis.plot_slice(study, target=in_pct, target_name=pct)}
             for name, fig in figs.items():
                 if fig is not None:
                     if name in ("importances", "knobs"):
-                        head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
+                        head = _effects_head(effects) if name == "importances" else "MFU by knob value"
                         fig.update_layout(title=f"{head}<br><sup>{title}</sup>")
                     p = out / f"{name}.html"
                     # plotly.js inline (~3.5 MB a file): the plots open offline (air-gapped clusters)
@@ -156,7 +252,8 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
             import matplotlib.pyplot as plt
             import optuna.visualization.matplotlib as mvis
             axes = {"history": lambda: _mpl_history(hist, title),
-                    "importances": lambda: mvis.plot_param_importances(study, target_name=METRIC),
+                    "importances": ((lambda: _mpl_effects(effects)) if effects else
+                                    (lambda: mvis.plot_param_importances(study, target_name=METRIC))),
                     "mfu_vs_memory": lambda: _mpl_memory(pts, title),
                     "knobs": lambda: _mpl_knobs(study, pct)}
             for name, make in axes.items():
@@ -166,7 +263,10 @@ def write_study_plots(study, out_dir: str | Path) -> list[Path]:
                 first = ax.flat[0] if hasattr(ax, "flat") else ax
                 fig = first.get_figure()
                 if name in ("importances", "knobs"):
-                    head = "Parameter importances for MFU" if name == "importances" else "MFU by knob value"
+                    head = _effects_head(effects) if name == "importances" else "MFU by knob value"
+                    # one title: Optuna's own axes title ("Hyperparameter Importances") gives way to ours
+                    if name == "importances":
+                        first.set_title("")
                     fig.suptitle(f"{head}\n{title}", fontsize=8)
                 p = out / f"{name}.png"
                 try:

@@ -360,16 +360,23 @@ def format_studies(rows: Sequence[Mapping[str, Any]]) -> str:
     error-band line (:func:`error_band_line`) per engine whose numbers are predictions (not real runs)."""
     if not rows:
         return "no studies"
-    header = ["model", "gpus", "interconnect", "engine", "numbers", "workload", "trials", "best MFU", "step ms",
-              "plan", "study"]
+    # the best plan and the study's name (model/gpus/fabric/engine/workload, ~60 characters) go on their own
+    # lines under the row, so a row stays within ~120 columns (it was ~250 with both as columns)
+    header = ["model", "gpus", "interconnect", "engine", "numbers", "workload", "trials", "best MFU", "step ms"]
     body = [[r["model"], r["gpus"], r["fabric"], r.get("engine", "-"), backend_word(r.get("backend", "simulated")),
-             r["workload"], str(r["n_trials"]), r["mfu"], r["step"], r["plan"], r["study"]] for r in rows]
+             r["workload"], str(r["n_trials"]), r["mfu"], r["step"]] for r in rows]
     engines = dict.fromkeys(str(r["engine"]) for r in rows if r.get("backend", "simulated") != "real"
                             and r.get("engine"))
     foot = ["(best MFU and step time as the study's backend obtained them: simulated = predicted by the "
             "simulator, measured-op = simulator with stored op measurements, real = run on GPUs)"]
     foot += [error_band_line(e) for e in engines]
-    return _table(body, header) + "\n" + "\n".join(foot)
+    import textwrap
+
+    table = _table(body, header).splitlines()
+    out = table[:2]
+    for line, r in zip(table[2:], rows):
+        out += [line, f"  plan {r['plan']}", f"  study {r['study']}"]
+    return "\n".join(out) + "\n" + "\n".join(textwrap.fill(f, 120, subsequent_indent="  ") for f in foot)
 
 
 def short_plan(plan: Plan) -> str:
@@ -439,7 +446,8 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
 
     ddp_bucket_size = export_module("megatron").ddp_bucket_size
 
-    if p.dp_grad_reduce_overlap and p.async_collectives:
+    overlap_grads = p.dp_grad_reduce_overlap and p.async_collectives
+    if overlap_grads:
         meg.append("--overlap-grad-reduce")
     if p.param_gather_overlap and p.async_collectives:
         meg.append("--overlap-param-gather")
@@ -447,13 +455,17 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         meg.append("--tp-comm-overlap")
     if not p.async_collectives and p.pp_degree > 1:
         meg.append("--no-overlap-p2p-communication")
+    # the bucket size has an effect only with --overlap-grad-reduce (one bucket per gradient buffer otherwise,
+    # megatron facts.yaml one_bucket_without_overlap), so, as the launch file export writes, only then
     bucket = ddp_bucket_size(p)
-    meg.append(f"--ddp-bucket-size {bucket}")
+    if overlap_grads:
+        meg.append(f"--ddp-bucket-size {bucket}")
     if p.grad_reduce_in_bf16:
         meg.append("--grad-reduce-in-bf16")         # the bucket above counts BF16 gradients
-    meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} "
-                     + ("BF16 main grads (--grad-reduce-in-bf16)" if p.grad_reduce_in_bf16 else
-                        "FP32 main grads (--bf16 reduces them in FP32)") + f" = {p.bucket_size_mib} MiB")
+    if overlap_grads:
+        meg_notes.append(f"# --ddp-bucket-size counts parameters: {bucket} "
+                         + ("BF16 main grads (--grad-reduce-in-bf16)" if p.grad_reduce_in_bf16 else
+                            "FP32 main grads (--bf16 reduces them in FP32)") + f" = {p.bucket_size_mib} MiB")
     # every plan trains in BF16 mixed precision (FP8 recipes run on top of it): without --bf16 Megatron-LM keeps
     # FP32 parameters, and its gradient buffers, so the bucket above, follow that dtype
     meg.append("--bf16")

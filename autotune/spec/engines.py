@@ -31,20 +31,11 @@ REAL_BACKEND_ENGINE = "native"
 #: (autotune/engines/torchtitan/runner.py, torchtitan 0.2.x job files) and Megatron-LM's pretrain_gpt.py
 #: (autotune/engines/megatron/runner.py).
 REAL_ENGINES = ("native", "torchtitan", "megatron")
-#: Precisions a real engine runner adds to the profile's: the torchtitan runner launches torchtitan
-#: 0.2.2 (the last release that imports under torch 2.11, autotune/engines/torchtitan/job.py), whose
-#: torchtitan/components/quantization/float8.py still runs tensorwise scaling (``[quantize.linear.float8]``
-#: with no ``recipe_name``; the 0.3.0 profile in engines/<engine>/facts.yaml dropped it)
-REAL_RUNNER_PRECISIONS = {"torchtitan": ("fp8_tensorwise",)}
-#: Other facts of the release a real engine runner launches that differ from the profile's commit
-#: (applied by :func:`resolve_engine` for the real backend):
-#: torchtitan 0.2.2: ``train.py`` ``train_step`` calls ``self.optimizers.zero_grad()``, torch's default
-#: ``set_to_none=True`` (0.3.0's ``trainer.py`` passes ``set_to_none=training.disable_cuda_graphs``, False
-#: by default, so the profile keeps them), and its block's saved set was measured
-#: (``torchtitan_block``: :mod:`autotune.engines.torchtitan.block_saved`).
-REAL_RUNNER_OVERRIDES: dict[str, dict[str, Any]] = {
-    "torchtitan": {"frees_grads_between_steps": True, "activation_accounting": "torchtitan_block"},
-}
+#: The facts of the release a real engine runner launches, where it differs from the profile's commit, are
+#: in the engine's ``releases.yaml`` (``runner_release``; :func:`engine_release`): the torchtitan runner
+#: launches torchtitan 0.2.2 (the last release that imports under torch 2.11, autotune/engines/torchtitan/
+#: job.py), whose float8 converter still runs tensorwise scaling and whose ``train_step`` frees the gradients
+#: between steps (autotune/engines/torchtitan/releases.yaml gives the sources).
 
 GRAD_ACCUMULATION_MODES = ("fp32_add", "fused_main_grad")
 SELECTIVE_RECOMPUTE_MODES = ("core_attention_and_mlp_act", "core_attention", "every_second_mm")
@@ -103,6 +94,12 @@ class EngineProfile:
         pp_defers_fsdp_grad_reduce: with a pipeline (pp > 1) and FSDP (ZeRO 2/3), gradients are
             reduce-scattered once, after the step's last backward, and accumulate unsharded in the
             reduction dtype until then (torch.distributed.pipelining).
+        loss_bytes_per_logit: bytes per logit of the engine's own eager cross-entropy at its peak on the last
+            stage (0: PyTorch's ``F.cross_entropy(logits.float())``, :data:`autotune.cost.memory.
+            LOGITS_BYTES_PER_ELEMENT`); loss_inflight_bytes_per_logit: what each other in-flight
+            micro-batch keeps there until its backward (0: :data:`autotune.cost.memory.
+            PP_INFLIGHT_LOGITS_BYTES`). With either set, the engine's pipeline keeps no BF16 stage output
+            beside the loss (the last stage's output is the loss).
         compile_loss: with ``compile``, the loss is compiled too (inductor fuses the FP32 cast,
             log-softmax and NLL: :data:`autotune.cost.memory.COMPILED_LOSS_BYTES_PER_LOGIT`).
         fp8_param_gather: with an FP8 precision through Transformer Engine, the layers' linear weights
@@ -183,6 +180,8 @@ class EngineProfile:
     fp8_tp_all_gather: tuple[str, ...] = ()
     grad_reduce_bf16: bool = False
     one_bucket_without_overlap: bool = False
+    loss_bytes_per_logit: int = 0
+    loss_inflight_bytes_per_logit: int = 0
     moe_dispatchers: tuple[str, ...] = ()
     moe_reason: str = ""
     moe_a2a_overlap: bool = False
@@ -294,8 +293,8 @@ def get_engine(name: str | EngineProfile | None = None) -> EngineProfile:
 def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated") -> EngineProfile:
     """The engine a run uses: ``name``, or when None :data:`REAL_BACKEND_ENGINE` for the real backend
     (it launches autotune's own runtime) and :data:`DEFAULT_ENGINE` otherwise. With the real backend the
-    profile gains the precisions its runner's release adds (:data:`REAL_RUNNER_PRECISIONS`) and that
-    release's other facts (:data:`REAL_RUNNER_OVERRIDES`).
+    profile is that of the release its runner launches (``runner_release`` of the engine's releases.yaml,
+    :func:`engine_release`): its precisions and other facts.
 
     Raises:
         ConfigError: unknown engine, or with the real backend an engine not in :data:`REAL_ENGINES`.
@@ -308,15 +307,48 @@ def resolve_engine(name: str | EngineProfile | None, backend: str = "simulated")
                           "simulated (--backend simulated or measured)")
     if backend != "real":
         return e
+    runner = (engine_releases(e.name) or {}).get("runner_release")
+    return engine_release(e.name, runner) if runner else e
+
+
+@lru_cache(maxsize=None)
+def engine_releases(name: str) -> dict[str, Any] | None:
+    """Engine ``name``'s ``releases.yaml`` (``profile_release``, ``runner_release``, ``releases``: release ->
+    version, source, converters, precisions, overrides), or None when it has none."""
+    from autotune.engines.registry import releases_file
+    from autotune.files import load_shipped_yaml
+
+    f = releases_file(name)
+    if not f.is_file():
+        return None
+    data = load_shipped_yaml(f.read_text())
+    data.pop("schema_version", None)
+    return data
+
+
+def engine_release(name: str, release: str | None) -> EngineProfile:
+    """The profile of engine ``name`` as release ``release`` (``"0.2"``) runs: facts.yaml's profile with that
+    release's precisions and other facts (``releases.yaml``); ``release`` None or the profile's own release:
+    the profile unchanged.
+
+    Raises:
+        ConfigError: unknown engine, or a release its releases.yaml does not list (names the known ones).
+    """
     from dataclasses import replace
 
-    extra = REAL_RUNNER_PRECISIONS.get(e.name, ())
-    if any(p not in e.precisions for p in extra):
-        e = replace(e, precisions=tuple(e.precisions) + tuple(p for p in extra if p not in e.precisions))
-    overrides = REAL_RUNNER_OVERRIDES.get(e.name, {})
-    if any(getattr(e, k) != v for k, v in overrides.items()):
-        e = replace(e, **overrides)
-    return e
+    e = get_engine(name)
+    rel = engine_releases(e.name)
+    if release is None or rel is None or release == rel.get("profile_release"):
+        return e
+    entry = rel["releases"].get(release)
+    if entry is None:
+        raise ConfigError(f"engine {e.name} release {release!r}: known releases {', '.join(rel['releases'])}")
+    kw = dict(entry.get("overrides") or {})
+    kw["precisions"] = tuple(entry["precisions"])
+    if all(getattr(e, k) == v for k, v in kw.items()):
+        return e
+    return replace(e, display_name=f"{e.display_name} {entry['version']}",
+                   source=f"{entry['source']} (releases.yaml) over {e.source}", **kw)
 
 
 def error_band(engine: str) -> dict[str, Any] | None:

@@ -155,8 +155,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     ``hidden_activation`` (kept as ``mlp_activation``), ``rope_scaling`` (or transformers 5's
     ``rope_parameters``, which also holds ``rope_theta``) and the features of :func:`_hf_features`
     (soft-capping, Gemma's embedding scale, ...), which launch files must reproduce. Integer fields must
-    be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path or model_type>@
-    <fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
+    be JSON integers (4096.0, true, "4096", NaN refused). The name is ``<_name_or_path, else the config.json's folder or the
+    file's stem>@<fingerprint>`` (:meth:`ModelSpec.fingerprint`), so different architectures never share a study.
 
     Mixture-of-experts configs (``model_type`` mixtral, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss,
     or without model_type one of :data:`MOE_HF_ARCHITECTURES`) are read by :func:`_moe_model_from_hf`.
@@ -260,8 +260,11 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     features = _hf_features(raw, mtype, head_dim, p)
     eps = require_number(field("rms_norm_eps", "layer_norm_eps", default=1e-5), f"model config {p}: field rms_norm_eps",
                          lo=0, hi=1)
+    # the model's own name: _name_or_path (transformers writes the hub id or folder), else the folder of a
+    # config.json (a downloaded model's folder is its name), else the file's stem; model_type ("llama") last
+    folder = p.resolve().parent.name if p.name == "config.json" else p.stem
     base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
-        (mtype or p.parent.name or p.stem)
+        (folder or mtype or "model")
     spec = ModelSpec(
         name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
         num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
@@ -444,6 +447,9 @@ def _moe_model_from_hf(raw: Mapping[str, Any], mtype: str, p: Path) -> ModelSpec
         m = ModelSpec(**spec, mlp_activation=_safe_label(act.lower()), features=tuple(features))
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
+    # the model's own name: _name_or_path (transformers writes the hub id or folder), else the folder of a
+    # config.json (a downloaded model's folder is its name), else the file's stem; model_type ("llama") last
+    folder = p.resolve().parent.name if p.name == "config.json" else p.stem
     base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
-        (mtype or p.parent.name or p.stem)
+        (folder or mtype or "model")
     return replace(m, name=f"{_safe_label(Path(str(base)).name)}@{m.fingerprint()}")

@@ -91,6 +91,11 @@ def _study_info_from_attrs(name: str, attrs: Mapping[str, Any], n_trials: int = 
         return None
 
 
+def study_info(study: optuna.Study) -> StudyInfo | None:
+    """The :class:`StudyInfo` an open autotune study records in its attributes (None: not an autotune study)."""
+    return _study_info_from_attrs(study.study_name, study.user_attrs)
+
+
 def list_studies(storage: str = DEFAULT_STORAGE) -> list[StudyInfo]:
     """Every autotune study in ``storage`` (studies made by other tools are skipped).
 

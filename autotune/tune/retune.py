@@ -158,7 +158,13 @@ def explain_changes(fast: BestPlan, slow: BestPlan, fast_on_slow: StepResult, *,
     a, b = fast.plan.to_dict(), slow.plan.to_dict()
     changed = [k for k in a if a[k] != b[k]]
     if changed:
-        lines.append("changed: " + ", ".join(f"{k} {a[k]} -> {b[k]}" for k in changed))
+        def show(v) -> str:
+            # a long value (stage_layers of a 128-stage split) as its length and range, not every entry
+            if isinstance(v, (list, tuple)) and len(v) > 8:
+                return f"[{len(v)} entries, {min(v)}..{max(v)}]" if all(isinstance(x, (int, float)) for x in v) \
+                    else f"[{len(v)} entries]"
+            return str(v)
+        lines.append("changed: " + ", ".join(f"{k} {show(a[k])} -> {show(b[k])}" for k in changed))
     else:
         lines.append("changed: nothing (the fast fabric's plan is also the best found on the slow fabric)")
     f0, f1, s1 = fast.result.breakdown_ms, fast_on_slow.breakdown_ms, slow.result.breakdown_ms

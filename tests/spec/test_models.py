@@ -153,7 +153,8 @@ def test_study_name_fingerprint_differs_per_architecture(tmp_path):
         p = tmp_path / f"{n}.json"
         p.write_text(json.dumps(HF_CONFIGS[n][0]))
         names.add(model_from_hf_config(p).name)
-    assert len(names) == 2 and all(x.startswith("llama@") for x in names)
+    # each named by its file (a config that is not config.json: its stem), then the fingerprint
+    assert len(names) == 2 and {x.split("@")[0] for x in names} == {"llama-2-7b", "llama-3.2-1b"}
 
 
 def test_sliding_window_refused_only_beyond_window(tmp_path):
@@ -187,20 +188,22 @@ def test_hf_features_rope_scaling_and_unchanged_study_names(tmp_path):
     from autotune.spec.models import RopeScaling
 
     def load(cfg):
-        p = tmp_path / "config.json"
+        (tmp_path / "m").mkdir(exist_ok=True)
+        p = tmp_path / "m" / "config.json"
         p.write_text(json.dumps(cfg))
         return model_from_hf_config(p)
 
     llama2 = dict(HF_CONFIGS["llama-2-7b"][0])
     mistral = dict(HF_CONFIGS["mistral-7b-v0.1"][0])
-    # names (with their fingerprints) as the code before mlp_activation / rope_scaling / features were
-    # recorded gave them (commit d52b4a5): a config without those features keeps its study name
-    assert load(llama2).name == "llama@a1657e3f"
-    assert load(mistral).name == "mistral@43456069"
+    # fingerprints as the code before mlp_activation / rope_scaling / features were recorded gave them
+    # (commit d52b4a5): a config without those features keeps its fingerprint; the name before the @ is the
+    # config.json's folder (m), no longer its model_type (issue 42: "llama@6141b5e5" named no model)
+    assert load(llama2).name == "m@a1657e3f"
+    assert load(mistral).name == "m@43456069"
     # Llama 3.2 style scaling is recorded, and changes the fingerprint (another architecture)
     scaled = load(dict(llama2, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))
-    assert scaled.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192) and scaled.name != "llama@a1657e3f"
+    assert scaled.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192) and scaled.name != "m@a1657e3f"
     # transformers 5: rope_theta and the scaling inside rope_parameters; "default" is no scaling
     v5 = load(dict(llama2, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
     assert v5.rope_theta == 1e6 and v5.rope_scaling is None
@@ -216,3 +219,15 @@ def test_hf_features_rope_scaling_and_unchanged_study_names(tmp_path):
     assert ModelSpec.from_dict(old) == get_model("8b")
     with pytest.raises(ConfigError, match="rope_scaling type 'su' is unknown"):
         load(dict(llama2, rope_scaling={"type": "su", "factor": 2.0}))
+
+
+def test_hf_model_named_by_folder_or_name_or_path(tmp_path):
+    # a downloaded model's folder names it; _name_or_path, when the config has one, wins
+    cfg = dict(HF_CONFIGS["llama-2-7b"][0])
+    cfg.pop("_name_or_path", None)
+    d = tmp_path / "Llama-2-7b-hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert model_from_hf_config(d / "config.json").name.startswith("Llama-2-7b-hf@")
+    (d / "config.json").write_text(json.dumps(dict(cfg, _name_or_path="org/Other-Name")))
+    assert model_from_hf_config(d / "config.json").name.startswith("Other-Name@")

@@ -382,10 +382,15 @@ def test_forked_workers_start_from_a_frozen_heap(monkeypatch):
 
 
 def test_workers_count_their_trials_when_no_plan_fits(tmp_path):
-    # 70B on 2 A100s: no plan fits, each worker's run ends without a feasible plan in the study; its line still
-    # counts the trials it ran (before: "worker 0: 0 trials run: 0 feasible, 0 do not fit, 0 pruned, 0 failed")
+    # 8B at 128K tokens on 2 A100s: no plan fits, each worker's run ends without a feasible plan in the study;
+    # its line still counts the trials it ran (before: "worker 0: 0 trials run: 0 feasible, 0 do not fit, 0
+    # pruned, 0 failed"). (70B on 2 A100s is now refused before any trial: its weights, gradients and
+    # optimizer state alone, >= 15 bytes x 70.6e9, exceed 2 x 84 GB. The 8B's, 8.03e9 x 15 bytes = 60 GB per
+    # GPU, do not; its logits alone, 131072 x 128256 x 6 bytes = 100 GB at TP 1, 50 GB at TP 2 beside 72 GB of
+    # unsharded state at DP 1, do.)
     url = f"sqlite:///{tmp_path}/s.db"
-    r = subprocess.run([sys.executable, "-m", "autotune", "run", "--size", "70b", "--gpu", "a100-80gb", "--gpus", "2",
+    r = subprocess.run([sys.executable, "-m", "autotune", "run", "--size", "8b", "--seq-len", "131072",
+                        "--gpu", "a100-80gb", "--gpus", "2",
                         "--space", "small", "--trials", "2", "--workers", "2", "--storage", url], cwd=tmp_path,
                        env=_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "4/4 trials gave no feasible plan" in r.stderr, r.stdout + r.stderr

@@ -153,8 +153,10 @@ def _fqn_split(parts: list, num_layers: int, source: str, head: str) -> tuple[in
     return tuple(out)
 
 
-def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignored: list, approx: list):
-    """Model, plan and workload from the normalized settings ``s`` (keys below)."""
+def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignored: list, approx: list,
+            release: str = "0.3"):
+    """Model, plan and workload from the normalized settings ``s`` (keys below), judged by torchtitan
+    ``release`` (its ``releases.yaml`` entry: the precisions it runs)."""
     from autotune.spec.plan import Plan, Workload
 
     model = _flavor_model(s["flavor"], source)
@@ -244,7 +246,23 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
     except (ConfigError, PlanError) as e:
         raise ConfigError(f"{source}: {e}") from None
     return ImportedLaunch(source=source, engine="torchtitan", fmt=fmt, model=model, plan=plan, workload=workload,
-                          num_gpus=num_gpus, modelled=modelled, ignored=tuple(ignored), approximated=tuple(approx))
+                          num_gpus=num_gpus, modelled=modelled, ignored=tuple(ignored), approximated=tuple(approx),
+                          engine_release=release, notes=(_release_note(release),))
+
+
+def _release_note(release: str) -> str:
+    """How the file is judged: torchtitan ``release``'s facts (and the installed torchtitan, if any)."""
+    from importlib import metadata
+
+    from autotune.spec.engines import engine_releases
+    rel = engine_releases("torchtitan")["releases"][release]
+    try:
+        installed = metadata.version("torchtitan")
+    except metadata.PackageNotFoundError:
+        installed = None
+    return (f"judged by torchtitan {rel['version']}, the release this format is written for (precisions "
+            f"{', '.join(rel['precisions'])}; autotune/engines/torchtitan/releases.yaml)"
+            + (f"; installed here: torchtitan {installed}" if installed else ""))
 
 
 def _leaves(d: dict, prefix: str = ""):
@@ -369,7 +387,13 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
                               "full and none")
     converters = get("model.converters", [])
     precision = "bf16"
+    from autotune.spec.engines import engine_releases
+    rel = engine_releases("torchtitan")["releases"]["0.2"]
     for c in converters:
+        if c not in rel["converters"]:
+            raise ConfigError(f"{source}: model converter {_q(c)} is not one torchtitan {rel['version']} registers "
+                              f"({', '.join(rel['converters'])}): its train.py stops at startup (KeyError {_q(c)} in "
+                              "protocols/model_converter.py); the float8 linears are quantize.linear.float8")
         if c == "quantize.linear.float8":
             recipe = get("quantize.linear.float8.recipe_name", None)
             if recipe not in (None, "rowwise"):
@@ -379,8 +403,8 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
             precision = "mxfp8"
             get("quantize.linear.mx.recipe_name", None)
         else:
-            raise ConfigError(f"{source}: model converter {_q(c)}: autotune models quantize.linear.float8 and "
-                              "quantize.linear.mx")
+            raise ConfigError(f"{source}: model converter {_q(c)}: grouped-GEMM (mixture-of-experts) quantization; "
+                              "autotune simulates dense decoders")
     if get("training.mixed_precision_param", "bfloat16") != "bfloat16":
         raise ConfigError(f"{source}: training.mixed_precision_param float32: autotune simulates BF16 compute")
     get("training.mixed_precision_reduce", "float32")
@@ -413,7 +437,7 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
             continue
         sec = key.split(".")[0]
         ignored.append((f"{key} = {_q(v)}", RUN if sec in RUN_SECTIONS or key in RUN_FIELDS else NOT_MODELLED))
-    return _target(s, num_gpus, source, "torchtitan 0.2 TOML", used, ignored, approx)
+    return _target(s, num_gpus, source, "torchtitan 0.2 TOML", used, ignored, approx, release="0.2")
 
 
 def _config_function(path: Path, fn: str | None, source: str) -> str:
@@ -672,7 +696,7 @@ def _from_settings(c: dict, source: str, num_gpus: int) -> ImportedLaunch:
         "training": {"local_batch_size": tr["local_batch_size"], "global_batch_size": tr["global_batch_size"],
                      "seq_len": tr["seq_len"]}, "activation_checkpoint": mode, "compile": compile_on,
         "precision": precision, "memory_reclaim": reclaim}
-    return _target(s, num_gpus, source, "torchtitan 0.3 config", modelled, ignored, approx)
+    return _target(s, num_gpus, source, "torchtitan 0.3 config", modelled, ignored, approx, release="0.3")
 
 
 def import_torchtitan(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
