@@ -24,8 +24,9 @@ SCRIPT_OPTIONS = [
                  help="Read a Megatron-LM launch script by running it: bash runs it in a child process (empty "
                       "temporary directory, no stdin, 20 s timeout, minimal environment) with torchrun, python, "
                       "python3, srun, deepspeed, uv, nsys and mpirun replaced by a recorder of their arguments; "
-                      "nothing is trained and nothing runs inside autotune. Without it the script is read "
-                      "statically (arrays and variables assigned once).") ,
+                      "nothing is trained and nothing runs inside autotune, but the script's other commands do run, "
+                      "with your permissions (not a sandbox: give it only a script you would run). Without it "
+                      "the script is read statically (arrays and variables assigned once).") ,
     click.option("--script-args", "script_args", default=None, metavar="'A B ...'",
                  help="With --run-script: the script's positional arguments ($1 $2 ...), as shell words."),
     click.option("--script-env", "script_env", multiple=True, metavar="NAME=VALUE",

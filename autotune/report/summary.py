@@ -497,11 +497,14 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
         else:
             tt.append("enable_async_tensor_parallel = false  # tp_comm_overlap needs torch.compile in "
                       "torchtitan; compile is off in this plan")
+    # torchtitan 0.2.x registers its converters as quantize.linear.float8 / quantize.linear.mx (the names the
+    # job files of autotune/engines/torchtitan/job.py use; "float8" / "mx" were 0.1.0's and stop 0.2.2 at start)
     if p.precision in ("fp8_tensorwise", "fp8_rowwise"):
-        tt += ["[model]", 'converters = ["float8"]', "[float8]",
-               f'recipe_name = "{p.precision.removeprefix("fp8_")}"', 'filter_fqns = ["output"]  # LM head stays BF16']
+        tt += ["[model]", 'converters = ["quantize.linear.float8"]', "[quantize.linear.float8]"]
+        tt += ([] if p.precision == "fp8_tensorwise" else ['recipe_name = "rowwise"'])
+        tt += ['filter_fqns = ["output"]  # LM head stays BF16']
     elif p.precision == "mxfp8":
-        tt += ["[model]", 'converters = ["mx"]', "[mx]", 'recipe_name = "mxfp8_cublas"',
+        tt += ["[model]", 'converters = ["quantize.linear.mx"]', "[quantize.linear.mx]", 'recipe_name = "mxfp8_cublas"',
                'filter_fqns = ["output"]  # LM head stays BF16']
     elif p.precision == "fp8_delayed":
         tt.append("# fp8_delayed: torchtitan's float8 has dynamic scaling only; delayed scaling is Megatron-LM / TE")

@@ -21,8 +21,8 @@ def test_version():
 
 def test_readme_outputs_are_git_ignored():
     # the files the README's commands write in the checkout (export -o plan.yaml / -o launch/, plot -o plots/,
-    # simulate --trace t.json --gantt g.png)
-    for f in ("plan.yaml", "launch/launch_torchrun.sh", "plots/history.png", "t.json", "g.png"):
+    # simulate --trace t.json --gantt g.png, simulate --save-plan mine.yaml)
+    for f in ("plan.yaml", "mine.yaml", "launch/launch_torchrun.sh", "plots/history.png", "t.json", "g.png"):
         r = subprocess.run(["git", "check-ignore", "-q", "--no-index", f], cwd=ROOT)
         assert r.returncode == 0, f
 
