@@ -407,9 +407,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     {e4m3,hybrid}``, ``--fp8-recipe {tensorwise,delayed,mxfp8,blockwise}`` (no rowwise recipe),
     ``--fp8-amax-history-len`` / ``--fp8-amax-compute-algo {most_recent,max}`` for delayed scaling
     (1024 / max as NeMo's FP8 configs use; Megatron's defaults are 1 / most_recent). torchtitan
-    (torchtitan/config/job_config.py): ``[model] converters = ["float8"]`` with ``[float8]
-    recipe_name`` (tensorwise, rowwise) and ``filter_fqns``, or ``converters = ["mx"]`` with ``[mx]
-    recipe_name = "mxfp8_cublas"``; ``[compile] enable``, ``components = ["model", "loss"]``. The LM
+    0.2.x (torchtitan/config/job_config.py at v0.2.2): ``[model] converters = ["quantize.linear.float8"]`` with
+    ``[quantize.linear.float8] recipe_name`` (rowwise; none for tensorwise, the default) and ``filter_fqns``, or
+    ``converters = ["quantize.linear.mx"]`` with ``recipe_name = "mxfp8_cublas"``; ``[compile] enable``, ``components = ["model", "loss"]``. The LM
     head (``output``) is kept BF16 in every hint.
     """
     p = plan

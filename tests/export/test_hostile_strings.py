@@ -254,9 +254,24 @@ def test_plan_yaml_with_a_newline_in_the_study_is_refused_by_export(tmp_path):
 def test_export_dry_run_of_a_plan_with_a_printable_hostile_study_runs_nothing(tmp_path):
     """Printable metacharacters are accepted in a plan file (a study may be named so) and stay text: `export
     --plan --launcher slurm --dry-run` runs the written script, which prints the command and runs nothing."""
+    import shutil
+    import tempfile
+
     from autotune.cli.app import main
 
-    s = " ".join(x for x in hostile(tmp_path) if x.isprintable())
+    # the canaries under a short folder: the study must stay within the 512 characters a plan file allows, and
+    # pytest's own tmp_path (with xdist's popen-gwN part) made it 561
+    short = Path(tempfile.mkdtemp(prefix="ah", dir="/tmp"))
+    try:
+        _printable_hostile_study(tmp_path, short, main)
+    finally:
+        assert canaries(short) == []
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _printable_hostile_study(tmp_path: Path, short: Path, main) -> None:
+    s = " ".join(x for x in hostile(short) if x.isprintable())
+    assert len(s) <= 512
     d = _doc("megatron", s, "llama3.1-8b").to_dict()
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump(d))

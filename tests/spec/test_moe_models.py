@@ -216,7 +216,8 @@ def _load(tmp_path, cfg):
 def test_hf_config_reads_as_the_builtin(tmp_path, name):
     got = _load(tmp_path, HF[name])
     want = M(name)
-    assert got.name.startswith(HF[name]["model_type"] + "@")
+    # named by the config's folder (no _name_or_path here) and a short hash of its contents (issue 42)
+    assert got.name.startswith(tmp_path.name + "@")
     assert replace(got, name=want.name) == want
     assert got.num_params == want.num_params and got.num_active_params == want.num_active_params
 
