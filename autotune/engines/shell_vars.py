@@ -181,11 +181,17 @@ def launcher_world(launcher: list[str]) -> tuple[int, str] | None:
         if key in ("--nnodes", "--nproc-per-node"):
             got[key] = val if eq else (launcher[k + 1] if k + 1 < len(launcher) else "")
     n, g = got.get("--nnodes", ""), got.get("--nproc-per-node", "")
-    if not (n.isdigit() and g.isdigit()):
+    # ASCII digits only: str.isdigit() also takes '²' or '٨', which int() refuses or reads as 8 (issue 37 QA)
+    if not (n.isascii() and n.isdigit() and g.isascii() and g.isdigit()):
         return None
     for opt, v in (("--nnodes", n), ("--nproc-per-node", g)):
         if int(v) < 1:
             raise ConfigError(f"torchrun {opt} {v}: must be an integer >= 1 (world size = nnodes x nproc-per-node)")
+    from autotune.spec.validate import MAX_NUM_GPUS
+
+    if int(n) * int(g) > MAX_NUM_GPUS:
+        raise ConfigError(f"torchrun --nnodes {n} x --nproc-per-node {g} = {int(n) * int(g):,} GPUs: more than the "
+                          f"{MAX_NUM_GPUS:,} autotune plans for")
     return int(n) * int(g), f"--nnodes {n} x --nproc-per-node {g}"
 
 

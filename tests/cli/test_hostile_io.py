@@ -422,3 +422,25 @@ def test_megatron_layer_count_is_capped_before_any_work(d):
     t0 = time.monotonic()
     line = _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "num_layers")
     assert "2,048" in line and time.monotonic() - t0 < 10, line
+
+
+@pytest.mark.parametrize("launch,needle", [
+    ("--nnodes 0 --nproc-per-node 8", "torchrun --nnodes 0: must be an integer >= 1"),
+    ("--nnodes=1 --nproc_per_node=0", "torchrun --nproc-per-node 0: must be an integer >= 1"),
+    ("--nnodes 99999999 --nproc-per-node 8", "more than the 262,144 autotune plans for"),
+])
+def test_torchrun_world_sizes_out_of_range_are_one_line(tmp_path, launch, needle):
+    # issue 37: --nnodes 0 divided by zero (exit 1 "unexpected"); a world beyond the GPU cap was taken
+    f = tmp_path / "args.sh"
+    f.write_text(f"torchrun {launch} pretrain_gpt.py " + ARGS_8B)
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f)])
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and needle in lines[0], r.output
+
+
+def test_torchrun_counts_in_non_ascii_digits_are_not_read_as_numbers(tmp_path):
+    # '²' passes str.isdigit() but not int(): no crash, the world size is then asked for
+    f = tmp_path / "args.sh"
+    f.write_text("torchrun --nnodes ² --nproc-per-node 8 pretrain_gpt.py " + ARGS_8B)
+    r = CliRunner().invoke(main, ["simulate", "--from-megatron", str(f)])
+    assert r.exit_code == 2 and "unexpected" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
