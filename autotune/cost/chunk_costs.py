@@ -666,11 +666,13 @@ class CostBuilder:
         ``bucket_size_mib`` x 2^20 bytes, the last one holding the remainder. An engine with
         ``one_bucket_without_overlap`` and no overlapped reduction: one bucket of the whole chunk. Empty when
         nothing is reduced at the end of the step (no DP, or FSDP reducing during the backward)."""
-        p = self.p
-        if self.dp_group <= 1 or (p.zero_stage >= 2 and not self.deferred_rs):
+        if self.dp_group <= 1 or (self.p.zero_stage >= 2 and not self.deferred_rs):
             return []
-        total = chunk_params * self.grad_reduce_bytes
-        bucket = p.bucket_size_mib * 2**20
+        return self.bucket_sizes(chunk_params * self.grad_reduce_bytes)
+
+    def bucket_sizes(self, total: int) -> list[int]:
+        """``total`` gradient bytes in the plan's buckets (:meth:`dp_bucket_bytes`; also the expert-DP ones)."""
+        p, bucket = self.p, self.p.bucket_size_mib * 2**20
         if self.engine.one_bucket_without_overlap and not (p.dp_grad_reduce_overlap and p.async_collectives):
             bucket = max(total, 1)      # Megatron-LM: bucket_size None without --overlap-grad-reduce (facts.yaml)
         n_full, rem = divmod(total, bucket)

@@ -154,14 +154,13 @@ def expert_bucket_ms(cb: Any, expert_params: int) -> list[float]:
     if not expert_params or getattr(cb, "edp_group", 1) <= 1 or cb.p.zero_stage >= 2:
         return []
     kind = "all_reduce" if cb.p.zero_stage == 0 else "reduce_scatter"
-    total = expert_params * cb.grad_reduce_bytes
-    bucket = cb.p.bucket_size_mib * 2**20
-    if cb.engine.one_bucket_without_overlap and not (cb.p.dp_grad_reduce_overlap and cb.p.async_collectives):
-        bucket = max(total, 1)
-    n_full, rem = divmod(total, bucket)
-    sizes = [bucket] * int(n_full) + ([rem] if rem else [])
-    memo: dict[int, float] = {}
-    return [memo.setdefault(b, cb.costs.placed_collective_ms(kind, b, cb.edp_place)) for b in sizes]
+    memo: dict[int, float] = {}           # (a chunk has at most two bucket sizes: one collective costed each)
+    out = []
+    for b in cb.bucket_sizes(expert_params * cb.grad_reduce_bytes):
+        if b not in memo:
+            memo[b] = cb.costs.placed_collective_ms(kind, b, cb.edp_place)
+        out.append(memo[b])
+    return out
 
 
 def expert_param_gather_ms(cb: Any, expert_params: int) -> float:
