@@ -150,8 +150,8 @@ def moe_architecture_args(model: ModelSpec) -> list[str]:
     ``--moe-shared-expert-intermediate-size`` (the shared experts' total width), ``--moe-layer-freq`` as a
     per-layer list when the first layers are dense or not every layer is MoE (megatron/training/arguments.py
     ``moe_freq_type``: a Python list expression), the router's score function, expert bias and device-limited
-    groups, ``--moe-grouped-gemm``; MLA: ``--multi-latent-attention``, ``--q-lora-rank`` (when > 0),
-    ``--kv-lora-rank``, ``--qk-head-dim``, ``--qk-pos-emb-head-dim``, ``--v-head-dim``; ``--mtp-num-layers``.
+    groups, ``--moe-grouped-gemm``; ``--qk-layernorm`` for per-head Q/K norms or MLA's latent norms; MLA:
+    ``--multi-latent-attention``, ``--q-lora-rank`` (when > 0), ``--kv-lora-rank``, ``--qk-head-dim``, ``--qk-pos-emb-head-dim``, ``--v-head-dim``; ``--mtp-num-layers``.
     Option names as in Megatron-LM at d98e8a64 (arguments.py ``_add_moe_args``, ``_add_mla_args``,
     TransformerConfig fields)."""
     a: list[str] = []
@@ -181,6 +181,12 @@ def moe_architecture_args(model: ModelSpec) -> list[str]:
         # published benchmarks force-balance routing, and so does the cost model (autotune/cost/moe.py)
         a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-3",
               "--moe-router-force-load-balancing", "--moe-router-dtype", "fp32", "--moe-permute-fusion"]
+    if model.qk_norm or model.is_mla:
+        # --qk-layernorm: RMSNorm over each query / key head (Qwen3 q_norm, k_norm) or, with MLA, over the
+        # query and key-value latents before their up projections (DeepSeek q_a_layernorm, kv_a_layernorm):
+        # megatron/core/models/gpt/gpt_layer_specs.py, q_layernorm / kv_layernorm and the layer-norm-fused
+        # linear_q_up_proj / linear_kv_up_proj only ``if qk_layernorm``
+        a.append("--qk-layernorm")
     if model.is_mla:
         a.append("--multi-latent-attention")
         if model.q_lora_rank:
