@@ -1,0 +1,239 @@
+"""Mixture-of-experts, multi-latent-attention and multi-token-prediction options of a user's Megatron-LM
+launch (part of :mod:`autotune.engines.megatron.importer`; the inverse of
+:func:`autotune.engines.megatron.export.moe_architecture_args` and the MoE part of ``plan_args``).
+
+Defaults and rules, from NVIDIA/Megatron-LM at d98e8a64ddf3 (megatron/training/arguments.py
+``validate_args``, ``_add_mla_args``, ``moe_freq_type``; megatron/core/transformer/transformer_config.py
+``TransformerConfig`` / ``MLATransformerConfig`` fields; megatron/training/argument_utils.py
+``core_transformer_config_from_args``):
+
+* ``--moe-ffn-hidden-size`` defaults to ``--ffn-hidden-size`` ("moe_ffn_hidden_size is not set, using
+  ffn_hidden_size"); ``--moe-router-topk`` 2; ``--moe-token-dispatcher-type`` allgather;
+  ``--moe-flex-dispatcher-backend`` deepep; ``--expert-model-parallel-size`` 1;
+  ``--expert-tensor-parallel-size`` defaults to ``--tensor-model-parallel-size``; ``--moe-grouped-gemm`` off
+  (one GEMM per local expert); ``--moe-router-score-function`` softmax;
+* ``--moe-layer-freq``: an integer N (layer i is MoE when i % N == 0) or a Python list expression of 0/1
+  per layer (``([0]*3+[1]*58)``); autotune's model has the first k layers dense, then i % N == 0;
+* ``--moe-shared-expert-intermediate-size`` is the shared experts' total width (one MLP in Megatron-Core);
+  read as ``width / --moe-ffn-hidden-size`` experts of the routed width when it divides (DeepSeek's shared
+  experts have the routed width), else as one expert of that width: the same weights and FLOPs;
+* MLA: ``--q-lora-rank`` None (= queries projected directly), ``--kv-lora-rank`` 32, ``--qk-head-dim`` 128,
+  ``--qk-pos-emb-head-dim`` 64, ``--v-head-dim`` 128; its RoPE is YaRN unless ``--rope-type rope``
+  (MLATransformerConfig ``rope_type`` "yarn"), with ``--rotary-scaling-factor`` (default 1.0: unscaled) and
+  ``--yarn-original-max-position-embeddings`` (MLATransformerConfig ``original_max_position_embeddings``
+  4096 when not given); ``--qk-layernorm`` with MLA = the latent norms (gpt_layer_specs.py);
+* ``--recompute-modules`` default ``core_attn`` (TransformerConfig ``recompute_modules``).
+
+The routing settings export writes for every MoE launch (``--moe-router-load-balancing-type aux_loss
+--moe-aux-loss-coeff 1e-3 --moe-router-force-load-balancing --moe-router-dtype fp32 --moe-permute-fusion``)
+are modelled when the file has them; otherwise listed as approximated (the cost model routes balanced).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from autotune.errors import ConfigError
+
+#: the routing options export writes (export.moe_architecture_args) -> their value tuple there
+EXPORT_ROUTING = {"--moe-router-load-balancing-type": ("aux_loss",), "--moe-aux-loss-coeff": (1e-3,),
+                  "--moe-router-force-load-balancing": (), "--moe-router-dtype": ("fp32",),
+                  "--moe-permute-fusion": ()}
+#: MoE / MLA options that mean a model or mechanism autotune does not simulate: option -> what it is
+MOE_REFUSED = {
+    "--moe-use-upcycling": "upcycling a dense checkpoint into experts",
+    "--moe-latent-size": "a latent MoE (experts on a down-projected hidden state)",
+    "--moe-shared-expert-gate": "a gated shared expert",
+    "--moe-pad-expert-input-to-capacity": "expert inputs padded to capacity (the cost model is dropless)",
+}
+
+
+def _layer_pattern(r: Any, L: int) -> tuple[int, int]:
+    """(num_first_dense_layers, moe_layer_freq) of ``--moe-layer-freq`` (``moe_freq_type``: an int or a list
+    expression of 0/1 per layer).
+
+    Raises:
+        ConfigError: a list expression that is not literal 0/1 arithmetic, not ``L`` long, or a pattern other
+            than k dense layers then every N-th layer MoE.
+    """
+    raw = r.value("--moe-layer-freq", 1)
+    src = r.source
+    if isinstance(raw, int) or (isinstance(raw, str) and raw.strip().isdigit()):
+        n = int(raw)
+        if n < 1:
+            raise ConfigError(f"{src}: --moe-layer-freq {n}: must be >= 1")
+        return 0, n
+    try:
+        tree = ast.parse(str(raw), mode="eval")
+        ok = all(isinstance(x, (ast.Expression, ast.BinOp, ast.List, ast.Constant, ast.Add, ast.Mult, ast.Load))
+                 for x in ast.walk(tree))
+        pattern = eval(compile(tree, "<moe-layer-freq>", "eval"), {"__builtins__": {}}) if ok else None  # noqa: S307
+    except (SyntaxError, ValueError, TypeError, MemoryError):
+        pattern = None
+    if not isinstance(pattern, list) or len(pattern) > 100_000 or any(v not in (0, 1) for v in pattern):
+        raise ConfigError(f"{src}: --moe-layer-freq {str(raw)[:80]!r}: give an integer or a list expression of 0 "
+                          "(dense) and 1 (MoE) per layer, such as ([0]*3+[1]*58)")
+    if len(pattern) != L:
+        raise ConfigError(f"{src}: --moe-layer-freq lists {len(pattern)} layers; the model has --num-layers {L}")
+    k = next((i for i, v in enumerate(pattern) if v), L)
+    for freq in range(1, L + 1):
+        if [int(i >= k and i % freq == 0) for i in range(L)] == pattern:
+            return k, freq
+    raise ConfigError(f"{src}: --moe-layer-freq {str(raw)[:80]!r}: autotune models the first k layers dense and "
+                      "then every N-th layer MoE; this pattern is not of that form")
+
+
+def read_moe_model(r: Any, *, ffn: int, L: int) -> dict[str, Any]:
+    """ModelSpec fields of the MoE, MLA, Q/K-norm and MTP options (empty for a dense standard-attention
+    launch). ``ffn``: the dense MLP width (``--ffn-hidden-size``), ``L``: ``--num-layers``.
+
+    Raises:
+        ConfigError: an option of :data:`MOE_REFUSED`, a score function other than softmax / sigmoid, or a
+            value out of range (named).
+    """
+    src, kw = r.source, {}
+    for opt, what in MOE_REFUSED.items():
+        if r.has(opt):
+            r.refuse(opt, what)
+    experts = r.value("--num-experts", None)
+    if experts:
+        if experts < 1:
+            raise ConfigError(f"{src}: --num-experts {experts}: must be >= 1")
+        fe = r.positive("--moe-ffn-hidden-size", ffn)
+        kw.update(num_experts=experts, moe_top_k=r.positive("--moe-router-topk", 2), moe_ffn_hidden_size=fe)
+        shared = r.value("--moe-shared-expert-intermediate-size", 0)
+        if shared:
+            kw.update(num_shared_experts=shared // fe, shared_expert_ffn_hidden_size=fe) if shared % fe == 0 else \
+                kw.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
+        first, freq = _layer_pattern(r, L)
+        kw.update(num_first_dense_layers=first, moe_layer_freq=freq)
+        score = r.value("--moe-router-score-function", "softmax")
+        if score not in ("softmax", "sigmoid"):
+            r.refuse("--moe-router-score-function", f"router score function {score} (autotune models softmax and "
+                     "sigmoid)")
+        kw.update(router_score_function=score, router_expert_bias=r.switch("--moe-router-enable-expert-bias"))
+        if r.has("--moe-router-num-groups"):
+            kw.update(router_num_groups=r.positive("--moe-router-num-groups", None),
+                      router_group_top_k=r.positive("--moe-router-group-topk", None, " with --moe-router-num-groups"))
+        kw["router_scaling_factor"] = float(r.value("--moe-router-topk-scaling-factor", 1.0) or 1.0)
+        missing = []
+        for opt, want in EXPORT_ROUTING.items():
+            if r.args.get(opt) == want:
+                r.modelled[opt] = want
+            else:
+                missing.append(opt)
+                if r.has(opt):
+                    r.handled.add(opt)
+        if missing:
+            r.approx.append("routing costed balanced (each expert gets the mean tokens, as published benchmarks "
+                            f"force it); export writes {' '.join(_show_routing())} (the file has not "
+                            f"{', '.join(missing)} as export writes it)")
+        cap = r.value("--moe-expert-capacity-factor", None, modelled=False)
+        if cap is not None:
+            if cap < 1:
+                r.refuse("--moe-expert-capacity-factor", f"capacity factor {cap:g} < 1 drops routed tokens even "
+                         "when balanced (the cost model is dropless)")
+            r.approx.append(f"--moe-expert-capacity-factor {cap:g}: balanced routing drops no token at a capacity "
+                            ">= 1; costed dropless")
+            r.ignore("--moe-token-drop-policy", "no token is dropped under balanced routing")
+    else:
+        for o in ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-layer-freq", "--moe-grouped-gemm",
+                  "--moe-token-dispatcher-type", *EXPORT_ROUTING):
+            r.ignore(o, "no effect without --num-experts")
+    if r.switch("--multi-latent-attention"):
+        q = r.value("--q-lora-rank", None) or 0
+        kw.update(q_lora_rank=q, kv_lora_rank=r.positive("--kv-lora-rank", 32),
+                  qk_nope_head_dim=r.positive("--qk-head-dim", 128),
+                  qk_rope_head_dim=r.positive("--qk-pos-emb-head-dim", 64), v_head_dim=r.positive("--v-head-dim", 128))
+        kw["head_dim"] = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
+        r.ignore("--kv-channels", "no effect with --multi-latent-attention (the head widths are --qk-head-dim, "
+                                  "--qk-pos-emb-head-dim, --v-head-dim)")
+        if not r.switch("--qk-layernorm"):
+            r.approx.append("MLA without --qk-layernorm: costed with the latent RMSNorms (DeepSeek's q_a_layernorm, "
+                            "kv_a_layernorm), which export writes (--qk-layernorm)")
+    elif r.switch("--qk-layernorm"):
+        kw["qk_norm"] = True
+    mtp = r.value("--mtp-num-layers", None)
+    if mtp:
+        kw["mtp_num_layers"] = mtp
+    return kw
+
+
+def _show_routing() -> list[str]:
+    out = []
+    for opt, v in EXPORT_ROUTING.items():
+        out += [opt, *(f"{x:g}" if isinstance(x, float) else str(x) for x in v)]
+    return out
+
+
+def read_rope_scaling(r: Any, *, mla: bool, pe: str):
+    """The YaRN RopeScaling of an MLA launch (``--rope-type``, default yarn) or of ``--position-embedding-type
+    yarn``; None for plain RoPE (or YaRN with factor 1: unscaled)."""
+    from autotune.spec.models import RopeScaling
+
+    yarn = (r.value("--rope-type", "yarn") == "yarn") if mla else pe == "yarn"
+    if not yarn:
+        for o in ("--rotary-scaling-factor", "--yarn-original-max-position-embeddings"):
+            r.ignore(o, "no effect without YaRN RoPE")
+        return None
+    factor = float(r.value("--rotary-scaling-factor", 1.0))
+    orig = r.value("--yarn-original-max-position-embeddings", 4096)
+    if factor == 1.0:
+        r.ignore("--yarn-original-max-position-embeddings", "no effect: YaRN with --rotary-scaling-factor 1 "
+                                                            "scales no frequency")
+        return None
+    return RopeScaling(type="yarn", factor=factor, original_max_position_embeddings=orig)
+
+
+def read_moe_plan(r: Any, model: Any, *, tp: int, async_coll: bool) -> dict[str, Any]:
+    """Plan fields of the expert-parallel options: ``ep_degree``, ``etp_degree`` (default TP), the dispatcher,
+    grouped GEMM and all-to-all overlap (empty for a dense model, whose EP 1 is ignored)."""
+    if not model.is_moe:
+        return {}
+    ep = r.positive("--expert-model-parallel-size", 1)
+    etp = r.value("--expert-tensor-parallel-size", None)
+    if etp is None:
+        etp = tp
+        if tp > 1:
+            r.approx.append(f"no --expert-tensor-parallel-size: Megatron-LM uses TP {tp} for the experts "
+                            "(validate_args), which export writes")
+    elif etp < 1:
+        raise ConfigError(f"{r.source}: --expert-tensor-parallel-size {etp}: must be an integer >= 1")
+    disp = r.value("--moe-token-dispatcher-type", "allgather")
+    if r.switch("--moe-enable-deepep", modelled=False):
+        disp = "flex"
+    if disp == "flex":
+        backend = r.value("--moe-flex-dispatcher-backend", "deepep")
+        if backend != "deepep" or not r.has("--moe-flex-dispatcher-backend"):
+            r.demote("--moe-flex-dispatcher-backend")
+            if backend != "deepep":
+                r.approx.append(f"--moe-flex-dispatcher-backend {backend}: costed as the flex dispatcher autotune "
+                                "has (DeepEP), which export writes")
+    else:
+        r.ignore("--moe-flex-dispatcher-backend", "no effect without --moe-token-dispatcher-type flex")
+    overlap = r.switch("--overlap-moe-expert-parallel-comm")
+    if overlap and not async_coll:
+        r.demote("--overlap-moe-expert-parallel-comm")
+    return {"ep_degree": ep, "etp_degree": etp, "moe_dispatcher": disp,
+            "moe_grouped_gemm": r.switch("--moe-grouped-gemm"), "moe_a2a_overlap": overlap}
+
+
+def read_recompute_modules(r: Any) -> tuple[str, ...] | None:
+    """``--recompute-modules`` with selective recompute as the plan's ``recompute_modules`` (None for
+    Megatron-LM's default, ``core_attn`` alone)."""
+    mods = r.args.get("--recompute-modules")
+    if mods is None:
+        return None
+    if tuple(mods) == ("core_attn",):
+        r.handled.add("--recompute-modules")
+        return None
+    if list(mods) == sorted(set(mods)):
+        r.modelled["--recompute-modules"] = mods      # export writes the plan's sorted tuple
+    else:
+        r.handled.add("--recompute-modules")
+    return tuple(mods)
+
+
+__all__ = ["EXPORT_ROUTING", "MOE_REFUSED", "read_moe_model", "read_moe_plan", "read_recompute_modules",
+           "read_rope_scaling"]
