@@ -236,3 +236,47 @@ def test_megatron_validate_args_accepts_the_moe_exports(tmp_path):
         assert results[name]["ok"] and results[name]["stage"] == "done", results[name]
     assert not results["negative-ep32"]["ok"] and "multiple of expert model parallel" in results["negative-ep32"]["error"]
 
+
+
+# ---- torchtitan 0.2.2 MoE job files (tests/data/launches/torchtitan-0.2.2, as shipped at v0.2.2) -------------
+TT = DATA / "launches" / "torchtitan-0.2.2"
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3_16b", "deepseek_v3_671b", "qwen3_moe_debug"])
+def test_torchtitan_moe_tomls_as_shipped_one_line_reason(name):
+    # every shipped MoE TOML shards with FSDP (data_parallel_shard_degree -1 -> ZeRO-3), which autotune's MoE
+    # cost model does not cost (spec/moe_plan.py): one line naming it
+    with pytest.raises(ConfigError, match=r"zero_stage=3 \(FSDP\) with routed experts is not costed") as e:
+        import_launch(TT / f"{name}.toml", None, num_gpus=64)
+    assert "\n" not in str(e.value)
+
+
+def test_torchtitan_moe_toml_with_ddp_degrees_is_predicted(tmp_path):
+    text = (TT / "deepseek_v3_16b.toml").read_text()
+    f = tmp_path / "ds16_ddp.toml"
+    f.write_text(text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 8")
+                 .replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1"))
+    got = import_launch(f, None, num_gpus=8)
+    # flavour 16B -> deepseek-16b (torchtitan's deepseekv3_args["16B"] is that shape); expert_parallel_degree 8
+    assert got.model == get_builtin_model("deepseek-16b")
+    p = got.plan
+    # DDP 8 (replicate), EP 8 over DP 8 (expert DP 1), local_batch_size 4 -> micro-batches 32 / (4 x 8) = 1
+    assert (p.dp_degree, p.zero_stage, p.ep_degree, p.etp_degree, p.num_micro_batches) == (8, 0, 8, 1, 1)
+    assert ("quantize.grouped_mm.float8.fqns = ['experts']",
+            "no effect without quantize.grouped_mm.float8 in model.converters") in got.ignored
+    assert any(a.startswith("routing as trained") for a in got.approximated)
+    # forced balance: the approximation goes
+    f.write_text(f.read_text().replace("[training]", "[training]\ndebug_moe_force_load_balance = true"))
+    assert not any(a.startswith("routing") for a in import_launch(f, None, num_gpus=8).approximated)
+
+
+def test_torchtitan_moe_flavours():
+    from autotune.engines.torchtitan.moe_import import moe_flavor_model
+    # 671B: DeepSeek-V3 without the MTP module (torchtitan 0.2.2 has none)
+    m = moe_flavor_model("deepseek_v3", "671B", "f")
+    assert m.mtp_num_layers == 0 and m.num_experts == 256 and m.name == "deepseek-v3-no-mtp"
+    # qwen3 debugmodel_moe: 8 layers, 64 experts of 768, top-8 (qwen3/__init__.py at v0.2.2)
+    d = moe_flavor_model("qwen3", "debugmodel_moe", "f")
+    assert (d.num_layers, d.num_experts, d.moe_top_k, d.moe_ffn_hidden_size, d.qk_norm) == (8, 64, 8, 768, True)
+    with pytest.raises(ConfigError, match=r"qwen3 flavour '8B'.*30B-A3B, 235B-A22B, debugmodel_moe"):
+        moe_flavor_model("qwen3", "8B", "f")
