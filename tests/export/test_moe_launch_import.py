@@ -5,6 +5,7 @@ validate_args + TransformerConfig run on the exported flags when MEGATRON_LM poi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -66,6 +67,13 @@ CASES = [
     ("deepseek16b-ep8-shared-experts", "deepseek-16b",
      Plan(dp_degree=8, ep_degree=8, micro_batch_size=2, num_micro_batches=2, zero_stage=1, recompute="selective",
           recompute_modules=("shared_experts",)), 4096, "hopper", (9, 0)),
+    # GPT-OSS-120B H100 (mb260401-gptoss120-h100-bf16): PP 4, EP 8, flex, recompute layernorm + moe_act; its
+    # sinks, alternating 128-token windows, clamped quick-GeGLU and biases as Megatron-LM flags (export.py)
+    ("gptoss120-pp4-ep8-flex", "gpt-oss-120b",
+     Plan(pp_degree=4, dp_degree=16, ep_degree=8, moe_dispatcher="flex", micro_batch_size=1, num_micro_batches=8,
+          zero_stage=1, recompute="selective", recompute_modules=("layernorm", "moe_act")), 4096, "hopper", (9, 0)),
+    ("gptoss20-ep8", "gpt-oss-20b",
+     Plan(dp_degree=8, ep_degree=8, micro_batch_size=1, num_micro_batches=8, zero_stage=1), 4096, "blackwell", (10, 0)),
     ("kimi-k2-pp4-ep16", "kimi-k2",
      Plan(pp_degree=4, dp_degree=16, ep_degree=16, stage_layers=_ends(61, 4), micro_batch_size=1,
           num_micro_batches=8, zero_stage=1), 4096, "hopper", (9, 0)),
@@ -223,7 +231,7 @@ def _checker_cases(extra=()):
                     "d98e8a64ddf3) to run its parse_args + validate_args on the exported MoE flags")
 def test_megatron_validate_args_accepts_the_moe_exports(tmp_path):
     # a negative case proves the checker can fail: EP 32 over 8 experts (arguments.py:1657)
-    bad = dict(_checker_cases()[5], name="negative-ep32")
+    bad = dict(next(c for c in _checker_cases() if c["name"] == "mixtral-pp4vp8-ep8"), name="negative-ep32")
     bad["args"] = [("32" if a == "8" and bad["args"][i - 1] == "--expert-model-parallel-size" else a)
                    for i, a in enumerate(bad["args"])]
     cases = tmp_path / "cases.json"
@@ -280,3 +288,21 @@ def test_torchtitan_moe_flavours():
     assert (d.num_layers, d.num_experts, d.moe_top_k, d.moe_ffn_hidden_size, d.qk_norm) == (8, 64, 8, 768, True)
     with pytest.raises(ConfigError, match=r"qwen3 flavour '8B'.*30B-A3B, 235B-A22B, debugmodel_moe"):
         moe_flavor_model("qwen3", "8B", "f")
+
+
+def test_gpt_oss_flags():
+    from autotune.engines.megatron.export import architecture_args, unsupported_features
+    m = get_builtin_model("gpt-oss-120b")
+    a = " ".join(architecture_args(m, 4096))
+    # HF config.json: sliding_window 128 on the even layers (layer_types), sinks, swiglu_limit 7, biases on every
+    # linear layer; Megatron-LM: window (128, 0) windowed unless the 1-based layer number is a multiple of 2
+    for flag in ("--window-size 128,0 --window-attn-skip-freq 2", "--softmax-type learnable",
+                 "--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value 7",
+                 "--position-embedding-type yarn", "--no-yarn-correction-range-round-to-int"):
+        assert flag in a, flag
+    assert "--disable-bias-linear" not in a and "--swiglu" not in a and "--add-qkv-bias" not in a
+    # within the window no window flag is needed (full causal attention)
+    assert "--window-size" not in " ".join(architecture_args(m, 128))
+    # biases on some linear layers only cannot be launched: named
+    part = dataclasses.replace(get_builtin_model("qwen3-30b-a3b"), router_bias=True)
+    assert any("biases on the router linear layers only" in f for f in unsupported_features(part, 4096))

@@ -45,7 +45,8 @@ from typing import Any
 
 from autotune.errors import ConfigError, PlanError
 from autotune.engines.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
-from autotune.engines.megatron.moe_import import read_moe_model, read_moe_plan, read_recompute_modules, read_rope_scaling
+from autotune.engines.megatron.moe_import import (read_attention_and_gpt_oss, read_moe_model, read_moe_plan,
+                                                  read_recompute_modules, read_rope_scaling)
 from autotune.engines.shell_vars import launcher_world, read_launch
 from autotune.export.script_run import looks_like_script, recorded_launch
 
@@ -58,9 +59,7 @@ _SWITCH_ACTIONS = ("store_true", "store_false", "store_const", "count", "Boolean
 REFUSED = {
     "--rotary-interleaved": ("interleaved RoPE", None),
     "--squared-relu": ("a squared-ReLU MLP", None),
-    "--quick-geglu": ("a GeGLU MLP", None),
     "--apply-residual-connection-post-layernorm": ("post-norm residuals", None),
-    "--window-size": ("sliding-window attention", None),
     "--rotary-percent": ("partial RoPE", lambda v: v[0] != 1.0),
     "--rotary-seq-len-interpolation-factor": ("RoPE position interpolation", None),
     "--no-rope-freq": ("layers without RoPE", None),
@@ -307,7 +306,8 @@ def _model(r: _Reader, label: str):
     if norm != "RMSNorm":
         raise ConfigError(f"{src}: --normalization {norm}" + (" (Megatron-LM's default)" if not r.has("--normalization")
                           else "") + ": autotune simulates RMSNorm models only (add --normalization RMSNorm)")
-    if not r.switch("--disable-bias-linear"):
+    extra = read_attention_and_gpt_oss(r)       # windows, sinks, GPT-OSS's MLP and biases (moe_import.py)
+    if not r.switch("--disable-bias-linear") and not extra.get("features"):
         raise ConfigError(f"{src}: biases on every linear layer (Megatron-LM's default without --disable-bias-linear): "
                           "autotune simulates models without linear biases (Q/K/V biases: --add-qkv-bias)")
     swiglu, openai = r.switch("--swiglu"), r.switch("--openai-gelu")
@@ -355,13 +355,14 @@ def _model(r: _Reader, label: str):
     r.ignore("--make-vocab-size-divisible-by", "not modelled: Megatron-LM pads the vocabulary to a multiple of this x "
                                                "TP; the cost model counts --vocab-size rows")
     maxpos = r.positive("--max-position-embeddings", None)
-    act = (True, "silu") if swiglu else (False, "gelu_pytorch_tanh") if openai else (False, "gelu")
+    act = (True, "silu") if swiglu or extra.get("features") else (False, "gelu_pytorch_tanh") if openai else (False, "gelu")
     try:
         m = ModelSpec(name=label, hidden_size=h, num_layers=L, num_heads=nq, num_kv_heads=nkv, ffn_hidden_size=ffn,
                       vocab_size=vocab, tied_embeddings=not r.switch("--untie-embeddings-and-output-weights"),
                       gated_mlp=act[0], mlp_activation=act[1], rope_theta=float(theta),
-                      norm_eps=r.value("--norm-epsilon", 1e-5), max_seq_len=maxpos, qkv_bias=r.switch("--add-qkv-bias"),
-                      rope_scaling=scaling, **{"head_dim": d, **read_moe_model(r, ffn=ffn, L=L)})
+                      norm_eps=r.value("--norm-epsilon", 1e-5), max_seq_len=maxpos,
+                      rope_scaling=scaling, **{"head_dim": d, "qkv_bias": r.switch("--add-qkv-bias"), **extra,
+                                               **read_moe_model(r, ffn=ffn, L=L, biases=bool(extra.get("features")))})
     except ConfigError as e:
         raise ConfigError(f"{src}: {e}") from None
     return catalog_name(m)

@@ -84,9 +84,53 @@ def _layer_pattern(r: Any, L: int) -> tuple[int, int]:
                       "then every N-th layer MoE; this pattern is not of that form")
 
 
-def read_moe_model(r: Any, *, ffn: int, L: int) -> dict[str, Any]:
+def read_attention_and_gpt_oss(r: Any) -> dict[str, Any]:
+    """ModelSpec fields of sliding windows (``--window-size W,0``; ``--window-attn-skip-freq 2``: the 0-based
+    even layers windowed, as autotune's ``sliding_window_period`` 2), attention sinks (``--softmax-type
+    learnable``) and GPT-OSS's MLP (``--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value C``
+    without ``--disable-bias-linear``: the SwiGLU-clamp feature and biases on every linear layer), the inverse
+    of :func:`autotune.engines.megatron.export.architecture_args`'s GPT-OSS flags.
+
+    Raises:
+        ConfigError: a window with look-ahead, a skip pattern other than 2, ``off-by-one`` softmax, a quick
+            GeGLU without GPT-OSS's offset and clamp (named).
+    """
+    kw: dict[str, Any] = {}
+    win = r.value("--window-size", None)
+    if win is not None:
+        try:
+            left, right = (int(x) for x in str(win).strip("()").split(","))
+        except ValueError:
+            raise ConfigError(f"{r.source}: --window-size {str(win)[:40]!r}: give LEFT,RIGHT (tuple_type)") from None
+        if right != 0 or left < 1:
+            r.refuse("--window-size", f"a window of ({left}, {right}) (autotune models causal windows (W, 0))")
+        skip = r.value("--window-attn-skip-freq", None)
+        if skip not in (None, 2, "2"):
+            r.refuse("--window-attn-skip-freq", "a window pattern other than every layer or the even layers (GPT-OSS)")
+        kw.update(sliding_window=left, sliding_window_period=2 if skip is not None else 1)
+    else:
+        r.ignore("--window-attn-skip-freq", "no effect without --window-size")
+    soft = r.value("--softmax-type", "vanilla")
+    if soft == "off-by-one":
+        r.refuse("--softmax-type", "off-by-one softmax (autotune models vanilla softmax and learnable sinks)")
+    if soft == "learnable":
+        kw["attention_sinks"] = True
+    if r.switch("--quick-geglu"):
+        off, clamp = r.value("--glu-linear-offset", 0.0), r.value("--activation-func-clamp-value", None)
+        if off != 1.0 or clamp is None or r.has("--disable-bias-linear"):
+            r.refuse("--quick-geglu", "a quick-GeGLU MLP other than GPT-OSS's (--glu-linear-offset 1, "
+                     "--activation-func-clamp-value, biases on every linear layer)")
+        kw.update(features=(f"SwiGLU clamped at swiglu_limit {clamp:g} (GPT-OSS)",), qkv_bias=True,
+                  attention_output_bias=True)
+        if r.has("--no-yarn-correction-range-round-to-int"):
+            r.switch("--no-yarn-correction-range-round-to-int")
+    return kw
+
+
+def read_moe_model(r: Any, *, ffn: int, L: int, biases: bool = False) -> dict[str, Any]:
     """ModelSpec fields of the MoE, MLA, Q/K-norm and MTP options (empty for a dense standard-attention
-    launch). ``ffn``: the dense MLP width (``--ffn-hidden-size``), ``L``: ``--num-layers``.
+    launch). ``ffn``: the dense MLP width (``--ffn-hidden-size``), ``L``: ``--num-layers``; ``biases``: every
+    linear layer has a bias (GPT-OSS: the experts' and the router's too).
 
     Raises:
         ConfigError: an option of :data:`MOE_REFUSED`, a score function other than softmax / sigmoid, or a
@@ -101,7 +145,8 @@ def read_moe_model(r: Any, *, ffn: int, L: int) -> dict[str, Any]:
         if experts < 1:
             raise ConfigError(f"{src}: --num-experts {experts}: must be >= 1")
         fe = r.positive("--moe-ffn-hidden-size", ffn)
-        kw.update(num_experts=experts, moe_top_k=r.positive("--moe-router-topk", 2), moe_ffn_hidden_size=fe)
+        kw.update(num_experts=experts, moe_top_k=r.positive("--moe-router-topk", 2), moe_ffn_hidden_size=fe,
+                  moe_expert_bias=biases, router_bias=biases)
         shared = r.value("--moe-shared-expert-intermediate-size", 0)
         if shared:
             kw.update(num_shared_experts=shared // fe, shared_expert_ffn_hidden_size=fe) if shared % fe == 0 else \
@@ -235,5 +280,5 @@ def read_recompute_modules(r: Any) -> tuple[str, ...] | None:
     return tuple(mods)
 
 
-__all__ = ["EXPORT_ROUTING", "MOE_REFUSED", "read_moe_model", "read_moe_plan", "read_recompute_modules",
+__all__ = ["EXPORT_ROUTING", "MOE_REFUSED", "read_attention_and_gpt_oss", "read_moe_model", "read_moe_plan", "read_recompute_modules",
            "read_rope_scaling"]
