@@ -154,6 +154,10 @@ MOE_BASE = ("--num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 --num-atte
     ("--moe-layer-freq [1,1,0,1]", "not of that form"),
     ("--moe-layer-freq [1,1]", "lists 2 layers; the model has --num-layers 4"),
     ("--moe-layer-freq __import__('os')", "give an integer or a list expression"),
+    # a list of 10^10 entries is refused before it is built; a non-ASCII digit is not an integer
+    ("--moe-layer-freq ([0]*100000)*100000", "give an integer or a list expression"),
+    ("--moe-layer-freq \u00b2", "give an integer or a list expression"),
+    ("--moe-layer-freq [0,0,0,0]", "no MoE layer"),
     ("--moe-router-score-function sqrtsoftplus", "router score function sqrtsoftplus"),
     ("--moe-expert-capacity-factor 0.5", "drops routed tokens"),
     ("--expert-model-parallel-size 8 --overlap-moe-expert-parallel-comm --moe-token-dispatcher-type allgather",
@@ -182,6 +186,11 @@ def test_moe_defaults_follow_megatron(tmp_path):
     # and every second layer MoE
     imp = import_megatron_args(_args(tmp_path, MOE_BASE + "--moe-layer-freq 2"), num_gpus=8)
     assert imp.model.moe_layer_pattern == (1, 0, 1, 0)
+    # the same as a list, and a single MoE layer at index 2 of 4 (k = 2, freq 4: 2 % 4 != 0, so freq 2: 2, and
+    # 4 is past the end)
+    for expr, pattern in (("[1,0,1,0]", (1, 0, 1, 0)), ("[0,0,1,0]", (0, 0, 1, 0)), ("[0]*3+[1]", (0, 0, 0, 1))):
+        imp = import_megatron_args(_args(tmp_path, MOE_BASE + f"--moe-layer-freq {expr}"), num_gpus=8)
+        assert imp.model.moe_layer_pattern == pattern, expr
 
 
 # ---- Megatron-LM's own checks -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ are modelled when the file has them; otherwise listed as approximated (the cost 
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 from autotune.errors import ConfigError
@@ -49,6 +50,41 @@ MOE_REFUSED = {
 }
 
 
+#: the longest --moe-layer-freq list read (layers); a longer one is refused before it is built
+MAX_PATTERN = 100_000
+
+
+def _list_expression(text: str) -> list[int] | None:
+    """The list of a ``moe_freq_type`` expression (list literals of integers, ``+``, ``*`` by an integer), or
+    None for anything else; lengths are checked against :data:`MAX_PATTERN` before a list is built (Megatron-LM
+    evaluates the string as Python; autotune runs no code of the file)."""
+    def ev(n: ast.AST) -> list[int] | int:
+        if isinstance(n, ast.Constant) and type(n.value) is int and 0 <= n.value <= MAX_PATTERN:
+            return n.value
+        if isinstance(n, ast.List) and len(n.elts) <= MAX_PATTERN:
+            vals = [ev(e) for e in n.elts]
+            if all(isinstance(v, int) for v in vals):
+                return vals
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Mult)):
+            a, b = ev(n.left), ev(n.right)
+            if isinstance(n.op, ast.Add) and isinstance(a, list) and isinstance(b, list) and \
+                    len(a) + len(b) <= MAX_PATTERN:
+                return a + b
+            if isinstance(n.op, ast.Mult):
+                lst, k = (a, b) if isinstance(a, list) else (b, a)
+                if isinstance(lst, list) and isinstance(k, int) and len(lst) * k <= MAX_PATTERN:
+                    return lst * k
+        raise ValueError(text)
+
+    if len(text) > 10_000:
+        return None
+    try:
+        out = ev(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return out if isinstance(out, list) else None
+
+
 def _layer_pattern(r: Any, L: int) -> tuple[int, int]:
     """(num_first_dense_layers, moe_layer_freq) of ``--moe-layer-freq`` (``moe_freq_type``: an int or a list
     expression of 0/1 per layer).
@@ -59,25 +95,23 @@ def _layer_pattern(r: Any, L: int) -> tuple[int, int]:
     """
     raw = r.value("--moe-layer-freq", 1)
     src = r.source
-    if isinstance(raw, int) or (isinstance(raw, str) and raw.strip().isdigit()):
+    if isinstance(raw, int) or re.fullmatch(r"[0-9]{1,9}", str(raw).strip()):
         n = int(raw)
         if n < 1:
             raise ConfigError(f"{src}: --moe-layer-freq {n}: must be >= 1")
         return 0, n
-    try:
-        tree = ast.parse(str(raw), mode="eval")
-        ok = all(isinstance(x, (ast.Expression, ast.BinOp, ast.List, ast.Constant, ast.Add, ast.Mult, ast.Load))
-                 for x in ast.walk(tree))
-        pattern = eval(compile(tree, "<moe-layer-freq>", "eval"), {"__builtins__": {}}) if ok else None  # noqa: S307
-    except (SyntaxError, ValueError, TypeError, MemoryError):
-        pattern = None
-    if not isinstance(pattern, list) or len(pattern) > 100_000 or any(v not in (0, 1) for v in pattern):
+    pattern = _list_expression(str(raw))
+    if pattern is None or any(v not in (0, 1) for v in pattern):
         raise ConfigError(f"{src}: --moe-layer-freq {str(raw)[:80]!r}: give an integer or a list expression of 0 "
                           "(dense) and 1 (MoE) per layer, such as ([0]*3+[1]*58)")
     if len(pattern) != L:
         raise ConfigError(f"{src}: --moe-layer-freq lists {len(pattern)} layers; the model has --num-layers {L}")
-    k = next((i for i, v in enumerate(pattern) if v), L)
-    for freq in range(1, L + 1):
+    ones = [i for i, v in enumerate(pattern) if v]
+    if not ones:
+        raise ConfigError(f"{src}: --moe-layer-freq {str(raw)[:80]!r}: no MoE layer; drop --num-experts for a dense "
+                          "model")
+    k = ones[0]
+    for freq in ([ones[1] - k] if len(ones) > 1 else []) + [L, max(k, 1)]:
         if [int(i >= k and i % freq == 0) for i in range(L)] == pattern:
             return k, freq
     raise ConfigError(f"{src}: --moe-layer-freq {str(raw)[:80]!r}: autotune models the first k layers dense and "
