@@ -288,10 +288,14 @@ def test_torchtitan_moe_toml_with_ddp_degrees_is_predicted(tmp_path):
 
 
 def test_torchtitan_moe_flavours():
-    from autotune.engines.torchtitan.moe_import import moe_flavor_model
-    # 671B: DeepSeek-V3 without the MTP module (torchtitan 0.2.2 has none)
+    from autotune.engines.torchtitan.moe_import import moe_flavor_model, moe_flavor_note
+    # 671B: DeepSeek-V3 without the MTP module (torchtitan 0.2.2 has none), said so
     m = moe_flavor_model("deepseek_v3", "671B", "f")
     assert m.mtp_num_layers == 0 and m.num_experts == 256 and m.name == "deepseek-v3-no-mtp"
+    assert "no multi-token prediction" in moe_flavor_note("deepseek_v3", "671B")
+    # 235B-A22B: the built-in model, its uncosted differences (rope_theta 5e6, max_seq_len 4096) named
+    assert moe_flavor_model("qwen3", "235B-A22B", "f") == get_builtin_model("qwen3-235b-a22b")
+    assert "rope_theta 5e6" in moe_flavor_note("qwen3", "235B-A22B")
     # qwen3 debugmodel_moe: 8 layers, 64 experts of 768, top-8 (qwen3/__init__.py at v0.2.2)
     d = moe_flavor_model("qwen3", "debugmodel_moe", "f")
     assert (d.num_layers, d.num_experts, d.moe_top_k, d.moe_ffn_hidden_size, d.qk_norm) == (8, 64, 8, 768, True)

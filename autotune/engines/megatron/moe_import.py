@@ -195,7 +195,7 @@ def read_moe_model(r: Any, *, ffn: int, L: int, biases: bool = False) -> dict[st
         if r.has("--moe-router-num-groups"):
             kw.update(router_num_groups=r.positive("--moe-router-num-groups", None),
                       router_group_top_k=r.positive("--moe-router-group-topk", None, " with --moe-router-num-groups"))
-        kw["router_scaling_factor"] = float(r.value("--moe-router-topk-scaling-factor", 1.0) or 1.0)
+        kw["router_scaling_factor"] = float(r.value("--moe-router-topk-scaling-factor", 1.0))
         missing = []
         for opt, want in EXPORT_ROUTING.items():
             if r.args.get(opt) == want:
@@ -206,8 +206,8 @@ def read_moe_model(r: Any, *, ffn: int, L: int, biases: bool = False) -> dict[st
                     r.handled.add(opt)
         if missing:
             r.approx.append("routing costed balanced (each expert gets the mean tokens, as published benchmarks "
-                            f"force it); export writes {' '.join(_show_routing())} (the file has not "
-                            f"{', '.join(missing)} as export writes it)")
+                            f"force it); export writes {' '.join(_show_routing())} (the file differs in "
+                            f"{', '.join(missing)})")
         cap = r.value("--moe-expert-capacity-factor", None, modelled=False)
         if cap is not None:
             if cap < 1:
@@ -293,7 +293,12 @@ def read_moe_plan(r: Any, model: Any, *, tp: int, async_coll: bool) -> dict[str,
         r.ignore("--moe-flex-dispatcher-backend", "no effect without --moe-token-dispatcher-type flex")
     overlap = r.switch("--overlap-moe-expert-parallel-comm")
     if overlap and not async_coll:
+        # autotune's one switch for asynchronous collectives is off (--no-overlap-p2p-communication, no DP / TP
+        # overlap): the plan overlaps nothing, so not the all-to-all either
         r.demote("--overlap-moe-expert-parallel-comm")
+        r.approx.append("--overlap-moe-expert-parallel-comm with every other overlap off: costed without it "
+                        "(autotune has one switch for asynchronous collectives)")
+        overlap = False
     return {"ep_degree": ep, "etp_degree": etp, "moe_dispatcher": disp,
             "moe_grouped_gemm": r.switch("--moe-grouped-gemm"), "moe_a2a_overlap": overlap}
 

@@ -431,8 +431,10 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
         approx.append("compile of the loss only: costed as eager (compile: false)")
         compile_on = False
     if name != "llama3":
-        from autotune.engines.torchtitan.moe_import import moe_toml_settings
+        from autotune.engines.torchtitan.moe_import import moe_flavor_note, moe_toml_settings
         moe_toml_settings(flat, get, ignored, approx)
+        if moe_flavor_note(name, flavor):
+            approx.append(moe_flavor_note(name, flavor))
     s = {"flavor": flavor, "name": name, "head": "output",
          "par": {"tp": get("parallelism.tensor_parallel_degree", 1), "pp": get("parallelism.pipeline_parallel_degree", 1),
                  "cp": get("parallelism.context_parallel_degree", 1),

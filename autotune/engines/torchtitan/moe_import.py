@@ -20,10 +20,15 @@ def _q(v: object) -> str:
 #: same costed fields, and what differs in fields the cost model does not read. deepseek_v3 671B has no
 #: multi-token prediction module in 0.2.2 (model/args.py has no MTP field), so it is DeepSeek-V3 without MTP.
 MOE_TOML_FLAVORS = {
-    ("qwen3", "30B-A3B"): ("qwen3-30b-a3b", {}),
-    ("qwen3", "235B-A22B"): ("qwen3-235b-a22b", {"rope_theta": 5e6, "max_seq_len": 4096}),
-    ("deepseek_v3", "16B"): ("deepseek-16b", {}),
-    ("deepseek_v3", "671B"): ("deepseek-v3", {"mtp_num_layers": 0}),
+    ("qwen3", "30B-A3B"): ("qwen3-30b-a3b", "qwen3 30B-A3B: torchtitan's flavour has max_seq_len 262144 where the HF "
+                           "config has 40960 (not costed); costed as the built-in qwen3-30b-a3b"),
+    ("qwen3", "235B-A22B"): ("qwen3-235b-a22b", "qwen3 235B-A22B: torchtitan's flavour has rope_theta 5e6 and "
+                             "max_seq_len 4096 where the HF config has 1e6 and 40960 (neither is costed); costed as "
+                             "the built-in qwen3-235b-a22b"),
+    ("deepseek_v3", "16B"): ("deepseek-16b", None),
+    ("deepseek_v3", "671B"): ("deepseek-v3", "deepseek_v3 671B: no multi-token prediction module in torchtitan 0.2.2 "
+                              "(costed without it); norm_eps 1e-5 (model/args.py default) where the HF config has "
+                              "1e-6 (not costed)"),
 }
 #: qwen3 ``debugmodel_moe`` of torchtitan 0.2.2 (qwen3/__init__.py): vocab 2048, dim 256, 8 layers, 16/8 heads
 #: of 128 with q/k norms, hidden_dim 3072, 64 experts of moe_inter_dim 768, top-8, no shared expert, rope 1e6
@@ -48,10 +53,15 @@ def moe_flavor_model(name: str, flavor: Any, source: str):
         known = [f for n, f in MOE_TOML_FLAVORS if n == name] + (["debugmodel_moe"] if name == "qwen3" else [])
         raise ConfigError(f"{source}: {name} flavour {_q(flavor)}: autotune simulates the {name} mixture-of-experts "
                           f"flavours {', '.join(known)} (dense {name} flavours are not autotune models)")
-    builtin, diff = MOE_TOML_FLAVORS[name, flavor]
-    m = get_builtin_model(builtin)
-    return dataclasses.replace(m, name=f"{builtin}-no-mtp", **diff) if "mtp_num_layers" in diff else \
-        dataclasses.replace(m, **{k: v for k, v in diff.items()})
+    m = get_builtin_model(MOE_TOML_FLAVORS[name, flavor][0])
+    if m.mtp_num_layers:        # 0.2.2 builds no multi-token prediction module
+        m = dataclasses.replace(m, name=f"{m.name}-no-mtp", mtp_num_layers=0)
+    return m
+
+
+def moe_flavor_note(name: str, flavor: Any) -> str | None:
+    """What differs between torchtitan's flavour and the built-in model it is costed as (not costed), or None."""
+    return MOE_TOML_FLAVORS.get((name, flavor), (None, None))[1]
 
 
 def moe_toml_settings(flat: dict, get, ignored: list, approx: list) -> None:
@@ -67,4 +77,4 @@ def moe_toml_settings(flat: dict, get, ignored: list, approx: list) -> None:
                       "the mean tokens")
 
 
-__all__ = ["MOE_TOML_FLAVORS", "QWEN3_DEBUG_MOE", "moe_flavor_model", "moe_toml_settings"]
+__all__ = ["MOE_TOML_FLAVORS", "QWEN3_DEBUG_MOE", "moe_flavor_model", "moe_flavor_note", "moe_toml_settings"]
