@@ -32,6 +32,8 @@ parameters or max(4e7, 1e6 x DP x CP), counted in the FP32 main gradients it red
 ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` layer, ``L`` loss, ``|`` between virtual
 stages, ``(..)*n`` and ``x*n`` repeat: pipeline_parallel_layer_layout.py ``parse_str_to_list``);
 ``--account-for-embedding/loss-in-pipeline-split`` count the embedding / loss as one layer of the split.
+Mixture-of-experts, multi-latent-attention, MTP, sliding-window, sink and GPT-OSS options and the expert
+layout: :mod:`autotune.engines.megatron.moe_import`.
 """
 
 from __future__ import annotations
