@@ -73,12 +73,13 @@ def label_from_path(path: str | Path) -> str:
 
 
 def catalog_name(model: ModelSpec) -> ModelSpec:
-    """``model`` named as the catalog model whose every architecture field it has (Llama 3.1 8B/70B/405B),
+    """``model`` named as the catalog model whose every architecture field it has (Llama 3.1 8B/70B/405B, the
+    built-in mixtures of experts),
     else unchanged: a launch of Llama 3.1 70B is tuned and exported as ``llama3.1-70b``."""
     import dataclasses
 
-    from autotune.spec.models import CATALOG
-    for m in CATALOG.values():
+    from autotune.spec.models import CATALOG, MOE_CATALOG
+    for m in [*CATALOG.values(), *MOE_CATALOG.values()]:
         if dataclasses.replace(model, name=m.name) == m:
             return m
     return model

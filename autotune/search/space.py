@@ -50,7 +50,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.errors import ConfigError, PlanError
+from autotune.search import recompute_choice as rc
 from autotune.spec.models import ModelSpec
+from autotune.spec.moe_plan import validate_moe
 from autotune.spec.plan import (
     MEMORY_RECLAIM_POLICIES,
     MOE_DISPATCHERS,
@@ -81,11 +83,11 @@ KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree
          "sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
          "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim", "precision",
          "compile", "loss_impl", "ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "fp8_param_gather",
-         "grad_reduce_in_bf16")
+         "grad_reduce_in_bf16", "recompute_modules")
 #: the mixture-of-experts knobs: sampled only for an MoE model (a dense model's trials have none of them),
 #: and left out of the space fingerprint (a dense study cannot use them, so stored dense studies resume
 #: under a space that lists them; an MoE study's trials hold their own values)
-MOE_KNOBS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap")
+MOE_KNOBS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "recompute_modules")
 #: knobs left out of the fingerprint: the MoE knobs, and ``loss_impl`` (sampled only for the native engine at
 #: TP 1, PP 1; a stored study of another engine or layout never sampled it), so studies stored before these knobs
 #: were listed in the default space still resume
@@ -300,7 +302,9 @@ MAX_KNOB_VALUES = 1024
 
 
 def _check_value(k: str, x: Any, where: str) -> None:
-    if k in _INT_KNOBS:
+    if k == "recompute_modules":
+        rc.check_value(x, where)
+    elif k in _INT_KNOBS:
         if not isinstance(x, int) or isinstance(x, bool) or not 1 <= x <= 2**20:
             raise ConfigError(f"{where}: value {x!r} is not an integer >= 1 and <= 1,048,576")
     elif k in _BOOL_KNOBS:
@@ -422,6 +426,8 @@ class BoundSearchSpace:
                     return f"precision=mxfp8 needs a Blackwell GPU; {self.gpu.name} is {self.gpu.arch}"
                 if not self.gpu.supports_fp8:
                     return f"precision={v} needs FP8 tensor cores (Hopper or newer); {self.gpu.name} is {self.gpu.arch}"
+            if knob == "recompute_modules":
+                return rc.static_reason(v, m, self.engine)
             if knob in MOE_KNOBS and v != _PLAN_DEFAULTS[knob]:
                 if not m.is_moe:
                     return f"{knob}={v} needs a mixture-of-experts model ({m.name} is dense)"
@@ -604,6 +610,10 @@ class BoundSearchSpace:
             moe_kw = {"ep_degree": ep, "etp_degree": etp,
                       "moe_dispatcher": pick("moe_dispatcher") if ep * etp > 1 else "alltoall",
                       "moe_a2a_overlap": pick("moe_a2a_overlap") if ep > 1 and async_c else False}
+            if recompute == "selective":
+                # Megatron-LM --recompute-modules (search/recompute_choice.py): MoE models only
+                rms = c["recompute_modules"]
+                moe_kw["recompute_modules"] = rc.decode(pick("recompute_modules") if len(rms) > 1 else rms[0])
         try:
             plan = Plan(tp_degree=tp, pp_degree=pp, dp_degree=dp, cp_degree=cp, vpp_degree=vpp,
                         micro_batch_size=mbs, num_micro_batches=num_mb, pipeline_schedule=schedule,
@@ -656,9 +666,18 @@ class BoundSearchSpace:
         bg = c["grad_reduce_in_bf16"]
         changes["grad_reduce_in_bf16"] = bool(params["grad_reduce_in_bf16"] if fp8 and g > 1 and len(bg) > 1
                                               else (bg[0] and g > 1))
+        if self.model.is_moe:
+            rms = c["recompute_modules"]
+            changes["recompute_modules"] = rc.decode(params["recompute_modules"] if len(rms) > 1 else rms[0]) \
+                if changes["recompute"] == "selective" else None
         plan = object.__new__(Plan)
         plan.__dict__.update(base.__dict__)
         plan.__dict__.update(changes)
+        if plan.recompute_modules is not None:
+            try:            # the module rules that depend on the plan (precision, overlap): spec/moe_plan.py
+                validate_moe(plan, self.model)
+            except PlanError as e:
+                raise Pruned(str(e)) from None
         if plan.precision != base.precision:
             key = (plan.precision, plan.tp_degree)
             err = self._precision_errors.get(key, _UNCHECKED)
@@ -766,6 +785,8 @@ def plan_params(plan: Plan, *, moe: bool = False) -> dict[str, Any]:
             p["moe_dispatcher"] = plan.moe_dispatcher
         if plan.ep_degree > 1 and plan.async_collectives:
             p["moe_a2a_overlap"] = plan.moe_a2a_overlap
+        if plan.recompute == "selective":
+            p["recompute_modules"] = rc.encode(plan.recompute_modules)
     return p
 
 

@@ -33,6 +33,7 @@ def validate_moe(plan: Any, model: Any) -> list[str]:
       dispatcher, no full recompute and no ``moe`` in the recompute modules, at most one MTP layer and,
       with PP > 1, interleaved virtual stages;
     * ``recompute_modules`` with ``moe_act`` needs grouped GEMM, ``mla_up_proj`` needs multi-latent attention;
+      ``moe_act`` / ``layernorm`` not with FP8 delayed scaling (TransformerConfig ``__post_init__``);
     * ZeRO-2/3 (FSDP) with experts is not costed by autotune (the published MoE runs use the distributed
       optimizer, ZeRO-1).
 
@@ -43,6 +44,12 @@ def validate_moe(plan: Any, model: Any) -> list[str]:
         PlanError: the first rule broken, naming the value and what would be valid.
     """
     warn: list[str] = []
+    if plan.precision == "fp8_delayed" and plan.recompute_modules and {"moe_act", "layernorm"} & set(plan.recompute_modules):
+        # megatron/core/transformer/transformer_config.py (d98e8a64) __post_init__: "Delayed scaling does not
+        # support moe_act and layernorm recompute for fp8."
+        raise PlanError(f"recompute_modules {list(plan.recompute_modules)} with precision fp8_delayed: Megatron-LM's "
+                        "delayed scaling does not support moe_act and layernorm recompute; use fp8_tensorwise / "
+                        "mxfp8 or other modules")
     moe_set = [f"{k}={getattr(plan, k)}" for k, d in (("ep_degree", 1), ("etp_degree", 1), ("moe_a2a_overlap", False))
                if getattr(plan, k) != d]
     if not getattr(model, "num_experts", 0):

@@ -159,3 +159,7 @@ def test_every_published_moe_plan_lies_inside_the_default_space():
         assert p.ep_degree in c["ep_degree"] and p.etp_degree in c["etp_degree"], run["id"]
         assert p.micro_batch_size in c["micro_batch_size"] and p.precision in c["precision"], run["id"]
         assert p.moe_dispatcher in c["moe_dispatcher"] and p.moe_a2a_overlap in c["moe_a2a_overlap"], run["id"]
+        # the recipes' recompute modules (GPT-OSS layernorm + moe_act, DeepSeek-V3 mla_up_proj (+ mlp))
+        if p.recompute == "selective":
+            from autotune.search.recompute_choice import encode
+            assert encode(p.recompute_modules) in c["recompute_modules"], run["id"]

@@ -51,6 +51,8 @@ scaling factor 8, GQA, no biases, untied embeddings), never from the model's nam
 
 from __future__ import annotations
 
+import re
+
 from autotune.errors import ConfigError
 from autotune.engines.base import LaunchCommand
 from autotune.spec.models import ModelSpec
@@ -68,11 +70,37 @@ ACTIVATIONS = {(True, "silu"): ["--swiglu"], (True, "swish"): ["--swiglu"], (Fal
                (False, "gelu_new"): ["--openai-gelu"], (False, "gelu_pytorch_tanh"): ["--openai-gelu"]}
 
 
+#: the GPT-OSS feature autotune/spec/hf_config.py records for ``swiglu_limit``
+GPT_OSS_CLAMP = re.compile(r"SwiGLU clamped at swiglu_limit ([0-9.eE+-]+) \(GPT-OSS\)")
+
+
+def gpt_oss_clamp(model: ModelSpec) -> float | None:
+    """The SwiGLU clamp of a GPT-OSS-style expert MLP (``features``), None for other models. GPT-OSS's MLP
+    (HF ``GptOssExperts``: gate and up clamped at the limit, ``(up + 1) * gate * sigmoid(1.702 gate)``) is
+    Megatron-Core's ``--quick-geglu`` (argument_utils.py: gated_linear_unit with ``quick_gelu``, x sigmoid(1.702
+    x), megatron/core/activations.py) with ``--glu-linear-offset 1`` and ``--activation-func-clamp-value``
+    (TransformerConfig ``glu_linear_offset``, ``activation_func_clamp_value``), as Megatron-Bridge's
+    ``GPTOSSProvider`` sets them (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py: 1.0 and 7.0)."""
+    for f in model.features:
+        m = GPT_OSS_CLAMP.fullmatch(f)
+        if m and model.gated_mlp:
+            return float(m.group(1))
+    return None
+
+
+def _all_biases(model: ModelSpec) -> bool:
+    """Every linear layer carries a bias (GPT-OSS): Megatron-LM's default ``add_bias_linear`` (biases on the
+    Q/K/V, output, MLP / expert and router linears: megatron/core/transformer/moe/router.py ``add_bias_linear``)."""
+    return model.qkv_bias and model.attention_output_bias and (not model.is_moe or (
+        model.moe_expert_bias and model.router_bias))
+
+
 def unsupported_features(model: ModelSpec, seq_len: int) -> list[str]:
     """The features of ``model`` that ``pretrain_gpt.py``'s flags cannot express (see the module
     docstring), as readable names; empty when the model can be launched as it is."""
     out = []
-    if (model.gated_mlp, model.mlp_activation) not in ACTIVATIONS:
+    clamp = gpt_oss_clamp(model)
+    if clamp is None and (model.gated_mlp, model.mlp_activation) not in ACTIVATIONS:
         out.append(f"{'gated ' if model.gated_mlp else ''}{model.mlp_activation} MLP"
                    + (" (GeGLU)" if model.gated_mlp and model.mlp_activation.startswith("gelu") else ""))
     rs = model.rope_scaling
@@ -85,9 +113,15 @@ def unsupported_features(model: ModelSpec, seq_len: int) -> list[str]:
         out.append(f"rope_theta {model.rope_theta!r} (--rotary-base is an integer)")
     if model.norms_per_layer != 2:
         out.append(f"{model.norms_per_layer} RMSNorms per layer (post-attention / post-feed-forward norms)")
-    if model.sliding_window is not None and seq_len > model.sliding_window:
-        out.append(f"sliding-window attention (window {model.sliding_window} < seq_len {seq_len})")
-    out += list(model.features)
+    if model.sliding_window is not None and seq_len > model.sliding_window and model.sliding_window_period > 2:
+        out.append(f"sliding-window attention on every {model.sliding_window_period}th layer (--window-attn-skip-freq "
+                   "gives windows to all but every N-th layer)")
+    partial = [n for n, on in (("output projection", model.attention_output_bias), ("expert", model.moe_expert_bias),
+                               ("router", model.router_bias)) if on]
+    if partial and not _all_biases(model):
+        out.append(f"biases on the {', '.join(partial)} linear layers only (Megatron-LM has biases on every linear "
+                   "layer, or on none but Q/K/V with --add-qkv-bias)")
+    out += [f for f in model.features if clamp is None or not GPT_OSS_CLAMP.fullmatch(f)]
     return out
 
 
@@ -116,14 +150,24 @@ def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
     args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
             "--ffn-hidden-size", str(model.ffn_hidden_size), "--num-attention-heads", str(model.num_heads),
             "--kv-channels", str(model.head_dim)]
+    biases = _all_biases(model)
     if model.num_kv_heads != model.num_heads:
         args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
     args += ["--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, model.max_seq_len)),
              "--position-embedding-type", "rope", "--rotary-base", str(int(model.rope_theta)),
-             "--normalization", "RMSNorm", "--norm-epsilon", f"{model.norm_eps:g}", "--disable-bias-linear",
-             "--attention-dropout", "0", "--hidden-dropout", "0"]
-    if model.qkv_bias:
+             "--normalization", "RMSNorm", "--norm-epsilon", f"{model.norm_eps:g}",
+             *([] if biases else ["--disable-bias-linear"]), "--attention-dropout", "0", "--hidden-dropout", "0"]
+    if model.qkv_bias and not biases:
         args.append("--add-qkv-bias")
+    if model.attention_sinks:
+        args += ["--softmax-type", "learnable"]     # a learned sink logit per head (TransformerConfig softmax_type)
+    if model.sliding_window is not None and seq_len > model.sliding_window:
+        # window (W, 0) as Megatron-Bridge's GPTOSSProvider for HF sliding_window W; a layer is windowed unless
+        # its 1-based number is a multiple of --window-attn-skip-freq (megatron/core/transformer/utils.py
+        # is_layer_window_attention), so period 2 (0-based even layers windowed) is skip-freq 2
+        args += ["--window-size", f"{model.sliding_window},0"]
+        if model.sliding_window_period == 2:
+            args += ["--window-attn-skip-freq", "2"]
     rs = model.rope_scaling
     if rs is not None and rs.type == "yarn":
         # YaRN (arguments.py: --rope-type yarn for multi-latent attention, --position-embedding-type yarn
@@ -134,9 +178,17 @@ def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
             args[args.index("--position-embedding-type") + 1] = "yarn"
         args += ["--rotary-scaling-factor", f"{rs.factor:g}", "--yarn-original-max-position-embeddings",
                  str(rs.original_max_position_embeddings)]
+        if gpt_oss_clamp(model) is not None:
+            # GPT-OSS's YaRN does not round the correction range (HF rope_scaling truncate: false;
+            # GPTOSSProvider yarn_correction_range_round_to_int False; Megatron's default rounds)
+            args.append("--no-yarn-correction-range-round-to-int")
     elif rs is not None:
         args += ["--use-rope-scaling", "--rope-scaling-factor", f"{rs.factor:g}"]
-    args += ACTIVATIONS[model.gated_mlp, model.mlp_activation]
+    clamp = gpt_oss_clamp(model)
+    if clamp is not None:
+        args += ["--quick-geglu", "--glu-linear-offset", "1", "--activation-func-clamp-value", f"{clamp:g}"]
+    else:
+        args += ACTIVATIONS[model.gated_mlp, model.mlp_activation]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += ["--vocab-size", str(model.vocab_size), "--tokenizer-type", "NullTokenizer",
@@ -150,8 +202,8 @@ def moe_architecture_args(model: ModelSpec) -> list[str]:
     ``--moe-shared-expert-intermediate-size`` (the shared experts' total width), ``--moe-layer-freq`` as a
     per-layer list when the first layers are dense or not every layer is MoE (megatron/training/arguments.py
     ``moe_freq_type``: a Python list expression), the router's score function, expert bias and device-limited
-    groups, ``--moe-grouped-gemm``; MLA: ``--multi-latent-attention``, ``--q-lora-rank`` (when > 0),
-    ``--kv-lora-rank``, ``--qk-head-dim``, ``--qk-pos-emb-head-dim``, ``--v-head-dim``; ``--mtp-num-layers``.
+    groups, ``--moe-grouped-gemm``; ``--qk-layernorm`` for per-head Q/K norms or MLA's latent norms; MLA:
+    ``--multi-latent-attention``, ``--q-lora-rank`` (when > 0), ``--kv-lora-rank``, ``--qk-head-dim``, ``--qk-pos-emb-head-dim``, ``--v-head-dim``; ``--mtp-num-layers``.
     Option names as in Megatron-LM at d98e8a64 (arguments.py ``_add_moe_args``, ``_add_mla_args``,
     TransformerConfig fields)."""
     a: list[str] = []
@@ -181,6 +233,12 @@ def moe_architecture_args(model: ModelSpec) -> list[str]:
         # published benchmarks force-balance routing, and so does the cost model (autotune/cost/moe.py)
         a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-3",
               "--moe-router-force-load-balancing", "--moe-router-dtype", "fp32", "--moe-permute-fusion"]
+    if model.qk_norm or model.is_mla:
+        # --qk-layernorm: RMSNorm over each query / key head (Qwen3 q_norm, k_norm) or, with MLA, over the
+        # query and key-value latents before their up projections (DeepSeek q_a_layernorm, kv_a_layernorm):
+        # megatron/core/models/gpt/gpt_layer_specs.py, q_layernorm / kv_layernorm and the layer-norm-fused
+        # linear_q_up_proj / linear_kv_up_proj only ``if qk_layernorm``
+        a.append("--qk-layernorm")
     if model.is_mla:
         a.append("--multi-latent-attention")
         if model.q_lora_rank:

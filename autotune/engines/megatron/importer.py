@@ -32,6 +32,8 @@ parameters or max(4e7, 1e6 x DP x CP), counted in the FP32 main gradients it red
 ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` layer, ``L`` loss, ``|`` between virtual
 stages, ``(..)*n`` and ``x*n`` repeat: pipeline_parallel_layer_layout.py ``parse_str_to_list``);
 ``--account-for-embedding/loss-in-pipeline-split`` count the embedding / loss as one layer of the split.
+Mixture-of-experts, multi-latent-attention, MTP, sliding-window, sink and GPT-OSS options and the expert
+layout: :mod:`autotune.engines.megatron.moe_import`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from typing import Any
 
 from autotune.errors import ConfigError, PlanError
 from autotune.engines.imported import ImportedLaunch, allocator_reclaim, catalog_name, label_from_path
+from autotune.engines.megatron.moe_import import (read_attention_and_gpt_oss, read_moe_model, read_moe_plan,
+                                                  read_recompute_modules, read_rope_scaling)
 from autotune.engines.shell_vars import launcher_world, read_launch
 from autotune.export.script_run import looks_like_script, recorded_launch
 
@@ -55,19 +59,12 @@ _SWITCH_ACTIONS = ("store_true", "store_false", "store_const", "count", "Boolean
 #: options that make the launch a model or a parallelism autotune does not simulate: option -> (what it is,
 #: predicate on the parsed value tuple that says the option is in effect)
 REFUSED = {
-    "--num-experts": ("mixture-of-experts layers (autotune simulates dense decoders)", lambda v: bool(v and v[0])),
-    "--expert-model-parallel-size": ("expert parallelism (autotune simulates dense decoders)", lambda v: v[0] > 1),
-    "--multi-latent-attention": ("multi-latent attention", None),
-    "--qk-layernorm": ("Q/K layer norms", None),
     "--rotary-interleaved": ("interleaved RoPE", None),
     "--squared-relu": ("a squared-ReLU MLP", None),
-    "--quick-geglu": ("a GeGLU MLP", None),
     "--apply-residual-connection-post-layernorm": ("post-norm residuals", None),
-    "--window-size": ("sliding-window attention", None),
     "--rotary-percent": ("partial RoPE", lambda v: v[0] != 1.0),
     "--rotary-seq-len-interpolation-factor": ("RoPE position interpolation", None),
     "--no-rope-freq": ("layers without RoPE", None),
-    "--mtp-num-layers": ("multi-token prediction layers", lambda v: bool(v and v[0])),
     "--hybrid-layer-pattern": ("a hybrid (Mamba) layer pattern", None),
     "--heterogeneous-layers-config-path": ("heterogeneous layers", None),
     "--heterogeneous-layers-config-encoded-json": ("heterogeneous layers", None),
@@ -267,20 +264,24 @@ def _show(opt: str, vals: tuple) -> str:
     return " ".join([opt, *(f"{v:g}" if isinstance(v, float) else str(v) for v in vals)])
 
 
-def _layout_stages(layout: str, source: str) -> list[str]:
+def _layout_stages(layout: str, source: str, mtp: int = 0) -> list[str]:
     """Stages of a ``--pipeline-model-parallel-layout`` string, repetitions unrolled (Megatron's grammar)."""
     s = layout.replace(",", "")
     for pat in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
         s = re.sub(pat, lambda m: m.group(1) * int(m.group(2)), s)
     stages = s.split("|")
+    if mtp and "m" * mtp not in stages[-1]:
+        raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: place the {mtp} multi-token "
+                          "prediction layers (m) in the last virtual stage before the loss (L)")
     for i, st in enumerate(stages):
         bad = set(st) - set("EtLm")
         if bad:
             raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: unknown layer character(s) "
                               f"{_q(''.join(sorted(bad)))}; known: E (embedding), t (layer), L (loss), m (MTP)")
-        if "m" in st:
-            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: multi-token prediction layers "
-                              "(m); autotune cannot simulate this model")
+        if "m" in st and (i != len(stages) - 1 or st.count("m") != mtp or not st.endswith("m" * mtp + "L")):
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: the {mtp} multi-token "
+                              "prediction layers (m, --mtp-num-layers) go in the last virtual stage, before the loss "
+                              "(L), as autotune's plans place them")
         if ("E" in st and i != 0) or ("L" in st and i != len(stages) - 1):
             raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: the embedding (E) must be in "
                               "the first virtual stage and the loss (L) in the last, as autotune's plans place them")
@@ -298,15 +299,17 @@ def _model(r: _Reader, label: str):
     pe = r.value("--position-embedding-type", "learned_absolute")
     if r.switch("--use-rotary-position-embeddings", modelled=False):
         pe = "rope"      # validate_args: the deprecated switch sets position_embedding_type = rope
-    if pe != "rope":
+    mla = r.has("--multi-latent-attention")
+    if pe != "rope" and not (pe == "yarn" and not mla):
         raise ConfigError(f"{src}: position embedding {pe}" + (" (Megatron-LM's default; Llama-style models pass "
                           "--position-embedding-type rope)" if not r.has("--position-embedding-type") else "")
-                          + ": autotune simulates RoPE models only")
+                          + ": autotune simulates RoPE (and YaRN) models only")
     norm = r.value("--normalization", "LayerNorm")
     if norm != "RMSNorm":
         raise ConfigError(f"{src}: --normalization {norm}" + (" (Megatron-LM's default)" if not r.has("--normalization")
                           else "") + ": autotune simulates RMSNorm models only (add --normalization RMSNorm)")
-    if not r.switch("--disable-bias-linear"):
+    extra = read_attention_and_gpt_oss(r)       # windows, sinks, GPT-OSS's MLP and biases (moe_import.py)
+    if not r.switch("--disable-bias-linear") and not extra.get("features"):
         raise ConfigError(f"{src}: biases on every linear layer (Megatron-LM's default without --disable-bias-linear): "
                           "autotune simulates models without linear biases (Q/K/V biases: --add-qkv-bias)")
     swiglu, openai = r.switch("--swiglu"), r.switch("--openai-gelu")
@@ -328,8 +331,8 @@ def _model(r: _Reader, label: str):
             r.switch("--group-query-attention")
     else:
         r.ignore("--num-query-groups", "no effect without --group-query-attention (argument_utils.py)")
-    scaling = None
-    if r.switch("--use-rope-scaling"):
+    scaling = read_rope_scaling(r, mla=mla, pe=pe) if mla or pe == "yarn" else None
+    if scaling is None and r.switch("--use-rope-scaling"):
         scaling = RopeScaling(type="llama3", factor=r.value("--rope-scaling-factor", 8.0), **MEGATRON_LLAMA3_SCALING)
     else:
         r.ignore("--rope-scaling-factor", "no effect without --use-rope-scaling")
@@ -354,13 +357,14 @@ def _model(r: _Reader, label: str):
     r.ignore("--make-vocab-size-divisible-by", "not modelled: Megatron-LM pads the vocabulary to a multiple of this x "
                                                "TP; the cost model counts --vocab-size rows")
     maxpos = r.positive("--max-position-embeddings", None)
-    act = (True, "silu") if swiglu else (False, "gelu_pytorch_tanh") if openai else (False, "gelu")
+    act = (True, "silu") if swiglu or extra.get("features") else (False, "gelu_pytorch_tanh") if openai else (False, "gelu")
     try:
         m = ModelSpec(name=label, hidden_size=h, num_layers=L, num_heads=nq, num_kv_heads=nkv, ffn_hidden_size=ffn,
-                      vocab_size=vocab, head_dim=d, tied_embeddings=not r.switch("--untie-embeddings-and-output-weights"),
+                      vocab_size=vocab, tied_embeddings=not r.switch("--untie-embeddings-and-output-weights"),
                       gated_mlp=act[0], mlp_activation=act[1], rope_theta=float(theta),
-                      norm_eps=r.value("--norm-epsilon", 1e-5), max_seq_len=maxpos, qkv_bias=r.switch("--add-qkv-bias"),
-                      rope_scaling=scaling)
+                      norm_eps=r.value("--norm-epsilon", 1e-5), max_seq_len=maxpos,
+                      rope_scaling=scaling, **{"head_dim": d, "qkv_bias": r.switch("--add-qkv-bias"), **extra,
+                                               **read_moe_model(r, ffn=ffn, L=L, biases=bool(extra.get("features")))})
     except ConfigError as e:
         raise ConfigError(f"{src}: {e}") from None
     return catalog_name(m)
@@ -383,14 +387,16 @@ def _tokenizer_vocab(r: _Reader) -> int:
 
 
 def _plan_and_workload(r: _Reader, model, num_gpus: int):
+    from autotune.spec.moe_plan import validate_moe
     from autotune.spec.plan import Plan, Workload
 
     src, L = r.source, model.num_layers
     tp = r.positive("--tensor-model-parallel-size", 1)
     pp = r.positive("--pipeline-model-parallel-size", 1)
     cp = r.positive("--context-parallel-size", 1)
-    if r.args.get("--expert-model-parallel-size", (1,))[0] == 1:
-        r.ignore("--expert-model-parallel-size", "1 = no expert parallelism (a dense model)")
+    if not model.is_moe:
+        for o in ("--expert-model-parallel-size", "--expert-tensor-parallel-size", "--overlap-moe-expert-parallel-comm"):
+            r.ignore(o, "no effect without --num-experts (a dense model)")
     if num_gpus % (tp * pp * cp):
         raise ConfigError(f"{src}: TP {tp} x PP {pp} x CP {cp} = {tp * pp * cp} does not divide --gpus {num_gpus} "
                           "(world size = TP x PP x CP x DP)")
@@ -433,7 +439,8 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
             r.ignore(o, "no effect without pipeline parallelism")
         given = []
     if "--pipeline-model-parallel-layout" in given:
-        stages = _layout_stages(r.value("--pipeline-model-parallel-layout", modelled=False), src)
+        stages = _layout_stages(r.value("--pipeline-model-parallel-layout", modelled=False), src,
+                                model.mtp_num_layers)
         if len(stages) % pp:
             raise ConfigError(f"{src}: --pipeline-model-parallel-layout has {len(stages)} stages, not a multiple of "
                               f"--pipeline-model-parallel-size {pp}")
@@ -441,7 +448,7 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
         if sum(stage_layers) != L:
             raise ConfigError(f"{src}: --pipeline-model-parallel-layout places {sum(stage_layers)} layers (t); the "
                               f"model has --num-layers {L}")
-        if len(set(stage_layers)) > 1:
+        if len(set(stage_layers)) > 1 or model.mtp_num_layers:
             r.modelled["--pipeline-model-parallel-layout"] = r.args["--pipeline-model-parallel-layout"]
     elif given:
         units = L + emb + loss
@@ -496,16 +503,13 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
         sp = r.switch("--sequence-parallel")
     else:
         r.ignore("--sequence-parallel", "validate_args turns it off at TP 1")
-    recompute, rnl = "none", 0
+    recompute, rnl, rmods = "none", 0, None
     gran = r.value("--recompute-granularity")
     if r.switch("--recompute-activations", modelled=False):
         gran = gran or "selective"        # validate_args: --recompute-activations = selective
     if gran == "selective":
         recompute = "selective"
-        mods = r.value("--recompute-modules", modelled=False)
-        if mods is not None and tuple(mods if isinstance(mods, tuple) else (mods,)) != ("core_attn",):
-            r.approx.append(f"{_show('--recompute-modules', r.args['--recompute-modules'])}: costed as core_attn (the "
-                            "megatron profile's selective recompute)")
+        rmods = read_recompute_modules(r)
         for o in ("--recompute-method", "--recompute-num-layers"):
             if r.has(o):
                 raise ConfigError(f"{src}: {o} with --recompute-granularity selective: Megatron-LM refuses it "
@@ -672,6 +676,7 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
         r.ignore("--ddp-bucket-size", why)
         r.ignore("--ddp-num-buckets", why)
         bucket = Plan.__dataclass_fields__["bucket_size_mib"].default
+    moe = read_moe_plan(r, model, tp=tp, async_coll=async_coll)
     try:
         workload = Workload(seq_len=seq, global_batch_size=gbs)
         plan = Plan(tp_degree=tp, pp_degree=pp, cp_degree=cp, dp_degree=dp, vpp_degree=vpp, micro_batch_size=mbs,
@@ -679,8 +684,9 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
                     recompute=recompute, recompute_num_layers=rnl, zero_stage=zero, async_collectives=async_coll,
                     tp_comm_overlap=tpo, dp_grad_reduce_overlap=ogr, param_gather_overlap=opg,
                     bucket_size_mib=bucket, memory_reclaim=reclaim, stage_layers=stage_layers, precision=precision,
-                    grad_reduce_in_bf16=bf16_grads, fp8_param_gather=fp8_pg)
+                    grad_reduce_in_bf16=bf16_grads, fp8_param_gather=fp8_pg, recompute_modules=rmods, **moe)
         plan.layers_per_virtual_stage(L)
+        validate_moe(plan, model)       # EP / ETP / dispatcher / overlap rules (Megatron-LM's, spec/moe_plan.py)
     except (ConfigError, PlanError) as e:
         raise ConfigError(f"{src}: {e}") from None
     return plan, workload

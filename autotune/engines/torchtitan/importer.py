@@ -28,8 +28,8 @@ Two formats:
 Without ``module_fqns_per_model_part`` the pipeline split is torchtitan's (distributed/pipeline_parallel.py,
 both releases): ``pipeline_parallel_layers_per_stage`` or 1 stage per rank (single-stage schedules) / 2
 (multi-stage), the embedding and the output counting as ``pipeline_parallel_first/last_stage_less_layers``
-layers, the remainder to the first stages. Only the llama3 flavours of Llama 3.1 (8B, 70B, 405B) are
-autotune models; schedules GPipe, 1F1B, Interleaved1F1B; HSDP (shard and replicate > 1) is refused.
+layers, the remainder to the first stages. The llama3 flavours of Llama 3.1 (8B, 70B, 405B) and the qwen3 /
+deepseek_v3 mixture-of-experts flavours (:mod:`autotune.engines.torchtitan.moe_import`) are autotune models; schedules GPipe, 1F1B, Interleaved1F1B; HSDP (shard and replicate > 1) is refused.
 """
 
 from __future__ import annotations
@@ -108,9 +108,12 @@ def _check_known_keys(flat: dict, source: str) -> None:
                           + (f"; did you mean {near[0]}?" if near else f" (known: {', '.join(known)})"))
 
 
-def _flavor_model(flavor: Any, source: str):
+def _flavor_model(flavor: Any, source: str, name: str = "llama3"):
     from autotune.engines.torchtitan.export import FLAVORS
     from autotune.spec.models import get_model
+    if name in ("qwen3", "deepseek_v3"):
+        from autotune.engines.torchtitan.moe_import import moe_flavor_model
+        return moe_flavor_model(name, flavor, source)
     names = {f: name for name, (f, _) in FLAVORS.items()}
     if flavor not in names:
         raise ConfigError(f"{source}: llama3 flavour {_q(flavor)}: autotune simulates the Llama 3.1 flavours "
@@ -159,7 +162,7 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
     ``release`` (its ``releases.yaml`` entry: the precisions it runs)."""
     from autotune.spec.plan import Plan, Workload
 
-    model = _flavor_model(s["flavor"], source)
+    model = _flavor_model(s["flavor"], source, s.get("name", "llama3"))
     p = s["par"]
     for k in ("tp", "pp", "cp", "replicate"):
         if not isinstance(p[k], int) or isinstance(p[k], bool) or p[k] < 1:
@@ -172,9 +175,18 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
                     "last_less": "pipeline_parallel_last_stage_less_layers",
                     "layers_per_stage": "pipeline_parallel_layers_per_stage"}[k]
             raise ConfigError(f"{source}: {name} {_q(v)}: must be an integer >= {lo}")
-    if p["ep"] != 1:
-        raise ConfigError(f"{source}: expert_parallel_degree {p['ep']}: expert parallelism (autotune simulates dense "
-                          "decoders)")
+    for k, what in (("ep", "expert_parallel_degree"), ("etp", "expert_tensor_parallel_degree")):
+        if not isinstance(p.get(k, 1), int) or isinstance(p.get(k, 1), bool) or p.get(k, 1) < 1:
+            raise ConfigError(f"{source}: {what} {_q(p.get(k))}: must be an integer >= 1")
+    if not model.is_moe and (p["ep"] != 1 or p.get("etp", 1) != 1):
+        raise ConfigError(f"{source}: expert_parallel_degree {p['ep']}: expert parallelism needs a mixture-of-experts "
+                          f"model; {model.name} is dense")
+    moe = {}
+    if model.is_moe:
+        # torchtitan 0.2.2 (distributed/parallel_dims.py): EP borrows ranks of dp_shard x cp (and TP when
+        # expert_tensor_parallel_degree is 1); autotune's fold is EP x ETP dividing TP x CP x DP (spec/moe_plan.py).
+        # ETP 1 at TP > 1 in torchtitan splits no expert over TP: autotune's etp_degree 1
+        moe = {"ep_degree": p["ep"], "etp_degree": p.get("etp", 1)}
     tp, pp, cp, rep = p["tp"], p["pp"], p["cp"], p["replicate"]
     shard = p["shard"]
     if shard == -1:
@@ -241,8 +253,11 @@ def _target(s: dict, num_gpus: int, source: str, fmt: str, modelled: dict, ignor
                     tp_comm_overlap=bool(s["async_tp"]) and tp > 1, dp_grad_reduce_overlap=True,
                     param_gather_overlap=zero >= 2, memory_reclaim=s["reclaim"],
                     stage_layers=stage_layers if stage_layers and len(set(stage_layers)) > 1 else None,
-                    precision=s["precision"], compile=s["compile"])
+                    precision=s["precision"], compile=s["compile"], **moe)
         plan.layers_per_virtual_stage(model.num_layers)
+        if model.is_moe:
+            from autotune.spec.moe_plan import validate_moe
+            validate_moe(plan, model)
     except (ConfigError, PlanError) as e:
         raise ConfigError(f"{source}: {e}") from None
     return ImportedLaunch(source=source, engine="torchtitan", fmt=fmt, model=model, plan=plan, workload=workload,
@@ -369,10 +384,11 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
         return default
 
     name = get("model.name", "llama3")
-    if name != "llama3":
-        raise ConfigError(f"{source}: model.name {_q(name)}: autotune simulates torchtitan's llama3 (Llama 3.1) models")
+    if name not in ("llama3", "qwen3", "deepseek_v3"):
+        raise ConfigError(f"{source}: model.name {_q(name)}: autotune simulates torchtitan's llama3 (Llama 3.1), "
+                          "qwen3 and deepseek_v3 mixture-of-experts models")
     flavor = get("model.flavor", "debugmodel")
-    _flavor_model(flavor, source)            # the model first: nothing else matters for another model
+    _flavor_model(flavor, source, name)      # the model first: nothing else matters for another model
     ignored: list = []
     approx: list = []
     ac_mode = get("activation_checkpoint.mode", "selective")
@@ -404,8 +420,8 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
             precision = "mxfp8"
             get("quantize.linear.mx.recipe_name", None)
         else:
-            raise ConfigError(f"{source}: model converter {_q(c)}: grouped-GEMM (mixture-of-experts) quantization; "
-                              "autotune simulates dense decoders")
+            raise ConfigError(f"{source}: model converter {_q(c)}: FP8 / MX grouped GEMMs of the experts; autotune "
+                              "costs the experts' grouped GEMMs in BF16")
     if get("training.mixed_precision_param", "bfloat16") != "bfloat16":
         raise ConfigError(f"{source}: training.mixed_precision_param float32: autotune simulates BF16 compute")
     get("training.mixed_precision_reduce", "float32")
@@ -414,7 +430,12 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     if compile_on and "model" not in comps:
         approx.append("compile of the loss only: costed as eager (compile: false)")
         compile_on = False
-    s = {"flavor": flavor, "head": "output",
+    if name != "llama3":
+        from autotune.engines.torchtitan.moe_import import moe_flavor_note, moe_toml_settings
+        moe_toml_settings(flat, get, ignored, approx)
+        if moe_flavor_note(name, flavor):
+            approx.append(moe_flavor_note(name, flavor))
+    s = {"flavor": flavor, "name": name, "head": "output",
          "par": {"tp": get("parallelism.tensor_parallel_degree", 1), "pp": get("parallelism.pipeline_parallel_degree", 1),
                  "cp": get("parallelism.context_parallel_degree", 1),
                  "replicate": get("parallelism.data_parallel_replicate_degree", 1),
@@ -426,7 +447,8 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
                  "fqns": get("parallelism.module_fqns_per_model_part", None),
                  "first_less": get("parallelism.pipeline_parallel_first_stage_less_layers", 1),
                  "last_less": get("parallelism.pipeline_parallel_last_stage_less_layers", 1),
-                 "ep": get("parallelism.expert_parallel_degree", 1), "sp": True,
+                 "ep": get("parallelism.expert_parallel_degree", 1),
+                 "etp": get("parallelism.expert_tensor_parallel_degree", 1), "sp": True,
                  "names": {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree",
                            "cp": "context_parallel_degree", "replicate": "data_parallel_replicate_degree"}},
          "training": {"seq_len": get("training.seq_len", 2048), "local": get("training.local_batch_size", 8),
