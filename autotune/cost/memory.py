@@ -49,6 +49,7 @@ from autotune.cost.activations import (  # noqa: F401 - re-exported: the per-lay
     _block_input_bytes,
     _check_tp,
     _compiled_layer_bytes,
+    _compiled_no_recompute_bytes,
     _layer_activation_terms,
     _seq_per_rank,
     _selective_bytes,
@@ -294,13 +295,16 @@ def inflight_microbatches(plan: Plan, stage: int,
 FULL_RECOMPUTE_SUFFIX = "+full_recompute"
 
 
+#: the keys a fragmentation mapping may have: a policy, or a policy + :data:`FULL_RECOMPUTE_SUFFIX`
+_FRAGMENTATION_KEYS = frozenset(MEMORY_RECLAIM_POLICIES) | {k + FULL_RECOMPUTE_SUFFIX for k in MEMORY_RECLAIM_POLICIES}
+
+
 def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None,
                             full_recompute: bool = False) -> float:
     """The allocator's fraction for ``policy``: ``<policy>+full_recompute`` when the plan fully recomputes
     and the mapping has that key, else ``<policy>``, else :data:`DEFAULT_FRAGMENTATION`."""
     if fragmentation is not None:
-        valid = set(MEMORY_RECLAIM_POLICIES) | {k + FULL_RECOMPUTE_SUFFIX for k in MEMORY_RECLAIM_POLICIES}
-        unknown = sorted(set(fragmentation) - valid)
+        unknown = sorted(set(fragmentation) - _FRAGMENTATION_KEYS)
         if unknown:
             raise ConfigError(f"fragmentation has unknown memory_reclaim policies {unknown}; valid: "
                               f"{', '.join(MEMORY_RECLAIM_POLICIES)} (each optionally with {FULL_RECOMPUTE_SUFFIX})")
@@ -324,6 +328,12 @@ def _rank_counts(p: int, v: int, m: int, schedule: str, per_virtual: tuple[int, 
     recomputation, precision and bucket of a layout."""
     plan = Plan(pp_degree=p, vpp_degree=v, num_micro_batches=m, pipeline_schedule=schedule)
     return tuple(count_inflight(plan, r, chunk_layers=per_virtual) for r in range(p))
+
+
+#: :func:`_rank_counts` with each chunk weighed by its bytes per micro-batch (``chunk_layers`` = the plan's
+#: ``chunk_act``: partial recompute, or a mixture of experts' dense and MoE layers), cached apart so the
+#: many weighings of a search do not push the layer counts out of :func:`_rank_counts`' cache
+_weighed_rank_counts = functools.lru_cache(maxsize=16384)(_rank_counts.__wrapped__)
 
 
 def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
@@ -416,15 +426,12 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
                                           plan, eng)
     else:
         layer_act = _block_input_bytes(terms, plan, eng)
-    # the plan's no-recompute twin, for the layers that keep everything (only built when recomputing:
-    # estimate_memory screens every layout of a search)
-    none_plan = plan.replace(recompute="none", recompute_num_layers=0) if plan.recompute == "full" else plan
     # partial recompute (Plan.recompute_num_layers = N >= 1, Megatron-LM --recompute-method block): a
     # chunk of L_c layers keeps min(N, L_c) layers at the layer input and the rest at the no-recompute
     # bytes; the schedule count below weighs each chunk by these bytes (exact for uneven chunks too)
     chunk_act: tuple[int, ...] | None = None
     if plan.partial_recompute:
-        none_act = _compiled_layer_bytes(full_layer_act, none_plan, eng)
+        none_act = _compiled_no_recompute_bytes(full_layer_act, plan, eng)
         chunk_act = tuple(plan.recomputed_layers(lc) * layer_act + (lc - plan.recomputed_layers(lc)) * none_act
                           for lc in per_virtual)
     # a mixture-of-experts model: each chunk weighed by its dense and MoE layers' bytes (the same walk as
@@ -468,7 +475,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # one layer's forward re-run in backward keeps what that forward saves (compiled: the
         # compiled saved set, COMPILED_OVER_EAGER at recompute none)
         # (partial recompute too: every chunk with a layer recomputes at least one)
-        common_transient += _compiled_layer_bytes(full_layer_act, none_plan, eng)
+        common_transient += _compiled_no_recompute_bytes(full_layer_act, plan, eng)
     # DP buckets in flight; none staged when the engine reduces the whole gradient buffer in place without
     # an overlapped reduction (Megatron-LM: bucket_size None, facts.yaml one_bucket_without_overlap)
     if g > 1 and not (eng.one_bucket_without_overlap
@@ -493,6 +500,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
 
     counts = _rank_counts(p, plan.effective_vpp, plan.num_micro_batches, plan.pipeline_schedule,
                           tuple(per_virtual))
+    # partial recompute or an MoE model: the same walk with each chunk weighed by its bytes (chunk_act)
+    weighed_counts = _weighed_rank_counts(p, plan.effective_vpp, plan.num_micro_batches, plan.pipeline_schedule,
+                                          chunk_act) if chunk_act is not None else None
     # TE FP8 recipes' cached weight copies: linear in the layers (te_fp8_weight_copy_bytes), once per call
     fp8_copy_per_layer = te_fp8_weight_copy_bytes(model, plan, 1, eng)
     stages = []
@@ -538,7 +548,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
 
         # partial recompute: the same walk with each chunk weighed by its bytes per micro-batch
         # (chunk_act), so the first element of a peak point is bytes, not layers
-        weighed = count_inflight(plan, r, chunk_layers=chunk_act) if chunk_act is not None else count
+        weighed = weighed_counts[r] if weighed_counts is not None else count
         unit = 1 if chunk_act is not None else layer_act
 
         def _held_bytes(pt: tuple[int, int, int]) -> int:
