@@ -336,6 +336,40 @@ def _rank_counts(p: int, v: int, m: int, schedule: str, per_virtual: tuple[int, 
 _weighed_rank_counts = functools.lru_cache(maxsize=16384)(_rank_counts.__wrapped__)
 
 
+@functools.lru_cache(maxsize=4096)
+def _moe_kinds(model: ModelSpec, kinds: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layers of every virtual stage (:func:`autotune.cost.moe.chunk_layer_kinds`) with the
+    multi-token-prediction layers on the last one, of the last main layer's type; cached (a search asks the same
+    split for every setting of a layout)."""
+    out = list(kinds)
+    if model.mtp_num_layers:
+        nd, nm = out[-1]
+        d = model.mtp_num_layers
+        out[-1] = (nd, nm + d) if moe.mtp_layer_is_moe(model) else (nd + d, nm)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _moe_rank_params(model: ModelSpec, kinds: tuple[tuple[int, int], ...], p: int, t: int,
+                     ep_etp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per pipeline rank of an MoE model with ``kinds`` (:func:`_moe_kinds`) over ``p`` ranks: (the dense layers'
+    and the MoE layers' non-expert parameters over TP ``t``, with each MTP depth's norms and projection on the
+    rank of the last stage; the routed experts' parameters over EP x ETP = ``ep_etp``); cached."""
+    h = model.hidden_size
+    dense_layer = moe.dense_layer_params(model)
+    moe_dense = moe.dense_params_of_moe_layer(model)
+    expert_layer = moe.expert_params_per_layer(model) // ep_etp
+    mtp_extra = model.mtp_num_layers * (2 * h * h + 3 * h)
+    rank_dense = [0] * p
+    expert_per_rank = [0] * p
+    for vs, (nd, nm) in enumerate(kinds):
+        r = vs % p
+        rank_dense[r] += _ceil_div(nd * dense_layer + nm * moe_dense, t)
+        expert_per_rank[r] += nm * expert_layer
+    rank_dense[(len(kinds) - 1) % p] += _ceil_div(mtp_extra, t)
+    return tuple(rank_dense), tuple(expert_per_rank)
+
+
 def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
                     fragmentation: Mapping[str, float] | None = None,
                     engine: EngineProfile | str | None = "native") -> MemoryEstimate:
@@ -439,11 +473,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     # optimizer states over the expert-DP group)
     expert_per_rank = [0] * p
     if model.is_moe:
-        kinds = list(moe.chunk_layer_kinds(model, plan))
-        if model.mtp_num_layers:
-            nd, nm = kinds[-1]
-            d = model.mtp_num_layers
-            kinds[-1] = (nd, nm + d) if moe.mtp_layer_is_moe(model) else (nd + d, nm)
+        kinds = _moe_kinds(model, moe.chunk_layer_kinds(model, plan))
         dense_b, moe_b = moe_layer_bytes(model, plan, workload, eng)
         if plan.partial_recompute:
             dense_n, moe_n = moe_layer_bytes(model, plan, workload, eng, recompute="none")
@@ -455,16 +485,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             chunk_act = tuple(acts)
         else:
             chunk_act = tuple(nd * dense_b + nm * moe_b for nd, nm in kinds)
-        dense_layer = moe.dense_layer_params(model)
-        moe_dense = moe.dense_params_of_moe_layer(model)
-        expert_layer = moe.expert_params_per_layer(model) // (plan.ep_degree * plan.etp_degree)
-        mtp_extra = model.mtp_num_layers * (2 * h * h + 3 * h)
-        rank_dense = [0] * p
-        for vs, (nd, nm) in enumerate(kinds):
-            r = vs % p
-            rank_dense[r] += _ceil_div(nd * dense_layer + nm * moe_dense, t)
-            expert_per_rank[r] += nm * expert_layer
-        rank_dense[(len(kinds) - 1) % p] += _ceil_div(mtp_extra, t)
+        rank_dense, expert_per_rank = _moe_rank_params(model, kinds, p, t, plan.ep_degree * plan.etp_degree)
     embed_out = _block_input_bytes({"attn_norm_input": BF16_BYTES * s * b * h // (t if sp else 1)}, plan, eng)
     vocab_shard = _ceil_div(V, t)
     layer_params = _ceil_div(model.params_per_layer, t)
