@@ -121,6 +121,17 @@ def _memory_key(plan: Plan) -> tuple:
     return _memory_fields(plan) + (plan.precision != "bf16",)
 
 
+def _states_key(plan: Plan, num_layers: int) -> tuple:
+    """What the weights and optimizer bytes of every stage of ``plan`` (:func:`autotune.cost.memory.estimate_memory`:
+    the stage's parameters from the layer split, TP, EP x ETP and the end stages' embedding / head, sharded by the
+    ZeRO stage over DP x CP and the experts' over the expert-DP group, at the engine's parameter and optimizer
+    bytes) depend on: tp, pp, cp, dp, ep, etp, the ZeRO stage, FP8 parameters (the engine's profile for the
+    plan) and the layer split; not the precision, recomputation, micro-batch, buckets or overlaps
+    (tests/search/test_lazy_ranking.py checks the bytes over those)."""
+    return (plan.tp_degree, plan.pp_degree, plan.cp_degree, plan.dp_degree, plan.ep_degree, plan.etp_degree,
+            plan.zero_stage, plan.fp8_param_gather, tuple(plan.layers_per_virtual_stage(num_layers)))
+
+
 #: the plan fields :meth:`CostBuilder.chunk_cost` reads at every ZeRO stage (autotune/cost/chunk_costs.py): all
 #: but the bucket size (read only by ``dp_bucket_bytes``, the DP bucket groups), the memory reclaim policy
 #: (the step graph's reclaim nodes), the ZeRO stage and the DP overlaps (:func:`_chunk_key`)
@@ -168,6 +179,7 @@ class PlanScreen:
         self._factor: dict[tuple, float] = {}     # layout_bound_ms: (m + (p - 1) / v) x the busiest rank's layers
         self._cbound: dict[tuple, float] = {}     # per _chunk_key
         self._mem: dict[tuple, bool] = {}          # per _memory_key
+        self._states: dict[tuple, int] = {}        # per _states_key: the largest stage's weights + optimizer bytes
         self._built: dict[Plan, tuple[CostBuilder, dict[int, Any]]] = {}
         self._memo: dict[Any, Any] = {}     # CostBuilder's per-layer costs and placements, shared
         # ModelSpec.num_dense_layers walks every layer (moe_layer_pattern): once per screen, not per layer_ms
@@ -185,12 +197,26 @@ class PlanScreen:
                 key = _memory_key(plan)
                 r = self._mem.get(key)
                 if r is None:
-                    r = self._mem[key] = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
-                                                         fragmentation=self._frag, engine=self.engine).fits
+                    r = self._mem[key] = self._fits_memory(plan)
             except PlanError:
                 r = False
             self._fits[plan] = r
         return r
+
+    def _fits_memory(self, plan: Plan) -> bool:
+        """``estimate_memory(plan).fits``, answered False without the estimate when a plan with the same
+        :func:`_states_key` had a stage whose weights + optimizer states alone exceed the GPU's capacity: a
+        stage's total is those two plus gradients, activations, transient buffers and allocator overhead, each
+        >= 0 (:class:`autotune.cost.memory.StageMemory`), so that stage cannot fit either (most plans of an MoE
+        model's low-EP layouts: the experts' states do not fit at any recomputation or precision)."""
+        skey = _states_key(plan, self.model.num_layers)
+        cap = self.cluster.gpu.usable_hbm_bytes
+        if self._states.get(skey, 0) > cap:
+            return False
+        est = estimate_memory(self.model, plan, self.cluster.gpu, self.workload, fragmentation=self._frag,
+                              engine=self.engine)
+        self._states[skey] = max(st.weights_bytes + st.optimizer_bytes for st in est.stages)
+        return est.fits
 
     def estimate_ms(self, plan: Plan) -> float:
         """Closed-form step time of ``plan``, ms (module docstring); ``inf`` for a plan the cost model
