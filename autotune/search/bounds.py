@@ -117,7 +117,7 @@ class LayoutBounds:
             return unchecked, False
         return best, True
 
-    def _fit_bound(self, a: dict[str, Any]) -> float:
+    def _fit_bound(self, a: dict[str, Any], need: float = float("inf")) -> tuple[float, bool]:
         """A lower bound (ms) on the estimate of layout ``a``'s plan for the provisional ranking
         (:meth:`LayoutSampler._compute_layouts`), final: the least :meth:`PlanScreen.chunk_bound_ms` of
         (precision v, recomputation r*, ZeRO stage z) over v and z, r* the first recomputation level in
@@ -133,8 +133,11 @@ class LayoutBounds:
         _chunk_key`), so after the first of them only the levels before its r* are tried at the other. No
         rule about memory is assumed: every level is checked for memory until one fits.
 
-        Unlike :meth:`_memory_bound` it takes no ``need`` (each layout once, final) and reads no layer bound
-        of the recomputed plans (DeepSeek-V3 x 256 B200: the first ranking refined 2,349 of 2,373 layouts)."""
+        Returns (the bound, whether it is final): precisions are taken in the order of their kinds bound, and
+        once that is at least ``need`` (and below the bound so far) the rest are not tried: the least of the
+        bound so far and that kinds bound is returned, not final (it is at least ``need``; the ranking asks
+        again if the layout comes up again). Unlike :meth:`_memory_bound` it reads no layer bound of the
+        recomputed plans (DeepSeek-V3 x 256 B200: the first ranking refined 2,349 of 2,373 layouts)."""
         c = self.bound.choices
         rec = [v for v in self.preferences["recompute"] if v in c["recompute"]]
         zero = [v for v in self.preferences["zero_stage"] if v in c["zero_stage"]]
@@ -147,6 +150,8 @@ class LayoutBounds:
         for lb, _, v in sorted(order):
             if lb >= out:
                 break
+            if lb >= need:          # this precision and the rest: at least lb >= need, not tried
+                return lb, False
             b = {**a, "precision": v}
             saving = next((q for z in sorted(zero, reverse=True)
                            if (q := self._plan({**b, "recompute": rec[-1], "zero_stage": z})) is not None), None)
@@ -161,7 +166,7 @@ class LayoutBounds:
                         if z < 2:
                             below = k
                         break
-        return out
+        return out, True
 
     def _cheap_chunk_bound(self, q: Plan, threshold: float) -> float:
         """A lower bound (ms) on :meth:`PlanScreen.chunk_bound_ms` of ``q``'s estimate: the layer-level bound
