@@ -139,7 +139,7 @@ class CostBuilder:
         # at the compiled-step rate under torch.compile or when the engine fuses the layers'
         # memory-bound kernels (a dense kernel stream either way), else at the eager-step rate
         dense = plan.compile or self.engine.fuses("rmsnorm")
-        self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts(costs=costs, compiled=dense)
+        self.costs = costs if isinstance(costs, InTrainingCosts) else InTrainingCosts.of(costs, dense, memo)
         self.grad_reduce_bytes = self.engine.grad_reduce_bytes
         # torch.distributed.pipelining + FSDP: one reduce-scatter per step, after all backwards, synced
         # to the compute stream (stage.py perform_reduce_grad: _root_post_backward_final_callback)

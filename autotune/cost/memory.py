@@ -49,6 +49,7 @@ from autotune.cost.activations import (  # noqa: F401 - re-exported: the per-lay
     _block_input_bytes,
     _check_tp,
     _compiled_layer_bytes,
+    _compiled_no_recompute_bytes,
     _layer_activation_terms,
     _seq_per_rank,
     _selective_bytes,
@@ -294,13 +295,16 @@ def inflight_microbatches(plan: Plan, stage: int,
 FULL_RECOMPUTE_SUFFIX = "+full_recompute"
 
 
+#: the keys a fragmentation mapping may have: a policy, or a policy + :data:`FULL_RECOMPUTE_SUFFIX`
+_FRAGMENTATION_KEYS = frozenset(MEMORY_RECLAIM_POLICIES) | {k + FULL_RECOMPUTE_SUFFIX for k in MEMORY_RECLAIM_POLICIES}
+
+
 def _fragmentation_fraction(policy: str, fragmentation: Mapping[str, float] | None,
                             full_recompute: bool = False) -> float:
     """The allocator's fraction for ``policy``: ``<policy>+full_recompute`` when the plan fully recomputes
     and the mapping has that key, else ``<policy>``, else :data:`DEFAULT_FRAGMENTATION`."""
     if fragmentation is not None:
-        valid = set(MEMORY_RECLAIM_POLICIES) | {k + FULL_RECOMPUTE_SUFFIX for k in MEMORY_RECLAIM_POLICIES}
-        unknown = sorted(set(fragmentation) - valid)
+        unknown = sorted(set(fragmentation) - _FRAGMENTATION_KEYS)
         if unknown:
             raise ConfigError(f"fragmentation has unknown memory_reclaim policies {unknown}; valid: "
                               f"{', '.join(MEMORY_RECLAIM_POLICIES)} (each optionally with {FULL_RECOMPUTE_SUFFIX})")
@@ -324,6 +328,46 @@ def _rank_counts(p: int, v: int, m: int, schedule: str, per_virtual: tuple[int, 
     recomputation, precision and bucket of a layout."""
     plan = Plan(pp_degree=p, vpp_degree=v, num_micro_batches=m, pipeline_schedule=schedule)
     return tuple(count_inflight(plan, r, chunk_layers=per_virtual) for r in range(p))
+
+
+#: :func:`_rank_counts` with each chunk weighed by its bytes per micro-batch (``chunk_layers`` = the plan's
+#: ``chunk_act``: partial recompute, or a mixture of experts' dense and MoE layers), cached apart so the
+#: many weighings of a search do not push the layer counts out of :func:`_rank_counts`' cache
+_weighed_rank_counts = functools.lru_cache(maxsize=16384)(_rank_counts.__wrapped__)
+
+
+@functools.lru_cache(maxsize=4096)
+def _moe_kinds(model: ModelSpec, kinds: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layers of every virtual stage (:func:`autotune.cost.moe.chunk_layer_kinds`) with the
+    multi-token-prediction layers on the last one, of the last main layer's type; cached (a search asks the same
+    split for every setting of a layout)."""
+    out = list(kinds)
+    if model.mtp_num_layers:
+        nd, nm = out[-1]
+        d = model.mtp_num_layers
+        out[-1] = (nd, nm + d) if moe.mtp_layer_is_moe(model) else (nd + d, nm)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _moe_rank_params(model: ModelSpec, kinds: tuple[tuple[int, int], ...], p: int, t: int,
+                     ep_etp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per pipeline rank of an MoE model with ``kinds`` (:func:`_moe_kinds`) over ``p`` ranks: (the dense layers'
+    and the MoE layers' non-expert parameters over TP ``t``, with each MTP depth's norms and projection on the
+    rank of the last stage; the routed experts' parameters over EP x ETP = ``ep_etp``); cached."""
+    h = model.hidden_size
+    dense_layer = moe.dense_layer_params(model)
+    moe_dense = moe.dense_params_of_moe_layer(model)
+    expert_layer = moe.expert_params_per_layer(model) // ep_etp
+    mtp_extra = model.mtp_num_layers * (2 * h * h + 3 * h)
+    rank_dense = [0] * p
+    expert_per_rank = [0] * p
+    for vs, (nd, nm) in enumerate(kinds):
+        r = vs % p
+        rank_dense[r] += _ceil_div(nd * dense_layer + nm * moe_dense, t)
+        expert_per_rank[r] += nm * expert_layer
+    rank_dense[(len(kinds) - 1) % p] += _ceil_div(mtp_extra, t)
+    return tuple(rank_dense), tuple(expert_per_rank)
 
 
 def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
@@ -416,15 +460,12 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
                                           plan, eng)
     else:
         layer_act = _block_input_bytes(terms, plan, eng)
-    # the plan's no-recompute twin, for the layers that keep everything (only built when recomputing:
-    # estimate_memory screens every layout of a search)
-    none_plan = plan.replace(recompute="none", recompute_num_layers=0) if plan.recompute == "full" else plan
     # partial recompute (Plan.recompute_num_layers = N >= 1, Megatron-LM --recompute-method block): a
     # chunk of L_c layers keeps min(N, L_c) layers at the layer input and the rest at the no-recompute
     # bytes; the schedule count below weighs each chunk by these bytes (exact for uneven chunks too)
     chunk_act: tuple[int, ...] | None = None
     if plan.partial_recompute:
-        none_act = _compiled_layer_bytes(full_layer_act, none_plan, eng)
+        none_act = _compiled_no_recompute_bytes(full_layer_act, plan, eng)
         chunk_act = tuple(plan.recomputed_layers(lc) * layer_act + (lc - plan.recomputed_layers(lc)) * none_act
                           for lc in per_virtual)
     # a mixture-of-experts model: each chunk weighed by its dense and MoE layers' bytes (the same walk as
@@ -432,11 +473,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
     # optimizer states over the expert-DP group)
     expert_per_rank = [0] * p
     if model.is_moe:
-        kinds = list(moe.chunk_layer_kinds(model, plan))
-        if model.mtp_num_layers:
-            nd, nm = kinds[-1]
-            d = model.mtp_num_layers
-            kinds[-1] = (nd, nm + d) if moe.mtp_layer_is_moe(model) else (nd + d, nm)
+        kinds = _moe_kinds(model, moe.chunk_layer_kinds(model, plan))
         dense_b, moe_b = moe_layer_bytes(model, plan, workload, eng)
         if plan.partial_recompute:
             dense_n, moe_n = moe_layer_bytes(model, plan, workload, eng, recompute="none")
@@ -448,16 +485,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
             chunk_act = tuple(acts)
         else:
             chunk_act = tuple(nd * dense_b + nm * moe_b for nd, nm in kinds)
-        dense_layer = moe.dense_layer_params(model)
-        moe_dense = moe.dense_params_of_moe_layer(model)
-        expert_layer = moe.expert_params_per_layer(model) // (plan.ep_degree * plan.etp_degree)
-        mtp_extra = model.mtp_num_layers * (2 * h * h + 3 * h)
-        rank_dense = [0] * p
-        for vs, (nd, nm) in enumerate(kinds):
-            r = vs % p
-            rank_dense[r] += _ceil_div(nd * dense_layer + nm * moe_dense, t)
-            expert_per_rank[r] += nm * expert_layer
-        rank_dense[(len(kinds) - 1) % p] += _ceil_div(mtp_extra, t)
+        rank_dense, expert_per_rank = _moe_rank_params(model, kinds, p, t, plan.ep_degree * plan.etp_degree)
     embed_out = _block_input_bytes({"attn_norm_input": BF16_BYTES * s * b * h // (t if sp else 1)}, plan, eng)
     vocab_shard = _ceil_div(V, t)
     layer_params = _ceil_div(model.params_per_layer, t)
@@ -468,7 +496,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         # one layer's forward re-run in backward keeps what that forward saves (compiled: the
         # compiled saved set, COMPILED_OVER_EAGER at recompute none)
         # (partial recompute too: every chunk with a layer recomputes at least one)
-        common_transient += _compiled_layer_bytes(full_layer_act, none_plan, eng)
+        common_transient += _compiled_no_recompute_bytes(full_layer_act, plan, eng)
     # DP buckets in flight; none staged when the engine reduces the whole gradient buffer in place without
     # an overlapped reduction (Megatron-LM: bucket_size None, facts.yaml one_bucket_without_overlap)
     if g > 1 and not (eng.one_bucket_without_overlap
@@ -493,6 +521,9 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
 
     counts = _rank_counts(p, plan.effective_vpp, plan.num_micro_batches, plan.pipeline_schedule,
                           tuple(per_virtual))
+    # partial recompute or an MoE model: the same walk with each chunk weighed by its bytes (chunk_act)
+    weighed_counts = _weighed_rank_counts(p, plan.effective_vpp, plan.num_micro_batches, plan.pipeline_schedule,
+                                          chunk_act) if chunk_act is not None else None
     # TE FP8 recipes' cached weight copies: linear in the layers (te_fp8_weight_copy_bytes), once per call
     fp8_copy_per_layer = te_fp8_weight_copy_bytes(model, plan, 1, eng)
     stages = []
@@ -538,7 +569,7 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
 
         # partial recompute: the same walk with each chunk weighed by its bytes per micro-batch
         # (chunk_act), so the first element of a peak point is bytes, not layers
-        weighed = count_inflight(plan, r, chunk_layers=chunk_act) if chunk_act is not None else count
+        weighed = weighed_counts[r] if weighed_counts is not None else count
         unit = 1 if chunk_act is not None else layer_act
 
         def _held_bytes(pt: tuple[int, int, int]) -> int:

@@ -529,15 +529,31 @@ class InTrainingCosts(OpCosts):
         self.k_attention = k("attention", compiled=compiled)
         self.k_memory_eager = k("memory_bound", compiled=False)
         self.k_memory_compiled = k("memory_bound", compiled=True)
+        self._gemm: dict[tuple, float] = {}     # gemm_ms per (m, n, k, backward, precision): the same product
 
     def __getattr__(self, name: str) -> Any:          # attributes of the wrapped costs (tables, scales)
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    @classmethod
+    def of(cls, costs: OpCosts, compiled: bool, memo: dict[Any, Any] | None = None) -> "InTrainingCosts":
+        """``InTrainingCosts(costs=costs, compiled=compiled)``, one per (costs, mode) in ``memo`` when given (a
+        :class:`autotune.cost.chunk_costs.CostBuilder` memo: its builders then share the GEMM times cached here)."""
+        if memo is None:
+            return cls(costs=costs, compiled=compiled)
+        got = memo.get(("in_training", id(costs), compiled))
+        if got is None or got[0] is not costs:
+            got = memo[("in_training", id(costs), compiled)] = (costs, cls(costs=costs, compiled=compiled))
+        return got[1]
+
     def gemm_ms(self, m: int, n: int, k: int, *, backward: bool = False, precision: str = "bf16") -> float:
-        kw = {"precision": precision} if precision != "bf16" else {}
-        return self.k_gemm * self.inner.gemm_ms(m, n, k, backward=backward, **kw)
+        key = (m, n, k, backward, precision)
+        v = self._gemm.get(key)
+        if v is None:
+            kw = {"precision": precision} if precision != "bf16" else {}
+            v = self._gemm[key] = self.k_gemm * self.inner.gemm_ms(m, n, k, backward=backward, **kw)
+        return v
 
     def attention_ms(self, *, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
                      backward: bool = False) -> float:

@@ -22,6 +22,7 @@ import functools
 import operator
 from typing import Any
 
+from autotune.cost import moe
 from autotune.cost.calibration import default_calibration
 from autotune.cost.graph import CostBuilder, chunk_costs, hidden_comm_ms, step_weights
 from autotune.cost.chunk_costs import LAYER_FIELDS, StepWeights
@@ -103,8 +104,11 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
 
 
 #: the plan fields :func:`autotune.cost.memory.estimate_memory` can depend on besides the precision: all but
-#: tp_comm_overlap (no term of autotune/cost/memory.py reads it)
-_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("tp_comm_overlap", "precision"))
+#: tp_comm_overlap and the MoE token dispatcher, dispatch overlap and grouped GEMM (no term of
+#: autotune/cost/memory.py, activations.py or moe.py reads them: the experts' bytes follow EP x ETP alone;
+#: tests/search/test_lazy_ranking.py compares estimate_memory across them)
+_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in (
+    "tp_comm_overlap", "precision", "moe_dispatcher", "moe_a2a_overlap", "moe_grouped_gemm"))
 _memory_fields = operator.attrgetter(*_MEMORY_FIELDS)     # plan -> the tuple of those fields
 
 
@@ -115,6 +119,17 @@ def _memory_key(plan: Plan) -> tuple:
     ratio by precision kind), so the FP8 recipes share one memory estimate (tests/search/test_lazy_ranking.py
     compares estimate_memory across them)."""
     return _memory_fields(plan) + (plan.precision != "bf16",)
+
+
+def _states_key(plan: Plan, num_layers: int) -> tuple:
+    """What the weights and optimizer bytes of every stage of ``plan`` (:func:`autotune.cost.memory.estimate_memory`:
+    the stage's parameters from the layer split, TP, EP x ETP and the end stages' embedding / head, sharded by the
+    ZeRO stage over DP x CP and the experts' over the expert-DP group, at the engine's parameter and optimizer
+    bytes) depend on: tp, pp, cp, dp, ep, etp, the ZeRO stage, FP8 parameters (the engine's profile for the
+    plan) and the layer split; not the precision, recomputation, micro-batch, buckets or overlaps
+    (tests/search/test_lazy_ranking.py checks the bytes over those)."""
+    return (plan.tp_degree, plan.pp_degree, plan.cp_degree, plan.dp_degree, plan.ep_degree, plan.etp_degree,
+            plan.zero_stage, plan.fp8_param_gather, tuple(plan.layers_per_virtual_stage(num_layers)))
 
 
 #: the plan fields :meth:`CostBuilder.chunk_cost` reads at every ZeRO stage (autotune/cost/chunk_costs.py): all
@@ -160,11 +175,15 @@ class PlanScreen:
         self._est: dict[Plan, float] = {}
         self._hidden: dict[Plan, float] = {}
         self._layer: dict[tuple, float] = {}
+        self._kinds_ms: dict[tuple, tuple[float, float | None]] = {}   # per LAYER_FIELDS: (dense, MoE) layer ms
         self._factor: dict[tuple, float] = {}     # layout_bound_ms: (m + (p - 1) / v) x the busiest rank's layers
         self._cbound: dict[tuple, float] = {}     # per _chunk_key
         self._mem: dict[tuple, bool] = {}          # per _memory_key
+        self._states: dict[tuple, int] = {}        # per _states_key: the largest stage's weights + optimizer bytes
         self._built: dict[Plan, tuple[CostBuilder, dict[int, Any]]] = {}
         self._memo: dict[Any, Any] = {}     # CostBuilder's per-layer costs and placements, shared
+        # ModelSpec.num_dense_layers walks every layer (moe_layer_pattern): once per screen, not per layer_ms
+        self._num_dense_layers = model.num_dense_layers
 
     def fits(self, plan: Plan) -> bool:
         """True when the engine can run ``plan`` (:func:`autotune.spec.engines.check_plan_for_engine`) and
@@ -178,12 +197,26 @@ class PlanScreen:
                 key = _memory_key(plan)
                 r = self._mem.get(key)
                 if r is None:
-                    r = self._mem[key] = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
-                                                         fragmentation=self._frag, engine=self.engine).fits
+                    r = self._mem[key] = self._fits_memory(plan)
             except PlanError:
                 r = False
             self._fits[plan] = r
         return r
+
+    def _fits_memory(self, plan: Plan) -> bool:
+        """``estimate_memory(plan).fits``, answered False without the estimate when a plan with the same
+        :func:`_states_key` had a stage whose weights + optimizer states alone exceed the GPU's capacity: a
+        stage's total is those two plus gradients, activations, transient buffers and allocator overhead, each
+        >= 0 (:class:`autotune.cost.memory.StageMemory`), so that stage cannot fit either (most plans of an MoE
+        model's low-EP layouts: the experts' states do not fit at any recomputation or precision)."""
+        skey = _states_key(plan, self.model.num_layers)
+        cap = self.cluster.gpu.usable_hbm_bytes
+        if self._states.get(skey, 0) > cap:
+            return False
+        est = estimate_memory(self.model, plan, self.cluster.gpu, self.workload, fragmentation=self._frag,
+                              engine=self.engine)
+        self._states[skey] = max(st.weights_bytes + st.optimizer_bytes for st in est.stages)
+        return est.fits
 
     def estimate_ms(self, plan: Plan) -> float:
         """Closed-form step time of ``plan``, ms (module docstring); ``inf`` for a plan the cost model
@@ -269,21 +302,50 @@ class PlanScreen:
         key = _layer_fields(plan)
         r = self._layer.get(key)
         if r is None:
+            d, mo = self._layer_kinds_at(key, plan)
+            # a mixture of experts: every layer is dense or MoE, so the lesser of the two bounds both
+            # (layout_bound_ms multiplies it by a layer count)
+            r = d if mo is None else (min(d, mo) if self._num_dense_layers else mo)
+            self._layer[key] = r
+        return r
+
+    def _layer_kinds_at(self, key: tuple, plan: Plan) -> tuple[float, float | None]:
+        """(a dense layer's, an MoE layer's or None for a dense model) forward + backward time per micro-batch of
+        ``plan`` (:data:`LAYER_FIELDS` ``key``), ms: :meth:`layer_ms`'s two sums, cached; (0, 0) for a plan the cost
+        model rejects."""
+        got = self._kinds_ms.get(key)
+        if got is None:
             try:
                 cb = CostBuilder(model=self.model, plan=plan, cluster=self.cluster, workload=self.workload,
                                  costs=self.costs, engine=self.engine, memo=self._memo)
                 lf, lb, _ = cb._layer
-                r = sum(lf.values()) + sum(lb.values())
+                got = (sum(lf.values()) + sum(lb.values()), None)
                 if cb._moe_state is not None:
-                    # a mixture of experts: every layer is dense or MoE, so the lesser of the two bounds both
-                    # (layout_bound_ms multiplies it by a layer count)
                     mf, mb, _ = cb._moe_state[0]
-                    r = min(r, sum(mf.values()) + sum(mb.values())) if self.model.num_dense_layers else \
-                        sum(mf.values()) + sum(mb.values())
+                    got = (got[0], sum(mf.values()) + sum(mb.values()))
             except (PlanError, ValueError, ZeroDivisionError):
-                r = 0.0
-            self._layer[key] = r
-        return r
+                got = (0.0, 0.0)
+            self._kinds_ms[key] = got
+        return got
+
+    def kinds_bound_ms(self, plans: list[Plan]) -> float:
+        """A mixture-of-experts model's :meth:`layout_bound_ms` with each chunk's dense and MoE layers weighed by
+        their own time (:meth:`_layer_kinds_at`) instead of the lesser of the two for every layer: ``(m + (p - 1)
+        / v)`` x the busiest rank's sum over its chunks of dense layers x a dense layer's time + MoE layers x an
+        MoE layer's (:func:`autotune.cost.moe.chunk_layer_kinds`; the multi-token-prediction layers, the
+        embedding and the LM head add to a chunk, >= 0: :meth:`CostBuilder.chunk_cost`), the least over
+        ``plans``, less a relative 1e-9. A dense model: :meth:`layout_bound_ms`."""
+        if not self.model.is_moe or not plans:
+            return self.layout_bound_ms(plans)
+        out = float("inf")
+        for q in plans:
+            d, mo = self._layer_kinds_at(_layer_fields(q), q)
+            P, v = q.pp_degree, q.effective_vpp
+            kinds = moe.chunk_layer_kinds(self.model, q)
+            busiest = max(sum(kinds[c * P + r][0] * d + kinds[c * P + r][1] * (mo or 0.0) for c in range(v))
+                          for r in range(P))
+            out = min(out, (q.num_micro_batches + (P - 1) / v) * busiest * (1 - 1e-9))
+        return out
 
     def layout_bound_ms(self, plans: list[Plan]) -> float:
         """A lower bound (ms) on :meth:`estimate_ms` of every plan of one layout (same tp, pp, cp, schedule,

@@ -34,13 +34,20 @@ class LazyRanking:
             layout's bound would have it screened (a second, dearer bound: memory checks); ``need`` is the
             bound below which the layout would be screened now: a refinement may stop once it shows the
             bound is at least that (not final: refined again if the layout comes up again).
+        refined: layouts whose bound is already final (read from the storage).
+        prerefine: index -> a lower bound (ms), asked once per layout before ``refine`` (a cheaper first
+            step); the layout is pushed back with the larger of the two bounds.
+
+    Attributes:
+        duplicates: layouts screened to a plan another layout had (ranked once, under the first one
+            screened): only then does the order of screening, so the bounds, decide a place.
     """
 
     def __init__(self, bounds: dict[int, float], screen: Callable[[int], Plan | None],
                  estimate: Callable[[Plan], float], jitter: Callable[[int], float], low: float,
                  known: dict[int, Plan | None] | None = None,
                  refine: Callable[[int, float], tuple[float, bool]] | None = None,
-                 refined: set[int] | None = None) -> None:
+                 refined: set[int] | None = None, prerefine: Callable[[int], float] | None = None) -> None:
         self._bounds = dict(bounds)
         self._screen_fn, self._estimate, self._jitter, self._low = screen, estimate, jitter, low
         self._refine = refine
@@ -53,6 +60,9 @@ class LazyRanking:
         self._plans: set[Plan] = set()
         self.ranked: list[Plan] = []
         self._known = dict(known or {})
+        self._prerefine = prerefine
+        self._prerefined: set[int] = set()
+        self.duplicates = 0
 
     def _take(self, need: float) -> None:
         """Pop the pending layout of least bound: refine its bound (pushed back) or, refined, screen it.
@@ -60,6 +70,11 @@ class LazyRanking:
         _, i = heapq.heappop(self._pending)
         if i in self._refined or i in self._known:
             self._screen(i)
+            return
+        if self._prerefine is not None and i not in self._prerefined:
+            self._prerefined.add(i)
+            b = self._bounds[i] = max(self._bounds[i], self._prerefine(i))
+            heapq.heappush(self._pending, (b * self._low, i))
             return
         b, final = self._refine(i, need)        # type: ignore[misc]
         if not final and b <= need:             # (a partial bound is >= need; at need itself: no progress)
@@ -74,6 +89,7 @@ class LazyRanking:
         plan = self._known.pop(i) if i in self._known else self._screen_fn(i)
         if plan is not None and plan in self._plans:
             plan = None             # the same plan as another layout's: ranked once
+            self.duplicates += 1
         self.screened[i] = plan
         if plan is not None:
             self._plans.add(plan)

@@ -384,9 +384,18 @@ def engine_for_plan(engine: EngineProfile | str | None, plan: Any) -> EngineProf
         kw["fp8_param_gather"] = True
     if not kw:
         return e
-    import dataclasses
+    # one derived profile per (engine, levers), kept with the engine it came from (an id is reused only after
+    # its object is gone): a search derives it for thousands of plans
+    key = (id(e), *sorted(kw.items()))
+    got = _FOR_PLAN.get(key)
+    if got is None or got[0] is not e:
+        import dataclasses
 
-    return dataclasses.replace(e, **kw)
+        got = _FOR_PLAN[key] = (e, dataclasses.replace(e, **kw))
+    return got[1]
+
+
+_FOR_PLAN: dict[tuple, tuple[EngineProfile, EngineProfile]] = {}
 
 
 def check_model_for_engine(model: Any, engine: EngineProfile) -> None:
