@@ -147,13 +147,24 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                 got = dp_memo[key] = tuple(out)
             dp_groups[r, c] = got
         first_f = compute[r, "F", 0][1] if m else 0.0
-        skey = (stage_params, stage_fp8, first_f, stage_experts)
+        interleaved_ag = v > 1 and p.param_gather_overlap and p.async_collectives and cb.engine.interleaved_param_sync
+        if interleaved_ag:
+            per_chunk = tuple((chunks[c * P + r].params, chunks[c * P + r].fp8_params, chunks[c * P + r].expert_params,
+                               compute[r, "F", c][1] if m else 0.0) for c in range(v))
+            skey = ("vpp", per_chunk, min(P, m))
+        else:
+            skey = (stage_params, stage_fp8, first_f, stage_experts)
         got_s = stage_memo.get(skey)
         if got_s is None:
-            ag = cb.param_gather_ms(stage_params, stage_fp8) + moe_layer.expert_param_gather_ms(cb, stage_experts)
-            if ag and p.param_gather_overlap and p.async_collectives:
-                # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
-                ag = max(0.0, ag - first_f)
+            if interleaved_ag:
+                gathers = [cb.param_gather_ms(n, n8) + moe_layer.expert_param_gather_ms(cb, ne)
+                           for n, n8, ne, _ in per_chunk]
+                ag = interleaved_param_gather_exposed_ms(gathers, [f for *_, f in per_chunk], min(P, m))
+            else:
+                ag = cb.param_gather_ms(stage_params, stage_fp8) + moe_layer.expert_param_gather_ms(cb, stage_experts)
+                if ag and p.param_gather_overlap and p.async_collectives:
+                    # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
+                    ag = max(0.0, ag - first_f)
             got_s = stage_memo[skey] = (cb.optimizer_ms(stage_params, stage_experts), ag)
         opt_ms.append(got_s[0])
         ag_ms.append(got_s[1])
@@ -163,6 +174,44 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                        overlap_dp=overlap_dp, compute=compute, dp_groups=dp_groups, opt_ms=tuple(opt_ms),
                        param_gather_ms=tuple(ag_ms),
                        reclaim_ms=tuple(reclaim_ms) if p.memory_reclaim == "empty_cache_per_step" else None)
+
+
+def interleaved_param_gather_exposed_ms(gathers: list[float], forwards: list[float], group: int) -> float:
+    """Exposed time of the overlapped ZeRO-1/2 parameter all-gather of an interleaved (virtual-pipeline)
+    stage, ms: how much later the stage's warm-up forwards end than without any gather.
+
+    ``gathers[c]``: the all-gather of model chunk c's parameters (ms); ``forwards[c]``: one forward
+    micro-batch of chunk c (ms); ``group``: the micro-batches of a chunk run back to back in the warm-up
+    (Megatron-LM ``microbatch_group_size_per_vp_stage``, default the pipeline degree, at most m).
+
+    The mechanism is Megatron-LM's ``--overlap-param-gather`` under
+    ``forward_backward_pipelining_with_interleaving`` (megatron/core/pipeline_parallel/schedules.py):
+    chunks 0 and 1 are synchronised before the schedule starts ("Synchronize params for first two model
+    chunks": ``param_sync_func[0]`` and ``[1]``), and chunk c >= 2 is launched when the first micro-batch
+    of chunk c - 1 starts its forward (``param_sync_chunk_id = get_model_chunk_id(...) + 1``, at the same
+    time across the pipeline group). The gathers run in that order on one DP stream. Chunk 0's gather
+    overlaps its first forward (bucket by bucket, the forward pre-hooks of
+    megatron/core/distributed/distributed_data_parallel.py), as the single-chunk rule
+    (``max(0, gather - forward)``); chunk c >= 1 starts when its gather has finished and the previous
+    chunk's ``group`` forwards have run. With one chunk this is that single-chunk rule exactly.
+    """
+    v = len(gathers)
+    dp_done = 0.0
+    t = 0.0                 # compute clock of the warm-up forwards
+    start_prev = 0.0        # when the previous chunk's first forward started
+    ideal = 0.0
+    for c in range(v):
+        launch = 0.0 if c < 2 else start_prev
+        dp_done = max(dp_done, launch) + gathers[c]
+        if c == 0:
+            start = 0.0
+            t = max(forwards[0], dp_done) + (group - 1) * forwards[0]
+        else:
+            start = max(t, dp_done)
+            t = start + group * forwards[c]
+        start_prev = start
+        ideal += group * forwards[c]
+    return max(0.0, t - ideal)
 
 
 @dataclass(frozen=True)
