@@ -90,6 +90,7 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
     stage_memo: dict[tuple[int, int, float], tuple[float, float]] = {}
     add_p2p = blocking_p2p and bool(p2p)
     emb_params = model.embedding_params // plan.tp_degree
+    chunk_sync = v > 1 and cb.engine.interleaved_chunk_sync     # the engine's per-chunk grad / param sync
     for r in range(P):
         rc_ms = cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)) if reclaim_mb else None
         for c in range(v):
@@ -127,7 +128,7 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
             if not buckets:
                 continue
             lb_dur = compute[r, "B", c][1]
-            key = (id(cc), vs == 0, lb_dur)
+            key = (id(cc), vs == 0, lb_dur, chunk_sync)
             got = dp_memo.get(key)
             if got is None:
                 ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
@@ -143,11 +144,15 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                     done += len(grp)
                     # gradients of the first `done` buckets exist once that share of the backward ran
                     share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
-                    out.append((sum(grp), len(grp), -(1 - share) * lb_dur))
+                    # Megatron-LM's interleaved schedule keeps grad sync disabled during every backward and
+                    # launches a chunk's buckets together after its last micro-batch's backward (schedules.py
+                    # grad_sync_func; launched pp_rank backward steps later, not modelled): ready at its end
+                    ready = 0.0 if chunk_sync else -(1 - share) * lb_dur
+                    out.append((sum(grp), len(grp), ready))
                 got = dp_memo[key] = tuple(out)
             dp_groups[r, c] = got
         first_f = compute[r, "F", 0][1] if m else 0.0
-        interleaved_ag = v > 1 and p.param_gather_overlap and p.async_collectives and cb.engine.interleaved_param_sync
+        interleaved_ag = chunk_sync and p.param_gather_overlap and p.async_collectives
         if interleaved_ag:
             per_chunk = tuple((chunks[c * P + r].params, chunks[c * P + r].fp8_params, chunks[c * P + r].expert_params,
                                compute[r, "F", c][1] if m else 0.0) for c in range(v))
@@ -276,7 +281,8 @@ def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
         prev = None
         last_b: dict[int, tuple] = {}
         order = schedule_order(p, r, m)
-        for phase, c, i in order:
+        last_pos: dict[int, int] = {}
+        for pos, (phase, c, i) in enumerate(order):
             node = (phase, r, c, i)
             add_node(node, "fwd" if phase == "F" else "bwd", r, c, i, "compute", ("c", r, phase, c))
             if prev is not None:
@@ -284,6 +290,7 @@ def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
             prev = node
             if phase == "B":
                 last_b[c] = node
+                last_pos[c] = pos
         # data dependencies across virtual stages (send/recv)
         for phase, c, i in order:
             vs = c * P + r
@@ -298,7 +305,11 @@ def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
         # end of step: DP gradient buckets, optimizer, parameter all-gather, reclaim
         tail = prev
         dp_nodes = []
-        for c in range(v):
+        # the DP stream reduces the chunks in the order their last backward ends (Megatron-LM's interleaved
+        # schedule launches a chunk's grad sync after its last micro-batch's backward, schedules.py
+        # grad_sync_func; the backward runs the chunks from v - 1 down to 0), not in chunk-index order, which
+        # would hold every chunk's reduction behind chunk 0's, the step's last backward
+        for c in sorted(range(v), key=lambda c: last_pos.get(c, -1)):
             for k, _ in enumerate(w.dp_groups.get((r, c), ())):
                 node = ("dp", r, c, k)
                 add_node(node, "dp_reduce", r, c, m - 1, "dp" if overlap_dp else "compute", ("dp", r, c, k))

@@ -32,5 +32,5 @@ def test_short_gathers_are_hidden():
 
 
 def test_only_megatron_states_the_mechanism():
-    assert get_engine("megatron").interleaved_param_sync
-    assert not get_engine("torchtitan").interleaved_param_sync
+    assert get_engine("megatron").interleaved_chunk_sync
+    assert not get_engine("torchtitan").interleaved_chunk_sync
