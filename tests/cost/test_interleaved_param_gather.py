@@ -34,3 +34,33 @@ def test_short_gathers_are_hidden():
 def test_only_megatron_states_the_mechanism():
     assert get_engine("megatron").interleaved_chunk_sync
     assert not get_engine("torchtitan").interleaved_chunk_sync
+
+
+def _structure(engine: str, v: int):
+    from autotune.cost.graph import CostBuilder, chunk_costs, step_structure, step_weights
+    from autotune.cost.simulator import SimulatedEvaluator
+    from autotune.spec.hardware import make_cluster
+    from autotune.spec.models import get_model
+    from autotune.spec.plan import Plan, Workload
+
+    ev = SimulatedEvaluator(model=get_model("70b"), cluster=make_cluster("h100", 64, "nvlink4+ib-ndr400"),
+                            workload=Workload.from_tokens(seq_len=8192, global_batch_tokens=4 * 2**20), engine=engine)
+    plan = Plan(tp_degree=8, pp_degree=4, dp_degree=2, vpp_degree=v, micro_batch_size=1, num_micro_batches=8,
+                pipeline_schedule="interleaved_1f1b", sequence_parallel=True, zero_stage=1,
+                dp_grad_reduce_overlap=True, async_collectives=True)
+    cb = CostBuilder(model=ev.model, plan=plan, cluster=ev.cluster, workload=ev.workload, costs=ev.costs,
+                     engine=ev.engine)
+    w = step_weights(cb, plan, ev.model, 8, chunk_costs(cb, plan, ev.model, cached=True))
+    return step_structure(plan, w), w
+
+
+def test_dp_stream_follows_the_order_the_chunks_backwards_end():
+    # interleaved 1F1B runs the backward from the last chunk down (v - 1, ..., 0) in the cool-down, so the
+    # DP stream of stage 0 reduces chunk 3's buckets first and chunk 0's last (Megatron-LM schedules.py:
+    # grad_sync_func after each chunk's last backward)
+    st, w = _structure("megatron", 4)
+    chunks = [c for (n, kind, r, c, i, stream, wkey) in st.nodes if kind == "dp_reduce" and r == 0]
+    assert chunks and chunks == sorted(chunks, reverse=True)
+    assert chunks[0] == 3 and chunks[-1] == 0
+    # the buckets of a chunk start together at the end of its last backward: no negative ready delay
+    assert all(g[2] == 0.0 for c in range(4) for g in w.dp_groups[(0, c)])
