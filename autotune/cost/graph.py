@@ -93,6 +93,15 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
     chunk_sync = v > 1 and cb.engine.interleaved_chunk_sync     # the engine's per-chunk grad / param sync
     for r in range(P):
         rc_ms = cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)) if reclaim_mb else None
+        b_after: dict[int, int] = {}
+        if chunk_sync:
+            # backward steps of this stage after each chunk's last one (Megatron-LM launches a chunk's grad sync
+            # pp_rank backward steps after it, the remaining ones after the schedule's last backward)
+            seen = 0
+            for phase, c, _ in reversed(schedule_order(p, r, m)):
+                if phase == "B":
+                    b_after.setdefault(c, seen)
+                    seen += 1
         for c in range(v):
             vs = c * P + r
             cc = chunks[vs]
@@ -128,7 +137,8 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
             if not buckets:
                 continue
             lb_dur = compute[r, "B", c][1]
-            key = (id(cc), vs == 0, lb_dur, chunk_sync)
+            launch = min(r, b_after.get(c, 0)) * lb_dur if chunk_sync else 0.0
+            key = (id(cc), vs == 0, lb_dur, chunk_sync, launch)
             got = dp_memo.get(key)
             if got is None:
                 ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
@@ -145,9 +155,11 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                     # gradients of the first `done` buckets exist once that share of the backward ran
                     share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
                     # Megatron-LM's interleaved schedule keeps grad sync disabled during every backward and
-                    # launches a chunk's buckets together after its last micro-batch's backward (schedules.py
-                    # grad_sync_func; launched pp_rank backward steps later, not modelled): ready at its end
-                    ready = 0.0 if chunk_sync else -(1 - share) * lb_dur
+                    # launches a chunk's buckets together, pp_rank backward steps after its last micro-batch's
+                    # backward (schedules.py grad_sync_func, grad_sync_microbatch_id = microbatch_id -
+                    # pipeline_parallel_rank; those steps costed as this chunk's backward), or after the
+                    # schedule's last backward when fewer remain
+                    ready = launch if chunk_sync else -(1 - share) * lb_dur
                     out.append((sum(grp), len(grp), ready))
                 got = dp_memo[key] = tuple(out)
             dp_groups[r, c] = got

@@ -64,3 +64,14 @@ def test_dp_stream_follows_the_order_the_chunks_backwards_end():
     assert chunks[0] == 3 and chunks[-1] == 0
     # the buckets of a chunk start together at the end of its last backward: no negative ready delay
     assert all(g[2] == 0.0 for c in range(4) for g in w.dp_groups[(0, c)])
+
+
+def test_grad_sync_launches_pp_rank_backward_steps_later():
+    # stage 2 launches a chunk's buckets 2 backward steps after the chunk's last backward (schedules.py
+    # grad_sync_microbatch_id = microbatch_id - pipeline_parallel_rank), costed as 2 of that chunk's backwards;
+    # chunk 0's last backward is the stage's last one, so its buckets go right after it
+    st, w = _structure("megatron", 4)
+    for c in (1, 2, 3):
+        lb = w.compute[2, "B", c][1]
+        assert all(g[2] == pytest.approx(2 * lb) for g in w.dp_groups[(2, c)])
+    assert all(g[2] == 0.0 for g in w.dp_groups[(2, 0)])
