@@ -314,6 +314,10 @@ class SimulatedEvaluator(Evaluator):
         per_stage = tuple(int(s.total_bytes) for s in mem.stages)
         details: dict[str, Any] = {"costs": dict(self.costs.provenance()), "warnings": list(warnings),
                                    "engine": self.engine.name}
+        if mem.peak_bytes > mem.capacity_bytes:
+            # fits or not, the verdict compares the live bytes (MemoryEstimate.fits): say so where they differ
+            details["memory_live_peak_bytes"] = int(mem.live_peak_bytes)
+            details["memory_capacity_bytes"] = int(mem.capacity_bytes)
         if not mem.fits:
             st = max(mem.stages, key=lambda x: x.total_bytes - x.allocator_overhead_bytes)
             reason = (f"out of memory: pipeline stage {st.stage} needs {mem.live_peak_bytes / 2**30:.1f} GiB "
