@@ -326,7 +326,8 @@ def main() -> int:
             memcol = f"{run.get('memory_gib', float('nan')):.1f}/{mem.peak_bytes / 2**30:.1f}"
             degrees = f"{plan.tp_degree:2d} {plan.pp_degree:2d} {plan.cp_degree:2d} {plan.dp_degree:4d} " \
                       f"{plan.effective_vpp:2d}"
-            note = "" if mem.fits else f"  memory model: does not fit ({mem.peak_bytes / 2**30:.1f} > " \
+            note = "" if mem.fits else f"  memory model: does not fit ({mem.live_peak_bytes / 2**30:.1f} GiB " \
+                f"without the allocator's reserve, {mem.peak_bytes / 2**30:.1f} with it > " \
                 f"{mem.capacity_bytes / 2**30:.1f} GiB usable)"
             print(f"{label} {degrees:>15s} {plan.recompute:9s} {engine:10s} {pub:9.0f} {pred:9.0f} "
                   f"{(f'{100 * err:+.1f}%' if err is not None else '-'):>7s} {memcol:>17s}{note}")

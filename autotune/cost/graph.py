@@ -90,8 +90,18 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
     stage_memo: dict[tuple[int, int, float], tuple[float, float]] = {}
     add_p2p = blocking_p2p and bool(p2p)
     emb_params = model.embedding_params // plan.tp_degree
+    chunk_sync = v > 1 and cb.engine.interleaved_chunk_sync     # the engine's per-chunk grad / param sync
     for r in range(P):
         rc_ms = cb.costs.empty_cache_ms(reserved[r] / max(1, p.num_micro_batches)) if reclaim_mb else None
+        b_after: dict[int, int] = {}
+        if chunk_sync:
+            # backward steps of this stage after each chunk's last one (Megatron-LM launches a chunk's grad sync
+            # pp_rank backward steps after it, the remaining ones after the schedule's last backward)
+            seen = 0
+            for phase, c, _ in reversed(schedule_order(p, r, m)):
+                if phase == "B":
+                    b_after.setdefault(c, seen)
+                    seen += 1
         for c in range(v):
             vs = c * P + r
             cc = chunks[vs]
@@ -127,7 +137,8 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
             if not buckets:
                 continue
             lb_dur = compute[r, "B", c][1]
-            key = (id(cc), vs == 0, lb_dur)
+            launch = min(r, b_after.get(c, 0)) * lb_dur if chunk_sync else 0.0
+            key = (id(cc), vs == 0, lb_dur, chunk_sync, launch)
             got = dp_memo.get(key)
             if got is None:
                 ngroups = min(len(buckets), MAX_DP_GROUPS_PER_CHUNK)
@@ -143,17 +154,34 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                     done += len(grp)
                     # gradients of the first `done` buckets exist once that share of the backward ran
                     share = min(1.0, done / len(buckets) / (1.0 - emb_share)) if emb_share < 1 else 1.0
-                    out.append((sum(grp), len(grp), -(1 - share) * lb_dur))
+                    # Megatron-LM's interleaved schedule keeps grad sync disabled during every backward and
+                    # launches a chunk's buckets together, pp_rank backward steps after its last micro-batch's
+                    # backward (schedules.py grad_sync_func, grad_sync_microbatch_id = microbatch_id -
+                    # pipeline_parallel_rank; those steps costed as this chunk's backward), or after the
+                    # schedule's last backward when fewer remain
+                    ready = launch if chunk_sync else -(1 - share) * lb_dur
+                    out.append((sum(grp), len(grp), ready))
                 got = dp_memo[key] = tuple(out)
             dp_groups[r, c] = got
         first_f = compute[r, "F", 0][1] if m else 0.0
-        skey = (stage_params, stage_fp8, first_f, stage_experts)
+        interleaved_ag = chunk_sync and p.param_gather_overlap and p.async_collectives
+        if interleaved_ag:
+            per_chunk = tuple((chunks[c * P + r].params, chunks[c * P + r].fp8_params, chunks[c * P + r].expert_params,
+                               compute[r, "F", c][1] if m else 0.0) for c in range(v))
+            skey = ("vpp", per_chunk, min(P, m))
+        else:
+            skey = (stage_params, stage_fp8, first_f, stage_experts)
         got_s = stage_memo.get(skey)
         if got_s is None:
-            ag = cb.param_gather_ms(stage_params, stage_fp8) + moe_layer.expert_param_gather_ms(cb, stage_experts)
-            if ag and p.param_gather_overlap and p.async_collectives:
-                # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
-                ag = max(0.0, ag - first_f)
+            if interleaved_ag:
+                gathers = [cb.param_gather_ms(n, n8) + moe_layer.expert_param_gather_ms(cb, ne)
+                           for n, n8, ne, _ in per_chunk]
+                ag = interleaved_param_gather_exposed_ms(gathers, [f for *_, f in per_chunk], min(P, m))
+            else:
+                ag = cb.param_gather_ms(stage_params, stage_fp8) + moe_layer.expert_param_gather_ms(cb, stage_experts)
+                if ag and p.param_gather_overlap and p.async_collectives:
+                    # overlapped with the next step's first forward (Megatron-LM --overlap-param-gather)
+                    ag = max(0.0, ag - first_f)
             got_s = stage_memo[skey] = (cb.optimizer_ms(stage_params, stage_experts), ag)
         opt_ms.append(got_s[0])
         ag_ms.append(got_s[1])
@@ -163,6 +191,44 @@ def step_weights(cb: CostBuilder, plan: Plan, model: ModelSpec, num_micro_batche
                        overlap_dp=overlap_dp, compute=compute, dp_groups=dp_groups, opt_ms=tuple(opt_ms),
                        param_gather_ms=tuple(ag_ms),
                        reclaim_ms=tuple(reclaim_ms) if p.memory_reclaim == "empty_cache_per_step" else None)
+
+
+def interleaved_param_gather_exposed_ms(gathers: list[float], forwards: list[float], group: int) -> float:
+    """Exposed time of the overlapped ZeRO-1/2 parameter all-gather of an interleaved (virtual-pipeline)
+    stage, ms: how much later the stage's warm-up forwards end than without any gather.
+
+    ``gathers[c]``: the all-gather of model chunk c's parameters (ms); ``forwards[c]``: one forward
+    micro-batch of chunk c (ms); ``group``: the micro-batches of a chunk run back to back in the warm-up
+    (Megatron-LM ``microbatch_group_size_per_vp_stage``, default the pipeline degree, at most m).
+
+    The mechanism is Megatron-LM's ``--overlap-param-gather`` under
+    ``forward_backward_pipelining_with_interleaving`` (megatron/core/pipeline_parallel/schedules.py):
+    chunks 0 and 1 are synchronised before the schedule starts ("Synchronize params for first two model
+    chunks": ``param_sync_func[0]`` and ``[1]``), and chunk c >= 2 is launched when the first micro-batch
+    of chunk c - 1 starts its forward (``param_sync_chunk_id = get_model_chunk_id(...) + 1``, at the same
+    time across the pipeline group). The gathers run in that order on one DP stream. Chunk 0's gather
+    overlaps its first forward (bucket by bucket, the forward pre-hooks of
+    megatron/core/distributed/distributed_data_parallel.py), as the single-chunk rule
+    (``max(0, gather - forward)``); chunk c >= 1 starts when its gather has finished and the previous
+    chunk's ``group`` forwards have run. With one chunk this is that single-chunk rule exactly.
+    """
+    v = len(gathers)
+    dp_done = 0.0
+    t = 0.0                 # compute clock of the warm-up forwards
+    start_prev = 0.0        # when the previous chunk's first forward started
+    ideal = 0.0
+    for c in range(v):
+        launch = 0.0 if c < 2 else start_prev
+        dp_done = max(dp_done, launch) + gathers[c]
+        if c == 0:
+            start = 0.0
+            t = max(forwards[0], dp_done) + (group - 1) * forwards[0]
+        else:
+            start = max(t, dp_done)
+            t = start + group * forwards[c]
+        start_prev = start
+        ideal += group * forwards[c]
+    return max(0.0, t - ideal)
 
 
 @dataclass(frozen=True)
@@ -227,7 +293,8 @@ def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
         prev = None
         last_b: dict[int, tuple] = {}
         order = schedule_order(p, r, m)
-        for phase, c, i in order:
+        last_pos: dict[int, int] = {}
+        for pos, (phase, c, i) in enumerate(order):
             node = (phase, r, c, i)
             add_node(node, "fwd" if phase == "F" else "bwd", r, c, i, "compute", ("c", r, phase, c))
             if prev is not None:
@@ -235,6 +302,7 @@ def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
             prev = node
             if phase == "B":
                 last_b[c] = node
+                last_pos[c] = pos
         # data dependencies across virtual stages (send/recv)
         for phase, c, i in order:
             vs = c * P + r
@@ -249,7 +317,11 @@ def _make_structure(plan: Plan, w: StepWeights) -> StepStructure:
         # end of step: DP gradient buckets, optimizer, parameter all-gather, reclaim
         tail = prev
         dp_nodes = []
-        for c in range(v):
+        # the DP stream reduces the chunks in the order their last backward ends (Megatron-LM's interleaved
+        # schedule launches a chunk's grad sync after its last micro-batch's backward, schedules.py
+        # grad_sync_func; the backward runs the chunks from v - 1 down to 0), not in chunk-index order, which
+        # would hold every chunk's reduction behind chunk 0's, the step's last backward
+        for c in sorted(range(v), key=lambda c: last_pos.get(c, -1)):
             for k, _ in enumerate(w.dp_groups.get((r, c), ())):
                 node = ("dp", r, c, k)
                 add_node(node, "dp_reduce", r, c, m - 1, "dp" if overlap_dp else "compute", ("dp", r, c, k))

@@ -259,8 +259,9 @@ class CalibratedCosts(OpCosts):
     def __init__(self, *, profile: CalibrationProfile, gpu: GPUSpec) -> None:
         self.profile = profile
         self.gpu = gpu
-        #: attention and (without a GEMM reference) GEMM rates: the datasheet dense-peak ratio
-        self.compute_scale = gpu.bf16_tflops / profile.peak_bf16_tflops
+        #: attention and (without a GEMM reference) GEMM rates: the datasheet dense-peak ratio (for a GPU that
+        #: takes another's references, that GPU's peak x the sustained clock ratio: GPUSpec.sustained_bf16_tflops)
+        self.compute_scale = gpu.sustained_bf16_tflops / profile.peak_bf16_tflops
         self.memory_scale = gpu.hbm_bandwidth_gbs / profile.hbm_bandwidth_gbs
         self.estimated = gpu.name != profile.gpu
         g = profile.gemm

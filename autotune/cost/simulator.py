@@ -314,13 +314,17 @@ class SimulatedEvaluator(Evaluator):
         per_stage = tuple(int(s.total_bytes) for s in mem.stages)
         details: dict[str, Any] = {"costs": dict(self.costs.provenance()), "warnings": list(warnings),
                                    "engine": self.engine.name}
+        if mem.peak_bytes > mem.capacity_bytes:
+            # fits or not, the verdict compares the live bytes (MemoryEstimate.fits): say so where they differ
+            details["memory_live_peak_bytes"] = int(mem.live_peak_bytes)
+            details["memory_capacity_bytes"] = int(mem.capacity_bytes)
         if not mem.fits:
-            st = mem.stages[mem.peak_stage]
-            reason = (f"out of memory: pipeline stage {mem.peak_stage} needs {mem.peak_bytes / 2**30:.1f} GiB "
+            st = max(mem.stages, key=lambda x: x.total_bytes - x.allocator_overhead_bytes)
+            reason = (f"out of memory: pipeline stage {st.stage} needs {mem.live_peak_bytes / 2**30:.1f} GiB "
                       f"per GPU (weights {st.weights_bytes / 2**30:.1f}, grads {st.grads_bytes / 2**30:.1f}, "
                       f"optimizer {st.optimizer_bytes / 2**30:.1f}, activations "
-                      f"{st.activations_bytes / 2**30:.1f}, other "
-                      f"{(st.transient_bytes + st.allocator_overhead_bytes) / 2**30:.1f}) but "
+                      f"{st.activations_bytes / 2**30:.1f}, other {st.transient_bytes / 2**30:.1f}; "
+                      f"{st.total_bytes / 2**30:.1f} with the allocator's cached reserve) but "
                       f"{mem.capacity_bytes / 2**30:.1f} GiB are usable on {cluster.gpu.name}")
             return StepResult(backend=self.backend, feasible=False, step_time_ms=0.0, mfu=0.0, mfu_palm=0.0,
                               hfu=0.0, tokens_per_s_per_gpu=0.0, tflops_per_gpu=0.0,
@@ -363,8 +367,8 @@ class SimulatedEvaluator(Evaluator):
         mem = estimate_memory(self.model, plan, self.cluster.gpu, self.workload,
                               fragmentation=self.costs.fragmentation(), engine=self.engine)
         if not mem.fits:
-            raise ConfigError(f"the plan does not fit in memory (stage {mem.peak_stage} needs "
-                              f"{mem.peak_bytes / 2**30:.1f} GiB per GPU): no step to draw")
+            raise ConfigError(f"the plan does not fit in memory (it needs {mem.live_peak_bytes / 2**30:.1f} GiB "
+                              f"per GPU without the allocator's reserve): no step to draw")
         g = self.build_graph(plan, plan.num_micro_batches, [float(s.total_bytes) for s in mem.stages])
         return g, simulate_graph(g)
 

@@ -63,8 +63,8 @@ def plot_file_names() -> tuple[str, ...]:
 
 
 def memory_points(study) -> list[dict[str, Any]]:
-    """Per COMPLETE trial: number, MFU, peak memory (GiB), feasible, capacity (GiB, from the
-    constraint: peak - over), sorted by trial number."""
+    """Per COMPLETE trial: number, MFU, peak memory (GiB), feasible, capacity (GiB: the stored
+    ``capacity_bytes``, else from the constraint: peak - over), sorted by trial number."""
     from optuna.trial import TrialState
 
     from autotune.study.trials import MEMORY_CONSTRAINT, is_feasible
@@ -76,9 +76,10 @@ def memory_points(study) -> list[dict[str, Any]]:
             continue
         peak = ua["peak_memory_bytes"] / GIB
         over = t.constraints.get(MEMORY_CONSTRAINT)
+        cap = ua["capacity_bytes"] / GIB if isinstance(ua.get("capacity_bytes"), (int, float)) else \
+            ((peak - over) if over is not None and over <= 0 else None)
         pts.append({"number": t.number, "mfu": float(ua.get("mfu", t.value or 0.0)), "peak_gib": peak,
-                    "feasible": is_feasible(t),
-                    "capacity_gib": (peak - over) if over is not None and over <= 0 else None})
+                    "feasible": is_feasible(t), "capacity_gib": cap})
     return pts
 
 

@@ -187,6 +187,11 @@ def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str,
          + (f" (stages: {', '.join(f'{b / GIB:.1f}' for b in result.memory_per_stage_bytes)})"
             if 1 < len(result.memory_per_stage_bytes) <= 8 else "")),
     ]
+    live = (result.details or {}).get("memory_live_peak_bytes")
+    if result.feasible and live is not None:
+        rows.append(("fits in memory", f"yes: {live / GIB:.1f} GiB live of "
+                     f"{(result.details or {}).get('memory_capacity_bytes', 0) / GIB:.1f} usable; the peak above "
+                     "includes the caching allocator's reserve, which it releases before running out"))
     if not result.feasible:
         rows.append(("fits in memory", f"NO: {result.infeasible_reason}"))
     return rows

@@ -120,6 +120,13 @@ class EngineProfile:
         grad_reduce_bf16: the engine can reduce gradients in BF16 (``Plan.grad_reduce_in_bf16``).
         one_bucket_without_overlap: without ``Plan.dp_grad_reduce_overlap`` the engine reduces each gradient
             buffer in one collective, in place, after the backward (the bucket size then has no effect).
+        interleaved_chunk_sync: with an interleaved schedule the engine synchronises each model chunk on its
+            own (Megatron-LM megatron/core/pipeline_parallel/schedules.py): with ``Plan.param_gather_overlap``
+            it all-gathers a chunk's parameters ahead of that chunk's first forward (chunks 0 and 1 before the
+            schedule, chunk c when chunk c - 1 starts; :func:`autotune.cost.graph.interleaved_param_gather_exposed_ms`),
+            not the whole stage's before the first forward; and it launches a chunk's gradient buckets
+            together after that chunk's last backward (``grad_sync_func``; grad sync stays disabled during
+            the backward), not bucket by bucket during it.
         fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
             FP8 (1-byte) activations: the input is quantized before it is gathered.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
@@ -180,6 +187,7 @@ class EngineProfile:
     fp8_tp_all_gather: tuple[str, ...] = ()
     grad_reduce_bf16: bool = False
     one_bucket_without_overlap: bool = False
+    interleaved_chunk_sync: bool = False
     loss_bytes_per_logit: int = 0
     loss_inflight_bytes_per_logit: int = 0
     moe_dispatchers: tuple[str, ...] = ()

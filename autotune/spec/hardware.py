@@ -59,8 +59,8 @@ class GPUSpec:
             achieved TFLOP/s)`` of one dense GEMM (cuBLAS), with its source in gpus.yaml; a GPU that was
             never measured by autotune is scaled from the calibration GPU by the ratio of these rates
             rather than by datasheet peaks (:class:`autotune.cost.op_costs.CalibratedCosts`).
-        gemm_reference_from: another catalog GPU whose references this one takes, scaled by the ratio of the
-            two datasheet peaks (the same silicon at other clocks and power: GB200 from B200).
+        gemm_reference_from: another catalog GPU whose references this one takes (the same silicon at another
+            power limit: GB200 from B200), scaled by :meth:`sustained_clock_ratio`.
         tdp_watts: maximum thermal design power of the module, W (datasheet; source per row in gpus.yaml), or
             None: the default power per GPU of ``autotune plan``'s energy estimate.
     """
@@ -95,7 +95,7 @@ class GPUSpec:
 
     def gemm_reference(self, precision: str = "bf16") -> tuple[float, ...] | None:
         """The published ``(m, n, k, TFLOP/s)`` kernel benchmark for ``bf16`` or ``fp8``, following
-        ``gemm_reference_from`` (scaled by the datasheet peak ratio), or None."""
+        ``gemm_reference_from`` (scaled by :meth:`sustained_clock_ratio`), or None."""
         own = self.bf16_gemm_reference if precision == "bf16" else self.fp8_gemm_reference
         if own is not None or not self.gemm_reference_from:
             return own
@@ -103,9 +103,39 @@ class GPUSpec:
         ref = base.gemm_reference(precision)
         if ref is None:
             return None
-        mine, theirs = ((self.bf16_tflops, base.bf16_tflops) if precision == "bf16"
-                        else (self.fp8_tflops or 0.0, base.fp8_tflops or 1.0))
-        return ref[:3] + (ref[3] * mine / theirs,)
+        return ref[:3] + (ref[3] * self.sustained_clock_ratio(base),)
+
+    def sustained_clock_ratio(self, base: "GPUSpec") -> float:
+        """Tensor-core rate of this GPU over ``base``'s under sustained load, for the same silicon at another
+        power limit (``gemm_reference_from``): ``min(peak ratio, (tdp / base tdp) ** (1/3))``.
+
+        Mechanism: a datasheet dense peak is SMs x FLOPs per clock x the maximum tensor clock (B200 2250
+        TFLOP/s and GB200 2500 over 148 SMs x 8192 FLOP/clk: 1.86 and 2.06 GHz), but GEMMs run at the power
+        limit, not at that clock. Measured on the H200 (``bench/sustained_gemm.py``, 40 s of 8192^3 BF16
+        GEMMs, docs/results/profile-fp8-plans-h200x1-2026-12-01.json ``sustained``): 682-690 W of its 700 W
+        limit at 1455-1470 MHz, 0.80 of the 1830 MHz its 989 TFLOP/s peak counts (132 SMs x 4096 FLOP/clk).
+        At the power limit the clock follows the power through voltage-frequency scaling: dynamic power
+        C V^2 f with V roughly proportional to f, so f ~ P^(1/3) (ASSUMPTION: the cube law, with the
+        module's whole TDP taken as scaling). Checked on NVIDIA's one datasheet pair of one die at two
+        limits: H100 NVL (400 W) against H100 SXM (700 W, 989 TFLOP/s): 989 x (400/700)^(1/3) = 821 against
+        the NVL datasheet's 835 TFLOP/s (-1.7%). GB200 (1200 W) over B200 (1000 W): 1.2^(1/3) = 1.063, not
+        the datasheet's 2500 / 2250 = 1.111. Without both TDPs, or for another architecture or SM count,
+        the datasheet peak ratio."""
+        peak = self.bf16_tflops / base.bf16_tflops
+        if (self.tdp_watts and base.tdp_watts and self.arch == base.arch and self.sm_count
+                and self.sm_count == base.sm_count):
+            return min(peak, (self.tdp_watts / base.tdp_watts) ** (1.0 / 3.0))
+        return peak
+
+    @property
+    def sustained_bf16_tflops(self) -> float:
+        """The dense BF16 rate kernel costs scale by, TFLOP/s: the datasheet peak, except for a GPU that takes
+        another's kernel references (``gemm_reference_from``): that GPU's peak x :meth:`sustained_clock_ratio`.
+        The MFU denominator stays ``bf16_tflops``."""
+        if not self.gemm_reference_from:
+            return self.bf16_tflops
+        base = get_gpu(self.gemm_reference_from)
+        return base.bf16_tflops * self.sustained_clock_ratio(base)
 
     @property
     def arch_rank(self) -> int:

@@ -324,9 +324,13 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
 
     Constraint ``memory_over_capacity_gib`` = (peak - capacity) / GiB: <= 0 for a feasible plan;
     an infeasible plan gets at least 0.001 (so a plan the evaluator rejects for memory is never
-    feasible even if the estimate was under the capacity). Value: MFU, or 0 when infeasible.
+    feasible even if the estimate was under the capacity). Where the allocator's releasable reserve takes the
+    peak above the capacity of a plan that fits (``details['memory_live_peak_bytes']``, the bytes the memory
+    verdict compares: :attr:`autotune.cost.memory.MemoryEstimate.fits`), the peak is those live bytes. The
+    capacity is stored too (``capacity_bytes``). Value: MFU, or 0 when infeasible.
     """
-    over = (result.peak_memory_bytes - capacity_bytes) / GIB
+    live = (result.details or {}).get("memory_live_peak_bytes") if result.feasible else None
+    over = ((live if live is not None else result.peak_memory_bytes) - capacity_bytes) / GIB
     cval = min(over, 0.0) if result.feasible else max(over, 1e-3)
     # optuna-dashboard (0.21) reads constraints from the pre-Optuna-5 list form, system attr
     # "constraints" (optuna_dashboard/_serializer.py CONSTRAINTS_KEY); Optuna 5 reads that list too
@@ -335,6 +339,7 @@ def record_result(trial: optuna.Trial, result: StepResult, *, capacity_bytes: in
     attrs = {"feasible": bool(result.feasible), "step_time_ms": result.step_time_ms, "mfu": result.mfu,
              "mfu_palm": result.mfu_palm, "hfu": result.hfu, "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
              "tflops_per_gpu": result.tflops_per_gpu, "peak_memory_bytes": int(result.peak_memory_bytes),
+             "capacity_bytes": int(capacity_bytes),
              "memory_per_stage_bytes": [int(x) for x in result.memory_per_stage_bytes],
              "breakdown_ms": dict(result.breakdown_ms), "backend": result.backend,
              "step_time_exposed_ms": float(result.step_time_exposed_ms),

@@ -124,9 +124,10 @@ def test_fp8_gemm_other_gpus():
     assert b200.gemm_tflops(8192, 6144, 4096, precision="fp8_tensorwise") == pytest.approx(1299 * fp8_scale)
     # mxfp8: no table: the BF16 rate (804.83 x scale) x the datasheet FP8/BF16 ratio 4500 / 2250
     assert b200.gemm_tflops(8192, 6144, 4096, precision="mxfp8") == pytest.approx(804.83 * scale * 2)
-    # GB200 takes B200's reference scaled by the datasheet peaks, 2500 / 2250
+    # GB200 takes B200's reference scaled by the sustained clock at the two power limits, (1200 / 1000) ** (1/3)
+    # (GPUSpec.sustained_clock_ratio), not by the datasheet peaks 2500 / 2250
     gb200 = CalibratedCosts(profile=FIXTURE, gpu=get_gpu("gb200"))
-    assert gb200.gemm_tflops(8192, 6144, 4096) == pytest.approx(804.83 * 1420 * 2500 / 2250 / 790.1)
+    assert gb200.gemm_tflops(8192, 6144, 4096) == pytest.approx(804.83 * 1420 * 1.2 ** (1 / 3) / 790.1)
     # H100 has no reference: the datasheet ratio (989 / 989 = 1)
     assert CalibratedCosts(profile=FIXTURE, gpu=get_gpu("h100")).gemm_tflops(8192, 6144, 4096) == pytest.approx(804.83)
     a100 = CalibratedCosts(profile=FIXTURE, gpu=get_gpu("a100-80gb"))
