@@ -12,8 +12,11 @@ per GPU - 1, with the regimes (:func:`plan_regimes`) of each run's plan, in ``au
   (:func:`percentile`, the exclusive rule: a new row falls below the k-th of n sorted residuals with
   probability k / (n + 1));
 * a regime with fewer rows: the pooled residuals' percentiles (all rows), said so;
-* a regime no development row is in ("outside the development set"): ``-M .. +M``, M the largest absolute
-  residual pooled, said so; this is the explicit penalty the ranking reads (:func:`conservative_factor`);
+* a regime no development row is in ("outside the development set"): the pooled percentiles widened by M on
+  each side (``low - M .. high + M``), M the largest absolute residual pooled, said so: the regime's own, unseen
+  error adds to the error seen everywhere (taken no smaller than the largest error seen); this is the explicit
+  penalty the ranking reads (:func:`conservative_factor`). The additive form was chosen after seeing the 405B
+  ranking prefer a plan outside every published run under ``max(high, M)`` (docs/fidelity.md names it);
 
 and the plan's interval is the union (lowest low end, highest high end) over its regimes: the regime the model
 is least sure of decides. Since r = predicted / measured throughput - 1 = measured / predicted step time - 1,
@@ -161,7 +164,7 @@ class Interval:
         if few:
             parts.append(f"too few runs for {', '.join(few)}: all {self.num_pooled} pooled")
         if out:
-            parts.append(f"no published run with {', '.join(out)}: widened to the largest error seen")
+            parts.append(f"no published run with {', '.join(out)}: widened by the largest error seen")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,8 +191,8 @@ def interval_from_table(table: Mapping[str, Any], regimes: Sequence[str]) -> Int
             used.append((g, n, "pooled"))
         else:
             m = float(pooled["max_abs"])
-            lows.append(min(float(pooled["low"]), -m))
-            highs.append(max(float(pooled["high"]), m))
+            lows.append(float(pooled["low"]) - m)
+            highs.append(float(pooled["high"]) + m)
             used.append((g, 0, "outside"))
     if not lows:
         lows, highs = [float(pooled["low"])], [float(pooled["high"])]

@@ -64,7 +64,7 @@ def exhaustive_optimum():
 #: a target where the plan reported by the conservative estimate (the low end of each plan's 80% interval,
 #: autotune/spec/trust.py) is not the fastest: 70B on 32 H100 over NVLink 3 (found by trying five targets): the
 #: fastest plan of the small space is TP 1 ("small TP" on a model of hidden size 8192: no published run, so its
-#: interval is widened to the largest error seen), the conservative choice TP 8; on 8 B200 above they coincide
+#: interval is widened by the largest error seen), the conservative choice TP 8; on 8 B200 above they coincide
 BAND_MODEL = get_model("70b")
 BAND_CLUSTER = make_cluster("h100", 32, "nvlink3+ib-ndr400")
 BAND_W = Workload.from_tokens(seq_len=8192, global_batch_tokens=2**21)
