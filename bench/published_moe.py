@@ -22,6 +22,7 @@ TFLOP/s / tok/s ratio checks that count row by row (``flops`` column).
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import statistics
 import sys
@@ -152,6 +153,59 @@ def tune(row: dict[str, Any], trials: int) -> tuple[Plan | None, float | None]:
     return plan, row["workload"].global_batch_tokens / (result.step_time_ms / 1e3) / row["gpus"]
 
 
+#: rows whose recipe captures the whole iteration in CUDA graphs (RECIPES comments:
+#: _enable_deepseek_full_iteration_mxfp8, _enable_hybridep_full_iteration_mxfp8): no host time per layer
+FULL_ITERATION_GRAPHS = frozenset({"mb2608-dsv3-gb200", "mb2608-qwen30-gb200"})
+
+
+def host_constants(measured: dict[str, Any]) -> tuple[float, float]:
+    """(H, S) in ms per MoE layer and micro-batch, forward + backward, from bench/moe_layer_host.py rows of the
+    ``alltoall`` dispatcher: H = the median over shapes of the wall time at the smallest token count (the layer
+    is host-bound there, so its wall time is the host's issue time), S = the median exposed host time
+    (wall - GPU busy) over the rows whose GPU time exceeds H (the drain at the token-count sync)."""
+    rows = [r for r in measured["rows"] if r.get("dispatcher") == "alltoall" and "wall_ms" in r]
+    small = min(r["tokens"] for r in rows)
+    h = statistics.median(r["wall_ms"] for r in rows if r["tokens"] == small)
+    s = statistics.median(r["exposed_host_ms"] for r in rows if r["gpu_busy_ms"] > h)
+    return h, s
+
+
+def host_term_ms(r: dict[str, Any], h: float, s: float) -> float:
+    """The step-time addition of an eager MoE layer's host time for row ``r`` (ms): on the busiest stage,
+    per MoE layer and micro-batch, max(0, H - G) + S, G the predicted GPU time of one layer and micro-batch
+    ((step - bubble - exposed DP / PP - optimizer) / (layers on the stage x micro-batches)). 0 for rows whose
+    recipe graphs the whole iteration. Assumes the flex dispatcher (DeepEP / HybridEP) syncs its token counts
+    to the host as alltoall does (DeepEP's normal-mode dispatch returns the per-expert counts on the host)."""
+    if r["id"] in FULL_ITERATION_GRAPHS:
+        return 0.0
+    p, m, bd = r["plan"], r["model_obj"], r["breakdown"]
+    step = r["workload"].global_batch_size * r["workload"].seq_len / (r["pred_tok"] * r["gpus"]) * 1e3
+    other = sum(bd.get(k, 0.0) for k in ("bubble", "exposed_dp_comm", "exposed_pp_comm", "optimizer"))
+    layers = max(p.stage_layers) * max(1, p.effective_vpp) if p.stage_layers else m.num_layers / p.pp_degree
+    moe_layers = layers * m.num_moe_layers / m.num_layers
+    g = (step - other) / (layers * p.num_micro_batches)
+    return moe_layers * p.num_micro_batches * (max(0.0, h - g) + s)
+
+
+def host_term_lines(rows: list[dict[str, Any]], measured: dict[str, Any]) -> list[str]:
+    h, s = host_constants(measured)
+    meta = measured.get("meta", {})
+    out = ["", f"with the measured eager MoE-layer host time (H {h:.2f} ms, S {s:.2f} ms per layer-micro-batch; "
+           f"{meta.get('gpu', '?')}, {meta.get('cpu', '?')}, torch {meta.get('torch', '?')}, {meta.get('date_utc', '?')}):"]
+    errs = []
+    for r in rows:
+        step = r["workload"].global_batch_size * r["workload"].seq_len / (r["pred_tok"] * r["gpus"]) * 1e3
+        add = host_term_ms(r, h, s)
+        tok = r["pred_tok"] * step / (step + add)
+        e = tok / r["ref_tok"] - 1
+        errs.append(e)
+        out.append(f"  {r['id']:30s} step {step:9,.0f} + {add:8,.0f} ms  pred {tok:8,.0f} tok/s  err {e:+7.1%}"
+                   + ("  (full-iteration CUDA graphs: none added)" if r["id"] in FULL_ITERATION_GRAPHS else ""))
+    out.append(f"  all {len(errs)}: MAE {statistics.mean(abs(e) for e in errs):.1%}, mean signed "
+               f"{statistics.mean(errs):+.1%}")
+    return out
+
+
 def short(p: Plan) -> str:
     s = f"TP{p.tp_degree} PP{p.pp_degree}"
     if p.effective_vpp > 1:
@@ -169,6 +223,9 @@ def main() -> int:
     ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
     ap.add_argument("--tune", type=int, default=0, help="also tune each target with N simulated trials")
     ap.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
+    ap.add_argument("--host-term", type=Path, default=None,
+                    help="bench/moe_layer_host.py JSON: also print each row with the measured host time of an "
+                         "eager MoE layer added (an analysis, not the shipped model; see host_term_ms)")
     args = ap.parse_args()
     if not args.runs.is_file():
         print(f"error: published MoE runs file {args.runs} not found; give --runs FILE", file=sys.stderr)
@@ -205,6 +262,8 @@ def main() -> int:
         for f, es in sorted(fams.items()):
             lines.append(f"  {f}: {len(es)} runs, MAE {statistics.mean(abs(e) for e in es):.1%}, mean signed "
                          f"{statistics.mean(es):+.1%}")
+    if args.host_term:
+        lines += host_term_lines(rows, json.loads(args.host_term.read_text()))
     lines.append("leave-one-source-out: no constant of the model was chosen on these rows, so each source's "
                  "held-out error is its error above")
     for rid, why in refused:
