@@ -52,6 +52,17 @@ from autotune.spec.plan import Plan, PlanDocument, Workload
 #: autotune catalog name -> (torchtitan llama3 flavour, config_registry function)
 FLAVORS = {"llama3.1-8b": ("8B", "llama3_8b"), "llama3.1-70b": ("70B", "llama3_70b"),
            "llama3.1-405b": ("405B", "llama3_405b")}
+#: mixture-of-experts models: autotune catalog name -> (torchtitan model, flavour, 0.3 config_registry function).
+#: Checked field by field against torchtitan v0.2.2 (73a0e69) torchtitan/models/qwen3/__init__.py
+#: ``qwen3_args["30B-A3B"]`` (dim 2048, 48 layers, 32 / 4 heads of 128, qk_norm, 128 experts of 768, top-8,
+#: softmax, route_norm, no shared expert) and torchtitan/models/deepseek_v3/__init__.py
+#: ``deepseekv3_args["16B"]`` (dim 2048, 27 layers, 1 dense of 10944, 16 MLA heads, q_lora_rank 0,
+#: kv_lora_rank 512, qk 128 + 64 rope, v 128, 64 experts of 1408 top-6, 2 shared (one FFN of 2 x 1408),
+#: softmax, vocab 102400; attn_type "flex", attn_mask_type "block_causal"); 0.3.0 keeps the names
+#: (torchtitan/models/qwen3/config_registry.py ``qwen3_30b_a3b``, deepseek_v3/config_registry.py
+#: ``deepseek_v3_16b``, which passes ``attn_backend="flex"``)
+MOE_FLAVORS = {"qwen3-30b-a3b": ("qwen3", "30B-A3B", "qwen3_30b_a3b"),
+               "deepseek-16b": ("deepseek_v3", "16B", "deepseek_v3_16b")}
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 MODULE_NAME = "autotune_torchtitan"
 CONFIG_FUNCTION = "autotune_plan"
@@ -74,26 +85,45 @@ def model_refusal(model: ModelSpec, *, truncated: bool = False) -> str | None:
     and the model must be that flavour field for field; ``truncated``: as :func:`torchtitan_settings`), or
     None when it can. The one check behind :func:`torchtitan_settings`'s refusal and the torchtitan block
     ``autotune export`` prints (autotune/report/summary.py ``launch_hints``)."""
-    if model.name not in FLAVORS:
-        return (f"model {model.name!r}: the torchtitan export knows Llama 3.1 flavours only "
-                f"({', '.join(FLAVORS)}); torchtitan's llama3 model_registry has no other architecture")
-    from autotune.spec.models import get_model
-    ref = get_model(model.name)
+    if model.name not in FLAVORS and model.name not in MOE_FLAVORS:
+        return (f"model {model.name!r}: the torchtitan export knows the Llama 3.1 flavours "
+                f"({', '.join(FLAVORS)}) and the MoE flavours {', '.join(MOE_FLAVORS)} (torchtitan qwen3 30B-A3B, "
+                "deepseek_v3 16B) only")
+    from autotune.spec.models import get_builtin_model
+    ref = get_builtin_model(model.name)
     if truncated and 1 <= model.num_layers <= ref.num_layers:
         import dataclasses
 
-        ref = dataclasses.replace(ref, num_layers=model.num_layers)
+        ref = dataclasses.replace(ref, num_layers=model.num_layers,
+                                  num_first_dense_layers=min(ref.num_first_dense_layers, model.num_layers))
     if model != ref:
-        return (f"model {model.name!r}: its fields differ from Llama 3.1 {FLAVORS[model.name][0]} (the "
-                "torchtitan flavour the export names); export for megatron")
+        flavour = (f"Llama 3.1 {FLAVORS[model.name][0]}" if model.name in FLAVORS
+                   else "{} {}".format(*MOE_FLAVORS[model.name][:2]))
+        return (f"model {model.name!r}: its fields differ from {flavour} (the torchtitan flavour the export "
+                "names); export for megatron")
     return None
 
 
-def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, truncated: bool = False) -> dict:
+def flavor_of(model: ModelSpec) -> tuple[str, str, str]:
+    """(torchtitan model name, flavour, 0.3 config_registry function) of a model :func:`model_refusal` accepts:
+    ``("llama3", "8B", "llama3_8b")``, ``("qwen3", "30B-A3B", "qwen3_30b_a3b")``, ..."""
+    if model.name in MOE_FLAVORS:
+        return MOE_FLAVORS[model.name]
+    return ("llama3", *FLAVORS[model.name])
+
+
+def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, truncated: bool = False,
+                        force_load_balance: bool = True) -> dict:
     """The values the config module sets, as plain data (what tests compare the loaded config with).
 
-    ``truncated``: ``model`` may be its Llama 3.1 flavour with fewer layers (a depth-truncated proxy that the
+    ``truncated``: ``model`` may be its flavour with fewer layers (a depth-truncated proxy that the
     torchtitan runner registers as a flavour of its own, autotune/engines/torchtitan/flavors.py).
+
+    A mixture-of-experts model (:data:`MOE_FLAVORS`) adds ``moe``: ``expert_parallel_degree`` (the plan's
+    ``ep_degree``), ``expert_tensor_parallel_degree`` (``etp_degree``; torchtitan 0.2.2
+    torchtitan/config/job_config.py ``Parallelism``) and ``force_load_balance`` (``debug.moe_force_load_balance``,
+    job_config.py ``Debug``: every expert gets the same number of tokens, round-robin, the balanced routing the
+    cost model assumes by default; False runs the router as trained).
 
     Raises:
         ConfigError: a model torchtitan has no flavour for (only Llama 3.1 8B/70B/405B), or a
@@ -103,6 +133,21 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, tru
     refusal = model_refusal(model, truncated=truncated)
     if refusal:
         raise ConfigError(refusal)
+    moe = model.name in MOE_FLAVORS
+    if moe and p.precision != "bf16":
+        # torchtitan v0.2.2 components/quantization/float8.py Float8GroupedMMConverter.convert imports
+        # torchao.prototype.moe_training.conversion_utils.MoETrainingConfig (absent from torchao 0.17.0's wheel:
+        # ImportError "torchao installation does not have MoE training support"); FP8 linears alone would
+        # leave the routed experts in BF16, which is not the plan the cost model prices as FP8
+        raise ConfigError(f"precision {p.precision}: torchtitan's FP8 grouped GEMM for the routed experts "
+                          "(quantize.grouped_mm.float8) needs torchao's MoETrainingConfig, which torchao 0.17.0 lacks; "
+                          "valid for MoE models: bf16")
+    if moe and not p.moe_grouped_gemm:
+        raise ConfigError("moe_grouped_gemm false: torchtitan's MoEArgs.use_grouped_mm is a model argument of the "
+                          "flavour (True), not a job setting; valid: moe_grouped_gemm true")
+    if moe and p.moe_dispatcher != "alltoall":
+        raise ConfigError(f"moe_dispatcher {p.moe_dispatcher}: torchtitan's standard expert-parallel backend is "
+                          "all-to-all; valid: alltoall")
     if p.precision == "fp8_tensorwise":
         raise ConfigError("precision fp8_tensorwise: torchtitan 0.3.0's Float8LinearConverter has the recipes "
                           "rowwise and rowwise_with_gw_hp only; re-tune with fp8_rowwise or export for megatron")
@@ -135,7 +180,12 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, tru
         converter = {"kind": "float8", "recipe_name": "rowwise", "filter_fqns": ["lm_head"]}
     elif p.precision == "mxfp8":
         converter = {"kind": "mxfp8", "fqns": ["layers."]}
-    return {"flavor": FLAVORS[model.name][0], "base_config": FLAVORS[model.name][1], "parallelism": par,
+    tt_model, flavor, base = flavor_of(model)
+    if moe:
+        par["expert_parallel_degree"] = p.ep_degree
+        par["expert_tensor_parallel_degree"] = p.etp_degree
+    return {"model_name": tt_model, "flavor": flavor, "base_config": base, "parallelism": par,
+            "moe": {"force_load_balance": bool(force_load_balance)} if moe else None,
             "training": {"local_batch_size": local, "global_batch_size": workload.global_batch_size,
                          "seq_len": workload.seq_len,
                          # Trainer.Config._validate_cuda_graphs (torchtitan/trainer.py): "CUDA graphs do
