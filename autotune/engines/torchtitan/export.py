@@ -208,6 +208,12 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
         ConfigError: see :func:`torchtitan_settings`.
     """
     s = torchtitan_settings(plan, model, workload)
+    moe = s["moe"] is not None
+    if moe and plan.etp_degree > 1:
+        raise ConfigError(f"etp_degree {plan.etp_degree}: torchtitan 0.3.0's ParallelismConfig has no expert tensor "
+                          "parallel degree (torchtitan/config/configs.py); valid: etp_degree 1 (or the 0.2.2 job file, "
+                          "which has parallelism.expert_tensor_parallel_degree)")
+    s["parallelism"].pop("expert_tensor_parallel_degree", None)
     par = ",\n        ".join(f"{k}={v!r}" for k, v in s["parallelism"].items())
     t = s["training"]
     ac = {None: "None", "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}[s["activation_checkpoint"]]
@@ -247,6 +253,22 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
              "    # torchtitan loads this config (launch_torchrun.sh exports it too)\n"
              "    os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\""
              if plan.memory_reclaim == "expandable_segments" else "")
+    tt = s["model_name"]
+    if moe:
+        # the release function's model spec is kept (BF16 only for MoE: torchtitan_settings); its attention
+        # backend is the function's own (deepseek_v3_16b: model_registry("16B", attn_backend="flex"))
+        spec_src = "config.model_spec = base.model_spec"
+        moe_src = ("\n    # balanced routing (DebugConfig.moe_force_load_balance, torchtitan/config/configs.py): every "
+                   "expert gets\n    # the same tokens, as the plan was costed; False runs the router as trained\n"
+                   f"    config.debug.moe_force_load_balance = {s['moe']['force_load_balance']!r}")
+        # Trainer.Config validation (torchtitan/trainer.py): "CUDA graphs support only expert parallel token
+        # dispatcher configurations without CPU synchronization ... Unsupported token dispatcher:
+        # AllToAllTokenDispatcher" with EP > 1; else the release function's own setting (or PP's)
+        graphs = "True" if plan.ep_degree > 1 else f'{t["disable_cuda_graphs"]!r} or base.training.disable_cuda_graphs'
+    else:
+        spec_src = f'config.model_spec = model_registry({s["flavor"]!r}, converters=converters)'
+        moe_src = ""
+        graphs = f'{t["disable_cuda_graphs"]!r}'
     return f'''"""torchtitan >= 0.3.0 config written by autotune (``autotune export --launcher ...``).
 {doc}
 Run: PYTHONPATH=<this directory> torchrun ... -m torchtitan.train --module {MODULE_NAME} --config {CONFIG_FUNCTION}
@@ -261,8 +283,8 @@ import torch
 from torchtitan.components.quantization import Float8LinearConverter, MXFP8LinearConverter
 from torchtitan.config import CompileConfig, ParallelismConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-from torchtitan.models.llama3 import model_registry
-from torchtitan.models.llama3.config_registry import {s["base_config"]}
+from torchtitan.models.{tt} import model_registry
+from torchtitan.models.{tt}.config_registry import {s["base_config"]}
 from torchtitan.trainer import Trainer
 {trainer_src}
 
@@ -270,17 +292,17 @@ def {CONFIG_FUNCTION}():
     base = {s["base_config"]}()
     config = {make_config}
     converters = {conv_src}
-    config.model_spec = model_registry({s["flavor"]!r}, converters=converters)
+    {spec_src}
     config.parallelism = ParallelismConfig(
         {par},
     )
     config.training.local_batch_size = {t["local_batch_size"]}
     config.training.global_batch_size = {t["global_batch_size"]}
     config.training.seq_len = {t["seq_len"]}
-    config.training.disable_cuda_graphs = {t["disable_cuda_graphs"]!r}
+    config.training.disable_cuda_graphs = {graphs}
     config.activation_checkpoint = {ac}
     config.compile = CompileConfig(enable={c["enable"]!r}, components={c["components"]!r},
-                                   enable_async_tensor_parallel={c["enable_async_tensor_parallel"]!r}){alloc}
+                                   enable_async_tensor_parallel={c["enable_async_tensor_parallel"]!r}){alloc}{moe_src}
     return config
 '''
 
