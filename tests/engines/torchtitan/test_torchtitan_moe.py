@@ -1,0 +1,162 @@
+"""torchtitan MoE configs (issue 39 item 2, issue 38 item 5): the 0.2.2 job files of the qwen3 30B-A3B and
+deepseek_v3 16B flavours, their truncated flavours, the refusals, and the >= 0.3 config module loaded by
+torchtitan's own ConfigManager (skipped where torchtitan 0.3 does not import)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+from torchtitan_loader import torchtitan_available
+
+from autotune.errors import ConfigError
+from autotune.engines.torchtitan import flavors as torchtitan_flavors
+from autotune.engines.torchtitan.export import MOE_FLAVORS, model_refusal, torchtitan_settings
+from autotune.engines.torchtitan.job import FLAVORS_MODULE, job_sections, job_toml, render_toml
+from autotune.spec.models import get_builtin_model
+from autotune.spec.plan import Plan, Workload
+
+from test_torchtitan_job import JOB_CONFIG_0_2_2, _nested, tomllib
+
+QWEN, DSV = get_builtin_model("qwen3-30b-a3b"), get_builtin_model("deepseek-16b")
+W = Workload(seq_len=4096, global_batch_size=4)
+# torchtitan v0.2.2 torchtitan/config/job_config.py Debug (the fields of the section the MoE jobs add)
+FIELDS = {**JOB_CONFIG_0_2_2, "debug": {"seed", "deterministic", "deterministic_warn_only", "moe_force_load_balance"}}
+
+
+def plan(**kw) -> Plan:
+    base = dict(tp_degree=1, pp_degree=1, dp_degree=1, cp_degree=1, micro_batch_size=2, num_micro_batches=2,
+                recompute="selective", zero_stage=0, compile=True)
+    return Plan(**{**base, **kw})
+
+
+def sections(p: Plan, model, **kw) -> dict:
+    s = job_sections(p, model, W, steps=8, hf_assets_path="tok", **kw)
+    if tomllib is not None:
+        assert tomllib.loads(render_toml(s)) == _nested(s)
+    for name, fields in s.items():
+        assert set(fields) <= FIELDS[name], (name, set(fields) - FIELDS[name])
+    return s
+
+
+@pytest.mark.parametrize("model,name,flavor", [(QWEN, "qwen3", "30B-A3B_L6"), (DSV, "deepseek_v3", "16B_L6")])
+def test_moe_job_names_the_flavour_ep_and_balanced_routing(model, name, flavor):
+    s = sections(plan(), model, layers=6)
+    assert s["model"]["name"] == name and s["model"]["flavor"] == flavor
+    assert s["experimental"] == {"custom_import": FLAVORS_MODULE}
+    assert s["parallelism"]["expert_parallel_degree"] == 1 and s["parallelism"]["expert_tensor_parallel_degree"] == 1
+    assert s["debug"] == {"moe_force_load_balance": True}          # balanced by default
+    # local batch = micro-batch without PP: torchtitan accumulates 4 / (2 x 1) = 2 steps
+    assert s["training"]["local_batch_size"] == 2 and s["training"]["global_batch_size"] == 4
+    assert s["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    text = job_toml(plan(), model, W, steps=8, hf_assets_path="tok", layers=6)
+    assert "# routing: balanced (debug.moe_force_load_balance)" in text and "ep 1 etp 1" in text
+
+
+def test_router_as_trained_and_the_full_depth():
+    s = sections(plan(), QWEN, force_load_balance=False)
+    assert s["debug"] == {"moe_force_load_balance": False} and s["model"]["flavor"] == "30B-A3B"
+    assert "experimental" not in s
+    assert "the router as trained" in job_toml(plan(), QWEN, W, steps=8, hf_assets_path="t", force_load_balance=False)
+
+
+def test_expert_degrees_reach_the_job():
+    # 8 GPUs, DP 8 at ZeRO 0, experts over EP 4 x ETP 2 (folded over DP: 8 = 4 x 2)
+    p = plan(dp_degree=8, ep_degree=4, etp_degree=2, micro_batch_size=1, num_micro_batches=1)
+    s = job_sections(p, QWEN, Workload(seq_len=4096, global_batch_size=8), steps=2, hf_assets_path="t")
+    assert (s["parallelism"]["expert_parallel_degree"], s["parallelism"]["expert_tensor_parallel_degree"]) == (4, 2)
+    assert s["parallelism"]["data_parallel_replicate_degree"] == 8
+
+
+@pytest.mark.parametrize("precision", ["fp8_rowwise", "fp8_tensorwise", "mxfp8"])
+def test_fp8_is_refused_for_moe_naming_bf16(precision):
+    with pytest.raises(ConfigError, match="valid for MoE models: bf16"):
+        job_sections(plan(precision=precision), DSV, W, steps=2, hf_assets_path="t", layers=6)
+
+
+def test_dispatcher_and_grouped_gemm_torchtitan_lacks_are_refused():
+    with pytest.raises(ConfigError, match="valid: moe_grouped_gemm true"):
+        torchtitan_settings(plan(moe_grouped_gemm=False), QWEN, W)
+    with pytest.raises(ConfigError, match="valid: alltoall"):
+        torchtitan_settings(plan(moe_dispatcher="allgather"), QWEN, W)
+
+
+def test_deepseek_16b_is_torchtitans_16b_flavour_field_for_field():
+    """torchtitan v0.2.2 torchtitan/models/deepseek_v3/__init__.py deepseekv3_args["16B"], transcribed:
+    vocab 102400, dim 2048, inter_dim 10944, moe_inter_dim 1408, 27 layers, 1 dense, 16 heads, 64 experts,
+    2 shared, top-6, softmax, q_lora_rank 0, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128."""
+    m = DSV
+    assert (m.vocab_size, m.hidden_size, m.ffn_hidden_size, m.moe_ffn_hidden_size) == (102400, 2048, 10944, 1408)
+    assert (m.num_layers, m.num_first_dense_layers, m.num_heads) == (27, 1, 16)
+    assert (m.num_experts, m.num_shared_experts, m.moe_top_k, m.router_score_function) == (64, 2, 6, "softmax")
+    # torchtitan's shared experts are one FeedForward of moe_inter_dim x num_shared_experts (models/moe/moe.py
+    # MoE.__init__): 2 x 1408, the FLOPs and parameters of autotune's 2 experts of 1408
+    assert m.shared_expert_ffn_hidden_size == 1408
+    assert (m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (0, 512, 128, 64, 128)
+    # qwen3_args["30B-A3B"]: dim 2048, 48 layers, 32 / 4 heads of 128, 128 experts of 768, top-8, no shared
+    q = QWEN
+    assert (q.hidden_size, q.num_layers, q.num_heads, q.num_kv_heads, q.head_dim) == (2048, 48, 32, 4, 128)
+    assert (q.num_experts, q.moe_ffn_hidden_size, q.moe_top_k, q.num_shared_experts, q.qk_norm) == (128, 768, 8, 0, True)
+    assert set(MOE_FLAVORS) == {"qwen3-30b-a3b", "deepseek-16b"}
+    assert model_refusal(DSV) is None and model_refusal(dataclasses.replace(DSV, num_layers=6), truncated=True) is None
+    assert "differ" in model_refusal(dataclasses.replace(DSV, moe_top_k=8))
+    assert "differ" in model_refusal(dataclasses.replace(DSV, num_layers=6))       # truncation only when asked
+    assert "MoE flavours" in model_refusal(get_builtin_model("mixtral-8x7b"))
+
+
+@dataclasses.dataclass
+class _DSArgs:   # stands in for torchtitan's DeepSeekV3ModelArgs
+    dim: int
+    n_layers: int
+    n_dense_layers: int
+
+
+def test_moe_flavours_cut_depth_and_keep_the_dense_first_layer():
+    args = {"16B": _DSArgs(2048, 27, 1), "debugmodel": _DSArgs(256, 6, 1)}
+    added = torchtitan_flavors.register(args, ("16B",))
+    assert len(added) == 27 and "debugmodel_L1" not in args
+    assert args["16B_L6"] == _DSArgs(2048, 6, 1) and args["16B_L1"] == _DSArgs(2048, 1, 1)
+    assert args["16B"] == _DSArgs(2048, 27, 1)
+    assert [m for m, _, _ in torchtitan_flavors.MOE_BASES] == ["torchtitan.models.qwen3", "torchtitan.models.deepseek_v3"]
+
+
+def _doc(model, p, gpus):
+    from autotune.spec.hardware import make_cluster
+    from autotune.spec.plan import PlanDocument
+
+    cl = make_cluster("h200", gpus, None)
+    return PlanDocument(plan=p, model=model, gpu="h200", num_gpus=gpus, fabric=cl.fabric.to_dict(),
+                        workload=Workload(seq_len=4096, global_batch_size=64), study="s", trial_id=1,
+                        engine="torchtitan")
+
+
+def test_the_0_3_module_refuses_etp():
+    from autotune.engines.torchtitan.export import torchtitan_config_module
+
+    p = plan(dp_degree=8, ep_degree=4, etp_degree=2, micro_batch_size=2, num_micro_batches=4)
+    with pytest.raises(ConfigError, match="no expert tensor parallel degree"):
+        torchtitan_config_module(p, QWEN, Workload(seq_len=4096, global_batch_size=64))
+
+
+@pytest.mark.parametrize("model,name,flavor", [(QWEN, "qwen3", "30B-A3B"), (DSV, "deepseek_v3", "16B")])
+def test_moe_config_module_loads_with_torchtitans_loader(model, name, flavor, tmp_path, monkeypatch):
+    if not torchtitan_available():
+        pytest.skip("torchtitan >= 0.3.0 not importable; the job-file checks above ran instead")
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    from autotune.export import write_launch_files
+
+    # 8 GPUs: DP 8 at ZeRO 0 (DDP), experts over EP 8; 64 sequences = 8 ranks x local 2 x 4 accumulation steps
+    p = plan(dp_degree=8, ep_degree=8, micro_batch_size=2, num_micro_batches=4, recompute="full")
+    write_launch_files(_doc(model, p, 8), tmp_path, "torchrun")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("autotune_torchtitan", None)
+    cfg = ConfigManager().parse_args(["--module", "autotune_torchtitan", "--config", "autotune_plan"])
+    assert (cfg.model_spec.name, cfg.model_spec.flavor) == (name, flavor)
+    assert cfg.parallelism.expert_parallel_degree == 8 and cfg.parallelism.data_parallel_replicate_degree == 8
+    assert cfg.debug.moe_force_load_balance is True
+    assert cfg.training.local_batch_size == 2 and cfg.training.global_batch_size == 64
+    assert isinstance(cfg.activation_checkpoint, FullAC.Config) and cfg.compile.enable is True
+    assert cfg.training.disable_cuda_graphs is True          # 0.3 refuses CUDA graphs with the all-to-all EP
