@@ -5,7 +5,7 @@ real --engine torchtitan|megatron`` (``docs/results/engines/*/trials.json``), re
 the engine profile the runner uses (:func:`autotune.spec.engines.resolve_engine` ``(engine, "real")``, the
 depth the trials ran: the job file kept beside each log), and prints measured vs predicted step time and
 peak memory (measured: the engine's peak *reserved* memory of rank 0), with the mean absolute and worst
-error per engine. Megatron-LM runs with ``--transformer-impl local`` (no Transformer Engine on the host)
+error per engine (MoE models, issue 39, as their own group ``<engine> MoE``). Megatron-LM runs with ``--transformer-impl local`` (no Transformer Engine on the host)
 are listed as their own group, ``megatron (local impl)``: the ``megatron`` profile describes Transformer
 Engine with fused attention, so their error is reported, not used as the profile's fidelity. Trials that
 ran out of memory or failed have no step time and are counted apart. Nothing is fitted: the prediction
@@ -25,7 +25,7 @@ from pathlib import Path
 from autotune.cost.simulator import SimulatedEvaluator
 from autotune.spec.engines import resolve_engine
 from autotune.spec.hardware import make_cluster
-from autotune.spec.models import get_model
+from autotune.spec.models import get_builtin_model, get_model
 from autotune.spec.plan import Plan, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,8 @@ def predict(t: dict) -> tuple[float, float]:
             m = re.search(r'flavor = "[^"]*_L(\d+)"|--num-layers (\d+)', job.read_text())
             break
     layers = int(m.group(1) or m.group(2)) if m else None
-    model = get_model(model_name) if layers is None else get_model(model_name).truncated(layers)
+    base = get_builtin_model(model_name) or get_model(model_name)     # an MoE built-in, or a Llama 3.1 size
+    model = base if layers is None else base.truncated(layers)
     ev = SimulatedEvaluator(model=model, cluster=make_cluster(gpu, int(n), None), workload=workload,
                             engine=resolve_engine(engine, "real"))
     r = ev.evaluate(Plan.from_dict(t["plan"]))
@@ -76,6 +77,8 @@ def main(argv: list[str]) -> None:
     skipped: list[dict] = []
     for t in runs(dirs, skipped):
         engine = t["study"].split("/")[3] + (" (local impl)" if t.get("transformer_impl") == "local" else "")
+        if (get_builtin_model(t["study"].split("/")[0]) or get_model(t["study"].split("/")[0])).is_moe:
+            engine += " MoE"        # MoE runs (issue 39) reported apart from the dense ones
         pm, pg = predict(t)
         mm, mg = t["step_time_ms"], t["peak_memory_bytes"] / 2**30
         es, em = 100 * (pm - mm) / mm, 100 * (pg - mg) / mg
