@@ -7,7 +7,8 @@
 set -u
 M=${1:?model}; LAYERS=${LAYERS:-6}; BUDGET_S=${BUDGET_S:-540}
 T0=$(date +%s)
-left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+left() { local l=$(( BUDGET_S - ($(date +%s) - T0) )); echo $(( l > 1 ? l : 1 )); }
+TRIAL_TIMEOUT=${TRIAL_TIMEOUT:-150}
 W=/tmp/moe-$M; mkdir -p "$W"
 if [ ! -d /tmp/site/torchtitan ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -31,7 +32,7 @@ rc=$?; tail -3 "$W/shipped.txt"
 if [ $rc -ne 0 ]; then echo "shipped run failed (rc $rc): stopping"; tail -40 "$W"/logs/shipped/*.log 2>/dev/null | tail -60; exit 1; fi
 echo "== run ($(left) s left)"
 CMD=(python3 -m autotune run --backend real --engine torchtitan --model "$M" --gpu h200 --layers "$LAYERS" --gpus 1
-     --seq-len 4096 --global-batch 16K --trials 8 --real-steps 5 --trial-timeout 150 --timeout $(( $(left) - 100 ))
+     --seq-len 4096 --global-batch 16K --trials 8 --real-steps 5 --trial-timeout "$TRIAL_TIMEOUT" --timeout $(( $(left) > 160 ? $(left) - 100 : 60 ))
      --no-early-stop --storage "sqlite:///$W/study.db" --engine-logs "$W/logs")
 echo "\$ ${CMD[*]}" > "$W/run.txt"
 s=$(date +%s); "${CMD[@]}" >> "$W/run.txt" 2>&1; echo "rc $? after $(( $(date +%s) - s )) s" >> "$W/run.txt"
