@@ -70,7 +70,7 @@ def predict(t: dict) -> tuple[float, float]:
 
 
 def main(argv: list[str]) -> None:
-    dirs = argv or sorted(glob.glob(str(ROOT / "docs/results/engines/*/")))
+    dirs = argv or sorted(glob.glob(str(ROOT / "docs/results/engines/*/")) + glob.glob(str(ROOT / "docs/results/engines/*/*/")))
     per: dict[str, list[tuple[float, float]]] = {}
     print(f"{'engine':22} {'trial':>5} {'precision':14} {'compile':7} {'meas ms':>8} {'pred ms':>8} {'err':>6} "
           f"{'meas GiB':>8} {'pred GiB':>8} {'err':>6}")

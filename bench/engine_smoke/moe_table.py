@@ -24,6 +24,8 @@ def table(d: Path) -> str:
     best = None
     for t in trials:
         p = t.get("plan") or {}
+        if t["state"] == "WAITING":
+            continue                    # enqueued by the screen, not started before the study's --timeout
         if not t.get("step_time_ms"):
             lines.append(f"| {t['trial']} | {p.get('compile')} | {p.get('micro_batch_size')} x {p.get('num_micro_batches')} "
                          f"| {p.get('recompute')} | {p.get('memory_reclaim')} | {t['state']}: {str(t.get('reason'))[:80]} "
