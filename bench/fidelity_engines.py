@@ -39,7 +39,17 @@ def runs(dirs: list[str], skipped: list[dict] | None = None) -> list[dict]:
         f = Path(d) / "trials.json"
         if not f.exists():
             continue
-        for t in json.loads(f.read_text()):
+        trials = json.loads(f.read_text())
+        if study := next((t["study"] for t in trials), None):
+            sf = Path(d) / "shipped.json"      # torchtitan's own config of an MoE run (bench/engine_smoke/moe_shipped.py)
+            if sf.exists():
+                s = json.loads(sf.read_text())
+                trials.append({"study": study, "trial": "shipped", "state": "COMPLETE", "plan": s["plan"],
+                               "step_time_ms": s["step_time_ms"], "peak_memory_bytes": s["peak_memory_bytes"],
+                               "log": s["details"].get("log") or "shipped/x.log"})
+        for t in trials:
+            if t.get("state") == "WAITING":
+                continue                        # enqueued, never started (the study's --timeout came first)
             if t.get("step_time_ms") and t.get("plan"):
                 out.append({**t, "source": str(f)})
             elif skipped is not None:
@@ -55,8 +65,11 @@ def predict(t: dict) -> tuple[float, float]:
     seq, gbs = wl.split("-")
     workload = Workload(seq_len=int(seq[3:]), global_batch_size=int(gbs[3:]))
     stem, root = Path(t["log"]).stem, Path(t["source"]).parent
+    sub = "shipped/" if t["trial"] == "shipped" else ""
+    if sub:
+        stem = next((root / "ttlogs" / "shipped").glob("*.log")).stem
     m = None
-    for job in (root / "ttlogs" / f"{stem}.toml", root / "mglogs" / f"{stem}.args"):   # the job kept beside the log
+    for job in (root / "ttlogs" / f"{sub}{stem}.toml", root / "mglogs" / f"{stem}.args"):   # the job beside the log
         if job.exists():
             m = re.search(r'flavor = "[^"]*_L(\d+)"|--num-layers (\d+)', job.read_text())
             break
