@@ -160,3 +160,87 @@ def test_moe_config_module_loads_with_torchtitans_loader(model, name, flavor, tm
     assert cfg.training.local_batch_size == 2 and cfg.training.global_batch_size == 64
     assert isinstance(cfg.activation_checkpoint, FullAC.Config) and cfg.compile.enable is True
     assert cfg.training.disable_cuda_graphs is True          # 0.3 refuses CUDA graphs with the all-to-all EP
+
+
+# ---- the recorded MoE runs (1x H200, torchtitan 0.2.2, 2026-12-03: docs/results/engines/torchtitan-moe-h200x1-2026-12-03)
+from pathlib import Path
+
+RUNS = Path(__file__).resolve().parents[3] / "docs" / "results" / "engines" / "torchtitan-moe-h200x1-2026-12-03"
+QWEN_LOG = RUNS / "qwen3-30b-a3b" / "ttlogs" / "trial01-tp1pp1dp1cp1-mb4-bf16-compile-rcnone.log"
+DSV_SHIPPED_LOG = RUNS / "deepseek-16b" / "ttlogs" / "shipped" / "trial01-tp1pp1dp1cp1-mb4-bf16-eager-rcselective.log"
+
+
+def test_recorded_moe_logs_parse_with_the_flavour_and_exact_parameters():
+    from autotune.engines.torchtitan.log import parse_facts, parse_steps
+
+    for log, model, flavour, params in ((QWEN_LOG, QWEN, "qwen3 30B-A3B_L6", 4_361_055_744),
+                                        (DSV_SHIPPED_LOG, DSV, "deepseek_v3 16B_L6", 3_424_678_912)):
+        text = log.read_text()
+        f = parse_facts(text)
+        assert f["model"] == flavour and f["torchtitan_version"] == "0.2.2" and not f["oom"]
+        # torchtitan's own count of the truncated flavour is autotune's: qwen3 at 6 layers by hand =
+        # 2 x 151936 x 2048 (embedding, untied output) + 2048 (norm) + 6 x (q 2048 x 4096 + k, v 2 x 2048 x 512
+        # + o 4096 x 2048 + q/k norms 2 x 128 + 2 norms x 2048 + router 2048 x 128 + 128 experts x 3 x 2048 x 768)
+        # = 622,331,904 + 6 x 623,120,640 = 4,361,055,744
+        assert f["params"] == params == model.truncated(6).num_params
+        recs = parse_steps(text)
+        assert [r.step for r in recs] == list(range(1, 9)) and f["local_batch_size"] == 4
+    # the first compiled Qwen3 trial: step 4 of the log, "tps: 47,555" -> 16,384 tokens / 47,555 = 344.5 ms
+    assert parse_steps(QWEN_LOG.read_text())[3].step_time_s(16384) == pytest.approx(0.34453, abs=1e-5)
+
+
+def test_triton_autotuning_out_of_resource_is_not_a_cuda_oom():
+    """DeepSeek 16B's flex attention autotuning prints "OutOfMemoryError: out of resource: triton_flex_attention_backward
+    Required: 248832 Hardware limit:232448" for candidates over the shared-memory limit (skipped by inductor); the
+    run finished its 8 steps and is ok, while a real CUDA out-of-memory error still is an OOM."""
+    from autotune.engines.torchtitan.runner import classify
+
+    text = DSV_SHIPPED_LOG.read_text()
+    assert "OutOfMemoryError: out of resource" in text
+    c = classify(text, returncode=0, timed_out=False, timeout_s=200, total_steps=8)
+    assert c["status"] == "ok" and not c["facts"]["oom"]
+    oom = text + "\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert classify(oom, returncode=1, timed_out=False, timeout_s=200, total_steps=8)["status"] == "oom"
+
+
+def test_cli_run_of_an_moe_model_states_the_routing_and_replays(tmp_path, monkeypatch):
+    """`autotune run --backend real --engine torchtitan --model qwen3-30b-a3b --layers 6` with a fake trainer
+    replaying the recorded Qwen3 log: the routing line, the MoE job, export, validate beside the prediction."""
+    import functools
+    import textwrap
+
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    from autotune.engines.torchtitan import runner as tr
+
+    fake = tmp_path / "fake_torchrun.py"
+    fake.write_text(textwrap.dedent(f'''\
+        import sys, pathlib
+        argv = sys.argv[1:]
+        job = pathlib.Path(argv[argv.index("--job.config_file") + 1])
+        pathlib.Path(sys.argv[0]).with_name("seen.toml").write_text(job.read_text())
+        print(open({str(QWEN_LOG)!r}).read())
+    '''))
+    monkeypatch.setattr(tr, "check_torchtitan", lambda: "0.2.2")
+    monkeypatch.setattr(tr.TorchtitanEvaluator, "__init__",
+                        functools.partialmethod(tr.TorchtitanEvaluator.__init__, command=[sys.executable, str(fake)]))
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    res = CliRunner().invoke(main, ["run", "--backend", "real", "--engine", "torchtitan", "--model", "qwen3-30b-a3b",
+                                    "--gpu", "h200", "--gpus", "1", "--layers", "6", "--seq-len", "4096",
+                                    "--global-batch", "16K", "--trials", "2", "--real-steps", "5", "--storage", db])
+    assert res.exit_code == 0, res.output
+    assert "MoE routing: balanced: torchtitan's debug.moe_force_load_balance" in res.output
+    assert "2 kept for real runs" in res.output and "simulated prediction" in res.output
+    seen = (tmp_path / "seen.toml").read_text()
+    assert 'name = "qwen3"' in seen and 'flavor = "30B-A3B_L6"' in seen and "moe_force_load_balance = true" in seen
+    study = res.output.split("export --study ")[1].split()[0].strip("'")
+    res = CliRunner().invoke(main, ["export", "--study", study, "--storage", db, "-o", str(tmp_path / "plan.yaml")])
+    assert res.exit_code == 0 and "expert_parallel_degree = 1" in res.output, res.output
+    res = CliRunner().invoke(main, ["validate", "--engine", "torchtitan", "--layers", "6", "--steps", "5", "--warmup",
+                                    "3", "--moe-routing", "trained", str(tmp_path / "plan.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "the router as trained" in res.output and "344.5 ms" in res.output and "simulated step time" in res.output
+    assert "moe_force_load_balance = false" in (tmp_path / "seen.toml").read_text()
+    res = CliRunner().invoke(main, ["run", "--model", "qwen3-30b-a3b", "--gpus", "8", "--moe-routing", "trained"])
+    assert res.exit_code == 2 and "--moe-routing trained applies to --backend real --engine torchtitan" in res.output
