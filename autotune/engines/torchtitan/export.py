@@ -38,7 +38,13 @@ the release's own Llama 3.1 function (``torchtitan/models/llama3/config_registry
   function (``os.environ``; read by CUDA's caching allocator when CUDA starts, after the config loads), so
   the config module alone carries it and imports back the same;
 * ``async_collectives: false`` cannot be launched (torchtitan's FSDP2 / TP collectives are always
-  asynchronous on their own streams) and is refused.
+  asynchronous on their own streams) and is refused;
+* mixture-of-experts models (:data:`MOE_FLAVORS`: ``qwen3-30b-a3b``, ``deepseek-16b``): the module starts from
+  ``qwen3_30b_a3b()`` / ``deepseek_v3_16b()`` of torchtitan/models/<model>/config_registry.py and keeps its
+  model spec (BF16 only; its attention backend), sets ``ParallelismConfig.expert_parallel_degree`` (0.3.0 has
+  no expert tensor parallel degree: ETP > 1 is refused), ``debug.moe_force_load_balance`` (balanced routing,
+  as costed) and ``training.disable_cuda_graphs`` with EP > 1 (the trainer refuses CUDA graphs with the
+  all-to-all dispatcher).
 """
 
 from __future__ import annotations
