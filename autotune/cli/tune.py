@@ -214,6 +214,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             f"{st.get('failed', 0)} failed")
         if summary.stop_reason:
             say(f"stopped early, {summary.stop_reason}; --no-early-stop runs every trial")
+        if screen is not None:
+            for line in _real_trial_lines(tuner.study):
+                say(line)
         best = summary.best
         n_new, n_total = summary.n_new_trials, summary.n_trials
     yours = _compare(imported, best, model=model, cluster=cluster, workload=workload, backend=backend,
@@ -410,6 +413,31 @@ class _Queued:
 
     def __init__(self, params, number):
         self.params, self.number = params, number
+
+
+def _real_trial_lines(study) -> list[str]:
+    """Every real engine trial of ``study`` with the simulator's prediction of the same plan beside it (the
+    runner's ``details``: ``simulated_step_time_ms``, ``simulated_peak_memory_bytes``), one line each."""
+    lines = ["measured vs predicted (the simulator, this engine's profile, the same plan):"]
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        d, p = a.get("details") or {}, a.get("plan") or {}
+        if not p:
+            continue
+        head = (f"  trial {t.number}: mb {p.get('micro_batch_size')} x {p.get('num_micro_batches')}, "
+                f"{p.get('precision')}, {'compile' if p.get('compile') else 'eager'}, recompute {p.get('recompute')}")
+        ms, peak = a.get("step_time_ms"), a.get("peak_memory_bytes")
+        if not ms or not a.get("feasible"):
+            lines.append(f"{head}: {a.get('infeasible_reason') or a.get('fail_reason') or t.state.name}"[:240])
+            continue
+        sim_ms, sim_b = d.get("simulated_step_time_ms"), d.get("simulated_peak_memory_bytes")
+        line = f"{head}: {ms:,.1f} ms, {peak / 2**30:.1f} GiB measured"
+        if sim_ms:
+            line += f"; predicted {sim_ms:,.1f} ms ({100 * (sim_ms - ms) / ms:+.1f}%)"
+        if sim_b and peak:
+            line += f", {sim_b / 2**30:.1f} GiB ({100 * (sim_b - peak) / peak:+.1f}%)"
+        lines.append(line)
+    return lines if len(lines) > 1 else []
 
 
 def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, layers, workers, launcher, say,

@@ -232,6 +232,9 @@ def test_cli_run_of_an_moe_model_states_the_routing_and_replays(tmp_path, monkey
     assert res.exit_code == 0, res.output
     assert "MoE routing: balanced: torchtitan's debug.moe_force_load_balance" in res.output
     assert "2 kept for real runs" in res.output and "simulated prediction" in res.output
+    # each trial's measurement beside the prediction: the replayed log's median (344.5 ms) and peak (82.15 GiB, stored as whole bytes: 82.1)
+    assert "measured vs predicted" in res.output
+    assert "trial 0: mb 4 x 1, bf16, compile, recompute none: 344.5 ms, 82.1 GiB measured; predicted " in res.output
     seen = (tmp_path / "seen.toml").read_text()
     assert 'name = "qwen3"' in seen and 'flavor = "30B-A3B_L6"' in seen and "moe_force_load_balance = true" in seen
     study = res.output.split("export --study ")[1].split()[0].strip("'")
