@@ -247,3 +247,20 @@ def test_cli_run_of_an_moe_model_states_the_routing_and_replays(tmp_path, monkey
     assert "moe_force_load_balance = false" in (tmp_path / "seen.toml").read_text()
     res = CliRunner().invoke(main, ["run", "--model", "qwen3-30b-a3b", "--gpus", "8", "--moe-routing", "trained"])
     assert res.exit_code == 2 and "--moe-routing trained applies to --backend real --engine torchtitan" in res.output
+
+
+def test_screen_simulates_more_rounds_when_the_writer_refuses_most_plans():
+    """The torchtitan writer refuses FP8 for MoE models, so 48 simulated trials of DeepSeek 16B at 6 layers hold
+    fewer than 8 runnable jobs (7 with seed 0): the screen simulates another round (autotune/tune/screen.py
+    MAX_ROUNDS) and keeps 8, every one BF16."""
+    from autotune.cli.options import resolve_target
+    from autotune.engines.torchtitan.runner import run_key
+    from autotune.spec.engines import resolve_engine
+    from autotune.tune.screen import screen_plans
+
+    model, cluster, workload = resolve_target(size=None, model_path="deepseek-16b", gpu="h200", gpus=1,
+                                              interconnect=None, seq_len=4096, global_batch="16K")
+    s = screen_plans(model=model, cluster=cluster, workload=workload, engine=resolve_engine("torchtitan", "real"),
+                     keep=8, seed=0, layers=6, run_key=run_key(model, workload, 6))
+    assert len(s.kept) == 8 and s.simulated > 48
+    assert {p.precision for p in s.plans} == {"bf16"} and s.unwritable > 0
