@@ -5,7 +5,7 @@ real --engine torchtitan|megatron`` (``docs/results/engines/*/trials.json``), re
 the engine profile the runner uses (:func:`autotune.spec.engines.resolve_engine` ``(engine, "real")``, the
 depth the trials ran: the job file kept beside each log), and prints measured vs predicted step time and
 peak memory (measured: the engine's peak *reserved* memory of rank 0), with the mean absolute and worst
-error per engine. Megatron-LM runs with ``--transformer-impl local`` (no Transformer Engine on the host)
+error per engine (MoE models, issue 39, as their own group ``<engine> MoE``). Megatron-LM runs with ``--transformer-impl local`` (no Transformer Engine on the host)
 are listed as their own group, ``megatron (local impl)``: the ``megatron`` profile describes Transformer
 Engine with fused attention, so their error is reported, not used as the profile's fidelity. Trials that
 ran out of memory or failed have no step time and are counted apart. Nothing is fitted: the prediction
@@ -25,7 +25,7 @@ from pathlib import Path
 from autotune.cost.simulator import SimulatedEvaluator
 from autotune.spec.engines import resolve_engine
 from autotune.spec.hardware import make_cluster
-from autotune.spec.models import get_model
+from autotune.spec.models import get_builtin_model, get_model
 from autotune.spec.plan import Plan, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,17 @@ def runs(dirs: list[str], skipped: list[dict] | None = None) -> list[dict]:
         f = Path(d) / "trials.json"
         if not f.exists():
             continue
-        for t in json.loads(f.read_text()):
+        trials = json.loads(f.read_text())
+        if study := next((t["study"] for t in trials), None):
+            sf = Path(d) / "shipped.json"      # torchtitan's own config of an MoE run (bench/engine_smoke/moe_shipped.py)
+            if sf.exists():
+                s = json.loads(sf.read_text())
+                trials.append({"study": study, "trial": "shipped", "state": "COMPLETE", "plan": s["plan"],
+                               "step_time_ms": s["step_time_ms"], "peak_memory_bytes": s["peak_memory_bytes"],
+                               "log": s["details"].get("log") or "shipped/x.log"})
+        for t in trials:
+            if t.get("state") == "WAITING":
+                continue                        # enqueued, never started (the study's --timeout came first)
             if t.get("step_time_ms") and t.get("plan"):
                 out.append({**t, "source": str(f)})
             elif skipped is not None:
@@ -55,13 +65,17 @@ def predict(t: dict) -> tuple[float, float]:
     seq, gbs = wl.split("-")
     workload = Workload(seq_len=int(seq[3:]), global_batch_size=int(gbs[3:]))
     stem, root = Path(t["log"]).stem, Path(t["source"]).parent
+    sub = "shipped/" if t["trial"] == "shipped" else ""
+    if sub:
+        stem = next((root / "ttlogs" / "shipped").glob("*.log")).stem
     m = None
-    for job in (root / "ttlogs" / f"{stem}.toml", root / "mglogs" / f"{stem}.args"):   # the job kept beside the log
+    for job in (root / "ttlogs" / f"{sub}{stem}.toml", root / "mglogs" / f"{stem}.args"):   # the job beside the log
         if job.exists():
             m = re.search(r'flavor = "[^"]*_L(\d+)"|--num-layers (\d+)', job.read_text())
             break
     layers = int(m.group(1) or m.group(2)) if m else None
-    model = get_model(model_name) if layers is None else get_model(model_name).truncated(layers)
+    base = get_builtin_model(model_name) or get_model(model_name)     # an MoE built-in, or a Llama 3.1 size
+    model = base if layers is None else base.truncated(layers)
     ev = SimulatedEvaluator(model=model, cluster=make_cluster(gpu, int(n), None), workload=workload,
                             engine=resolve_engine(engine, "real"))
     r = ev.evaluate(Plan.from_dict(t["plan"]))
@@ -69,13 +83,15 @@ def predict(t: dict) -> tuple[float, float]:
 
 
 def main(argv: list[str]) -> None:
-    dirs = argv or sorted(glob.glob(str(ROOT / "docs/results/engines/*/")))
+    dirs = argv or sorted(glob.glob(str(ROOT / "docs/results/engines/*/")) + glob.glob(str(ROOT / "docs/results/engines/*/*/")))
     per: dict[str, list[tuple[float, float]]] = {}
     print(f"{'engine':22} {'trial':>5} {'precision':14} {'compile':7} {'meas ms':>8} {'pred ms':>8} {'err':>6} "
           f"{'meas GiB':>8} {'pred GiB':>8} {'err':>6}")
     skipped: list[dict] = []
     for t in runs(dirs, skipped):
         engine = t["study"].split("/")[3] + (" (local impl)" if t.get("transformer_impl") == "local" else "")
+        if (get_builtin_model(t["study"].split("/")[0]) or get_model(t["study"].split("/")[0])).is_moe:
+            engine += " MoE"        # MoE runs (issue 39) reported apart from the dense ones
         pm, pg = predict(t)
         mm, mg = t["step_time_ms"], t["peak_memory_bytes"] / 2**30
         es, em = 100 * (pm - mm) / mm, 100 * (pg - mg) / mg

@@ -40,13 +40,17 @@ from autotune.errors import ConfigError, NoFeasiblePlanError, redact
                    "this folder.")
 @click.option("--no-early-stop", "no_early_stop", is_flag=True,
               help="Run all --trials trials (no convergence stop: docs/search.md).")
+@click.option("--moe-routing", "moe_routing", type=click.Choice(["balanced", "trained"]), default=None,
+              help="--backend real --engine torchtitan, MoE models: balanced (the default) forces every expert the "
+                   "same tokens (torchtitan's debug.moe_force_load_balance, the routing the simulator assumes); "
+                   "trained runs the router as it is.")
 @compare_options
 @script_options
 @JSON_OPTION
 def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
         timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
-        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, compare_to, compare_format, as_json, run_script,
-        script_args, script_env):
+        gpus_per_node, partition, account, time_limit, engine_logs, no_early_stop, moe_routing, compare_to,
+        compare_format, as_json, run_script, script_args, script_env):
     """Tune a plan (adds trials to the study, resuming it if it exists) and print the best plan.
 
     With --backend real --engine torchtitan (or megatron) every trial runs that engine's own trainer; the
@@ -76,7 +80,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                                   interconnect=interconnect, seq_len=seq_len,
                                                   global_batch=global_batch)
-    _check_state_fits(model, cluster, engine, backend)
+    _check_state_fits(model, cluster, engine, backend, layers)
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
     check_workers(workers, storage, backend=backend, launcher=launcher)
@@ -91,10 +95,21 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                                              num_gpus=cluster.num_gpus))
     say = make_say(as_json)
     screen = None
+    if moe_routing is not None and not (backend == "real" and engine == "torchtitan" and model.is_moe):
+        raise ConfigError(f"--moe-routing {moe_routing} applies to --backend real --engine torchtitan with an MoE "
+                          "model only")
+    routing = {}
+    if backend == "real" and engine == "torchtitan" and model.is_moe:
+        routing = {"force_load_balance": moe_routing != "trained"}
+        say("MoE routing: " + ("balanced: torchtitan's debug.moe_force_load_balance gives every expert the same "
+                               "tokens (the simulator's assumption; --moe-routing trained runs the router as it is)"
+                               if moe_routing != "trained" else
+                               "the router as trained (--moe-routing trained); the simulator still assumes balanced "
+                               "routing, so predictions are for balanced experts"))
     if backend == "real" and engine is not None and engine != "native":
         screen = _engine_screen(model, cluster, workload, space=space, engine=engine, seed=seed, trials=trials,
-                                layers=layers, workers=workers, launcher=launcher, say=say)
-        tuner_kwargs["evaluator_options"].update(only_plans=screen.plans, log_dir=engine_logs)
+                                layers=layers, workers=workers, launcher=launcher, say=say, **routing)
+        tuner_kwargs["evaluator_options"].update(only_plans=screen.plans, log_dir=engine_logs, **routing)
     elif engine_logs is not None:
         raise ConfigError("--engine-logs applies to --backend real with --engine torchtitan or megatron only")
 
@@ -199,6 +214,9 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
             f"{st.get('failed', 0)} failed")
         if summary.stop_reason:
             say(f"stopped early, {summary.stop_reason}; --no-early-stop runs every trial")
+        if screen is not None:
+            for line in _real_trial_lines(tuner.study):
+                say(line)
         best = summary.best
         n_new, n_total = summary.n_new_trials, summary.n_trials
     yours = _compare(imported, best, model=model, cluster=cluster, workload=workload, backend=backend,
@@ -397,7 +415,33 @@ class _Queued:
         self.params, self.number = params, number
 
 
-def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, layers, workers, launcher, say):
+def _real_trial_lines(study) -> list[str]:
+    """Every real engine trial of ``study`` with the simulator's prediction of the same plan beside it (the
+    runner's ``details``: ``simulated_step_time_ms``, ``simulated_peak_memory_bytes``), one line each."""
+    lines = ["measured vs predicted (the simulator, this engine's profile, the same plan):"]
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        d, p = a.get("details") or {}, a.get("plan") or {}
+        if not p:
+            continue
+        head = (f"  trial {t.number}: mb {p.get('micro_batch_size')} x {p.get('num_micro_batches')}, "
+                f"{p.get('precision')}, {'compile' if p.get('compile') else 'eager'}, recompute {p.get('recompute')}")
+        ms, peak = a.get("step_time_ms"), a.get("peak_memory_bytes")
+        if not ms or not a.get("feasible"):
+            lines.append(f"{head}: {a.get('infeasible_reason') or a.get('fail_reason') or t.state.name}"[:240])
+            continue
+        sim_ms, sim_b = d.get("simulated_step_time_ms"), d.get("simulated_peak_memory_bytes")
+        line = f"{head}: {ms:,.1f} ms, {peak / 2**30:.1f} GiB measured"
+        if sim_ms:
+            line += f"; predicted {sim_ms:,.1f} ms ({100 * (sim_ms - ms) / ms:+.1f}%)"
+        if sim_b and peak:
+            line += f", {sim_b / 2**30:.1f} GiB ({100 * (sim_b - peak) / peak:+.1f}%)"
+        lines.append(line)
+    return lines if len(lines) > 1 else []
+
+
+def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, layers, workers, launcher, say,
+                   **key_options):
     """The simulator's screen before real engine trials (:func:`autotune.tune.screen.screen_plans`); prints
     its counts and the kept plans' predictions."""
     from autotune.engines.registry import runner_module
@@ -414,7 +458,7 @@ def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, lay
     runner.check_engine()
     if (note := getattr(runner, "run_note", lambda: None)()):
         say(f"note: {note}")
-    run_key = runner.run_key(model, workload, layers)
+    run_key = runner.run_key(model, workload, layers, **key_options)
     s = screen_plans(model=model, cluster=cluster, workload=workload, engine=profile, keep=trials, space=space,
                      seed=seed, layers=layers, run_key=run_key)
     say(s.summary())
@@ -505,9 +549,10 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
 
 
 
-def _check_state_fits(model, cluster, engine, backend) -> None:
+def _check_state_fits(model, cluster, engine, backend, layers=None) -> None:
     """Refuse, before any trial, a world whose HBM cannot hold the model's weights, gradients and optimizer
-    state under any plan (sharding only divides that total).
+    state under any plan (sharding only divides that total). With ``--backend real --layers N`` the model
+    that runs is the depth-truncated proxy (:meth:`ModelSpec.truncated`), so that is what must fit.
 
     Raises:
         NoFeasiblePlanError: "no plan fits", with the total and the world's usable HBM.
@@ -515,6 +560,8 @@ def _check_state_fits(model, cluster, engine, backend) -> None:
     from autotune.spec.engines import resolve_engine
 
     eng = resolve_engine(engine, backend)
+    if backend == "real" and isinstance(layers, int) and 1 <= layers <= model.num_layers:
+        model = model.truncated(layers)
     # a lower bound for every plan: the engine's optimizer bytes per parameter (Adam's two FP32 moments, plus
     # the FP32 main weight where the engine keeps one: optimizer_bytes of its facts.yaml), at least a BF16
     # gradient (2 bytes, --grad-reduce-in-bf16) and at least an FP8 weight (1 byte, --fp8-param-gather) per

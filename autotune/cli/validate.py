@@ -29,7 +29,10 @@ from autotune.engines.registry import ENGINES
               help="--engine torchtitan|megatron: keep the trainer's log and job file in this folder.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the full result (per-rank memory, per-step times, versions) here.")
-def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine_logs, json_out):
+@click.option("--moe-routing", "moe_routing", type=click.Choice(["balanced", "trained"]), default=None,
+              help="--engine torchtitan, MoE models: balanced (the default; torchtitan's "
+                   "debug.moe_force_load_balance, the routing the simulator assumes) or the router as trained.")
+def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine_logs, json_out, moe_routing):
     """Launch PLAN_FILE with torchrun on the local GPUs and print measured step time, MFU and memory
     beside the simulator's prediction for the same plan (with --engine torchtitan or megatron: that
     engine's trainer, predicted with its engine profile)."""
@@ -61,8 +64,16 @@ def validate(plan_file, layers, steps, warmup, timeout_s, device, engine, engine
             raise AutotuneError(f"--engine {engine} runs on CUDA GPUs only; --device cpu is for the native runtime")
         from autotune.cost.evaluator import make_evaluator
 
+        routing = {}
+        if engine == "torchtitan" and doc.model.is_moe:
+            routing = {"force_load_balance": moe_routing != "trained"}
+            click.echo("MoE routing: " + ("balanced (torchtitan's debug.moe_force_load_balance)" if moe_routing != "trained"
+                                          else "the router as trained; the simulator assumes balanced experts"))
+        elif moe_routing is not None:
+            raise AutotuneError(f"--moe-routing {moe_routing} applies to --engine torchtitan with an MoE model only")
         ev = make_evaluator("real", model=doc.model, cluster=cluster, workload=doc.workload, engine=engine,
-                            layers=layers, steps=steps, warmup=max(warmup, 1), timeout_s=timeout_s, log_dir=engine_logs)
+                            layers=layers, steps=steps, warmup=max(warmup, 1), timeout_s=timeout_s, log_dir=engine_logs,
+                            **routing)
     else:
         if engine_logs is not None:
             raise AutotuneError("--engine-logs applies to --engine torchtitan or megatron only")

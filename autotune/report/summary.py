@@ -493,6 +493,9 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
           f"data_parallel_replicate_degree = {replicate}"]
     if p.pp_degree > 1:
         tt += [f'pipeline_parallel_schedule = "{sched}"', f"pipeline_parallel_microbatch_size = {p.micro_batch_size}"]
+    if model.is_moe:
+        # torchtitan 0.2.2 job_config.py Parallelism / Debug (autotune/engines/torchtitan/job.py writes the same)
+        tt += [f"expert_parallel_degree = {p.ep_degree}", f"expert_tensor_parallel_degree = {p.etp_degree}"]
     if p.tp_comm_overlap and p.tp_degree > 1:
         # torchtitan applies async TP through torch.compile's micro-pipeline TP pass: it refuses
         # enable_async_tensor_parallel without compile (torchtitan/models/llama3/infra/parallelize.py,
@@ -522,6 +525,8 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
     tt += ["[training]", f"seq_len = {workload.seq_len}", f"local_batch_size = {local}",
            f"global_batch_size = {workload.global_batch_size}",
            "[activation_checkpoint]", f'mode = "{p.recompute}"']
+    if model.is_moe:
+        tt += ["[debug]", "moe_force_load_balance = true  # balanced routing, as the plan was costed"]
     env = []
     if p.memory_reclaim == "expandable_segments":
         env.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")

@@ -92,10 +92,12 @@ def write_tokenizer(out: Path, docs: list[str], vocab_size: int) -> Path:
     return out
 
 
-def write_assets(out: Path, *, n_docs: int = 2000, vocab_size: int = 8192, seed: int = 0) -> tuple[Path, Path]:
+def write_assets(out: Path, *, n_docs: int = 2000, vocab_size: int = 8192, seed: int = 0,
+                 words_per_doc: tuple[int, int] = (200, 600)) -> tuple[Path, Path]:
     """Write ``out/tokenizer`` and ``out/c4_local``; returns (tokenizer folder, dataset folder).
+    ``words_per_doc``: the range of each document's length in words (:func:`documents`).
     Needs the ``tokenizers`` package (a dependency of torchtitan's trainer)."""
-    docs = documents(n_docs, seed)
+    docs = documents(n_docs, seed, words_per_doc)
     write_dataset(out / "c4_local", docs)
     write_tokenizer(out / "tokenizer", docs, vocab_size)
     return out / "tokenizer", out / "c4_local"

@@ -63,7 +63,9 @@ REFUSAL_EXCEPTIONS = ("ValueError", "NotImplementedError", "AssertionError")
 _EXC = re.compile(r"^(?:\[rank\d+\]:)?\s*(?:[A-Za-z_][\w.]*\.)?(?P<name>[A-Za-z_]\w*(?:Error|Exception))"
                   r"(?::\s*(?P<msg>.*))?$")
 _OOM_IN_USE = re.compile(r"this process has ([\d.]+) GiB memory in use")
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
+# Triton's "OutOfMemoryError: out of resource: <kernel> Required: N Hardware limit: M" is a shared-memory limit of one
+# autotuning candidate (torch/_inductor/select_algorithm.py skips it: "Ignoring this choice"), not CUDA memory
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError(?!: out of resource)")
 
 
 @dataclass

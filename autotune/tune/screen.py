@@ -61,10 +61,30 @@ class Screen:
                 f"job writer refuses, {self.below_top} below the top {len(self.kept)}; {len(self.kept)} kept for real runs")
 
 
+#: without an explicit ``n_simulated``, the screen simulates up to this many rounds of trials while fewer than
+#: ``keep`` runnable plans were found (a space where the job writer refuses most plans: an MoE model on
+#: torchtitan, whose writer refuses FP8)
+MAX_ROUNDS = 4
+
+
+def _runnable(seen: dict, run_key) -> int:
+    """How many distinct runnable jobs (feasible, writable, distinct run key) ``seen`` holds."""
+    keys = set()
+    for p, (r, _) in seen.items():
+        if not r.feasible:
+            continue
+        try:
+            keys.add((run_key or repr)(p))
+        except ConfigError:
+            continue
+    return len(keys)
+
+
 def screen_plans(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, engine: EngineProfile,
                  keep: int, space: Any = None, seed: int | None = 0, layers: int | None = None,
                  n_simulated: int | None = None, run_key: Callable[[Plan], str] | None = None) -> Screen:
-    """Simulate ``n_simulated`` trials (default ``max(48, 6 x keep)``) of ``space`` for ``model`` (cut to
+    """Simulate ``n_simulated`` trials (default ``max(48, 6 x keep)``, repeated up to :data:`MAX_ROUNDS` times
+    while fewer than ``keep`` runnable plans turned up) of ``space`` for ``model`` (cut to
     ``layers`` when given) with ``engine``'s profile in an in-memory study; keep at most ``keep`` plans
     (see the module docstring). ``run_key``: plans with equal keys launch the same job (default: the
     plan itself)."""
@@ -77,14 +97,18 @@ def screen_plans(*, model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     t = Tuner(model=run_model, cluster=cluster, workload=workload, space=space, storage="sqlite:///:memory:",
               backend="simulated", seed=seed, evaluator=ev)
     try:
-        t.optimize(n_simulated or max(48, 6 * keep))
-        trials = [tr for tr in t.study.get_trials(deepcopy=False) if tr.user_attrs.get("plan")]
-        out = Screen(simulated=len(trials))
+        rounds = 1 if n_simulated else MAX_ROUNDS
         seen: dict[Plan, tuple[StepResult, dict]] = {}
-        for tr in trials:
-            plan = Plan.from_dict(tr.user_attrs["plan"])
-            if plan not in seen:
-                seen[plan] = (t.evaluate(plan), dict(tr.params))
+        for _ in range(rounds):
+            t.optimize(n_simulated or max(48, 6 * keep))
+            trials = [tr for tr in t.study.get_trials(deepcopy=False) if tr.user_attrs.get("plan")]
+            for tr in trials:
+                plan = Plan.from_dict(tr.user_attrs["plan"])
+                if plan not in seen:
+                    seen[plan] = (t.evaluate(plan), dict(tr.params))
+            if _runnable(seen, run_key) >= keep:
+                break
+        out = Screen(simulated=len(trials))
     finally:
         t.close()
     out.distinct = len(seen)

@@ -39,7 +39,7 @@ def main(storage: str, out: str) -> None:
     r = rows(storage)
     with open(out, "w") as f:
         json.dump(r, f, indent=1)
-    print(f"{'#':>2} {'precision':14} {'cmp':4} {'mb':>2} {'rc':9} {'meas ms':>8} {'pred ms':>8} {'err%':>6} "
+    print(f"{'#':>2} {'precision':14} {'cmp':4} {'mb x n':>6} {'rc':9} {'alloc':6} {'meas ms':>8} {'pred ms':>8} {'err%':>6} "
           f"{'meas GiB':>8} {'pred GiB':>8} {'err%':>6} {'MFU':>6} {'warm s':>6}")
     for x in r:
         p = x["plan"] or {}
@@ -49,7 +49,8 @@ def main(storage: str, out: str) -> None:
         pm, mm = x["simulated_step_time_ms"] or 0, x["step_time_ms"]
         pg, mg = (x["simulated_peak_memory_bytes"] or 0) / 2**30, x["peak_memory_bytes"] / 2**30
         print(f"{x['trial']:>2} {p.get('precision', '?'):14} {'y' if p.get('compile') else 'n':4} "
-              f"{p.get('micro_batch_size', 0):>2} {p.get('recompute', '?'):9} {mm:8.1f} {pm:8.1f} "
+              f"{str(p.get('micro_batch_size', 0)) + 'x' + str(p.get('num_micro_batches', 0)):>6} "
+              f"{p.get('recompute', '?'):9} {str(p.get('memory_reclaim', '?'))[:6]:6} {mm:8.1f} {pm:8.1f} "
               f"{100 * (pm - mm) / mm:+6.1f} {mg:8.2f} {pg:8.2f} {100 * (pg - mg) / mg:+6.1f} "
               f"{100 * x['mfu']:5.1f}% {x['warmup_s'] or 0:6.1f}")
 

@@ -82,7 +82,7 @@ def test_plain_export_names_the_engines_that_cannot_launch_the_model(tmp_path, f
         assert meg is None
         assert "Megatron-LM:" in lines         # the plan's flags, as before
         assert any("--tensor-model-parallel-size" in ln for ln in lines)
-    assert tt and "Llama 3.1 flavours only" in tt
+    assert tt and "knows the Llama 3.1 flavours" in tt and "MoE flavours" in tt
     assert f"torchtitan: config not printed: {tt}" in lines
     assert "[parallelism]" not in r.output
     # --launcher for the study's engine refuses with the same words

@@ -68,7 +68,7 @@ def test_dense_names_and_unknown_names():
 
 def test_evaluator_of_an_engine_without_experts_and_exports():
     # library paths that do not go through the CLI: the evaluator (engine native refuses, megatron takes it) and
-    # the launch export (Megatron-LM's MoE flags; torchtitan's export knows Llama 3.1 flavours only)
+    # the launch export (Megatron-LM's MoE flags; torchtitan's export knows Llama 3.1 and two MoE flavours)
     from autotune.cost.evaluator import make_evaluator
     from autotune.errors import PlanError
     from autotune.export import launch_command
@@ -87,5 +87,5 @@ def test_evaluator_of_an_engine_without_experts_and_exports():
     args = launch_command(again).args
     assert args[args.index("--num-experts") + 1] == "8" and args[args.index("--expert-model-parallel-size") + 1] == "8"
     from autotune.engines.registry import export_module
-    assert "the torchtitan export knows Llama 3.1 flavours only" in \
+    assert "the torchtitan export knows the Llama 3.1 flavours" in \
         export_module("torchtitan").launch_refusal(again.model, 4096)

@@ -252,7 +252,7 @@ def test_torchtitan_and_native_exports_refuse_other_architectures(tmp_path, name
         assert s["flavor"] == {"8b": "8B", "70b": "70B", "405b": "405B"}[MATRIX[name][0]]
         assert native_unsupported_features(model, seq) == []
     else:
-        with pytest.raises(ConfigError, match="Llama 3.1 flavours only"):
+        with pytest.raises(ConfigError, match="the torchtitan export knows the Llama 3.1 flavours"):
             torchtitan_settings(plan, model, wl)
         # the native runtime builds Llama 3.1's block (SwiGLU, llama3 scaling factor 8, untied, no bias):
         # every other family differs at least in its RoPE scaling

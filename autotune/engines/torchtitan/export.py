@@ -38,7 +38,13 @@ the release's own Llama 3.1 function (``torchtitan/models/llama3/config_registry
   function (``os.environ``; read by CUDA's caching allocator when CUDA starts, after the config loads), so
   the config module alone carries it and imports back the same;
 * ``async_collectives: false`` cannot be launched (torchtitan's FSDP2 / TP collectives are always
-  asynchronous on their own streams) and is refused.
+  asynchronous on their own streams) and is refused;
+* mixture-of-experts models (:data:`MOE_FLAVORS`: ``qwen3-30b-a3b``, ``deepseek-16b``): the module starts from
+  ``qwen3_30b_a3b()`` / ``deepseek_v3_16b()`` of torchtitan/models/<model>/config_registry.py and keeps its
+  model spec (BF16 only; its attention backend), sets ``ParallelismConfig.expert_parallel_degree`` (0.3.0 has
+  no expert tensor parallel degree: ETP > 1 is refused), ``debug.moe_force_load_balance`` (balanced routing,
+  as costed) and ``training.disable_cuda_graphs`` with EP > 1 (the trainer refuses CUDA graphs with the
+  all-to-all dispatcher).
 """
 
 from __future__ import annotations
@@ -52,6 +58,17 @@ from autotune.spec.plan import Plan, PlanDocument, Workload
 #: autotune catalog name -> (torchtitan llama3 flavour, config_registry function)
 FLAVORS = {"llama3.1-8b": ("8B", "llama3_8b"), "llama3.1-70b": ("70B", "llama3_70b"),
            "llama3.1-405b": ("405B", "llama3_405b")}
+#: mixture-of-experts models: autotune catalog name -> (torchtitan model, flavour, 0.3 config_registry function).
+#: Checked field by field against torchtitan v0.2.2 (73a0e69) torchtitan/models/qwen3/__init__.py
+#: ``qwen3_args["30B-A3B"]`` (dim 2048, 48 layers, 32 / 4 heads of 128, qk_norm, 128 experts of 768, top-8,
+#: softmax, route_norm, no shared expert) and torchtitan/models/deepseek_v3/__init__.py
+#: ``deepseekv3_args["16B"]`` (dim 2048, 27 layers, 1 dense of 10944, 16 MLA heads, q_lora_rank 0,
+#: kv_lora_rank 512, qk 128 + 64 rope, v 128, 64 experts of 1408 top-6, 2 shared (one FFN of 2 x 1408),
+#: softmax, vocab 102400; attn_type "flex", attn_mask_type "block_causal"); 0.3.0 keeps the names
+#: (torchtitan/models/qwen3/config_registry.py ``qwen3_30b_a3b``, deepseek_v3/config_registry.py
+#: ``deepseek_v3_16b``, which passes ``attn_backend="flex"``)
+MOE_FLAVORS = {"qwen3-30b-a3b": ("qwen3", "30B-A3B", "qwen3_30b_a3b"),
+               "deepseek-16b": ("deepseek_v3", "16B", "deepseek_v3_16b")}
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 MODULE_NAME = "autotune_torchtitan"
 CONFIG_FUNCTION = "autotune_plan"
@@ -74,26 +91,45 @@ def model_refusal(model: ModelSpec, *, truncated: bool = False) -> str | None:
     and the model must be that flavour field for field; ``truncated``: as :func:`torchtitan_settings`), or
     None when it can. The one check behind :func:`torchtitan_settings`'s refusal and the torchtitan block
     ``autotune export`` prints (autotune/report/summary.py ``launch_hints``)."""
-    if model.name not in FLAVORS:
-        return (f"model {model.name!r}: the torchtitan export knows Llama 3.1 flavours only "
-                f"({', '.join(FLAVORS)}); torchtitan's llama3 model_registry has no other architecture")
-    from autotune.spec.models import get_model
-    ref = get_model(model.name)
+    if model.name not in FLAVORS and model.name not in MOE_FLAVORS:
+        return (f"model {model.name!r}: the torchtitan export knows the Llama 3.1 flavours "
+                f"({', '.join(FLAVORS)}) and the MoE flavours {', '.join(MOE_FLAVORS)} (torchtitan qwen3 30B-A3B, "
+                "deepseek_v3 16B) only")
+    from autotune.spec.models import get_builtin_model
+    ref = get_builtin_model(model.name)
     if truncated and 1 <= model.num_layers <= ref.num_layers:
         import dataclasses
 
-        ref = dataclasses.replace(ref, num_layers=model.num_layers)
+        ref = dataclasses.replace(ref, num_layers=model.num_layers,
+                                  num_first_dense_layers=min(ref.num_first_dense_layers, model.num_layers))
     if model != ref:
-        return (f"model {model.name!r}: its fields differ from Llama 3.1 {FLAVORS[model.name][0]} (the "
-                "torchtitan flavour the export names); export for megatron")
+        flavour = (f"Llama 3.1 {FLAVORS[model.name][0]}" if model.name in FLAVORS
+                   else "{} {}".format(*MOE_FLAVORS[model.name][:2]))
+        return (f"model {model.name!r}: its fields differ from {flavour} (the torchtitan flavour the export "
+                "names); export for megatron")
     return None
 
 
-def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, truncated: bool = False) -> dict:
+def flavor_of(model: ModelSpec) -> tuple[str, str, str]:
+    """(torchtitan model name, flavour, 0.3 config_registry function) of a model :func:`model_refusal` accepts:
+    ``("llama3", "8B", "llama3_8b")``, ``("qwen3", "30B-A3B", "qwen3_30b_a3b")``, ..."""
+    if model.name in MOE_FLAVORS:
+        return MOE_FLAVORS[model.name]
+    return ("llama3", *FLAVORS[model.name])
+
+
+def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, truncated: bool = False,
+                        force_load_balance: bool = True) -> dict:
     """The values the config module sets, as plain data (what tests compare the loaded config with).
 
-    ``truncated``: ``model`` may be its Llama 3.1 flavour with fewer layers (a depth-truncated proxy that the
+    ``truncated``: ``model`` may be its flavour with fewer layers (a depth-truncated proxy that the
     torchtitan runner registers as a flavour of its own, autotune/engines/torchtitan/flavors.py).
+
+    A mixture-of-experts model (:data:`MOE_FLAVORS`) adds ``moe``: ``expert_parallel_degree`` (the plan's
+    ``ep_degree``), ``expert_tensor_parallel_degree`` (``etp_degree``; torchtitan 0.2.2
+    torchtitan/config/job_config.py ``Parallelism``) and ``force_load_balance`` (``debug.moe_force_load_balance``,
+    job_config.py ``Debug``: every expert gets the same number of tokens, round-robin, the balanced routing the
+    cost model assumes by default; False runs the router as trained).
 
     Raises:
         ConfigError: a model torchtitan has no flavour for (only Llama 3.1 8B/70B/405B), or a
@@ -103,6 +139,21 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, tru
     refusal = model_refusal(model, truncated=truncated)
     if refusal:
         raise ConfigError(refusal)
+    moe = model.name in MOE_FLAVORS
+    if moe and p.precision != "bf16":
+        # torchtitan v0.2.2 components/quantization/float8.py Float8GroupedMMConverter.convert imports
+        # torchao.prototype.moe_training.conversion_utils.MoETrainingConfig (absent from torchao 0.17.0's wheel:
+        # ImportError "torchao installation does not have MoE training support"); FP8 linears alone would
+        # leave the routed experts in BF16, which is not the plan the cost model prices as FP8
+        raise ConfigError(f"precision {p.precision}: torchtitan's FP8 grouped GEMM for the routed experts "
+                          "(quantize.grouped_mm.float8) needs torchao's MoETrainingConfig, which torchao 0.17.0 lacks; "
+                          "valid for MoE models: bf16")
+    if moe and not p.moe_grouped_gemm:
+        raise ConfigError("moe_grouped_gemm false: torchtitan's MoEArgs.use_grouped_mm is a model argument of the "
+                          "flavour (True), not a job setting; valid: moe_grouped_gemm true")
+    if moe and p.moe_dispatcher != "alltoall":
+        raise ConfigError(f"moe_dispatcher {p.moe_dispatcher}: torchtitan's standard expert-parallel backend is "
+                          "all-to-all; valid: alltoall")
     if p.precision == "fp8_tensorwise":
         raise ConfigError("precision fp8_tensorwise: torchtitan 0.3.0's Float8LinearConverter has the recipes "
                           "rowwise and rowwise_with_gw_hp only; re-tune with fp8_rowwise or export for megatron")
@@ -135,7 +186,12 @@ def torchtitan_settings(plan: Plan, model: ModelSpec, workload: Workload, *, tru
         converter = {"kind": "float8", "recipe_name": "rowwise", "filter_fqns": ["lm_head"]}
     elif p.precision == "mxfp8":
         converter = {"kind": "mxfp8", "fqns": ["layers."]}
-    return {"flavor": FLAVORS[model.name][0], "base_config": FLAVORS[model.name][1], "parallelism": par,
+    tt_model, flavor, base = flavor_of(model)
+    if moe:
+        par["expert_parallel_degree"] = p.ep_degree
+        par["expert_tensor_parallel_degree"] = p.etp_degree
+    return {"model_name": tt_model, "flavor": flavor, "base_config": base, "parallelism": par,
+            "moe": {"force_load_balance": bool(force_load_balance)} if moe else None,
             "training": {"local_batch_size": local, "global_batch_size": workload.global_batch_size,
                          "seq_len": workload.seq_len,
                          # Trainer.Config._validate_cuda_graphs (torchtitan/trainer.py): "CUDA graphs do
@@ -158,6 +214,12 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
         ConfigError: see :func:`torchtitan_settings`.
     """
     s = torchtitan_settings(plan, model, workload)
+    moe = s["moe"] is not None
+    if moe and plan.etp_degree > 1:
+        raise ConfigError(f"etp_degree {plan.etp_degree}: torchtitan 0.3.0's ParallelismConfig has no expert tensor "
+                          "parallel degree (torchtitan/config/configs.py); valid: etp_degree 1 (or the 0.2.2 job file, "
+                          "which has parallelism.expert_tensor_parallel_degree)")
+    s["parallelism"].pop("expert_tensor_parallel_degree", None)
     par = ",\n        ".join(f"{k}={v!r}" for k, v in s["parallelism"].items())
     t = s["training"]
     ac = {None: "None", "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}[s["activation_checkpoint"]]
@@ -197,6 +259,22 @@ def torchtitan_config_module(plan: Plan, model: ModelSpec, workload: Workload, *
              "    # torchtitan loads this config (launch_torchrun.sh exports it too)\n"
              "    os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\""
              if plan.memory_reclaim == "expandable_segments" else "")
+    tt = s["model_name"]
+    if moe:
+        # the release function's model spec is kept (BF16 only for MoE: torchtitan_settings); its attention
+        # backend is the function's own (deepseek_v3_16b: model_registry("16B", attn_backend="flex"))
+        spec_src = "config.model_spec = base.model_spec"
+        moe_src = ("\n    # balanced routing (DebugConfig.moe_force_load_balance, torchtitan/config/configs.py): every "
+                   "expert gets\n    # the same tokens, as the plan was costed; False runs the router as trained\n"
+                   f"    config.debug.moe_force_load_balance = {s['moe']['force_load_balance']!r}")
+        # Trainer.Config validation (torchtitan/trainer.py): "CUDA graphs support only expert parallel token
+        # dispatcher configurations without CPU synchronization ... Unsupported token dispatcher:
+        # AllToAllTokenDispatcher" with EP > 1; else the release function's own setting (or PP's)
+        graphs = "True" if plan.ep_degree > 1 else f'{t["disable_cuda_graphs"]!r} or base.training.disable_cuda_graphs'
+    else:
+        spec_src = f'config.model_spec = model_registry({s["flavor"]!r}, converters=converters)'
+        moe_src = ""
+        graphs = f'{t["disable_cuda_graphs"]!r}'
     return f'''"""torchtitan >= 0.3.0 config written by autotune (``autotune export --launcher ...``).
 {doc}
 Run: PYTHONPATH=<this directory> torchrun ... -m torchtitan.train --module {MODULE_NAME} --config {CONFIG_FUNCTION}
@@ -211,8 +289,8 @@ import torch
 from torchtitan.components.quantization import Float8LinearConverter, MXFP8LinearConverter
 from torchtitan.config import CompileConfig, ParallelismConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-from torchtitan.models.llama3 import model_registry
-from torchtitan.models.llama3.config_registry import {s["base_config"]}
+from torchtitan.models.{tt} import model_registry
+from torchtitan.models.{tt}.config_registry import {s["base_config"]}
 from torchtitan.trainer import Trainer
 {trainer_src}
 
@@ -220,17 +298,17 @@ def {CONFIG_FUNCTION}():
     base = {s["base_config"]}()
     config = {make_config}
     converters = {conv_src}
-    config.model_spec = model_registry({s["flavor"]!r}, converters=converters)
+    {spec_src}
     config.parallelism = ParallelismConfig(
         {par},
     )
     config.training.local_batch_size = {t["local_batch_size"]}
     config.training.global_batch_size = {t["global_batch_size"]}
     config.training.seq_len = {t["seq_len"]}
-    config.training.disable_cuda_graphs = {t["disable_cuda_graphs"]!r}
+    config.training.disable_cuda_graphs = {graphs}
     config.activation_checkpoint = {ac}
     config.compile = CompileConfig(enable={c["enable"]!r}, components={c["components"]!r},
-                                   enable_async_tensor_parallel={c["enable_async_tensor_parallel"]!r}){alloc}
+                                   enable_async_tensor_parallel={c["enable_async_tensor_parallel"]!r}){alloc}{moe_src}
     return config
 '''
 

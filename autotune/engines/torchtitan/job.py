@@ -10,7 +10,8 @@ then ``--section.field value`` overrides; fields: torchtitan/config/job_config.p
 from the same plain settings as the 0.3.0 export (:func:`autotune.engines.torchtitan.export.torchtitan_settings`)
 and renames what 0.2.x names differently:
 
-* model: ``[model] name = "llama3"``, ``flavor = "8B"`` (or ``8B_L<n>``, registered by
+* model: ``[model] name = "llama3"`` (``qwen3``, ``deepseek_v3`` for the MoE flavours), ``flavor = "8B"``
+  (or ``8B_L<n>``, registered by
   :mod:`autotune.engines.torchtitan.flavors` through ``[experimental] custom_import``); the LM head
   module is ``output`` in 0.2.x (``lm_head`` in 0.3.0), in pipeline FQNs and FP8 filters alike;
 * FP8: ``[model] converters = ["quantize.linear.float8"]`` and ``[quantize.linear.float8]
@@ -52,7 +53,7 @@ def _v02_fqn(fqn: str) -> str:
 def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int, hf_assets_path: str,
                  dataset_path: str | None = None, dataset: str = "c4_test", layers: int | None = None,
                  dump_folder: str = "./outputs", log_freq: int = 1, warmup_steps: int = 2,
-                 color: bool = False) -> dict[str, dict]:
+                 color: bool = False, force_load_balance: bool = True) -> dict[str, dict]:
     """The job file's sections (``{"parallelism": {...}, "quantize.linear.float8": {...}, ...}``).
 
     Args:
@@ -64,6 +65,15 @@ def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int
         log_freq: steps per metrics line; warmup_steps: LR warm-up (the releases' 200 outlasts a short
             run; it does not change the step's cost).
         color: ANSI colours in the log (off: plain lines for :mod:`autotune.engines.torchtitan.log`).
+        force_load_balance: MoE models: ``[debug] moe_force_load_balance`` (torchtitan 0.2.2
+            config/job_config.py ``Debug``; the router's top-k replaced by a round-robin assignment, every
+            expert the same tokens: the balanced routing the cost model assumes); False: the router as trained
+            (from its random initialisation here). Dense models: nothing is written.
+
+    MoE models (``qwen3-30b-a3b``, ``deepseek-16b``: :data:`~autotune.engines.torchtitan.export.MOE_FLAVORS`):
+    ``[model] name = "qwen3"`` / ``"deepseek_v3"``, flavour ``30B-A3B`` / ``16B`` (``<flavour>_L<n>`` when
+    truncated; the first dense layer of DeepSeek stays), ``parallelism.expert_parallel_degree`` and
+    ``expert_tensor_parallel_degree`` from the plan's ``ep_degree`` / ``etp_degree``.
 
     Raises:
         ConfigError: everything :func:`~autotune.engines.torchtitan.export.torchtitan_settings` refuses except
@@ -73,10 +83,11 @@ def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int
     if layers is not None:
         if not 1 <= layers <= model.num_layers:
             raise ConfigError(f"layers={layers}: choose 1..{model.num_layers} for {model.name}")
-        model = dataclasses.replace(model, num_layers=layers)
-    tensorwise = plan.precision == "fp8_tensorwise"
+        model = dataclasses.replace(model, num_layers=layers,
+                                    num_first_dense_layers=min(model.num_first_dense_layers, layers))
+    tensorwise = plan.precision == "fp8_tensorwise" and not model.is_moe
     s = torchtitan_settings(dataclasses.replace(plan, precision="bf16") if tensorwise else plan, model, workload,
-                            truncated=True)
+                            truncated=True, force_load_balance=force_load_balance)
     par = dict(s["parallelism"])
     sp = par.pop("enable_sequence_parallel")
     if par["tensor_parallel_degree"] > 1 and not sp:
@@ -89,7 +100,7 @@ def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int
     flavor = s["flavor"] if layers is None else f"{s['flavor']}_L{layers}"
     out: dict[str, dict] = {
         "job": {"dump_folder": dump_folder, "description": f"autotune plan: {model.name}, {flavor}"},
-        "model": {"name": "llama3", "flavor": flavor, "hf_assets_path": hf_assets_path},
+        "model": {"name": s["model_name"], "flavor": flavor, "hf_assets_path": hf_assets_path},
         "training": {"local_batch_size": s["training"]["local_batch_size"],
                      "global_batch_size": s["training"]["global_batch_size"],
                      "seq_len": s["training"]["seq_len"], "steps": steps, "dataset": dataset},
@@ -100,6 +111,8 @@ def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int
         "metrics": {"log_freq": log_freq, "disable_color_printing": not color},
         "checkpoint": {"enable": False},
     }
+    if s["moe"] is not None:
+        out["debug"] = {"moe_force_load_balance": s["moe"]["force_load_balance"]}
     if dataset_path is not None:
         out["training"]["dataset_path"] = dataset_path
     if s["activation_checkpoint"] == "selective":
@@ -151,8 +164,13 @@ def job_toml(plan: Plan, model: ModelSpec, workload: Workload, **kw) -> str:
     return render_toml(s, header=f"torchtitan {TORCHTITAN_VERSION} job written by autotune "
                                  f"(autotune.engines.torchtitan.job)\nmodel {model.name}, flavour "
                                  f"{s['model']['flavor']}; plan: tp {plan.tp_degree} pp {plan.pp_degree} "
-                                 f"dp {plan.dp_degree} cp {plan.cp_degree}, {plan.precision}, "
-                                 f"compile {plan.compile}, recompute {plan.recompute}")
+                                 f"dp {plan.dp_degree} cp {plan.cp_degree}"
+                                 + (f" ep {plan.ep_degree} etp {plan.etp_degree}" if model.is_moe else "")
+                                 + f", {plan.precision}, compile {plan.compile}, recompute {plan.recompute}"
+                                 + ("" if s.get("debug") is None else
+                                    "\nrouting: " + ("balanced (debug.moe_force_load_balance)"
+                                                     if s["debug"]["moe_force_load_balance"]
+                                                     else "the router as trained")))
 
 
 def train_env(plan: Plan) -> dict[str, str]:

@@ -55,7 +55,9 @@ _FACTS = {
     "float8": re.compile(r"Float8 (?:training active with recipe (\w+)|(tensorwise) scaled training active)"),
     "compile": re.compile(r"Compiling each TransformerBlock with torch\.compile"),
 }
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
+# Triton's "OutOfMemoryError: out of resource: <kernel> Required: N Hardware limit: M" is a shared-memory limit of one
+# autotuning candidate (torch/_inductor/select_algorithm.py skips it: "Ignoring this choice"), not CUDA memory
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError(?!: out of resource)")
 
 
 def _num(s: str | None) -> float | None:

@@ -58,12 +58,14 @@ def check_engine() -> str:
     return check_torchtitan()
 
 
-def run_key(model: ModelSpec, workload: Workload, layers: int | None) -> Callable[[Plan], str]:
+def run_key(model: ModelSpec, workload: Workload, layers: int | None,
+            force_load_balance: bool = True) -> Callable[[Plan], str]:
     """The run key of a torchtitan plan: its job file and environment (raises ConfigError if unwritable)."""
     from autotune.engines.torchtitan.job import train_env
 
     def key(plan: Plan) -> str:
-        return job_toml(plan, model, workload, steps=1, layers=layers, hf_assets_path="-") + repr(train_env(plan))
+        return job_toml(plan, model, workload, steps=1, layers=layers, hf_assets_path="-",
+                        force_load_balance=force_load_balance) + repr(train_env(plan))
 
     return key
 
@@ -78,15 +80,27 @@ def classify(text: str, *, returncode: int | None, timed_out: bool, timeout_s: f
     return {**c, "records": records, "facts": facts}
 
 
+#: synthetic documents for MoE runs: about 1.1 tokens a word with the 8,194-entry tokenizer, so a document
+#: (22K-33K tokens) outlasts several 4,096-token sequences and DeepSeek 16B's flex ``block_causal`` mask (one
+#: block per document: torchtitan v0.2.2 torchtitan/models/attention.py ``get_document_mask_mod``) is the
+#: causal mask the cost model prices in all but ~1 sequence in 7 (which holds one document boundary)
+MOE_DOCS, MOE_WORDS_PER_DOC = 60, (20000, 30000)
+
+
 class TorchtitanEvaluator(EngineRunner):
     """Runs each plan with torchtitan's trainer on this host's GPUs (arguments: :class:`EngineRunner`;
-    ``layers`` runs the depth-truncated flavour ``<flavour>_L<layers>``)."""
+    ``layers`` runs the depth-truncated flavour ``<flavour>_L<layers>``).
+
+    ``force_load_balance`` (MoE models; default True): torchtitan's ``debug.moe_force_load_balance``, every
+    expert the same number of tokens (the balanced routing the simulator assumes); False runs the router as
+    initialised and trained. Each trial's details record which (``moe_routing``)."""
 
     ENGINE = ENGINE
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, *, force_load_balance: bool = True, **kw) -> None:
         super().__init__(**kw)
         self.torchtitan_version = self.engine_version
+        self.force_load_balance = bool(force_load_balance)
         self._assets: tuple[Path, Path] | None = None
 
     def check_engine(self) -> str:
@@ -97,7 +111,11 @@ class TorchtitanEvaluator(EngineRunner):
         if self._assets is None:
             from autotune.runners.assets import write_assets
 
-            self._assets = write_assets(self._tmpdir() / "assets")
+            if self.model.is_moe:
+                self._assets = write_assets(self._tmpdir() / "assets", n_docs=MOE_DOCS,
+                                             words_per_doc=MOE_WORDS_PER_DOC)
+            else:
+                self._assets = write_assets(self._tmpdir() / "assets")
         return self._assets
 
     def trainer_env(self, plan: Plan) -> dict[str, str]:
@@ -123,9 +141,10 @@ class TorchtitanEvaluator(EngineRunner):
         tok, data = self.assets()
         text = job_toml(plan, self.model, self.workload, steps=total_steps, layers=self.layers,
                         hf_assets_path=str(tok), dataset_path=str(data), dump_folder=str(workdir / "outputs"),
-                        warmup_steps=max(1, min(2, total_steps - 1)))
+                        warmup_steps=max(1, min(2, total_steps - 1)), force_load_balance=self.force_load_balance)
+        facts = {"moe_routing": "balanced" if self.force_load_balance else "trained"} if self.model.is_moe else {}
         return Launch(entry=["-m", "torchtitan.train", "--job.config_file", str(workdir / "job.toml")],
-                      env=self._launch_env(plan), job_text=text, job_suffix="toml")
+                      env=self._launch_env(plan), job_text=text, job_suffix="toml", facts=facts)
 
     def parse(self, text: str, plan: Plan) -> ParsedRun:
         # tokens one rank consumes per step, and torchtitan's tps divisor (train.py: non-data-parallel size)
