@@ -265,12 +265,15 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     folder = p.resolve().parent.name if p.name == "config.json" else p.stem
     base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
         (folder or mtype or "model")
-    spec = ModelSpec(
-        name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
-        num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
-        tied_embeddings=tied, gated_mlp=bool(gated), rope_theta=rope, norm_eps=eps, max_seq_len=max_pos,
-        qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
-        mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
+    try:
+        spec = ModelSpec(
+            name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
+            num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
+            tied_embeddings=tied, gated_mlp=bool(gated), rope_theta=rope, norm_eps=eps, max_seq_len=max_pos,
+            qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
+            mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
+    except ConfigError as e:
+        raise ConfigError(f"model config {p}: {e}") from None
     return replace(spec, name=f"{_safe_label(Path(str(base)).name)}@{spec.fingerprint()}")
 
 
