@@ -54,6 +54,56 @@ MAX_FILE_BYTES_CEILING = 2**30
 KERNEL_DIRS = ("/proc", "/sys", "/dev")
 
 
+#: locations whose files are secrets whatever their mode says (shadow password and sudo files, SSH, GnuPG and
+#: cloud credentials); a file there is treated as private (:func:`is_private_file`)
+PRIVATE_PLACES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh/", "/.ssh/", "/.gnupg/", "/.aws/")
+#: shown path -> text of every private file read by this process (:func:`withhold_private` hides its words)
+_PRIVATE_TEXTS: dict[str, str] = {}
+
+
+def is_private_file(real: str, st: os.stat_result) -> bool:
+    """Whether the file at the real path ``real`` (its ``stat``) is private: others may not read it (mode
+    without ``o+r``: ``mode & 0o004 == 0``, e.g. ``/etc/shadow``, a ``chmod 600`` key), it belongs to another
+    user (``st_uid`` differs from the effective uid: a colleague's file read as root), or it lies in one of
+    :data:`PRIVATE_PLACES`. Its contents are never quoted in a message (:func:`withhold_private`)."""
+    in_place = any(real.startswith(x) if not x.startswith("/.") else x in real + "/" for x in PRIVATE_PLACES)
+    return bool(not st.st_mode & stat.S_IROTH or st.st_uid != os.geteuid() or in_place)
+
+
+def forget_private_files() -> None:
+    """Forget the private files read so far (the CLI calls it as each command starts)."""
+    _PRIVATE_TEXTS.clear()
+
+
+def withhold_private(msg: str) -> str:
+    """``msg`` (an error line) with nothing of a private file in it (:func:`is_private_file`; each private
+    file read by this process is remembered by :func:`read_bytes_file`): every quoted part (``'...'`` or
+    ``"..."``) whose text occurs in such a file, and every other word of at least 6 characters that does
+    (the file's own path excepted), is shown as ``<withheld>``, and the line says why. Messages quote
+    inputs through :func:`excerpt`, which withholds such text too; this is the CLI's last guard."""
+    import re
+
+    if not _PRIVATE_TEXTS or not isinstance(msg, str):
+        return msg
+    texts = list(_PRIVATE_TEXTS.values())
+    paths = set(_PRIVATE_TEXTS)
+
+    def private(t: str) -> bool:
+        t = t.strip()
+        t = t[:-3] if t.endswith("...") else t       # an excerpt cut short (display_text)
+        return len(t) >= 2 and t not in paths and any(t in x for x in texts)
+
+    out = re.sub(r"'([^'\n]{2,})'|\"([^\"\n]{2,})\"",
+                 lambda m: "<withheld>" if private(m.group(1) or m.group(2)) else m.group(0), msg)
+    out = re.sub(r"[^\s'\"\[\](),;]{6,}",
+                 lambda m: m.group(0) if m.group(0).rstrip(":.") in paths or not private(m.group(0))
+                 else "<withheld>", out)
+    if out != msg or "<withheld>" in out:
+        out += (f" (text from {', '.join(sorted(excerpt(p, 100) for p in paths))} withheld: a file only its owner "
+                "or group may read, or another user's, is never quoted)")
+    return out
+
+
 def max_file_bytes() -> int:
     """The size limit of a user file, bytes: ``$AUTOTUNE_MAX_FILE_BYTES`` if set, else :data:`MAX_FILE_BYTES`.
 
@@ -166,6 +216,8 @@ def read_bytes_file(path: str | Path, *, what: str, max_bytes: int | None = None
     if len(data) > limit:
         raise ConfigError(f"{what} {shown} is larger than the limit of {limit:,} bytes (set ${MAX_FILE_BYTES_ENV} "
                           "to raise it)")
+    if is_private_file(str(real), st):
+        _PRIVATE_TEXTS[str(path)] = data.decode("utf-8", "replace")
     return data
 
 
@@ -443,8 +495,13 @@ EXCERPT_CHARS = 100
 def excerpt(s: Any, max_len: int = EXCERPT_CHARS) -> str:
     """The short, sanitised excerpt of an input that an error line may quote: :func:`display_text` (control
     characters and NULs as escapes) cut to ``max_len`` (100) characters, ``...`` marking the cut. Every
-    message that quotes a word, line or value read from a user's file goes through here."""
-    return display_text(s, max_len)
+    message that quotes a word, line or value read from a user's file goes through here. Text that occurs
+    in a private file read by this process (:func:`is_private_file`) is shown as ``<withheld>``."""
+    text = str(s)
+    if _PRIVATE_TEXTS and len(text.strip()) >= 2 and text not in _PRIVATE_TEXTS and \
+            any(text.strip() in x for x in _PRIVATE_TEXTS.values()):
+        return "<withheld>"
+    return display_text(text, max_len)
 
 
 def plain(x: Any) -> Any:

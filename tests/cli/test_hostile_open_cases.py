@@ -149,3 +149,50 @@ def test_a_model_just_under_the_size_cap_is_accepted(tmp_path):
                                  num_key_value_heads=512, intermediate_size=262144)))
     m = model_from_hf_config(f)
     assert m.num_params == 220 * (4 * 65536**2 + 3 * 65536 * 262144 + 2 * 65536) + 2 * 2**24 * 65536 + 65536
+
+
+def test_set_values_go_through_the_yaml_limits():
+    # --set takes a YAML value: an alias bomb there is refused like one in a file (was yaml.safe_load)
+    bomb = "[&a [1,1,1,1,1,1,1,1,1,1]" + "".join(f", &b{i} [" + ",".join(["*a" if i == 0 else f"*b{i-1}"] * 10) + "]"
+                                                 for i in range(6)) + "]"
+    line = _clean(*_cli(["simulate", "--size", "8b", "--gpus", "8", "--set", f"recompute={bomb}"]), "--set")
+    assert "200,000 YAML nodes" in line, line
+
+
+# ---- 3. a private file's contents are never quoted ------------------------------------------------------
+PRIVATE_LINE = f"root:$6${SECRET}:19000:0:99999:7:::"
+QUOTING = {     # each of these quotes the offending first word/line of a file it cannot use
+    "megatron": lambda p: ["simulate", "--from-megatron", p, "--gpus", "8"],
+    "plan": lambda p: ["simulate", p],
+    "space": lambda p: ["run", "--size", "8b", "--space", p, "--storage", "sqlite:///:memory:"],
+    "compare-to": lambda p: ["run", "--size", "8b", "--trials", "1", "--compare-to", p, "--compare-format",
+                             "megatron", "--storage", "sqlite:///:memory:"],
+}
+
+
+@pytest.mark.parametrize("surface", sorted(QUOTING))
+def test_a_private_file_is_never_quoted(tmp_path, surface):
+    f = tmp_path / "shadow"
+    f.write_text(PRIVATE_LINE + "\n")
+    f.chmod(0o644)          # world-readable: the excerpt is quoted, as before (the check below can fail)
+    code, out = _cli(QUOTING[surface](str(f)))
+    assert code == 2 and SECRET in out, out
+    f.chmod(0o600)          # only its owner may read it: nothing of it is quoted, the line says why
+    line = _clean(*_cli(QUOTING[surface](str(f))), str(f))
+    assert "<withheld>" in line and "never quoted" in line, line
+
+
+def test_private_places_and_other_owners():
+    from autotune.files import is_private_file
+    st = os.stat(REPO / "pyproject.toml")
+    assert not is_private_file(str(REPO / "pyproject.toml"), st) or st.st_uid != os.geteuid()
+    assert is_private_file("/etc/shadow", st) and is_private_file("/home/u/.ssh/id_rsa", st)
+    assert is_private_file("/x/y", os.stat_result((0o100600, 0, 0, 1, os.geteuid(), 0, 0, 0, 0, 0)))
+    assert is_private_file("/x/y", os.stat_result((0o100644, 0, 0, 1, os.geteuid() + 1, 0, 0, 0, 0, 0)))
+
+
+@pytest.mark.skipif(not os.access("/etc/shadow", os.R_OK), reason="needs a readable /etc/shadow (root)")
+def test_etc_shadow_given_directly_is_not_quoted():
+    first = Path("/etc/shadow").read_text().splitlines()[0]
+    code, out = _cli(["simulate", "--from-megatron", "/etc/shadow", "--gpus", "8"])
+    assert code == 2 and first not in out and first.split(":")[1] not in out.replace("<withheld>", ""), out
