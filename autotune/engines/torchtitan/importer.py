@@ -17,7 +17,8 @@ Two formats:
   (torchtitan/config/manager.py) in a child process (:mod:`autotune.engines.torchtitan.config_child`): the
   module's code runs there, as it does under ``torchtitan.train``, never inside autotune's process; the child
   runs ``python -I`` in an empty temporary folder with stdin closed, under a time limit
-  (:data:`CONFIG_MODULE_TIMEOUT_S`, environment variable ``AUTOTUNE_CONFIG_MODULE_TIMEOUT_S``), the module's
+  (:data:`CONFIG_MODULE_TIMEOUT_S`, environment variable ``AUTOTUNE_CONFIG_MODULE_TIMEOUT_S``) and an
+  address-space limit (:data:`CONFIG_MODULE_MAX_GIB`, ``AUTOTUNE_CONFIG_MODULE_MAX_GIB``), the module's
   folder after the standard library on ``sys.path``, a module inside a package loaded as that package's
   module (relative imports work), and answers with the settings as JSON. It needs torchtitan installed
   (``pip install -e '.[torchtitan]'`` in the autotune checkout). ``FILE.py:FUNCTION`` names the config
@@ -471,6 +472,11 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
 #: 5-15 s on this project's 2-core machine); the environment variable :data:`TIMEOUT_ENV` sets another limit
 CONFIG_MODULE_TIMEOUT_S = 120.0
 TIMEOUT_ENV = "AUTOTUNE_CONFIG_MODULE_TIMEOUT_S"
+#: GiB of address space the child may use (RLIMIT_AS, setrlimit(2)); the environment variable
+#: :data:`MAX_GIB_ENV` sets another limit. Importing torch 2.13 (CPU build) and torchtitan peaked at 0.94 GiB
+#: of address space (VmPeak, dev machine, 2026-12-03); a CUDA build maps its larger libraries too, hence the margin.
+CONFIG_MODULE_MAX_GIB = 8.0
+MAX_GIB_ENV = "AUTOTUNE_CONFIG_MODULE_MAX_GIB"
 #: most bytes read of the child's answer (a config's settings are < 10 KiB of JSON)
 MAX_ANSWER_BYTES = 4 * 2**20
 #: largest file the child may write (RLIMIT_FSIZE: its stdout and stderr, anything the module writes)
@@ -495,6 +501,26 @@ def _timeout_s() -> float:
         from autotune.files import display_text
         raise ConfigError(f"{TIMEOUT_ENV}={display_text(raw, 40)}: must be a number of seconds in (0, 86400]")
     return t
+
+
+def _max_gib() -> float:
+    """The child's address-space limit, GiB: ``$AUTOTUNE_CONFIG_MODULE_MAX_GIB`` (a number in [1, 4096]) or
+    :data:`CONFIG_MODULE_MAX_GIB`.
+
+    Raises:
+        ConfigError: the variable is not such a number.
+    """
+    import os
+
+    raw = os.environ.get(MAX_GIB_ENV)
+    if raw is None or raw == "":
+        return CONFIG_MODULE_MAX_GIB
+    s = raw.strip()
+    ok = s.isascii() and len(s) <= 12 and s.replace(".", "", 1).isdigit()
+    if not ok or not 1 <= float(s) <= 4096:
+        from autotune.files import display_text
+        raise ConfigError(f"{MAX_GIB_ENV}={display_text(raw, 40)}: must be a number of GiB between 1 and 4096")
+    return float(s)
 
 
 def _one_line(text: str, n: int = 200) -> str:
@@ -526,7 +552,9 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
     from autotune.launchers.reaper import guarded
 
     timeout = _timeout_s()
+    max_gib = _max_gib()
     req = json.dumps({"file": str(path), "function": fn, "cpu_s": int(timeout) + 10, "fsize_bytes": CHILD_FSIZE_BYTES,
+                      "as_bytes": int(max_gib * 2**30),
                       # this process's import folders (a torchtitan checkout on PYTHONPATH), appended after the child's
                       "path": [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]})
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
@@ -564,6 +592,9 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
         err.seek(max(0, err.tell() - 4096))
         tail = [ln for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     last = f"; its last message: {_one_line(tail[-1], 120)}" if tail else ""
+    if not raw and any(w in ln for ln in tail[-5:] for w in ("MemoryError", "bad_alloc", "Cannot allocate memory")):
+        raise ConfigError(f"{source}: loading the config module used more than {max_gib:g} GiB of memory and was "
+                          f"stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
     if not raw:
         how = (f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
                else f"ended with exit status {rc}")
@@ -580,6 +611,9 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
             raise ConfigError(f"{source}: the process loading the config module returned no readable answer")
         return answer["config"]
     kind, msg = answer.get("kind"), _one_line(answer.get("message", ""))
+    if kind == "memory":
+        raise ConfigError(f"{source}: loading the config module used more than {max_gib:g} GiB of memory and was "
+                          f"stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
     if kind == "torchtitan":
         raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
                           f"and torchtitan does not import here ({msg[:120]}); install it: "
