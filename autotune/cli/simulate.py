@@ -6,7 +6,7 @@ import click
 
 from autotune.cli.app import main
 from autotune.cli.compare import script_options, script_run
-from autotune.cli.options import JSON_OPTION, MODEL_HELP, json_entry, make_say, target_line
+from autotune.cli.options import ASCII_INT, JSON_OPTION, MODEL_HELP, json_entry, make_say, target_line
 from autotune.errors import ConfigError
 from autotune.files import withhold_private
 
@@ -23,17 +23,17 @@ def _plan_options(f):
         click.option("--model", "model_path", type=click.Path(dir_okay=False), metavar="FILE|NAME",
                      help="Without PLAN_FILE: " + MODEL_HELP[0].lower() + MODEL_HELP[1:]),
         click.option("--gpu", help="Without PLAN_FILE: GPU (default b200)."),
-        click.option("--gpus", type=int, help="Without PLAN_FILE: GPU count (default per size, as `run`)."),
-        click.option("--seq-len", type=int, help="Without PLAN_FILE: sequence length (default 8192)."),
+        click.option("--gpus", type=ASCII_INT, help="Without PLAN_FILE: GPU count (default per size, as `run`)."),
+        click.option("--seq-len", type=ASCII_INT, help="Without PLAN_FILE: sequence length (default 8192)."),
         click.option("--global-batch", help="Without PLAN_FILE: global batch in tokens (16M, 4M, ...)."),
-        click.option("--tp", type=int, help="Tensor parallel degree (default 1)."),
-        click.option("--pp", type=int, help="Pipeline parallel degree (default 1)."),
-        click.option("--cp", type=int, help="Context parallel degree (default 1)."),
-        click.option("--vpp", type=int, help="Virtual stages per pipeline rank; N > 1 without --schedule selects interleaved_1f1b."),
-        click.option("--mbs", type=int, help="Micro-batch size in sequences (default 1)."),
+        click.option("--tp", type=ASCII_INT, help="Tensor parallel degree (default 1)."),
+        click.option("--pp", type=ASCII_INT, help="Pipeline parallel degree (default 1)."),
+        click.option("--cp", type=ASCII_INT, help="Context parallel degree (default 1)."),
+        click.option("--vpp", type=ASCII_INT, help="Virtual stages per pipeline rank; N > 1 without --schedule selects interleaved_1f1b."),
+        click.option("--mbs", type=ASCII_INT, help="Micro-batch size in sequences (default 1)."),
         click.option("--schedule", help="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (default 1f1b)."),
         click.option("--recompute", help="Activation recomputation: none, selective, full (default none)."),
-        click.option("--zero", type=int, help="ZeRO stage 0-3 (default: the engine's; 1, torchtitan FSDP: 3, 2 with --pp > 1)."),
+        click.option("--zero", type=ASCII_INT, help="ZeRO stage 0-3 (default: the engine's; 1, torchtitan FSDP: 3, 2 with --pp > 1)."),
         click.option("--precision", help="bf16, fp8_tensorwise, fp8_rowwise, fp8_delayed, mxfp8 (default bf16)."),
         click.option("--sp/--no-sp", "sp", default=None, help="Sequence parallelism (with --tp > 1)."),
         click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",

@@ -7,6 +7,7 @@ import click
 from autotune.cli.app import main
 from autotune.cli.compare import compare_options, script_options, script_run
 from autotune.cli.options import (
+    ASCII_INT,
     DEFAULT_STORAGE,
     JSON_OPTION,
     check_tune_options,
@@ -433,7 +434,7 @@ def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, lay
 @study_options
 @tune_options
 @real_options
-@click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
+@click.option("--top-k", type=ASCII_INT, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
 @JSON_OPTION
 def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
            timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,

@@ -191,3 +191,41 @@ def check_model_size(model: Any) -> None:
                           f"{model.num_layers:,} x hidden_size {model.hidden_size:,}, ffn_hidden_size "
                           f"{model.ffn_hidden_size:,}{experts}, vocab_size {model.vocab_size:,}); at most "
                           f"{MAX_MODEL_PARAMS / 1e12:.1f}T parameters ({MAX_MODEL_PARAMS:,}) are modelled")
+
+
+#: an integer as autotune reads one from text (an option, a launch file, an environment variable): an optional
+#: sign and 1-30 ASCII digits 0-9. Python's ``int()`` also takes other scripts' digits (``int("٨") == 8``,
+#: Arabic-Indic), ``_`` separators and surrounding white space; click's ``INT`` type calls ``int()``.
+ASCII_INT_PATTERN = r"[+-]?[0-9]{1,30}"
+#: a decimal number in ASCII (``float()`` also takes ``"٨.5"`` and ``"1_0"``), or ``inf`` / ``nan`` words
+#: (the fields' own bounds refuse those, naming the field)
+ASCII_FLOAT_PATTERN = r"[+-]?(?:[0-9]{1,30}\.?[0-9]{0,30}|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,4})?|[+-]?(?i:inf|infinity|nan)"
+
+
+def parse_ascii_int(text: Any, field: str) -> int:
+    """``text`` (a string) read as an integer written in ASCII digits (:data:`ASCII_INT_PATTERN`; leading
+    and trailing ASCII spaces allowed).
+
+    Raises:
+        ConfigError: naming ``field`` and the value (printable), e.g. ``--gpus '٨'``.
+    """
+    import re
+
+    s = str(text).strip(" \t")
+    if not re.fullmatch(ASCII_INT_PATTERN, s):
+        raise ConfigError(f"{field} {show(text)}: expected an integer written in ASCII digits 0-9 (e.g. 8)")
+    return int(s)
+
+
+def parse_ascii_float(text: Any, field: str) -> float:
+    """``text`` read as a decimal number written in ASCII (:data:`ASCII_FLOAT_PATTERN`).
+
+    Raises:
+        ConfigError: naming ``field`` and the value, e.g. ``--timeout '٣٠'``.
+    """
+    import re
+
+    s = str(text).strip(" \t")
+    if not re.fullmatch(ASCII_FLOAT_PATTERN, s):
+        raise ConfigError(f"{field} {show(text)}: expected a number written in ASCII digits 0-9 (e.g. 2.5)")
+    return float(s)

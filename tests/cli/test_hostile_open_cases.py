@@ -196,3 +196,82 @@ def test_etc_shadow_given_directly_is_not_quoted():
     first = Path("/etc/shadow").read_text().splitlines()[0]
     code, out = _cli(["simulate", "--from-megatron", "/etc/shadow", "--gpus", "8"])
     assert code == 2 and first not in out and first.split(":")[1] not in out.replace("<withheld>", ""), out
+
+
+# ---- 5. integers (and numbers) in ASCII digits only ---------------------------------------------------------
+def _all_params():
+    import click
+
+    from autotune.cli.app import LAZY_COMMANDS
+
+    ctx = click.Context(main)
+    names = sorted(set(main.list_commands(ctx)) | set(LAZY_COMMANDS))
+    for name in names:
+        cmd = main.get_command(ctx, name)
+        subs = [cmd] if not isinstance(cmd, click.Group) else [cmd.get_command(ctx, n) for n in cmd.list_commands(ctx)]
+        for c in subs:
+            for p in c.params:
+                yield f"{name} {c.name} {p.name}", p
+
+
+def test_no_option_uses_clicks_own_int_or_float_type():
+    import click
+    params = list(_all_params())
+    assert len(params) > 50
+    plain = [n for n, p in params if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType))]
+    assert plain == [], plain     # click's INT/FLOAT call int()/float(), which read "٨" as 8
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["simulate", "--size", "8b", "--gpus", "٨"], "'٨'"),                          # Arabic-Indic eight
+    (["simulate", "--size", "8b", "--gpus", "8", "--tp", "２"], "'２'"),            # fullwidth two
+    (["run", "--size", "8b", "--trials", "1_0", "--storage", "sqlite:///:memory:"], "'1_0'"),
+    (["run", "--size", "8b", "--timeout", "٣٠", "--storage", "sqlite:///:memory:"], "'٣٠'"),
+    (["run", "--size", "8b", "--global-batch", "٨M", "--storage", "sqlite:///:memory:"], "'٨M'"),
+    (["run", "--size", "8b", "--seed", "²", "--storage", "sqlite:///:memory:"], "'²'"),
+])
+def test_non_ascii_digits_in_options_are_refused(args, needle):
+    line = _clean(*_cli(args), needle)
+    assert "ASCII" in line or "expected a positive number of tokens" in line, line
+
+
+def test_ascii_integers_still_work():
+    code, out = _cli(["simulate", "--size", "8b", "--gpus", "8", "--tp", "+2"])
+    assert code == 0 and "TP 2 x PP 1 x DP 4 x CP 1 = 8 GPUs" in out, out
+
+
+MEGATRON = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 8 --position-embedding-type rope --swiglu "
+            "--normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights "
+            "--group-query-attention --num-query-groups 8 --ffn-hidden-size 2048 --bf16 --vocab-size 32000 "
+            "--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 64")
+
+
+def test_megatron_arguments_in_other_digits_are_refused(tmp_path):
+    f = tmp_path / "args.txt"
+    f.write_text(MEGATRON + "\n")
+    code, out = _cli(["simulate", "--from-megatron", str(f), "--gpus", "8"])
+    assert code == 0, out            # the file as written is read
+    f.write_text(MEGATRON.replace("--num-layers 8", "--num-layers ٨") + "\n")
+    _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "--num-layers")
+    f.write_text(MEGATRON.replace("--hidden-size 1024", "--hidden-size 1_024") + "\n")
+    _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "--hidden-size")
+
+
+def test_a_layout_that_unrolls_past_its_bound_is_refused_before_it_is_built(tmp_path):
+    # "t*999999999" was unrolled to 10**9 characters first (24 s, 2 GB; found by this session's sweep)
+    f = tmp_path / "args.txt"
+    f.write_text(MEGATRON + ' --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et*999999999|tL"\n')
+    t0 = time.monotonic()
+    line = _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "unrolls to more than 8,192")
+    assert time.monotonic() - t0 < 10, line
+    f.write_text(MEGATRON + ' --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et*٤|t*٤L"\n')
+    _clean(*_cli(["simulate", "--from-megatron", str(f), "--gpus", "8"]), "layout")
+
+
+@pytest.mark.parametrize("raw", ["٣٠", "1_0", "nan", "0"])
+def test_the_config_module_timeout_variable_takes_ascii_only(raw, monkeypatch):
+    from autotune.engines.torchtitan.importer import _timeout_s
+    from autotune.errors import ConfigError
+    monkeypatch.setenv("AUTOTUNE_CONFIG_MODULE_TIMEOUT_S", raw)
+    with pytest.raises(ConfigError, match="number of seconds"):
+        _timeout_s()

@@ -493,8 +493,11 @@ def _timeout_s() -> float:
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
         return CONFIG_MODULE_TIMEOUT_S
+    from autotune.spec.validate import ASCII_FLOAT_PATTERN
+    import re
+
     try:
-        t = float(raw)
+        t = float(raw) if re.fullmatch(ASCII_FLOAT_PATTERN, raw.strip()) else math.nan    # not "٣٠" (issue 37)
     except ValueError:
         t = math.nan
     if not (math.isfinite(t) and 0 < t <= 86400):
