@@ -275,3 +275,28 @@ def test_the_config_module_timeout_variable_takes_ascii_only(raw, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_CONFIG_MODULE_TIMEOUT_S", raw)
     with pytest.raises(ConfigError, match="number of seconds"):
         _timeout_s()
+
+
+# ---- 6. python -m autotune beside modules named like the standard library's -----------------------------------
+#: modules `python -m autotune simulate` imports after the interpreter's start-up (found by planting canaries
+#: one by one before the fix: typing, signal, click, json, yaml, gettext, platform, math, weakref, threading,
+#: locale, dataclasses, copy, logging, string, textwrap each ran from the working directory)
+CANARIES = ("json", "yaml", "typing", "click", "signal", "math", "threading", "dataclasses", "logging", "textwrap",
+            "gettext", "platform", "weakref", "locale", "copy", "string", "numpy", "optuna", "sqlalchemy")
+
+
+def test_python_m_autotune_does_not_import_modules_from_the_working_directory(tmp_path):
+    for m in CANARIES:
+        (tmp_path / f"{m}.py").write_text(f"open({str(tmp_path / ('RAN_' + m))!r}, 'w').write('x')\n")
+    p = subprocess.run([sys.executable, "-m", "autotune", "simulate", "--size", "8b", "--gpus", "8"], cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300)
+    ran = sorted(f.name for f in tmp_path.glob("RAN_*"))
+    assert ran == [] and p.returncode == 0 and "verdict: fits" in p.stdout, (ran, p.returncode, p.stderr[-1500:])
+
+
+def test_the_working_directory_leaves_sys_path_only_under_dash_m(tmp_path):
+    # imported as a library (sys.argv[0] is not "-m"), sys.path is the caller's, untouched
+    code = "import sys; p = list(sys.path); import autotune; print(sys.path == p)"
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "True", p.stderr
