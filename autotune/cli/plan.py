@@ -30,7 +30,7 @@ def _parse_counts(text: str) -> list[int]:
     out = []
     for item in str(text).split(","):
         s = item.strip()
-        if not s.isdigit() or not 1 <= int(s) <= MAX_NUM_GPUS:
+        if not s.isdigit() or not s.isascii() or len(s) > 12 or not 1 <= int(s) <= MAX_NUM_GPUS:   # not "٨"
             raise ConfigError(f"--gpus {item.strip()!r}: expected GPU counts from 1 to {MAX_NUM_GPUS:,}, comma-"
                               "separated, e.g. 1024,2048,4096")
         if int(s) not in out:

@@ -300,3 +300,29 @@ def test_the_working_directory_leaves_sys_path_only_under_dash_m(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
                        capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "True", p.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpus", "8,٨"], "--gpus '٨'"),
+    (["--gpus", "8", "--watts-per-gpu", "٧٠٠"], "'٧٠٠': not a number"),
+    (["--gpus", "8", "--usd-per-gpu-hour", "h100=٢"], "'٢': not a number"),
+])
+def test_plan_text_options_take_ascii_numbers_only(args, needle):
+    _clean(*_cli(["plan", "--size", "8b", "--tokens", "1T", "--gpu", "h100", *args, "--storage", "sqlite:///:memory:"]),
+           needle)
+
+
+def test_a_calibration_profile_with_foreign_digits_is_refused(tmp_path):
+    import yaml
+
+    from autotune.cost.calibration import CalibrationProfile
+    from autotune.errors import ConfigError
+    shipped = REPO / "autotune" / "data" / "calibration" / "h200.yaml"
+    d = yaml.safe_load(shipped.read_text())
+    f = tmp_path / "cal.yaml"
+    f.write_text(yaml.safe_dump(d))
+    assert CalibrationProfile.load(f).peak_bf16_tflops == float(d["peak_bf16_tflops"])    # as shipped: read
+    d["peak_bf16_tflops"] = "٩٨٩"        # float("٩٨٩") == 989.0
+    f.write_text(yaml.safe_dump(d, allow_unicode=True))
+    with pytest.raises(ConfigError, match="peak_bf16_tflops.*ASCII"):
+        CalibrationProfile.load(f)
