@@ -269,8 +269,12 @@ def _precount(text: str, source: str) -> None:
         while True:
             try:
                 ev = loader.get_event()
-            except (yaml.YAMLError, RecursionError):
+            except yaml.YAMLError as e:
+                if "maximum nesting depth" in str(e):   # libyaml's own flow-depth limit (1,000), met while scanning ahead
+                    raise ConfigError(f"{source} nests deeper than {MAX_NESTING_DEPTH} levels") from None
                 return          # the composer reports the error with its line
+            except RecursionError:
+                return
             if ev is None or isinstance(ev, yaml.StreamEndEvent):
                 return
             if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):

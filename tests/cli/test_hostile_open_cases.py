@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from autotune.cli.app import main
 
 REPO = Path(__file__).resolve().parents[2]
-SECRET = "s3cretTOKEN-37b"
+SECRET = "pRiVaTe-37b-Quokka"   # not a password other tests register with errors.register_secrets
 
 
 def _cli(args, env=None):
