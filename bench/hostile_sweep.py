@@ -176,6 +176,15 @@ case("simulate: HF config with 10k extra keys", ["simulate", "--model", w("h6.js
 case("simulate: HF config deep JSON", ["simulate", "--model", w("h7.json", '{"a":' * 100 + "1" + "}" * 100), "--gpus", "8"])
 case("simulate: HF config with BOM + dup", ["simulate", "--model", w("h8.json", "\ufeff" + json.dumps(CFG)[:-1] + ', "hidden_size": 2048}'), "--gpus", "8"])
 
+# --- third batch: every reader at the 16 MiB file cap
+N16 = 16 * 2**20 - 4096
+case("16 MiB: toml array", ["simulate", "--from-torchtitan", w("big.toml", "[extra]\nx = [" + "1," * (N16 // 2) + "1]\n"), "--gpus", "8"])
+case("16 MiB: megatron comment lines", ["simulate", "--from-megatron", w("bigc.txt", "# c\n" * (N16 // 4) + "--num-layers 8\n"), "--gpus", "8"])
+case("16 MiB: megatron '--lr 1' words", ["simulate", "--from-megatron", w("bigw.txt", "--lr 1 " * (N16 // 7)), "--gpus", "8"])
+case("16 MiB: python module of assignments", ["simulate", "--from-torchtitan", w("bigm.py", "x = 1\n" * (N16 // 6) + "def autotune_plan():\n    pass\n"), "--gpus", "8"])
+case("16 MiB: HF config.json of numbers", ["simulate", "--model", w("bigj.json", '{"a": [' + "1.5," * (N16 // 4) + "1]}"), "--gpus", "8"])
+case("16 MiB: plan YAML of numbers", ["simulate", w("bigp.yaml", "a: [" + "1," * (N16 // 2) + "1]\n")])
+
 # prepare links/fifos
 for name, target in (("s9.yaml", "/proc/self/environ"), ("tokloop", str(D / "tokloop"))):
     try: os.symlink(target, D / name)

@@ -326,3 +326,64 @@ def test_a_calibration_profile_with_foreign_digits_is_refused(tmp_path):
     f.write_text(yaml.safe_dump(d, allow_unicode=True))
     with pytest.raises(ConfigError, match="peak_bf16_tflops.*ASCII"):
         CalibrationProfile.load(f)
+
+
+# ---- files at the 16 MiB cap, per reader (found by this session's sweep): refused or read in bounded time ------
+def _timed_cli(args):
+    """The CLI in its own process under /usr/bin/time: (exit status, output, seconds, peak RSS MiB)."""
+    import shutil
+    if shutil.which("time") is None and not os.path.exists("/usr/bin/time"):
+        pytest.skip("needs /usr/bin/time")
+    t0 = time.monotonic()
+    p = subprocess.run(["/usr/bin/time", "-f", "MAXRSS_KB=%M", sys.executable, "-m", "autotune", *args],
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300)
+    rss = max((int(x.split("=")[1]) for x in p.stderr.splitlines() if x.startswith("MAXRSS_KB=")), default=0) / 1024
+    out = "\n".join(x for x in (p.stdout + p.stderr).splitlines()
+                    if not x.startswith(("MAXRSS_KB=", "Command exited")))
+    return p.returncode, out, time.monotonic() - t0, rss
+
+
+@pytest.mark.parametrize("kind", ["toml-array", "megatron-comments", "megatron-blank", "module-assignments"])
+def test_a_16_mib_launch_file_is_refused_in_bounded_time(tmp_path, kind):
+    n = 16 * 2**20 - 4096
+    if kind == "toml-array":         # 8M numbers: tomllib (pure Python) took 69 s
+        f = tmp_path / "job.toml"
+        f.write_text("[extra]\nx = [" + "1," * (n // 2) + "1]\n")
+        args, needle = ["--from-torchtitan", str(f)], "more than 200,000 TOML"
+    elif kind == "megatron-comments":    # 4M comment lines: shlex per line took 64 s
+        f = tmp_path / "args.txt"
+        f.write_text("# c\n" * (n // 4) + "--num-layers 8\n")
+        args, needle = ["--from-megatron", str(f)], "at most 1,048,576"
+    elif kind == "megatron-blank":       # one 16 MiB line of blanks: 18 s
+        f = tmp_path / "args.txt"
+        f.write_text(" " * n + "--num-layers 8\n")
+        args, needle = ["--from-megatron", str(f)], "at most 1,048,576"
+    else:                                # ast.parse of 4M assignments took 154 s and 10 GB
+        f = tmp_path / "cfg.py"
+        f.write_text("x = 1\n" * (n // 6) + "def autotune_plan():\n    pass\n")
+        args, needle = ["--from-torchtitan", str(f)], "at most 262,144"
+    code, out, s, mib = _timed_cli(["simulate", *args, "--gpus", "8"])
+    _clean(code, out, needle)
+    assert s < 30 and mib < 1024, (s, mib)     # 0.4-3.6 s, < 60 MiB on the dev machine
+
+
+def test_a_16_mib_json_of_numbers_is_read_in_bounded_time(tmp_path):
+    # 4M numbers: the nesting pre-scan was a Python loop over every character and the NaN check walked every
+    # value (13.7 s in the reader); both now touch only brackets / run only when json met a NaN (2.6 s here)
+    f = tmp_path / "config.json"
+    f.write_text('{"a": [' + "1.5," * (4 * 2**20 - 10) + "1]}")
+    code, out, s, mib = _timed_cli(["simulate", "--model", str(f), "--gpus", "8"])
+    _clean(code, out, "hidden_size")
+    assert s < 30 and mib < 1024, (s, mib)
+
+
+def test_json_nesting_and_constants_still_found():
+    from autotune.errors import ConfigError
+    from autotune.files import parse_json_text
+    assert parse_json_text('{"a": "[[[[", "b": [1, {"c": "\\\\\\"]"}]}', source="j") == \
+        {"a": "[[[[", "b": [1, {"c": '\\"]'}]}           # brackets inside strings are not nesting
+    with pytest.raises(ConfigError, match="nests deeper than 64"):
+        parse_json_text("[" * 65 + "]" * 65, source="j")
+    parse_json_text("[" * 64 + "]" * 64, source="j")
+    with pytest.raises(ConfigError, match="a.1: NaN is not a JSON number"):
+        parse_json_text('{"a": [1, NaN]}', source="j")

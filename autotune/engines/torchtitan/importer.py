@@ -281,16 +281,28 @@ _TOML_TOKEN = re.compile(r'"""|\'\'\'|["\'#\n\[\]{}.=,]')
 _TOML_BASIC_REST = re.compile(r'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"')
 
 
-def _toml_depth_bound(text: str, stop_above: int | None = None) -> int:
+#: most tokens of :data:`_TOML_TOKEN` a TOML file may hold (torchtitan's job files: < 500); checked in the
+#: depth pass, before :mod:`tomllib` (pure Python in 3.11) parses: a 16 MiB array of 8M numbers took 69 s
+MAX_TOML_TOKENS = 200_000
+
+
+def _toml_depth_bound(text: str, stop_above: int | None = None, source: str = "TOML file") -> int:
     """An upper bound of the deepest nesting on any line of TOML ``text``: open ``[`` / ``{`` plus the dots
     of the key or header being read (strings and comments skipped; a float's dot counts too, so it may
-    overcount by one per value), in one pass with no recursion; returns as soon as it passes ``stop_above``."""
-    depth = run = best = 0
+    overcount by one per value), in one pass with no recursion; returns as soon as it passes ``stop_above``.
+
+    Raises:
+        ConfigError: more than :data:`MAX_TOML_TOKENS` tokens (``source`` names the file)."""
+    depth = run = best = tokens = 0
     pos, n = 0, len(text)
     while True:
         m = _TOML_TOKEN.search(text, pos)
         if m is None:
             return best
+        tokens += 1
+        if tokens > MAX_TOML_TOKENS:
+            raise ConfigError(f"{source}: more than {MAX_TOML_TOKENS:,} TOML keys, values, brackets and lines; "
+                              "refused (a torchtitan job file has a few hundred)")
         t, pos = m.group(), m.end()
         if t in ('"""', "'''"):
             end = text.find(t, pos)
@@ -330,7 +342,7 @@ def parse_toml_text(text: str, *, source: str) -> dict:
 
     too_deep = f"{source} nests deeper than {MAX_NESTING_DEPTH} levels (TOML tables, dotted keys, arrays " \
                "and inline tables counted)"
-    if _toml_depth_bound(text, MAX_NESTING_DEPTH) > MAX_NESTING_DEPTH:
+    if _toml_depth_bound(text, MAX_NESTING_DEPTH, source) > MAX_NESTING_DEPTH:
         raise ConfigError(too_deep)
     try:
         doc = tomllib.loads(text)
@@ -442,11 +454,20 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     return _target(s, num_gpus, source, "torchtitan 0.2 TOML", used, ignored, approx, release="0.2")
 
 
+#: longest Python config module read, characters (256 KiB; torchtitan 0.3.0's largest source file, trainer.py,
+#: is 46 KB). :func:`ast.parse` of a 16 MiB module of assignments took 154 s and 10 GB (issue 37 sweep); of
+#: 256 KiB about 0.5 s and 160 MB (1 MiB: 4.3 s, 632 MiB; dev machine, 2026-12-03)
+MAX_CONFIG_MODULE_CHARS = 2**18
+
+
 def _config_function(path: Path, fn: str | None, source: str) -> str:
     """The config function of a module: ``fn``, else ``autotune_plan`` or the only top-level function (read with
     :mod:`ast`, nothing run)."""
     from autotune.files import read_text_file
     text = read_text_file(path, what="torchtitan config module")    # regular file, size cap, no NUL (files.py)
+    if len(text) > MAX_CONFIG_MODULE_CHARS:
+        raise ConfigError(f"{source}: a config module of {len(text):,} characters; at most {MAX_CONFIG_MODULE_CHARS:,} "
+                          "(torchtitan's largest source file is 46 KB)")
     try:
         tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError) as e:
