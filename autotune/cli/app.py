@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from autotune.errors import AutotuneError, redact, register_secrets
+from autotune.files import withhold_private
 
 
 def debug_enabled_cli() -> bool:
@@ -68,6 +69,9 @@ class AutotuneGroup(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        from autotune.files import forget_private_files
+
+        forget_private_files()      # one command's files (in-process callers, CliRunner, run one after another)
         try:
             _startup_signals_done(ctx)
             return super().invoke(ctx)
@@ -84,7 +88,7 @@ class AutotuneGroup(click.Group):
             _silence_stdout()
             ctx.exit(141)
         except AutotuneError as e:
-            click.echo(redact(f"error: {one_line(str(e))}"), err=True)
+            click.echo(redact(f"error: {one_line(withhold_private(str(e)))}"), err=True)
             ctx.exit(2)
         except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
             if debug_enabled_cli():
@@ -97,7 +101,7 @@ class AutotuneGroup(click.Group):
             if path_error is not None:     # a name too long, a symbolic link loop: the user's path, not a bug
                 click.echo(redact(f"error: {path_error}"), err=True)
                 ctx.exit(2)
-            msg = str(e).splitlines()[0] if str(e) else ""
+            msg = withhold_private(str(e).splitlines()[0]) if str(e) else ""
             click.echo(redact(f"error: unexpected {type(e).__name__}: {one_line(msg, 300)}\n")
                        + "(a bug; re-run with AUTOTUNE_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)

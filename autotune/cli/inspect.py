@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import main
-from autotune.cli.options import DEFAULT_STORAGE, JSON_OPTION, json_entry
+from autotune.cli.options import ASCII_INT, DEFAULT_STORAGE, JSON_OPTION, json_entry
 from autotune.errors import ConfigError, redact
 
 
@@ -13,7 +13,7 @@ from autotune.errors import ConfigError, redact
 @click.argument("study", required=False)
 @click.option("--storage", default=None, help="Optuna storage URL (default sqlite:///studies/autotune.db).")
 @click.option("--engine", default=None, help="Only studies of this engine (megatron, torchtitan, native).")
-@click.option("--top", "top", type=int, default=None,
+@click.option("--top", "top", type=ASCII_INT, default=None,
               help="The best N feasible plans of one study (STUDY, or the only study in the storage), each with "
                    "its table and step-time breakdown.")
 @JSON_OPTION

@@ -27,13 +27,54 @@ GPU_NAMES = ("a100-80gb", "h100", "h800", "h200", "b200", "b300", "gb200", "gb30
 
 
 
+class AsciiInt(click.ParamType):
+    """click's integer type with ASCII digits only (click's ``INT`` calls ``int()``, which reads ``"٨"``
+    as 8 and ``"1_0"`` as 10): :data:`autotune.spec.validate.ASCII_INT_PATTERN`. Every integer option of
+    the CLI uses :data:`ASCII_INT` (tests/cli/test_hostile_open_cases.py checks each command's options)."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        from autotune.spec.validate import ASCII_INT_PATTERN
+
+        text = str(value).strip(" \t")
+        if not re.fullmatch(ASCII_INT_PATTERN, text):
+            from autotune.files import excerpt
+            self.fail(f"{excerpt(repr(value), 60)} is not an integer written in ASCII digits 0-9 (e.g. 8)", param, ctx)
+        return int(text)
+
+
+class AsciiFloat(click.ParamType):
+    """click's number type with ASCII digits only (``float()`` reads ``"٣٠"`` as 30.0):
+    :data:`autotune.spec.validate.ASCII_FLOAT_PATTERN`."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        from autotune.spec.validate import ASCII_FLOAT_PATTERN
+
+        text = str(value).strip(" \t")
+        if not re.fullmatch(ASCII_FLOAT_PATTERN, text):
+            from autotune.files import excerpt
+            self.fail(f"{excerpt(repr(value), 60)} is not a number written in ASCII digits 0-9 (e.g. 2.5)", param, ctx)
+        return float(text)
+
+
+ASCII_INT = AsciiInt()
+ASCII_FLOAT = AsciiFloat()
+
+
 def parse_tokens(text: str) -> int:
     """``16M`` -> 16 x 2^20, ``512K`` -> 512 x 2^10, ``524288`` -> 524288 (tokens).
 
     Raises:
         ConfigError: not a positive integer with an optional K/M/G suffix (binary multiples).
     """
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
+    m = re.fullmatch(r"\s*([0-9]{1,30})\s*([kKmMgG]?)\s*", str(text), re.ASCII)      # not "٨M"
     if not m or int(m.group(1)) <= 0:
         raise ConfigError(f"--global-batch {text!r}: expected a positive number of tokens, e.g. 16M, 4M, 1M, "
                           "524288 (K = 2^10, M = 2^20, G = 2^30)")
@@ -103,7 +144,7 @@ def resolve_target(*, size: str | None, model_path: str | None, gpu: str | None,
     if tokens // seq > MAX_GLOBAL_BATCH_SEQUENCES:
         top = MAX_GLOBAL_BATCH_SEQUENCES * seq
         hint = ""
-        g = re.fullmatch(r"\s*(\d+)\s*[gG]\s*", str(global_batch))
+        g = re.fullmatch(r"\s*([0-9]+)\s*[gG]\s*", str(global_batch), re.ASCII)
         if g and seq <= int(g.group(1)) * 2**20 <= top:     # the same number with M would be valid
             hint = f"; did you mean {g.group(1)}M?"
         raise ConfigError(f"--global-batch {global_batch}: {tokens:,} tokens = {tokens // seq:,} sequences of {seq}; "
@@ -307,10 +348,10 @@ def target_options(f):
         click.option("--size", help="Llama 3.1 size: 8b, 70b or 405b."),
         click.option("--model", "model_path", type=click.Path(dir_okay=False), metavar="FILE|NAME", help=MODEL_HELP),
         click.option("--gpu", help=f"GPU: {', '.join(GPU_NAMES)} (default {DEFAULT_GPU})."),
-        click.option("--gpus", type=int, help="GPU count (default: 8 for 8b, 64 for 70b, 1024 for 405b)."),
+        click.option("--gpus", type=ASCII_INT, help="GPU count (default: 8 for 8b, 64 for 70b, 1024 for 405b)."),
         click.option("--interconnect", help="Fabric <intra>[+<inter>], e.g. nvlink5+ib-ndr400, or a YAML file "
                                             "(default: the GPU's NVLink + ib-ndr400)."),
-        click.option("--seq-len", type=int, help=f"Sequence length in tokens (default {DEFAULT_SEQ_LEN})."),
+        click.option("--seq-len", type=ASCII_INT, help=f"Sequence length in tokens (default {DEFAULT_SEQ_LEN})."),
         click.option("--global-batch", help="Global batch in tokens: 16M, 4M, 1M, 524288 ... (default: 16M for "
                                             "405b, 4M for 70b, 1M for 8b)."),
     ]
@@ -365,15 +406,15 @@ def json_entry(*, plan, result, info=None, model=None, cluster=None, workload=No
 
 def tune_options(f):
     opts = [
-        click.option("--trials", type=int, default=200, show_default=True, help="Trials to run at most (added to the study; `run` ends earlier once the search has converged: docs/search.md)."),
-        click.option("--timeout", type=float, default=None,
+        click.option("--trials", type=ASCII_INT, default=200, show_default=True, help="Trials to run at most (added to the study; `run` ends earlier once the search has converged: docs/search.md)."),
+        click.option("--timeout", type=ASCII_FLOAT, default=None,
                      help="Stop tuning after this many seconds (s), counted from the start of tuning, ranking the "
                           "layouts included; with --workers N, per worker, from each worker's start (the layouts "
                           "are ranked before)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed (the layout sampler orders near-equal estimates with it; same seed and history, same trials)."),
-        click.option("--workers", type=int, default=1, show_default=True,
+        click.option("--seed", type=ASCII_INT, default=0, show_default=True, help="Sampler seed (the layout sampler orders near-equal estimates with it; same seed and history, same trials)."),
+        click.option("--workers", type=ASCII_INT, default=1, show_default=True,
                      help="Worker processes on this machine, all on one study (--trials is per worker)."),
-        click.option("--worker-id", type=int, default=None,
+        click.option("--worker-id", type=ASCII_INT, default=None,
                      help="This worker's index (seeds differ per worker; default $SLURM_ARRAY_TASK_ID, else 0; "
                           "with --workers N the workers get ID..ID+N-1)."),
     ]
@@ -417,22 +458,22 @@ def params_text(model) -> str:
 
 def real_options(f):
     opts = [
-        click.option("--layers", type=int, default=None,
+        click.option("--layers", type=ASCII_INT, default=None,
                      help="real backend: run depth-truncated proxies with N layers (true widths)."),
-        click.option("--real-steps", type=int, default=3, show_default=True,
+        click.option("--real-steps", type=ASCII_INT, default=3, show_default=True,
                      help="real backend: timed steps per trial (after 2 warm-up steps). With another backend "
                           "this, --trial-timeout and --heartbeat-interval change no prediction and only warn; "
                           "--layers and --launcher would change what is run, so they are refused."),
-        click.option("--trial-timeout", type=float, default=900.0, show_default=True,
+        click.option("--trial-timeout", type=ASCII_FLOAT, default=900.0, show_default=True,
                      help="real backend: wall-clock limit per trial, s (a hung trial is killed and marked failed)."),
-        click.option("--heartbeat-interval", type=int, default=None,
+        click.option("--heartbeat-interval", type=ASCII_INT, default=None,
                      help="real backend: Optuna heartbeat of running trials, s (default 30; a killed worker's "
                           "trial fails after 2x this and is run once more by another worker)."),
         click.option("--launcher", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
                      help="real backend: run each trial on this host's GPUs, or as a Slurm job (sbatch)."),
-        click.option("--nodes", type=int, default=None, help="slurm launcher: nodes per trial job (default: "
+        click.option("--nodes", type=ASCII_INT, default=None, help="slurm launcher: nodes per trial job (default: "
                                                               "GPUs / --gpus-per-node)."),
-        click.option("--gpus-per-node", type=int, default=None, help="slurm launcher: GPUs per node (default: "
+        click.option("--gpus-per-node", type=ASCII_INT, default=None, help="slurm launcher: GPUs per node (default: "
                                                                       "the cluster's)."),
         click.option("--partition", default=None, help="slurm launcher: partition (sbatch --partition)."),
         click.option("--account", default=None, help="slurm launcher: account (sbatch --account)."),

@@ -15,7 +15,7 @@ import sys
 import click
 
 from autotune.cli.app import main
-from autotune.cli.options import DEFAULT_STORAGE, JSON_OPTION, make_say
+from autotune.cli.options import ASCII_FLOAT, ASCII_INT, DEFAULT_STORAGE, JSON_OPTION, make_say
 from autotune.errors import ConfigError, redact
 
 #: most GPUs of the default sweep (``--max-gpus``): the Llama 3 405B scale
@@ -30,7 +30,7 @@ def _parse_counts(text: str) -> list[int]:
     out = []
     for item in str(text).split(","):
         s = item.strip()
-        if not s.isdigit() or not 1 <= int(s) <= MAX_NUM_GPUS:
+        if not s.isdigit() or not s.isascii() or len(s) > 12 or not 1 <= int(s) <= MAX_NUM_GPUS:   # not "٨"
             raise ConfigError(f"--gpus {item.strip()!r}: expected GPU counts from 1 to {MAX_NUM_GPUS:,}, comma-"
                               "separated, e.g. 1024,2048,4096")
         if int(s) not in out:
@@ -133,12 +133,12 @@ def _days_text(d: float, r) -> str:
 @click.option("--gpus", "gpus_list", default=None,
               help="GPU counts, comma-separated, e.g. 1024,2048,4096 (default: powers of two from the smallest "
                    "count that holds the model's training state up to --max-gpus).")
-@click.option("--max-gpus", type=int, default=None,
+@click.option("--max-gpus", type=ASCII_INT, default=None,
               help=f"Largest count of the default sweep (default {DEFAULT_MAX_GPUS:,}).")
 @click.option("--interconnect", default=None,
               help="Fabric for every GPU type, or per type: h100=nvlink4+ib-ndr400,b200=... (default: each GPU's "
                    "NVLink + ib-ndr400).")
-@click.option("--seq-len", type=int, default=None, help="Sequence length in tokens (default 8192).")
+@click.option("--seq-len", type=ASCII_INT, default=None, help="Sequence length in tokens (default 8192).")
 @click.option("--global-batch", default=None,
               help="Global batch in tokens: 16M, 4M, 1M ... (binary M = 2^20; default: 16M for 405b, 4M for 70b, "
                    "1M for 8b).")
@@ -146,29 +146,29 @@ def _days_text(d: float, r) -> str:
                                              "native.")
 @click.option("--storage", default=DEFAULT_STORAGE, show_default=True, help="Optuna storage URL (studies reused).")
 @click.option("--space", default="default", show_default=True, help="Search space: a name or a YAML file.")
-@click.option("--trials", type=int, default=DEFAULT_PLAN_TRIALS, show_default=True,
+@click.option("--trials", type=ASCII_INT, default=DEFAULT_PLAN_TRIALS, show_default=True,
               help="Most trials a study of the sweep holds (each ends earlier once converged).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed.")
-@click.option("--workers", type=int, default=1, show_default=True,
+@click.option("--seed", type=ASCII_INT, default=0, show_default=True, help="Sampler seed.")
+@click.option("--workers", type=ASCII_INT, default=1, show_default=True,
               help="Processes sweeping GPU types at once (each type's counts stay in one, in order); the results "
                    "are the same as with 1.")
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
               help="Cost this plan YAML (target from the file) instead of tuning, e.g. "
                    "examples/llama3.1-405b-meta-h100x16384.yaml.")
-@click.option("--days", type=float, default=None, help="Constraint: at most this many wall-clock days.")
-@click.option("--budget-usd", type=float, default=None, help="Constraint: at most this cost, USD (needs prices).")
-@click.option("--budget-gpu-hours", type=float, default=None, help="Constraint: at most this many GPU-hours.")
+@click.option("--days", type=ASCII_FLOAT, default=None, help="Constraint: at most this many wall-clock days.")
+@click.option("--budget-usd", type=ASCII_FLOAT, default=None, help="Constraint: at most this cost, USD (needs prices).")
+@click.option("--budget-gpu-hours", type=ASCII_FLOAT, default=None, help="Constraint: at most this many GPU-hours.")
 @click.option("--usd-per-gpu-hour", "prices_text", default=None,
               help="Prices, GPU=USD per GPU-hour, e.g. h100=2.5,b200=5.9, or a YAML price file "
                    "(examples/gpu-prices.yaml). No built-in prices: without it there is no cost column.")
 @click.option("--watts-per-gpu", "watts_text", default=None,
               help="Power per GPU, W: one number for all, or GPU=W,... (default: the datasheet TDP, "
                    "autotune/data/gpus.yaml tdp_watts).")
-@click.option("--pue", type=float, default=None,
+@click.option("--pue", type=ASCII_FLOAT, default=None,
               help="Power usage effectiveness, facility energy / IT energy (default 1.0: GPUs only).")
-@click.option("--grid-kg-co2-per-kwh", "grid", type=float, default=None,
+@click.option("--grid-kg-co2-per-kwh", "grid", type=ASCII_FLOAT, default=None,
               help="Grid carbon intensity, kg CO2 per kWh (no CO2 column without it).")
-@click.option("--goodput", type=float, default=None,
+@click.option("--goodput", type=ASCII_FLOAT, default=None,
               help="Share of wall time spent in productive steps (default 0.90: Llama 3 paper, >90% effective "
                    "training time).")
 @click.option("-o", "--output", "plot_path", type=click.Path(dir_okay=False), default=None,

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import click
 import yaml
 
+from autotune.cli.options import ASCII_INT
 from autotune.cost.calibration import default_calibration
 from autotune.errors import AutotuneError, ConfigError, redact
 from autotune.profiling.nccl_bench import FULL_SIZES, QUICK_SIZES, TIER_ENV, launch
@@ -606,7 +607,7 @@ def format_summary(rows_: Sequence[tuple[str, float | None, float | None, float 
               help="Write the calibration profile (YAML, schema 1) here.")
 @click.option("--tiers", default=",".join(DEFAULT_TIERS), show_default=True,
               help="Interconnect tiers to measure (comma-separated: nvlink, host, sockets).")
-@click.option("--gpus", type=int, default=None, help="GPUs to use (default: all visible).")
+@click.option("--gpus", type=ASCII_INT, default=None, help="GPUs to use (default: all visible).")
 @click.option("--fabrics-dir", default=DEFAULT_FABRICS_DIR, show_default=True,
               help="Where the measured tiers are written as --interconnect fabric files.")
 @click.option("--write-presets", is_flag=True,

@@ -6,8 +6,9 @@ import click
 
 from autotune.cli.app import main
 from autotune.cli.compare import script_options, script_run
-from autotune.cli.options import JSON_OPTION, MODEL_HELP, json_entry, make_say, target_line
+from autotune.cli.options import ASCII_INT, JSON_OPTION, MODEL_HELP, json_entry, make_say, target_line
 from autotune.errors import ConfigError
+from autotune.files import withhold_private
 
 
 #: command-line plan options -> Plan fields (autotune.spec.plan.Plan); other fields: --set FIELD=VALUE
@@ -22,17 +23,17 @@ def _plan_options(f):
         click.option("--model", "model_path", type=click.Path(dir_okay=False), metavar="FILE|NAME",
                      help="Without PLAN_FILE: " + MODEL_HELP[0].lower() + MODEL_HELP[1:]),
         click.option("--gpu", help="Without PLAN_FILE: GPU (default b200)."),
-        click.option("--gpus", type=int, help="Without PLAN_FILE: GPU count (default per size, as `run`)."),
-        click.option("--seq-len", type=int, help="Without PLAN_FILE: sequence length (default 8192)."),
+        click.option("--gpus", type=ASCII_INT, help="Without PLAN_FILE: GPU count (default per size, as `run`)."),
+        click.option("--seq-len", type=ASCII_INT, help="Without PLAN_FILE: sequence length (default 8192)."),
         click.option("--global-batch", help="Without PLAN_FILE: global batch in tokens (16M, 4M, ...)."),
-        click.option("--tp", type=int, help="Tensor parallel degree (default 1)."),
-        click.option("--pp", type=int, help="Pipeline parallel degree (default 1)."),
-        click.option("--cp", type=int, help="Context parallel degree (default 1)."),
-        click.option("--vpp", type=int, help="Virtual stages per pipeline rank; N > 1 without --schedule selects interleaved_1f1b."),
-        click.option("--mbs", type=int, help="Micro-batch size in sequences (default 1)."),
+        click.option("--tp", type=ASCII_INT, help="Tensor parallel degree (default 1)."),
+        click.option("--pp", type=ASCII_INT, help="Pipeline parallel degree (default 1)."),
+        click.option("--cp", type=ASCII_INT, help="Context parallel degree (default 1)."),
+        click.option("--vpp", type=ASCII_INT, help="Virtual stages per pipeline rank; N > 1 without --schedule selects interleaved_1f1b."),
+        click.option("--mbs", type=ASCII_INT, help="Micro-batch size in sequences (default 1)."),
         click.option("--schedule", help="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (default 1f1b)."),
         click.option("--recompute", help="Activation recomputation: none, selective, full (default none)."),
-        click.option("--zero", type=int, help="ZeRO stage 0-3 (default: the engine's; 1, torchtitan FSDP: 3, 2 with --pp > 1)."),
+        click.option("--zero", type=ASCII_INT, help="ZeRO stage 0-3 (default: the engine's; 1, torchtitan FSDP: 3, 2 with --pp > 1)."),
         click.option("--precision", help="bf16, fp8_tensorwise, fp8_rowwise, fp8_delayed, mxfp8 (default bf16)."),
         click.option("--sp/--no-sp", "sp", default=None, help="Sequence parallelism (with --tp > 1)."),
         click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
@@ -63,8 +64,6 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
         ConfigError: degrees that do not divide the GPU count or the batch, a malformed ``--set``, or any
             plan field out of range (named, as a plan file's would be).
     """
-    import yaml
-
     from autotune.cli.options import resolve_target
     from autotune.spec.engines import resolve_engine
     from autotune.spec.plan import Plan, PlanDocument
@@ -79,10 +78,11 @@ def plan_from_options(*, size, model_path, gpu, gpus, interconnect, seq_len, glo
         key, eq, text = s.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"--set {s!r}: expected FIELD=VALUE, e.g. --set memory_reclaim=expandable_segments")
-        try:
-            d[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ConfigError(f"--set {s!r}: the value is not a YAML scalar") from None
+        from autotune.files import excerpt, parse_yaml_text
+        try:        # the user files' YAML limits (node cap with aliases expanded, nesting depth)
+            d[key.strip()] = parse_yaml_text(text, source=f"--set {excerpt(key.strip(), 60)}")
+        except ConfigError as e:
+            raise ConfigError(f"--set {excerpt(s, 100)!r}: the value is not a YAML scalar ({excerpt(e, 200)})") from None
     for k in ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_size"):
         v = d.get(k, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -230,7 +230,7 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
     click.get_current_context().call_on_close(lambda: plan_log.setLevel(prev_level))
     for w in validate_plan(doc.plan, doc.model, cluster.num_gpus, doc.workload,
                            gpus_per_node=cluster.gpus_per_node, gpu=cluster.gpu):
-        click.echo(f"warning: {w}", err=True)
+        click.echo(f"warning: {withhold_private(w)}", err=True)
     seq_note = doc.model.check_sequence(doc.workload.seq_len)     # as `run` does for --seq-len
     if seq_note:
         click.echo(seq_note.replace("--seq-len", "seq_len"), err=True)

@@ -7,6 +7,7 @@ import click
 from autotune.cli.app import main
 from autotune.cli.compare import compare_options, script_options, script_run
 from autotune.cli.options import (
+    ASCII_INT,
     DEFAULT_STORAGE,
     JSON_OPTION,
     check_tune_options,
@@ -28,6 +29,7 @@ from autotune.cli.options import (
     warn_real_only_options,
 )
 from autotune.errors import ConfigError, NoFeasiblePlanError, redact
+from autotune.files import withhold_private
 
 
 @main.command()
@@ -116,7 +118,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     def _open() -> Tuner:
         t = Tuner(**tuner_kwargs)
         for line in t.bound.forced_off:
-            click.echo(f"warning: {line}", err=True)
+            click.echo(f"warning: {withhold_private(line)}", err=True)
         say(f"tuning {target_line(model, cluster, workload)}")
         say(f"study {t.name!r} in {redact(storage)}; search space {t.space.name!r}; backend {backend}; "
             f"engine {t.engine.name}; {trials} trials" + (f" x {workers} workers" if workers > 1 else "")
@@ -135,7 +137,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     from autotune.spec.engines import resolve_engine
     loaded_space = SearchSpace.load(space)
     for line in loaded_space.no_effect_warnings():
-        click.echo(f"warning: {line}", err=True)
+        click.echo(f"warning: {withhold_private(line)}", err=True)
     name = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                       engine=resolve_engine(engine, backend).name)
     from autotune.signals import clear_interrupt
@@ -261,7 +263,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         click.echo("")
         print_import_report(imported, click.echo)
         for w in yours[1]:
-            click.echo(f"warning: your plan: {w}", err=True)
+            click.echo(f"warning: your plan: {withhold_private(w)}", err=True)
         notes = []
         if same is not None:
             p = imported.plan.precision
@@ -476,7 +478,7 @@ def _engine_screen(model, cluster, workload, *, space, engine, seed, trials, lay
 @study_options
 @tune_options
 @real_options
-@click.option("--top-k", type=int, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
+@click.option("--top-k", type=ASCII_INT, default=5, show_default=True, help="Warm-start plans taken from the fast study.")
 @JSON_OPTION
 def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storage, space, backend, engine, trials,
            timeout, seed, workers, worker_id, layers, real_steps, trial_timeout, heartbeat_interval, launcher, nodes,
@@ -503,7 +505,7 @@ def retune(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, sto
     from autotune.spec.engines import resolve_engine
     loaded_space = SearchSpace.load(space)
     for line in loaded_space.no_effect_warnings():
-        click.echo(f"warning: {line}", err=True)
+        click.echo(f"warning: {withhold_private(line)}", err=True)
     slow_study = study_name(model, cluster, workload, space_name=loaded_space.name, backend=backend,
                             engine=resolve_engine(engine, backend).name)
     say = make_say(as_json)

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import click
 
+from autotune.cli.options import ASCII_FLOAT, ASCII_INT
+
 from autotune.engines.registry import ENGINES
 
 
 @click.command("validate")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--layers", type=int, default=None, help="Run a depth-truncated proxy with N layers (true widths).")
-@click.option("--steps", type=int, default=5, show_default=True, help="Timed optimizer steps.")
-@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed warm-up steps.")
-@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Wall-clock limit, s.")
+@click.option("--layers", type=ASCII_INT, default=None, help="Run a depth-truncated proxy with N layers (true widths).")
+@click.option("--steps", type=ASCII_INT, default=5, show_default=True, help="Timed optimizer steps.")
+@click.option("--warmup", type=ASCII_INT, default=2, show_default=True, help="Untimed warm-up steps.")
+@click.option("--timeout", "timeout_s", type=ASCII_FLOAT, default=900.0, show_default=True, help="Wall-clock limit, s.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu runs with gloo (tests); auto uses the local CUDA GPUs.")
 @click.option("--engine", type=click.Choice(list(ENGINES)), default="native", show_default=True,

@@ -96,7 +96,11 @@ def parse_per_gpu(text: str, what: str, known: Sequence[str], *, lo: float = 0.0
 
 
 def _number(text: str, what: str, lo: float, lo_open: bool, hi: float) -> float:
+    from autotune.spec.validate import ASCII_FLOAT_PATTERN
+
     try:
+        if not re.fullmatch(ASCII_FLOAT_PATTERN, str(text).strip()):     # float() reads "٧٠٠" as 700.0
+            raise ValueError(text)
         v = float(str(text).strip())
     except ValueError:
         raise ConfigError(f"{what} {str(text).strip()!r}: not a number") from None

@@ -167,6 +167,7 @@ class CalibrationProfile:
         if d.get("schema_version") != CALIBRATION_SCHEMA_VERSION:
             raise ConfigError(f"{source}: schema_version is {d.get('schema_version')!r}; expected "
                               f"{CALIBRATION_SCHEMA_VERSION}")
+        _no_foreign_digits(d, source)
 
         def need(key: str) -> Any:
             if key not in d:
@@ -362,3 +363,30 @@ def interp_log(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return float(ys[i - 1] + t * (ys[i] - ys[i - 1]))
 
 
+def _no_foreign_digits(x: Any, source: str, where: str = "") -> None:
+    """Refuse a string value that ``float()`` / ``int()`` would read as a number but that is not written in
+    ASCII digits (``"٨"`` -> 8; issue 37): the profile's numbers are read with ``float(v)`` / ``int(v)``.
+
+    Raises:
+        ConfigError: naming the field and the value.
+    """
+    import re
+
+    from autotune.files import excerpt
+    from autotune.spec.validate import ASCII_FLOAT_PATTERN
+
+    if isinstance(x, str):
+        try:
+            float(x)
+        except ValueError:
+            return
+        if not re.fullmatch(ASCII_FLOAT_PATTERN, x.strip()):
+            raise ConfigError(f"{source}: field {excerpt(where or '(top level)', 80)}: {excerpt(repr(x), 40)} is not a "
+                              "number written in ASCII digits 0-9")
+    elif isinstance(x, Mapping):
+        for k, v in x.items():
+            _no_foreign_digits(k, source, f"{where} (a key)")
+            _no_foreign_digits(v, source, f"{where}.{k}" if where else str(k))
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            _no_foreign_digits(v, source, f"{where}[{i}]")

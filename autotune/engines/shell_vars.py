@@ -14,7 +14,8 @@ variable) is left as it is, and the caller refuses it. One exception: ``NAME=${N
 ``${NAME-literal}``), assigned once, is read as its default ``literal`` (the environment a run starts from
 does not set it; ``--run-script --script-env NAME=VALUE`` reads the script with another value).
 
-Caps (a script is hostile input too): at most :data:`MAX_WORDS` words and :data:`MAX_EXPANDED_CHARS`
+Caps (a script is hostile input too): at most :data:`MAX_LAUNCH_CHARS` characters in the file,
+:data:`MAX_WORDS` words and :data:`MAX_EXPANDED_CHARS`
 characters after expansion, no word over :data:`MAX_WORD_CHARS` characters, an array definition over at most
 :data:`MAX_ARRAY_LINES` lines; over any is one error naming the limit, before the work grows.
 """
@@ -39,6 +40,12 @@ MAX_SPLIT_CHARS = 20_000_000
 #: less). A longer word is refused before :mod:`shlex` splits it: shlex grows a token one character at a time,
 #: about quadratic (measured here: 200,000 characters 3.0 s, 1,000,000 characters 31 s; 20 MB ran past 240 s)
 MAX_WORD_CHARS = 2**18
+
+#: most characters of a launch script or argument file (1 MiB; Megatron-LM's example scripts are < 10 KB).
+#: Checked after the word lengths, before any shell-word splitting: :mod:`shlex` reads about 1 us per character
+#: here and each line is split twice, so a 16 MiB file (the general file cap) took 18-64 s and 2 MiB of comment
+#: lines 7.7 s; 1 MiB stays under about 4 s (dev machine, 2026-12-03).
+MAX_LAUNCH_CHARS = 2**20
 
 _DEF = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
 _ARRAY_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
@@ -225,6 +232,9 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
         check_word_lengths(text)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    if len(text) > MAX_LAUNCH_CHARS:
+        raise ConfigError(f"{path}: {len(text):,} characters; a launch script or argument file is at most "
+                          f"{MAX_LAUNCH_CHARS:,} (Megatron-LM's own scripts are < 10 KB)")
     lines = _logical_lines(text)
     try:
         arrays, scalars, inside = script_values(lines)
@@ -290,4 +300,4 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     return words, launcher, env
 
 
-__all__ = ["read_launch", "MAX_WORDS", "MAX_WORD_CHARS", "check_word_lengths", "expand", "launcher_world", "script_values"]
+__all__ = ["read_launch", "MAX_LAUNCH_CHARS", "MAX_WORDS", "MAX_WORD_CHARS", "check_word_lengths", "expand", "launcher_world", "script_values"]

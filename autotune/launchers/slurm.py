@@ -65,7 +65,7 @@ class SlurmJob:
 #: sbatch(1) ``--time`` formats: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
 #: "days-hours:minutes", "days-hours:minutes:seconds"; also "UNLIMITED" / "INFINITE".
 _TIME_RE = re.compile(r"(?:\d{1,7}|\d{1,7}:\d{1,2}|\d{1,7}:\d{1,2}:\d{1,2}|\d{1,5}-\d{1,2}"
-                      r"|\d{1,5}-\d{1,2}:\d{1,2}|\d{1,5}-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)")
+                      r"|\d{1,5}-\d{1,2}:\d{1,2}|\d{1,5}-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)", re.ASCII)
 #: a Slurm partition or account name (slurm.conf(5) PartitionName / sacctmgr account names are plain words);
 #: a comma-separated list for --partition (sbatch(1): "a comma separated list of partitions")
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")

@@ -265,12 +265,16 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     folder = p.resolve().parent.name if p.name == "config.json" else p.stem
     base = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) and raw.get("_name_or_path") else \
         (folder or mtype or "model")
-    spec = ModelSpec(
-        name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
-        num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
-        tied_embeddings=tied, gated_mlp=bool(gated), rope_theta=rope, norm_eps=eps, max_seq_len=max_pos,
-        qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
-        mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
+    try:
+        spec = ModelSpec(
+            name="model", hidden_size=hidden, num_layers=integer("num_hidden_layers", "n_layer"),
+            num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=integer("vocab_size"), head_dim=head_dim,
+            tied_embeddings=tied, gated_mlp=bool(gated), rope_theta=rope, norm_eps=eps, max_seq_len=max_pos,
+            qkv_bias=qkv_bias, norms_per_layer=arch.get("norms", 2), sliding_window=window,
+            mlp_activation=_safe_label(act.lower()), rope_scaling=scaling, features=features)
+    except ConfigError as e:       # named by the file (the spec's own name is a placeholder until here)
+        msg = str(e).replace("model 'model': ", "")
+        raise ConfigError(msg if msg.startswith(f"model config {p}") else f"model config {p}: {msg}") from None
     return replace(spec, name=f"{_safe_label(Path(str(base)).name)}@{spec.fingerprint()}")
 
 
@@ -446,7 +450,7 @@ def _moe_model_from_hf(raw: Mapping[str, Any], mtype: str, p: Path) -> ModelSpec
     try:
         m = ModelSpec(**spec, mlp_activation=_safe_label(act.lower()), features=tuple(features))
     except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{where}: " + str(e).replace("model 'model': ", "", 1)) from None   # a placeholder name
     # the model's own name: _name_or_path (transformers writes the hub id or folder), else the folder of a
     # config.json (a downloaded model's folder is its name), else the file's stem; model_type ("llama") last
     folder = p.resolve().parent.name if p.name == "config.json" else p.stem

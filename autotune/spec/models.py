@@ -236,6 +236,7 @@ class ModelSpec:
             MAX_HIDDEN_SIZE,
             MAX_NUM_HEADS,
             MAX_NUM_LAYERS,
+            check_model_size,
             require_bool,
             require_int,
             require_name,
@@ -278,6 +279,7 @@ class ModelSpec:
                 f"model {self.name!r}: num_heads={self.num_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads} (grouped-query attention needs n_q % n_kv == 0)")
         self._check_moe_fields()
+        check_model_size(self)      # the fields' product: total parameters (validate.MAX_MODEL_PARAMS)
 
     def _check_moe_fields(self) -> None:
         """Bounds of the MoE / MLA / MTP / GPT-OSS fields (:meth:`__post_init__`).

@@ -59,6 +59,12 @@ MAX_HIDDEN_SIZE = 2**18
 MAX_FFN_HIDDEN_SIZE = 2**20
 #: Most attention (query or key/value) heads (4,096: 32x the 128 of Llama 3.1 405B).
 MAX_NUM_HEADS = 4096
+#: Most parameters of one model (2**44 = 17.6T: 17x Kimi K2's 1.03T, the largest open model, and above the
+#: 10T of M6-10T, arXiv 2110.03888), checked once the fields are read, before any work: the per-field caps
+#: do not bound their product (every field at its cap made a 2,260T-parameter model whose DP gradient buckets,
+#: one list entry per 64 MiB, ran 215 s / 11.5 GB in the sampler's screen). At the cap, 262,144 GPUs and
+#: 1 MiB buckets, 10 trials took 9.2 s / 500 MB on the dev machine (2026-12-03, simulated).
+MAX_MODEL_PARAMS = 2**44
 #: Longest name or label a plan file may hold (study, model, GPU, fabric and link names, enum values), characters:
 #: Optuna's RDB storage keeps a study name in a ``VARCHAR(512)`` column (optuna/storages/_rdb/models.py
 #: ``MAX_INDEXED_STRING_LENGTH = 512``), and no catalog name comes near it (the longest is < 40). Also the
@@ -168,3 +174,58 @@ def require_bool(v: Any, field: str) -> bool:
     if not isinstance(v, bool):
         raise ConfigError(f"{field} must be true or false, got {show(v)}")
     return v
+
+
+def check_model_size(model: Any) -> None:
+    """Refuse a model whose total parameter count (``model.num_params``, elements: embedding, LM head, layers,
+    MTP depths; :class:`~autotune.spec.models.ModelSpec`) exceeds :data:`MAX_MODEL_PARAMS`, naming the count,
+    the fields that make it and the limit (one line).
+
+    Raises:
+        ConfigError: as above.
+    """
+    n = model.num_params
+    if n > MAX_MODEL_PARAMS:
+        experts = f", num_experts {model.num_experts:,}" if model.num_experts else ""
+        raise ConfigError(f"model {display_text(model.name, 80)!r}: {n / 1e12:,.1f}T parameters (num_layers "
+                          f"{model.num_layers:,} x hidden_size {model.hidden_size:,}, ffn_hidden_size "
+                          f"{model.ffn_hidden_size:,}{experts}, vocab_size {model.vocab_size:,}); at most "
+                          f"{MAX_MODEL_PARAMS / 1e12:.1f}T parameters ({MAX_MODEL_PARAMS:,}) are modelled")
+
+
+#: an integer as autotune reads one from text (an option, a launch file, an environment variable): an optional
+#: sign and 1-30 ASCII digits 0-9. Python's ``int()`` also takes other scripts' digits (``int("٨") == 8``,
+#: Arabic-Indic), ``_`` separators and surrounding white space; click's ``INT`` type calls ``int()``.
+ASCII_INT_PATTERN = r"[+-]?[0-9]{1,30}"
+#: a decimal number in ASCII (``float()`` also takes ``"٨.5"`` and ``"1_0"``), or ``inf`` / ``nan`` words
+#: (the fields' own bounds refuse those, naming the field)
+ASCII_FLOAT_PATTERN = r"[+-]?(?:[0-9]{1,30}\.?[0-9]{0,30}|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,4})?|[+-]?(?i:inf|infinity|nan)"
+
+
+def parse_ascii_int(text: Any, field: str) -> int:
+    """``text`` (a string) read as an integer written in ASCII digits (:data:`ASCII_INT_PATTERN`; leading
+    and trailing ASCII spaces allowed).
+
+    Raises:
+        ConfigError: naming ``field`` and the value (printable), e.g. ``--gpus '٨'``.
+    """
+    import re
+
+    s = str(text).strip(" \t")
+    if not re.fullmatch(ASCII_INT_PATTERN, s):
+        raise ConfigError(f"{field} {show(text)}: expected an integer written in ASCII digits 0-9 (e.g. 8)")
+    return int(s)
+
+
+def parse_ascii_float(text: Any, field: str) -> float:
+    """``text`` read as a decimal number written in ASCII (:data:`ASCII_FLOAT_PATTERN`).
+
+    Raises:
+        ConfigError: naming ``field`` and the value, e.g. ``--timeout '٣٠'``.
+    """
+    import re
+
+    s = str(text).strip(" \t")
+    if not re.fullmatch(ASCII_FLOAT_PATTERN, s):
+        raise ConfigError(f"{field} {show(text)}: expected a number written in ASCII digits 0-9 (e.g. 2.5)")
+    return float(s)

@@ -139,8 +139,14 @@ def _is_option(tok: str) -> bool:
 
 
 def _convert(opt: str, f: dict, raw: str, source: str) -> Any:
+    from autotune.spec.validate import ASCII_FLOAT_PATTERN, ASCII_INT_PATTERN
+
     t = f["type"]
     try:
+        # ASCII digits only (issue 37): int()/float() also read "٨" as 8 and "1_0" as 10
+        if t in ("int", "float") and not re.fullmatch(ASCII_INT_PATTERN if t == "int" else ASCII_FLOAT_PATTERN,
+                                                      raw.strip()):
+            raise ValueError(raw)
         v: Any = int(raw) if t == "int" else float(raw) if t == "float" else raw
     except ValueError:
         kind = {"int": "an integer", "float": "a number"}[t]
@@ -264,11 +270,26 @@ def _show(opt: str, vals: tuple) -> str:
     return " ".join([opt, *(f"{v:g}" if isinstance(v, float) else str(v) for v in vals)])
 
 
+#: longest unrolled --pipeline-model-parallel-layout, characters (4 x MAX_NUM_LAYERS: every layer, the
+#: embedding, the loss and a "|" per stage fit many times over)
+MAX_LAYOUT_CHARS = 4 * 2048
+
+
 def _layout_stages(layout: str, source: str, mtp: int = 0) -> list[str]:
     """Stages of a ``--pipeline-model-parallel-layout`` string, repetitions unrolled (Megatron's grammar)."""
     s = layout.replace(",", "")
-    for pat in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        s = re.sub(pat, lambda m: m.group(1) * int(m.group(2)), s)
+
+    def repeat(m: re.Match) -> str:
+        # bounded before it is built: "t*999999999" took 24 s and 2 GB to unroll (issue 37 sweep); a valid
+        # layout has at most num_layers (<= MAX_NUM_LAYERS) t's plus an E, an L and "|" per virtual stage
+        n = int(m.group(2))
+        if len(m.group(1)) * n + len(s) > MAX_LAYOUT_CHARS:
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: unrolls to more than "
+                              f"{MAX_LAYOUT_CHARS:,} characters ({_q(m.group(0))}); a layout lists each layer once")
+        return m.group(1) * n
+
+    for pat in (r"\(([^)]+)\)\*([0-9]{1,12})", r"(.)\*([0-9]{1,12})"):     # ASCII digits: "\d" takes "٨"
+        s = re.sub(pat, repeat, s)
     stages = s.split("|")
     if mtp and "m" * mtp not in stages[-1]:
         raise ConfigError(f"{source}: --pipeline-model-parallel-layout {_q(layout)}: place the {mtp} multi-token "

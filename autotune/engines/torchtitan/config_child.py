@@ -3,15 +3,16 @@
 :func:`autotune.engines.torchtitan.importer.import_python_config`, which starts it.
 
 Run as ``python -I config_child.py REQUEST`` (``REQUEST``: JSON ``{"file", "function", "path", "cpu_s",
-"fsize_bytes"}``) in an empty temporary working directory with stdin closed. ``-I`` (isolated mode: no
+"fsize_bytes", "as_bytes"}``) in an empty temporary working directory with stdin closed. ``-I`` (isolated mode: no
 ``PYTHON*`` environment variables, no user site, and neither this script's folder nor the working directory
 on ``sys.path``) and this file's own imports (the standard library only, then torchtitan; never autotune) keep
 it independent of the caller. What it does:
 
 1. keeps a private copy of file descriptor 1 for the answer and points descriptor 1 at stderr, so whatever the
    module prints cannot be taken for the answer;
-2. limits its own CPU time (``RLIMIT_CPU``: a module stuck in a loop is ended even when the caller is gone)
-   and the size of any file it writes (``RLIMIT_FSIZE``), setrlimit(2);
+2. limits its own CPU time (``RLIMIT_CPU``: a module stuck in a loop is ended even when the caller is gone),
+   the size of any file it writes (``RLIMIT_FSIZE``) and its address space (``RLIMIT_AS``, ``"as_bytes"``: an
+   allocation past it raises MemoryError, answered as ``{"ok": false, "kind": "memory"}``), setrlimit(2);
 3. appends the caller's ``sys.path`` folders and the module's own folder (or its package's root) to the END of
    ``sys.path``: the standard library and the installed packages come first, so a ``json.py`` beside the module
    does not replace :mod:`json`;
@@ -160,6 +161,15 @@ def main():
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
     except (ImportError, ValueError, OSError):
         pass
+    try:        # address space (RLIMIT_AS): allocations past it fail (MemoryError) instead of swapping the host
+        import resource
+        limit = int(req["as_bytes"])
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, ValueError, OSError, KeyError):
+        pass
     sys.path.extend(p for p in req["path"] if p not in sys.path)
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     import logging
@@ -169,6 +179,8 @@ def main():
         from torchtitan.config.manager import ConfigManager
         ll3 = importlib.import_module("torchtitan.models.llama3")
         reg = importlib.import_module("torchtitan.models.llama3.config_registry")
+    except MemoryError:
+        return reply({"ok": False, "kind": "memory", "message": "MemoryError importing torchtitan"})
     except Exception as e:              # noqa: BLE001 - any failure: torchtitan is not usable here
         return reply({"ok": False, "kind": "torchtitan", "message": _message(e)})
     seen = {}
@@ -184,12 +196,16 @@ def main():
         name = load_module(req["file"])
     except SystemExit as e:
         return reply({"ok": False, "kind": "import", "message": f"SystemExit({e.code!r}) at import"[:MESSAGE_CHARS]})
+    except MemoryError:
+        return reply({"ok": False, "kind": "memory", "message": "MemoryError at import"})
     except BaseException as e:          # noqa: BLE001 - whatever the module raises, reported in one line
         return reply({"ok": False, "kind": "import", "message": _message(e)})
     try:
         cfg = ConfigManager().parse_args(["--module", name, "--config", req["function"]])
     except SystemExit as e:
         return reply({"ok": False, "kind": "exit", "message": f"exit {e.code!r}"[:MESSAGE_CHARS]})
+    except MemoryError:
+        return reply({"ok": False, "kind": "memory", "message": "MemoryError in the config function"})
     except BaseException as e:          # noqa: BLE001
         return reply({"ok": False, "kind": "load", "message": _message(e)})
     try:

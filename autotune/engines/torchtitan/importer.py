@@ -17,7 +17,8 @@ Two formats:
   (torchtitan/config/manager.py) in a child process (:mod:`autotune.engines.torchtitan.config_child`): the
   module's code runs there, as it does under ``torchtitan.train``, never inside autotune's process; the child
   runs ``python -I`` in an empty temporary folder with stdin closed, under a time limit
-  (:data:`CONFIG_MODULE_TIMEOUT_S`, environment variable ``AUTOTUNE_CONFIG_MODULE_TIMEOUT_S``), the module's
+  (:data:`CONFIG_MODULE_TIMEOUT_S`, environment variable ``AUTOTUNE_CONFIG_MODULE_TIMEOUT_S``) and an
+  address-space limit (:data:`CONFIG_MODULE_MAX_GIB`, ``AUTOTUNE_CONFIG_MODULE_MAX_GIB``), the module's
   folder after the standard library on ``sys.path``, a module inside a package loaded as that package's
   module (relative imports work), and answers with the settings as JSON. It needs torchtitan installed
   (``pip install -e '.[torchtitan]'`` in the autotune checkout). ``FILE.py:FUNCTION`` names the config
@@ -43,6 +44,7 @@ from typing import Any
 
 from autotune.errors import ConfigError, PlanError
 from autotune.engines.imported import ImportedLaunch, allocator_reclaim
+from autotune.engines.torchtitan.toml_scan import MAX_TOML_TOKENS, _toml_depth_bound  # noqa: F401 (re-exported)
 
 SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}
 SINGLE_STAGE = ("GPipe", "1F1B")
@@ -289,45 +291,6 @@ def _leaves(d: dict, prefix: str = ""):
             yield key, v
 
 
-#: a token of TOML text that matters for its nesting: string and comment openers, brackets, dots, separators
-_TOML_TOKEN = re.compile(r'"""|\'\'\'|["\'#\n\[\]{}.=,]')
-# possessive (Python 3.11): the alternation form held ~1.2 GB for a 10 MiB string (issue 37 QA); same matches
-_TOML_BASIC_REST = re.compile(r'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"')
-
-
-def _toml_depth_bound(text: str, stop_above: int | None = None) -> int:
-    """An upper bound of the deepest nesting on any line of TOML ``text``: open ``[`` / ``{`` plus the dots
-    of the key or header being read (strings and comments skipped; a float's dot counts too, so it may
-    overcount by one per value), in one pass with no recursion; returns as soon as it passes ``stop_above``."""
-    depth = run = best = 0
-    pos, n = 0, len(text)
-    while True:
-        m = _TOML_TOKEN.search(text, pos)
-        if m is None:
-            return best
-        t, pos = m.group(), m.end()
-        if t in ('"""', "'''"):
-            end = text.find(t, pos)
-            pos = n if end < 0 else end + 3
-        elif t == '"':
-            m2 = _TOML_BASIC_REST.match(text, pos)
-            pos = m2.end() if m2 else pos
-        elif t in ("'", "#"):
-            end = text.find("\n" if t == "#" else "'", pos)
-            pos = n if end < 0 else end + (t != "#")
-        elif t in "[{":
-            depth, run = depth + 1, 0
-        elif t in "]}":
-            depth, run = max(depth - 1, 0), 0
-        elif t == ".":
-            run += 1
-        else:                       # "=", ",", newline: the key (or value) ends
-            run = 0
-        best = max(best, depth + run)
-        if stop_above is not None and best > stop_above:
-            return best
-
-
 def parse_toml_text(text: str, *, source: str) -> dict:
     """``tomllib.loads(text)``, refusing nesting deeper than :data:`autotune.files.MAX_NESTING_DEPTH` levels
     (tables, dotted keys, arrays and inline tables each count one) before parsing: :mod:`tomllib` parses
@@ -344,7 +307,7 @@ def parse_toml_text(text: str, *, source: str) -> dict:
 
     too_deep = f"{source} nests deeper than {MAX_NESTING_DEPTH} levels (TOML tables, dotted keys, arrays " \
                "and inline tables counted)"
-    if _toml_depth_bound(text, MAX_NESTING_DEPTH) > MAX_NESTING_DEPTH:
+    if _toml_depth_bound(text, MAX_NESTING_DEPTH, source) > MAX_NESTING_DEPTH:
         raise ConfigError(too_deep)
     try:
         doc = tomllib.loads(text)
@@ -463,11 +426,20 @@ def import_toml(path: str | Path, *, num_gpus: int) -> ImportedLaunch:
     return _target(s, num_gpus, source, "torchtitan 0.2 TOML", used, ignored, approx, release="0.2")
 
 
+#: longest Python config module read, characters (256 KiB; torchtitan 0.3.0's largest source file, trainer.py,
+#: is 46 KB). :func:`ast.parse` of a 16 MiB module of assignments took 154 s and 10 GB (issue 37 sweep); of
+#: 256 KiB about 0.5 s and 160 MB (1 MiB: 4.3 s, 632 MiB; dev machine, 2026-12-03)
+MAX_CONFIG_MODULE_CHARS = 2**18
+
+
 def _config_function(path: Path, fn: str | None, source: str) -> str:
     """The config function of a module: ``fn``, else ``autotune_plan`` or the only top-level function (read with
     :mod:`ast`, nothing run)."""
     from autotune.files import read_text_file
     text = read_text_file(path, what="torchtitan config module")    # regular file, size cap, no NUL (files.py)
+    if len(text) > MAX_CONFIG_MODULE_CHARS:
+        raise ConfigError(f"{source}: a config module of {len(text):,} characters; at most {MAX_CONFIG_MODULE_CHARS:,} "
+                          "(torchtitan's largest source file is 46 KB)")
     try:
         tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError) as e:
@@ -493,6 +465,11 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
 #: 5-15 s on this project's 2-core machine); the environment variable :data:`TIMEOUT_ENV` sets another limit
 CONFIG_MODULE_TIMEOUT_S = 120.0
 TIMEOUT_ENV = "AUTOTUNE_CONFIG_MODULE_TIMEOUT_S"
+#: GiB of address space the child may use (RLIMIT_AS, setrlimit(2)); the environment variable
+#: :data:`MAX_GIB_ENV` sets another limit. Importing torch 2.13 (CPU build) and torchtitan peaked at 0.94 GiB
+#: of address space (VmPeak, dev machine, 2026-12-03); a CUDA build maps its larger libraries too, hence the margin.
+CONFIG_MODULE_MAX_GIB = 8.0
+MAX_GIB_ENV = "AUTOTUNE_CONFIG_MODULE_MAX_GIB"
 #: most bytes read of the child's answer (a config's settings are < 10 KiB of JSON)
 MAX_ANSWER_BYTES = 4 * 2**20
 #: largest file the child may write (RLIMIT_FSIZE: its stdout and stderr, anything the module writes)
@@ -509,14 +486,37 @@ def _timeout_s() -> float:
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
         return CONFIG_MODULE_TIMEOUT_S
+    from autotune.spec.validate import ASCII_FLOAT_PATTERN
+    import re
+
     try:
-        t = float(raw)
+        t = float(raw) if re.fullmatch(ASCII_FLOAT_PATTERN, raw.strip()) else math.nan    # not "٣٠" (issue 37)
     except ValueError:
         t = math.nan
     if not (math.isfinite(t) and 0 < t <= 86400):
         from autotune.files import display_text
         raise ConfigError(f"{TIMEOUT_ENV}={display_text(raw, 40)}: must be a number of seconds in (0, 86400]")
     return t
+
+
+def _max_gib() -> float:
+    """The child's address-space limit, GiB: ``$AUTOTUNE_CONFIG_MODULE_MAX_GIB`` (a number in [1, 4096]) or
+    :data:`CONFIG_MODULE_MAX_GIB`.
+
+    Raises:
+        ConfigError: the variable is not such a number.
+    """
+    import os
+
+    raw = os.environ.get(MAX_GIB_ENV)
+    if raw is None or raw == "":
+        return CONFIG_MODULE_MAX_GIB
+    s = raw.strip()
+    ok = s.isascii() and len(s) <= 12 and s.replace(".", "", 1).isdigit()
+    if not ok or not 1 <= float(s) <= 4096:
+        from autotune.files import display_text
+        raise ConfigError(f"{MAX_GIB_ENV}={display_text(raw, 40)}: must be a number of GiB between 1 and 4096")
+    return float(s)
 
 
 def _one_line(text: str, n: int = 200) -> str:
@@ -548,7 +548,9 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
     from autotune.launchers.reaper import guarded
 
     timeout = _timeout_s()
+    max_gib = _max_gib()
     req = json.dumps({"file": str(path), "function": fn, "cpu_s": int(timeout) + 10, "fsize_bytes": CHILD_FSIZE_BYTES,
+                      "as_bytes": int(max_gib * 2**30),
                       # this process's import folders (a torchtitan checkout on PYTHONPATH), appended after the child's
                       "path": [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]})
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
@@ -586,6 +588,9 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
         err.seek(max(0, err.tell() - 4096))
         tail = [ln for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     last = f"; its last message: {_one_line(tail[-1], 120)}" if tail else ""
+    if not raw and any(w in ln for ln in tail[-5:] for w in ("MemoryError", "bad_alloc", "Cannot allocate memory")):
+        raise ConfigError(f"{source}: loading the config module used more than {max_gib:g} GiB of memory and was "
+                          f"stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
     if not raw:
         how = (f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
                else f"ended with exit status {rc}")
@@ -602,6 +607,9 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
             raise ConfigError(f"{source}: the process loading the config module returned no readable answer")
         return answer["config"]
     kind, msg = answer.get("kind"), _one_line(answer.get("message", ""))
+    if kind == "memory":
+        raise ConfigError(f"{source}: loading the config module used more than {max_gib:g} GiB of memory and was "
+                          f"stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
     if kind == "torchtitan":
         raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
                           f"and torchtitan does not import here ({msg[:120]}); install it: "

@@ -159,12 +159,39 @@ def test_toml_nesting_within_the_cap_still_reads(tmp_path):
     assert doc["a"].endswith("[" * 100) and doc["b"] == "{" * 100 and doc["c"] == "[" * 100 + "\n"
 
 
-@pytest.mark.parametrize("text", ["x = " + "1+" * 200_000 + "1\n", "x = " + "-" * 200_000 + "1\n"],
-                         ids=["sum-200k", "unary-200k"])
+@pytest.mark.parametrize("text", ["x = " + "1+" * 120_000 + "1\n", "x = " + "-" * 120_000 + "1\n"],
+                         ids=["sum-120k", "unary-120k"])
 def test_a_module_nested_past_pythons_parser_is_a_one_line_error(text, tmp_path):
     # the config function is found with ast.parse, in this process: RecursionError / MemoryError there is named
+    # (120,000 terms: under the 256 KiB module cap, importer.MAX_CONFIG_MODULE_CHARS; 200,000 no longer reach ast)
     f = tmp_path / "deep.py"
     f.write_text(text + "\n\ndef autotune_plan():\n    pass\n")
     r = CliRunner().invoke(main, ["simulate", "--from-torchtitan", str(f), "--gpus", "8"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "nests too deeply for Python's parser" in lines[0], r.output
+
+
+@needs_torchtitan
+@pytest.mark.parametrize("where", ["import", "function"])
+def test_a_module_past_the_memory_limit_is_one_line(tmp_path, where):
+    # 64 GiB asked for (bytearray zero-fills: it would touch every page) under a 3 GiB address-space limit
+    # (RLIMIT_AS in the child; importing torch + torchtitan needs ~1 GiB): MemoryError, reported as one line
+    grab = "x = bytearray(64 * 2**30)\n"
+    f = tmp_path / "big.py"
+    f.write_text((grab if where == "import" else "") + "from torchtitan.models.llama3.config_registry import "
+                 "llama3_8b\n\n\ndef autotune_plan():\n" + ("    " + grab if where == "function" else "")
+                 + "    return llama3_8b()\n")
+    t0 = time.monotonic()
+    r = _cli("simulate", "--from-torchtitan", str(f), "--gpus", "8",
+             env_extra={"AUTOTUNE_CONFIG_MODULE_MAX_GIB": "3"})
+    line = _one_error_line(r)
+    assert "used more than 3 GiB of memory" in line and "AUTOTUNE_CONFIG_MODULE_MAX_GIB" in line, line
+    assert time.monotonic() - t0 < 120
+
+
+@pytest.mark.parametrize("raw", ["0", "x", "٨", "1e9", "-2", "5000"])
+def test_the_memory_limit_variable_is_checked(raw, monkeypatch):
+    from autotune.engines.torchtitan.importer import _max_gib
+    monkeypatch.setenv("AUTOTUNE_CONFIG_MODULE_MAX_GIB", raw)
+    with pytest.raises(ConfigError, match="between 1 and 4096"):
+        _max_gib()
