@@ -15,7 +15,8 @@ Per layer and micro-batch it reports:
 * ``exposed_host_ms = wall_ms - gpu_busy_ms``: the time the GPU waits for the host (launches after each sync);
 * ``host_ms``: CPU time of the Python thread for one step / layers (process_time; includes the spin in syncs).
 
-Run on the GPU host (Megatron-LM source tree on PYTHONPATH; torch with CUDA)::
+Run on the GPU host from the project root (the project and a Megatron-LM source tree on PYTHONPATH; torch
+with CUDA)::
 
     python bench/moe_layer_host.py --json $OUT/moe_layer_host.json
 
@@ -28,17 +29,18 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 #: (name, hidden, experts on the rank, top-k, expert FFN width): the routed-expert shapes of the development
 #: set's models (../shared/reference/published-moe-runs.yaml model facts). One GPU runs EP 1, so a published EP
-#: layout is kept by its rank's share: with balanced routing a rank of EP e holds E/e experts and each expert
-#: receives e x T x k / E rows for T tokens per rank; E/e experts with top-k' give T x k' / (E/e) rows each, so
-#: k' = k x (E/e) x e / E ... = k keeps the rows per expert when k <= E/e (Qwen3-30B EP 8: 16 experts top-8 =
-#: T/2 rows each, as in the published run), else k' = E/e (DeepSeek-V3 EP 32: 8 experts top-8 = T rows each;
-#: Qwen3-235B EP 32: 4 experts top-4 = T rows, published 2T; Mixtral EP 8: 1 expert top-1 = T, published 2T).
+#: layout is kept by its rank's share. With balanced routing, a rank of EP e holds E/e of the E experts and each
+#: expert receives e x T x k / E rows (T tokens per rank, top-k). Emulated with E' = E/e experts and top-k' over
+#: T tokens, each expert receives T x k' / E' = T x k' x e / E rows: the same when k' = k (possible when
+#: k <= E/e), else k' = E/e gives T rows against the published e x T x k / E.
+#: Qwen3-30B EP 8: 16 experts top-8, T x 8 x 8 / 128 = T/2 rows each (as published); GPT-OSS-120B EP 8: 16 top-4,
+#: T/4 (as published); DeepSeek-V3 EP 32: 8 top-8, T (published 32 x T x 8 / 256 = T); Qwen3-235B EP 32: 4 top-4,
+#: T (published 32 x T x 8 / 128 = 2T); Mixtral EP 8: 1 top-1, T (published 8 x T x 2 / 8 = 2T).
 SHAPES = [
     ("qwen3-30b-a3b", 2048, 128, 8, 768),
     ("qwen3-30b-a3b-ep8", 2048, 16, 8, 768),
@@ -50,23 +52,22 @@ SHAPES = [
 
 
 def _versions() -> dict:
-    import torch
+    """GPU, driver, torch, CUDA, NCCL and date (autotune.profiling.measure.detect_environment, as the profiles
+    record them) plus the host CPU, whose speed the host-side times depend on."""
+    import dataclasses
 
-    out = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": sys.version.split()[0],
-           "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
-           "cpu": platform.processor() or platform.machine()}
+    from autotune.profiling.measure import detect_environment
+
+    out = dataclasses.asdict(detect_environment(gpu_count=1))
+    out.update(date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), python=sys.version.split()[0],
+               gpu=out["gpu_name"], cpu=platform.processor() or platform.machine())
     try:
         with open("/proc/cpuinfo") as f:
             names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
-        out["cpu"] = names[0] if names else out["cpu"]
-        out["cpu_count"] = len(names)
+        if names:
+            out.update(cpu=names[0], cpu_count=len(names))
     except OSError:
         pass
-    try:
-        out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out["driver"] = "unknown"
     return out
 
 

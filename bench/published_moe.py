@@ -178,13 +178,17 @@ def host_term_ms(r: dict[str, Any], h: float, s: float) -> float:
     to the host as alltoall does (DeepEP's normal-mode dispatch returns the per-expert counts on the host)."""
     if r["id"] in FULL_ITERATION_GRAPHS:
         return 0.0
-    p, m, bd = r["plan"], r["model_obj"], r["breakdown"]
-    step = r["workload"].global_batch_size * r["workload"].seq_len / (r["pred_tok"] * r["gpus"]) * 1e3
+    p, m, bd, step = r["plan"], r["model_obj"], r["breakdown"], _step_ms(r)
     other = sum(bd.get(k, 0.0) for k in ("bubble", "exposed_dp_comm", "exposed_pp_comm", "optimizer"))
     layers = max(p.stage_layers) * max(1, p.effective_vpp) if p.stage_layers else m.num_layers / p.pp_degree
     moe_layers = layers * m.num_moe_layers / m.num_layers
     g = (step - other) / (layers * p.num_micro_batches)
     return moe_layers * p.num_micro_batches * (max(0.0, h - g) + s)
+
+
+def _step_ms(r: dict[str, Any]) -> float:
+    """The predicted step time of row ``r``, ms (from its predicted tokens/s per GPU)."""
+    return r["workload"].global_batch_size * r["workload"].seq_len / (r["pred_tok"] * r["gpus"]) * 1e3
 
 
 def host_term_lines(rows: list[dict[str, Any]], measured: dict[str, Any]) -> list[str]:
@@ -194,8 +198,7 @@ def host_term_lines(rows: list[dict[str, Any]], measured: dict[str, Any]) -> lis
            f"{meta.get('gpu', '?')}, {meta.get('cpu', '?')}, torch {meta.get('torch', '?')}, {meta.get('date_utc', '?')}):"]
     errs = []
     for r in rows:
-        step = r["workload"].global_batch_size * r["workload"].seq_len / (r["pred_tok"] * r["gpus"]) * 1e3
-        add = host_term_ms(r, h, s)
+        step, add = _step_ms(r), host_term_ms(r, h, s)
         tok = r["pred_tok"] * step / (step + add)
         e = tok / r["ref_tok"] - 1
         errs.append(e)

@@ -486,13 +486,7 @@ def _timeout_s() -> float:
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
         return CONFIG_MODULE_TIMEOUT_S
-    from autotune.spec.validate import ASCII_FLOAT_PATTERN
-    import re
-
-    try:
-        t = float(raw) if re.fullmatch(ASCII_FLOAT_PATTERN, raw.strip()) else math.nan    # not "٣٠" (issue 37)
-    except ValueError:
-        t = math.nan
+    t = _env_number(raw)
     if not (math.isfinite(t) and 0 < t <= 86400):
         from autotune.files import display_text
         raise ConfigError(f"{TIMEOUT_ENV}={display_text(raw, 40)}: must be a number of seconds in (0, 86400]")
@@ -511,12 +505,22 @@ def _max_gib() -> float:
     raw = os.environ.get(MAX_GIB_ENV)
     if raw is None or raw == "":
         return CONFIG_MODULE_MAX_GIB
-    s = raw.strip()
-    ok = s.isascii() and len(s) <= 12 and s.replace(".", "", 1).isdigit()
-    if not ok or not 1 <= float(s) <= 4096:
+    g = _env_number(raw)
+    if not (math.isfinite(g) and 1 <= g <= 4096):
         from autotune.files import display_text
         raise ConfigError(f"{MAX_GIB_ENV}={display_text(raw, 40)}: must be a number of GiB between 1 and 4096")
-    return float(s)
+    return g
+
+
+def _env_number(raw: str) -> float:
+    """An environment variable's value read as an ASCII decimal (:func:`autotune.spec.validate.parse_ascii_float`:
+    not "٣٠", issue 37), NaN when it is not one (the callers name the variable and the valid range)."""
+    from autotune.spec.validate import parse_ascii_float
+
+    try:
+        return parse_ascii_float(raw.strip(), "")
+    except ConfigError:
+        return math.nan
 
 
 def _one_line(text: str, n: int = 200) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.engines.torchtitan.export import MOE_FLAVORS
 from autotune.errors import ConfigError
 
 
@@ -19,13 +20,16 @@ def _q(v: object) -> str:
 #: torchtitan/models/deepseek_v3/__init__.py ``deepseekv3_args`` at tag v0.2.2) -> the built-in model with the
 #: same costed fields, and what differs in fields the cost model does not read. deepseek_v3 671B has no
 #: multi-token prediction module in 0.2.2 (model/args.py has no MTP field), so it is DeepSeek-V3 without MTP.
+#: The two flavours autotune also exports and runs take their (module, flavour) names from
+#: :data:`autotune.engines.torchtitan.export.MOE_FLAVORS`, the one place they are written.
+_EXPORTED = {name: (module, flavour) for name, (module, flavour, _) in MOE_FLAVORS.items()}
 MOE_TOML_FLAVORS = {
-    ("qwen3", "30B-A3B"): ("qwen3-30b-a3b", "qwen3 30B-A3B: torchtitan's flavour has max_seq_len 262144 where the HF "
+    _EXPORTED["qwen3-30b-a3b"]: ("qwen3-30b-a3b", "qwen3 30B-A3B: torchtitan's flavour has max_seq_len 262144 where the HF "
                            "config has 40960 (not costed); costed as the built-in qwen3-30b-a3b"),
     ("qwen3", "235B-A22B"): ("qwen3-235b-a22b", "qwen3 235B-A22B: torchtitan's flavour has rope_theta 5e6 and "
                              "max_seq_len 4096 where the HF config has 1e6 and 40960 (neither is costed); costed as "
                              "the built-in qwen3-235b-a22b"),
-    ("deepseek_v3", "16B"): ("deepseek-16b", None),
+    _EXPORTED["deepseek-16b"]: ("deepseek-16b", None),
     ("deepseek_v3", "671B"): ("deepseek-v3", "deepseek_v3 671B: no multi-token prediction module in torchtitan 0.2.2 "
                               "(costed without it); norm_eps 1e-5 (model/args.py default) where the HF config has "
                               "1e-6 (not costed)"),
