@@ -67,8 +67,12 @@ RECIPES: dict[str, dict[str, Any]] = {
     # deepseek/b200/deepseek_v3.py deepseek_v3_pretrain_256gpu_b200_fp8mx_config: recompute [mla_up_proj, mlp],
     # flex (deepep), overlap_moe_expert_parallel_comm=True
     "mb260401-dsv3-b200": {"dispatcher": "flex", "overlap": True, "modules": ("mla_up_proj", "mlp")},
-    # qwen/b200/qwen3_moe.py qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config: hybridep flex, a2a overlap
-    "mb260401-qwen30-b200": {"dispatcher": "flex", "overlap": True},
+    # at the row's container (26.04.01 summary, commit 21d102f5e): scripts/performance/configs/qwen/
+    # qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_B200_FP8_MX_V1 = ..._B200_BF16_V1: hybridep flex,
+    # CUDA graphs attn + moe_router + moe_preprocess, moe_a2a_overlap left at WorkloadBaseConfig's False (the
+    # a2a overlap came later: perf_recipes/qwen/b200/qwen3_moe.py at 067f987df, "Under partial CG the MoE a2a
+    # (~29% of kernel time here) is otherwise fully exposed")
+    "mb260401-qwen30-b200": {"dispatcher": "flex", "overlap": False},
     # qwen3_235b_a22b_pretrain_64gpu_b200_fp8mx_config: alltoall, no a2a overlap, recompute off
     "mb260401-qwen235-b200": {"dispatcher": "alltoall", "overlap": False},
     # deepseek/gb200/deepseek_v3.py deepseek_v3_pretrain_256gpu_gb200_fp8mx_config: recompute [mla_up_proj],

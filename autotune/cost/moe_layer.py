@@ -21,6 +21,60 @@ def _add(d: dict[str, float], key: str, v: float) -> None:
         d[key] = d.get(key, 0.0) + v
 
 
+def remote_nodes_per_token(num_experts: int, top_k: int, num_nodes: int) -> float:
+    """Expected number of other nodes of the EP group that hold at least one of a token's ``top_k`` experts,
+    with the ``num_experts`` experts spread evenly over ``num_nodes`` nodes and the k distinct experts chosen
+    uniformly (balanced routing): (N - 1) (1 - C(E - E/N, k) / C(E, k)) (the chance that a given other node
+    holds none of them is hypergeometric). E.g. E = 128, k = 8, N = 2: 1 - C(64, 8) / C(128, 8) = 0.9966."""
+    from math import comb
+
+    if num_nodes <= 1:
+        return 0.0
+    e_node = num_experts // num_nodes
+    miss = comb(num_experts - e_node, top_k) / comb(num_experts, top_k)
+    return (num_nodes - 1) * (1.0 - miss)
+
+
+def ep_all_to_all_ms(costs: Any, place: Any, copies_bytes: float, token_bytes: float, dispatcher: str,
+                     num_experts: int, top_k: int) -> float:
+    """One token dispatch (or combine) over the EP group ``place``, ms. ``copies_bytes`` = S, the bytes of
+    the rank's n x k token copies; ``token_bytes`` = the rank's n tokens once.
+
+    Inside one node: ``costs.placed_collective_ms("all_to_all", S, place)``, (n - 1) / n S at the NVLink
+    all-to-all bus bandwidth. Across N nodes of k members (n = k N), an all-to-all is not a ring: every
+    rank sends S / n to each peer (nccl-tests doc/PERFORMANCE.md, alltoall: busbw = algbw (n - 1) / n), so
+    the S (n - k) / n bytes for off-node peers all leave through the rank's own NIC share
+    (``place.member_inter_link``), beside the S (k - 1) / n bytes over NVLink:
+    t = max(S (k - 1) / n / B_nvl, S_off / B_nic) + the latency of the n - 1 exchanges beyond the
+    measured 2-rank one (:func:`autotune.cost.op_costs.ring_steps`). ``alltoall`` (NCCL): S_off =
+    S (n - k) / n. ``flex`` (DeepEP / HybridEP): hierarchical, each token crosses once to every remote node
+    holding one of its experts and is forwarded there over NVLink (DeepSeek-V3, arXiv 2412.19437,
+    Sec. 3.2.2: "first transmitted via IB to the GPUs with the same in-node index on its target nodes ...
+    then forwarded via NVLink"; deepseek-ai/DeepEP README, normal kernels' NVLink -> RDMA forwarding):
+    S_off = n h 2 x :func:`remote_nodes_per_token`, and NVLink also carries the forwarded copies,
+    S (n - k) / n (k - 1) / k. Node-limited routing (DeepSeek-V3's at most 4 nodes) is not modelled."""
+    from autotune.cost.op_costs import collective_factors, ring_steps
+
+    n, k, N = place.size, place.members_per_node, place.num_nodes
+    if n <= 1 or copies_bytes <= 0:
+        return 0.0
+    if not place.spans_nodes:
+        return costs.placed_collective_ms("all_to_all", copies_bytes, place)
+    net, intra = place.member_inter_link, place.intra_link
+    on_node = copies_bytes * (k - 1) / n
+    if dispatcher == "flex":
+        off_node = token_bytes * remote_nodes_per_token(num_experts, top_k, N)
+        on_node += copies_bytes * (n - k) / n * (k - 1) / k
+    else:
+        off_node = copies_bytes * (n - k) / n
+    t_intra = on_node / (costs.busbw_gbs("all_to_all", copies_bytes, intra) * 1e6) if on_node else 0.0
+    t_inter = off_node / (costs.busbw_gbs("all_to_all", off_node, net) * 1e6) if off_node else 0.0
+    steps, inter_steps = ring_steps("all_to_all", n, N, k)
+    lat_us = (steps - inter_steps) * intra.latency_us + inter_steps * net.latency_us
+    measured_us = collective_factors("all_to_all", 2)[1] * net.latency_us
+    return max(t_intra, t_inter) + max(0.0, lat_us - measured_us) / 1e3
+
+
 def moe_parts(cb: Any, fwd: dict[str, float], bwd: dict[str, float], gkw: dict[str, Any]) -> tuple[float, float]:
     """Add one MoE layer's routed-expert work to its forward and backward parts (the conventions and
     sources: :mod:`autotune.cost.moe`): ``expert_compute`` (the rank's E / EP local experts' fc1 and
@@ -84,8 +138,8 @@ def moe_parts(cb: Any, fwd: dict[str, float], bwd: dict[str, float], gkw: dict[s
             comm += (costs.placed_collective_ms("all_gather", gathered, cb.ep_place)
                      + costs.placed_collective_ms("reduce_scatter", gathered, cb.ep_place))
         else:
-            comm += 2 * costs.placed_collective_ms("all_to_all", moe.dispatch_bytes(m, p, w.seq_len, imbalance=imb),
-                                                   cb.ep_place)
+            comm += 2 * ep_all_to_all_ms(costs, cb.ep_place, moe.dispatch_bytes(m, p, w.seq_len, imbalance=imb),
+                                         n * h * BF16, p.moe_dispatcher, m.num_experts, m.moe_top_k)
     if p.etp_degree > 1:
         tok = BF16 * copies * h
         comm += (costs.placed_collective_ms("all_gather", tok, cb.etp_place)
@@ -255,4 +309,4 @@ def moe_layer_state(cb: Any, memo: dict | None, dense: tuple, placed: Any, lkey:
             memo[mkey] = state
     return state
 
-__all__ = ["moe_layer_state", "place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]
+__all__ = ["ep_all_to_all_ms", "remote_nodes_per_token", "moe_layer_state", "place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]
