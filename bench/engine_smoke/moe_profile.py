@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = Path("/tmp/moe-traces") / out.name
     shutil.rmtree(traces, ignore_errors=True)
     model, cluster, workload = resolve_target(size=None, model_path=a.model, gpu="h200", gpus=1, interconnect=None,
-                                              seq_len=4096, global_batch=str(a.mb * a.n))
+                                              seq_len=4096, global_batch=str(a.mb * a.n * 4096))
     plan = Plan(zero_stage=0, micro_batch_size=a.mb, num_micro_batches=a.n, recompute=a.recompute,
                 compile=a.compile, precision="bf16", memory_reclaim="expandable_segments")
     prof = (f'\n[profiling]\nenable_profiling = true\nsave_traces_folder = "{traces}"\nprofile_freq = {a.steps}\n'
