@@ -51,7 +51,7 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
     * The end of each chunk's last backward on rank r, packing the schedule's final backwards from its end
       (:func:`autotune.cost.schedule.schedule_order`: interleaved 1F1B drains chunk v-1 .. 0 in groups of p
       micro-batches, so chunk c's last backward ends ``c p b_0..`` before the rank's end).
-    * DP: the step graph's bucket groups (``w.dp_groups``, in the graph's stream order: chunk 0 first)
+    * DP: the step graph's bucket groups (``w.dp_groups``, in the order their chunk's last backward ends: chunk v-1 first, as the step graph)
       run one after the other on the DP stream, each from max(the previous group's end, its chunk's last
       backward end + its ready delay) when ``w.overlap_dp``, else after the last backward on the compute
       stream; then the optimizer step, the exposed parameter gather and the per-step reclaim
@@ -87,14 +87,20 @@ def step_time_from_weights(plan: Plan, w: StepWeights) -> float:
         f_end = end0 - lag
         lag += comp[r, "B", 0][1] + d
         if w.overlap_dp:
-            t = 0.0
-            back = 0.0          # chunk c's last backward ends `back` before the rank's end
+            # chunk c's last backward ends back[c] before the rank's end (chunk 0's last: the drain runs
+            # chunks v-1 .. 0); the DP stream takes the chunks in the order their last backward ends, as
+            # the step graph does (graph.py: sorted by last position, Megatron-LM schedules.py
+            # grad_sync_func), so chunk v-1 first: in chunk-index order every chunk's reduction waited
+            # behind chunk 0's and overlap looked no better than blocking (issue 40 item 6)
+            back, acc = [0.0] * v, 0.0
             for c in range(v):
-                groups = w.dp_groups.get((r, c), ())
-                for dur, _, delay in groups:
-                    t = max(t, f_end - back + delay) + dur
+                back[c] = acc
                 if interleaved:
-                    back += p * comp[r, "B", c][1]
+                    acc += p * comp[r, "B", c][1]
+            t = 0.0
+            for c in sorted(range(v), key=lambda c: -back[c]):
+                for dur, _, delay in w.dp_groups.get((r, c), ()):
+                    t = max(t, f_end - back[c] + delay) + dur
             tail = max(f_end, t)
         else:
             tail = f_end + sum(g[0] for c in range(v) for g in w.dp_groups.get((r, c), ()))
