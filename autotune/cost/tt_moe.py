@@ -47,21 +47,6 @@ def routed_path_ms(cb: Any, n: float, copies: float, h: int, expert_weight_param
     return perm + rows + wcast, perm + rows + wcast
 
 
-def saved_weight_copy_bytes(engine: Any, plan: Any, expert_weight_params: float) -> float:
-    """Bytes one MoE layer keeps per in-flight micro-batch for its backward on the FP32 routed path: the BF16
-    copies of the expert weights that ``w.bfloat16()`` made for each grouped GEMM (autograd saves the GEMM's
-    BF16 operand), 2 B per weight; 0 where the path is BF16 or the layer is recomputed (selective recompute on
-    an engine whose SAC re-runs the routed experts, or full recompute)."""
-    if not getattr(engine, "moe_fp32_path_without_fsdp", False):
-        return 0.0
-    if plan.zero_stage >= 2 and plan.dp_degree * plan.cp_degree > 1:
-        return 0.0
-    rc = getattr(plan, "recompute", "none")
-    if rc == "full" or (rc == "selective" and getattr(engine, "sac_recomputes_routed_experts", False)):
-        return 0.0
-    return BF16 * expert_weight_params
-
-
 def sac_recompute_ms(cb: Any, routed_fwd_ms: float) -> float:
     """Backward re-run of the routed experts' forward under the engine's selective recompute, ms: the whole
     forward of the routed part (``routed_fwd_ms``: grouped GEMMs, activation, permutation, the FP32 path's
@@ -83,4 +68,4 @@ def grad_clip_bytes_per_param(cb: Any) -> int:
     return int(getattr(cb.engine, "grad_clip_bytes_per_param", 0))
 
 
-__all__ = ["fp32_path", "routed_path_ms", "saved_weight_copy_bytes", "sac_recompute_ms", "grad_clip_bytes_per_param"]
+__all__ = ["fp32_path", "routed_path_ms", "sac_recompute_ms", "grad_clip_bytes_per_param"]
