@@ -47,6 +47,25 @@ def routed_path_ms(cb: Any, n: float, copies: float, h: int, expert_weight_param
     return perm + rows + wcast, perm + rows + wcast
 
 
+def saved_weight_copy_bytes(engine: Any, plan: Any, expert_weight_params: float) -> float:
+    """Bytes one MoE layer keeps per in-flight micro-batch for its backward on the FP32 routed path (no FSDP,
+    no recompute): the BF16 copies ``w.bfloat16()`` makes of the rank's expert weights for each grouped GEMM
+    (torchtitan v0.2.2 models/moe/moe.py ``_run_experts_grouped_mm``; autograd saves torch._grouped_mm's BF16
+    weight operand for the data gradient), 2 B per weight (``expert_weight_params``: the rank's routed-expert
+    weights of the layer). 0 for any other engine, with FSDP (the all-gathered weights are BF16 already) and
+    under recompute (selective on an engine whose SAC re-runs the routed experts, or full: re-made in backward).
+    Whether inductor's partitioner re-makes the casts in backward under torch.compile instead of saving them
+    was not measured (no memory profile): the term is the eager graph's."""
+    if not getattr(engine, "moe_fp32_path_without_fsdp", False):
+        return 0.0
+    if plan.zero_stage >= 2 and plan.dp_degree * plan.cp_degree > 1:
+        return 0.0
+    rc = plan.recompute
+    if rc == "full" or (rc == "selective" and getattr(engine, "sac_recomputes_routed_experts", False)):
+        return 0.0
+    return BF16 * expert_weight_params
+
+
 def sac_recompute_ms(cb: Any, routed_fwd_ms: float) -> float:
     """Backward re-run of the routed experts' forward under the engine's selective recompute, ms: the whole
     forward of the routed part (``routed_fwd_ms``: grouped GEMMs, activation, permutation, the FP32 path's
@@ -68,4 +87,4 @@ def grad_clip_bytes_per_param(cb: Any) -> int:
     return int(getattr(cb.engine, "grad_clip_bytes_per_param", 0))
 
 
-__all__ = ["fp32_path", "routed_path_ms", "sac_recompute_ms", "grad_clip_bytes_per_param"]
+__all__ = ["fp32_path", "routed_path_ms", "saved_weight_copy_bytes", "sac_recompute_ms", "grad_clip_bytes_per_param"]

@@ -73,3 +73,20 @@ def test_simulated_step_terms():
     assert new["router_permute"] > old["router_permute"]
     sel, sel_old = _eval(TT02, recompute="selective"), _eval(get_engine("torchtitan"), recompute="selective")
     assert sel["recompute"] > sel_old["recompute"]
+
+
+def test_saved_weight_copies_hand_derived():
+    import dataclasses
+
+    from autotune.cost.activations import moe_layer_bytes
+
+    m = get_builtin_model("qwen3-30b-a3b").truncated(6)
+    w = Workload(seq_len=4096, global_batch_size=4)
+    off = dataclasses.replace(TT02, moe_fp32_path_without_fsdp=False)
+    plan = Plan(micro_batch_size=4, compile=True)
+    # one layer's BF16 expert-weight copies: 2 B x 128 x 3 x 768 x 2,048 = 1,207,959,552 B
+    assert moe_layer_bytes(m, plan, w, TT02)[1] - moe_layer_bytes(m, plan, w, off)[1] == 1207959552
+    assert moe_layer_bytes(m, plan, w, TT02)[0] == moe_layer_bytes(m, plan, w, off)[0]     # dense layer: none
+    sel = Plan(micro_batch_size=4, compile=True, recompute="selective")    # SAC re-makes them in backward
+    assert moe_layer_bytes(m, sel, w, TT02)[1] == moe_layer_bytes(m, sel, w, off)[1]
+    assert tt_moe.saved_weight_copy_bytes(get_engine("megatron"), plan, W) == 0.0
