@@ -280,6 +280,16 @@ def _mla_terms(terms: dict[str, int], model: ModelSpec, plan: Plan, workload: Wo
     terms["attn_output"] = BF16_BYTES * s * b * n * dv // t
 
 
+class _AsRecompute:
+    """``plan`` seen with another ``recompute`` mode (the partial-recompute callers' ``recompute="none"``)."""
+
+    def __init__(self, plan: Plan, recompute: str) -> None:
+        self._plan, self.recompute = plan, recompute
+
+    def __getattr__(self, name: str):
+        return getattr(self._plan, name)
+
+
 def moe_layer_bytes(model: ModelSpec, plan: Plan, workload: Workload, engine: EngineProfile | str | None,
                     *, recompute: str | None = None) -> tuple[int, int]:
     """(a dense layer's, an MoE layer's) saved bytes for backward of a mixture-of-experts (or MLA) model, one
@@ -320,7 +330,11 @@ def moe_layer_bytes(model: ModelSpec, plan: Plan, workload: Workload, engine: En
         if mode == "core_attention_and_mlp_act":
             experts = {k: v for k, v in experts.items() if k not in ("expert_act", "shared_act")}
         return dense_b, moe_b + sum(experts.values())
-    return sum(dense_t.values()), sum(moe_t.values())
+    # torchtitan 0.2.2 without FSDP: the BF16 expert-weight copies saved per grouped GEMM (autotune.cost.tt_moe)
+    from autotune.cost.tt_moe import saved_weight_copy_bytes
+    wcopy = saved_weight_copy_bytes(eng, plan if recompute is None else _AsRecompute(plan, rc),
+                                    moe.expert_params_per_layer(model) / (plan.ep_degree * plan.etp_degree))
+    return sum(dense_t.values()), int(sum(moe_t.values()) + wcopy)
 
 
 def _block_input_bytes(terms: Mapping[str, int], plan: Plan, engine: EngineProfile | str | None) -> int:

@@ -705,7 +705,7 @@ class CostBuilder:
         shard = stage_params / (self.dp_group if self.p.zero_stage >= 1 else 1)
         if expert_params:
             shard += expert_params / (getattr(self, "edp_group", 1) if self.p.zero_stage >= 1 else 1)
-        return self.costs.memory_bound_ms(shard * ADAM_BYTES_PER_PARAM, "adamw")
+        return self.costs.memory_bound_ms(shard * (ADAM_BYTES_PER_PARAM + moe_layer.grad_clip_bytes(self)), "adamw")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.cost import moe
+from autotune.cost import moe, tt_moe
 
 BF16 = 2  # bytes per element
 #: Transformer Engine's FP8 cast-transpose, bytes per element (BF16 read, two FP8 writes), as
@@ -144,10 +144,15 @@ def moe_parts(cb: Any, fwd: dict[str, float], bwd: dict[str, float], gkw: dict[s
         tok = BF16 * copies * h
         comm += (costs.placed_collective_ms("all_gather", tok, cb.etp_place)
                  + costs.placed_collective_ms("reduce_scatter", tok, cb.etp_place))
+    # torchtitan 0.2.2 without FSDP: FP32 rows, per-call weight casts; its SAC re-runs the routed forward
+    # (autotune.cost.tt_moe; 0 for every other engine and plan)
+    wparams = el * sum(float(b) * c for _, b, c in gem)
+    tt_f, tt_b = tt_moe.routed_path_ms(cb, n, copies, h, wparams)
     _add(fwd, "expert_compute", ex_f + act_f)
     _add(bwd, "expert_compute", ex_b + 2 * act_f)
-    _add(fwd, "router_permute", router_f + perm)
-    _add(bwd, "router_permute", router_b + perm)
+    _add(fwd, "router_permute", router_f + perm + tt_f)
+    _add(bwd, "router_permute", router_b + perm + tt_b)
+    _add(bwd, "recompute", tt_moe.sac_recompute_ms(cb, ex_f + act_f + perm + tt_f))
     overlapped = p.moe_a2a_overlap and p.async_collectives and p.num_micro_batches >= 2
     exp_f = exp_b = comm
     if overlapped and comm:
@@ -165,7 +170,7 @@ def moe_parts(cb: Any, fwd: dict[str, float], bwd: dict[str, float], gkw: dict[s
     _add(bwd, "exposed_ep_comm", exp_b)
     cb._moe_act_ms = act_f
     cb._moe_exposed_fwd = exp_f
-    return ex_f + act_f + router_f + perm, flops
+    return ex_f + act_f + router_f + perm + tt_f, flops
 
 
 def module_recompute_ms(cb: Any, modules: tuple[str, ...], gemms: list[tuple[int, int, int]], gkw: dict[str, Any],
@@ -309,4 +314,9 @@ def moe_layer_state(cb: Any, memo: dict | None, dense: tuple, placed: Any, lkey:
             memo[mkey] = state
     return state
 
-__all__ = ["ep_all_to_all_ms", "remote_nodes_per_token", "moe_layer_state", "place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]
+__all__ = ["grad_clip_bytes", "ep_all_to_all_ms", "remote_nodes_per_token", "moe_layer_state", "place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]
+
+
+def grad_clip_bytes(cb: Any) -> int:
+    """Bytes per gradient element of the engine's every-step gradient clipping (:mod:`autotune.cost.tt_moe`)."""
+    return tt_moe.grad_clip_bytes_per_param(cb)

@@ -140,6 +140,13 @@ class EngineProfile:
         moe_a2a_overlap: it overlaps expert-parallel all-to-alls with another micro-batch's compute
             (``Plan.moe_a2a_overlap``).
         recompute_modules: its selective recomputation takes a list of modules (``Plan.recompute_modules``).
+        moe_fp32_path_without_fsdp: without FSDP (one GPU or DDP: FP32 parameters under autocast) its MoE
+            layer moves the routed rows as FP32 and casts them and the expert weights to BF16 at every grouped
+            GEMM call, per micro-batch (:mod:`autotune.cost.tt_moe`).
+        sac_recomputes_routed_experts: its selective recompute saves no grouped GEMM or permutation, so the
+            routed-expert forward runs again in backward.
+        grad_clip_bytes_per_param: bytes per gradient element its every-step gradient clipping moves (0: none
+            priced).
 
     Raises:
         ConfigError: a field missing or outside its valid values (names the engine and the field).
@@ -194,6 +201,9 @@ class EngineProfile:
     moe_reason: str = ""
     moe_a2a_overlap: bool = False
     recompute_modules: bool = False
+    moe_fp32_path_without_fsdp: bool = False
+    sac_recomputes_routed_experts: bool = False
+    grad_clip_bytes_per_param: int = 0
     levers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,92 @@
+"""torchtitan 0.2.2's FP32 MoE routed path, SAC re-run of the routed experts and gradient clipping
+(autotune/cost/tt_moe.py; issue 39), against hand-derived byte counts."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.cost import tt_moe
+from autotune.cost.simulator import SimulatedEvaluator
+from autotune.spec.engines import get_engine, resolve_engine
+from autotune.spec.hardware import make_cluster
+from autotune.spec.models import get_builtin_model
+from autotune.spec.plan import Plan, Workload
+
+
+def _cb(engine, **plan):
+    p = dict(zero_stage=0, dp_degree=1, cp_degree=1, recompute="none", recompute_modules=None)
+    p.update(plan)
+    # generic memory-bound rate 1 GB/s (ms = bytes / 1e6), the layer's "cast" rate 2 GB/s
+    costs = SimpleNamespace(memory_bound_ms=lambda b, op=None: b / 1e6)
+    return SimpleNamespace(p=SimpleNamespace(**p), engine=engine, costs=costs, m=SimpleNamespace(num_experts=128),
+                           _memory_bound_ms=lambda b, op=None: b / 2e6)
+
+
+TT02 = resolve_engine("torchtitan", "real")      # release 0.2 (the runner's): the facts are set
+# Qwen3-30B-A3B on one GPU, 4 x 4096 tokens: n = 16,384, copies = 8 n = 131,072, h = 2,048,
+# expert weights of one layer 128 x 3 x 768 x 2,048 = 603,979,776
+N, COPIES, H, W = 16384, 131072, 2048, 128 * 3 * 768 * 2048
+
+
+def test_routed_path_bytes_hand_derived():
+    # permutation FP32 extra: 2 x 2 B x (16,384 + 131,072) x 2,048 = 1,207,959,552 B at 1 GB/s = 1207.96 ms
+    # row casts: 2 x (4 + 2) B x 131,072 x 2,048 = 3,221,225,472 B at 2 GB/s = 1610.61 ms
+    # weight casts: 6 B x 603,979,776 = 3,623,878,656 B at 2 GB/s = 1811.94 ms
+    f, b = tt_moe.routed_path_ms(_cb(TT02), N, COPIES, H, W)
+    assert f == pytest.approx(1207.959552 + 1610.612736 + 1811.939328)
+    assert b == pytest.approx(f)
+
+
+def test_scoped_to_engine_and_no_fsdp():
+    assert tt_moe.routed_path_ms(_cb(get_engine("megatron")), N, COPIES, H, W) == (0.0, 0.0)
+    assert tt_moe.routed_path_ms(_cb(get_engine("torchtitan")), N, COPIES, H, W) == (0.0, 0.0)   # 0.3 profile
+    # FSDP over 2 ranks: BF16 parameters and activations (MixedPrecisionPolicy), no extra
+    assert tt_moe.routed_path_ms(_cb(TT02, zero_stage=3, dp_degree=2), N, COPIES, H, W) == (0.0, 0.0)
+    assert tt_moe.routed_path_ms(_cb(TT02, zero_stage=3, dp_degree=1), N, COPIES, H, W)[0] > 0
+
+
+def test_sac_recompute_and_clip_bytes():
+    assert tt_moe.sac_recompute_ms(_cb(TT02, recompute="selective"), 7.0) == 7.0
+    assert tt_moe.sac_recompute_ms(_cb(TT02), 7.0) == 0.0
+    assert tt_moe.sac_recompute_ms(_cb(get_engine("megatron"), recompute="selective"), 7.0) == 0.0
+    assert tt_moe.grad_clip_bytes_per_param(_cb(TT02)) == 12     # _foreach_norm 4 B + _foreach_mul_ 4 + 4 B
+    dense = _cb(TT02)
+    dense.m = SimpleNamespace(num_experts=0)
+    assert tt_moe.grad_clip_bytes_per_param(dense) == 0
+
+
+def _eval(engine, **plan):
+    m = get_builtin_model("qwen3-30b-a3b").truncated(6)
+    ev = SimulatedEvaluator(model=m, cluster=make_cluster("h200", 1, None),
+                            workload=Workload(seq_len=4096, global_batch_size=4), engine=engine)
+    d = dict(micro_batch_size=4, compile=True)
+    d.update(plan)
+    return ev.evaluate(Plan(**d)).breakdown_ms
+
+
+def test_simulated_step_terms():
+    new, old = _eval(TT02), _eval(get_engine("torchtitan"))
+    # the optimizer pass moves 28 + 12 B per parameter instead of 28 at the same adamw rate
+    assert new["optimizer"] / old["optimizer"] == pytest.approx(40 / 28)
+    assert new["compute"] == pytest.approx(old["compute"])
+    assert new["expert_compute"] == pytest.approx(old["expert_compute"])
+    assert new["router_permute"] > old["router_permute"]
+    sel, sel_old = _eval(TT02, recompute="selective"), _eval(get_engine("torchtitan"), recompute="selective")
+    assert sel["recompute"] > sel_old["recompute"]
+
+
+def test_saved_weight_copies_hand_derived():
+    import dataclasses
+
+    from autotune.cost.activations import moe_layer_bytes
+
+    m = get_builtin_model("qwen3-30b-a3b").truncated(6)
+    w = Workload(seq_len=4096, global_batch_size=4)
+    off = dataclasses.replace(TT02, moe_fp32_path_without_fsdp=False)
+    plan = Plan(micro_batch_size=4, compile=True)
+    # one layer's BF16 expert-weight copies: 2 B x 128 x 3 x 768 x 2,048 = 1,207,959,552 B
+    assert moe_layer_bytes(m, plan, w, TT02)[1] - moe_layer_bytes(m, plan, w, off)[1] == 1207959552
+    assert moe_layer_bytes(m, plan, w, TT02)[0] == moe_layer_bytes(m, plan, w, off)[0]     # dense layer: none
+    sel = Plan(micro_batch_size=4, compile=True, recompute="selective")    # SAC re-makes them in backward
+    assert moe_layer_bytes(m, sel, w, TT02)[1] == moe_layer_bytes(m, sel, w, off)[1]
+    assert tt_moe.saved_weight_copy_bytes(get_engine("megatron"), plan, W) == 0.0
