@@ -61,6 +61,14 @@ PAIR_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "micro_batch_size", "vpp_de
 #: settings knobs chosen per layout (each layout's plan takes the value of lowest estimated step time
 #: among those that fit) rather than once for all layouts: precision (see LayoutSampler._best_per_layout)
 PER_LAYOUT_KNOBS = ("precision",)
+#: (knob, value) -> knobs active only under that value (BoundSearchSpace.suggest: ``param_gather_overlap`` only
+#: with ``dp_grad_reduce_overlap``): a neighbour move that sets the value also tries each other value of those
+#: knobs, as the interleaved schedule's moves carry their vpp. Without it a plan without grad-reduce overlap (the
+#: dependent knob then reads its preferred value, False once the coordinate-descent pass chose no overlap) reaches
+#: both overlaps on only through a plan with grad-reduce overlap alone, which can be slower than either (issue 40:
+#: 70B x 256 H100 over 10 Gb/s, TP4 CP2 PP8 v2, simulated 33,474 ms off / 33,497 grad only / 33,118 both, bucket
+#: 128 MiB; seeds 1-4 of bench/bench_search.py never left the plan without overlap)
+DEPENDENT_KNOBS: Mapping[tuple[str, Any], tuple[str, ...]] = {("dp_grad_reduce_overlap", True): ("param_gather_overlap",)}
 #: DP settings chosen per layout after the precision (LayoutSampler._tune_dp), in this order
 DP_KNOBS = ("zero_stage", "bucket_size_mib")
 #: preferred value order per settings knob (the first one the space has is the layout's default):
@@ -532,6 +540,9 @@ class LayoutSampler(LayoutBounds, SharedSearch, ConvergenceStop, optuna.samplers
                     moves.append({k: v})
                     if k == "pipeline_schedule" and v == "interleaved_1f1b":
                         moves.extend({k: v, "vpp_degree": x} for x in c["vpp_degree"])
+                    # a knob active only under another's value moves with it (DEPENDENT_KNOBS)
+                    for dep in DEPENDENT_KNOBS.get((k, v), ()):
+                        moves.extend({k: v, dep: x} for x in c[dep] if x != a[dep])
         for k1, k2 in itertools.combinations(PAIR_KNOBS, 2):
             for v1, v2 in itertools.product(c[k1], c[k2]):
                 if v1 != a[k1] and v2 != a[k2]:
