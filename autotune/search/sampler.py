@@ -16,7 +16,9 @@ already in the study, in an order set by cheap screens (:class:`autotune.search.
    reached eventually), the others a local-search step: among the evaluated plans, best MFU first,
    the first one with a neighbour not yet in the study; the proposal is the unseen neighbour with the
    lowest estimated step time. Neighbours differ in one knob, or in two of the layout knobs (tp, pp,
-   cp, micro-batch size, vpp); those that do not fit in memory are skipped.
+   cp, micro-batch size, vpp), or in a knob and the knob active only under its value
+   (:data:`DEPENDENT_KNOBS`: grad-reduce overlap on with param-gather overlap); those that do not fit in
+   memory are skipped.
 3. When both lists are exhausted, a plan is drawn at random (Optuna's RandomSampler).
 
 ``seed``: the estimate is an estimate, so its order inside a +-:attr:`jitter` band is drawn from
