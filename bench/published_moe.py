@@ -61,9 +61,13 @@ RECIPES: dict[str, dict[str, Any]] = {
     "mb2606-qwen30-h100": {"dispatcher": "flex", "overlap": False},
     # qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config: alltoall, overlap_moe_expert_parallel_comm=True
     "mb260401-qwen235-h100": {"dispatcher": "alltoall", "overlap": True},
-    # gpt_oss/h100/gpt_oss.py gpt_oss_120b_pretrain_64gpu_h100_bf16_config: recompute [layernorm, moe_act];
-    # gpt_oss/common.py: flex (hybridep)
-    "mb260401-gptoss120-h100-bf16": {"dispatcher": "flex", "overlap": False, "modules": ("layernorm", "moe_act")},
+    # at the row's container (26.04.01 summary, commit 21d102f5e): scripts/performance/configs/gpt_oss/
+    # gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2 (GBS 1280) = V1: PP 4, EP 8,
+    # recompute [layernorm, moe_act], no moe_flex_dispatcher_backend override; gpt_oss_llm_pretrain.py keeps
+    # src/megatron/bridge/recipes/gpt_oss/gpt_oss.py gpt_oss_120b_pretrain_config's
+    # moe_token_dispatcher_type = "alltoall" (its "deepep" flex backend unused without the flex type), no a2a
+    # overlap, no CUDA graphs. (The later perf_recipes gpt_oss/common.py at 067f987df uses flex / hybridep.)
+    "mb260401-gptoss120-h100-bf16": {"dispatcher": "alltoall", "overlap": False, "modules": ("layernorm", "moe_act")},
     # deepseek/b200/deepseek_v3.py deepseek_v3_pretrain_256gpu_b200_fp8mx_config: recompute [mla_up_proj, mlp],
     # flex (deepep), overlap_moe_expert_parallel_comm=True
     "mb260401-dsv3-b200": {"dispatcher": "flex", "overlap": True, "modules": ("mla_up_proj", "mlp")},

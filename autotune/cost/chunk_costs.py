@@ -254,9 +254,9 @@ class CostBuilder:
         kern = self.engine.attention_kernel
         if getattr(p, "attention_backend", "default") == "flash":
             kern = "flash2"     # SDPA's flash backend only (Plan.attention_backend): the profile's flash2 table
-        attn_fwd = costs.attention_kernel_ms(kern, **attn_kw) / p.cp_degree
-        attn_bwd = costs.attention_kernel_ms(kern, **attn_kw, backward=True) / p.cp_degree
-        flops += 2.0 * p.micro_batch_size * seq * seq * head_dim * heads / p.cp_degree
+        aw = moe.attention_work_fraction(m, seq)     # sliding-window layers: the kernel's share of causal work
+        attn_fwd, attn_bwd = (costs.attention_kernel_ms(kern, **attn_kw, backward=b) * aw / p.cp_degree for b in (0, 1))
+        flops += 2.0 * p.micro_batch_size * seq * seq * head_dim * heads * aw / p.cp_degree
         # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
         # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t
         # (plain GeLU r f w f: 4f/t). Backward moves about twice the forward bytes.

@@ -35,7 +35,8 @@ plus its norms and 2h -> h projection and one more LM head; the core attention h
 Q_qk + Q_v per head (MLA); no capacity / dropped tokens (dropless, balanced routing). It differs from
 Megatron-LM in counting the router GEMM (6 E h per MoE layer: 0.25% of DeepSeek-V3's total) and the layer
 norms and biases (< 0.01%), which Megatron leaves out, as the dense formula above counts them. Sliding-window
-layers (GPT-OSS) are counted with full causal attention, as Megatron-LM does.
+layers (GPT-OSS) are counted with full causal attention, as Megatron-LM does (the simulated kernel time reads the
+window: :func:`autotune.cost.moe.attention_work_fraction`).
 """
 
 from __future__ import annotations

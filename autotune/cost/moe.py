@@ -268,6 +268,47 @@ def attention_widths(m: ModelSpec) -> tuple[int, int, int]:
             m.qk_rope_head_dim)
 
 
+#: query and key block of the attention kernel's tiling, tokens: FlashAttention-2 tiles Q and K/V in blocks of
+#: 64 or 128 rows (Dao 2023, arXiv 2307.08691, Sec. 3.1) and skips the key blocks a query block's mask hides
+#: entirely (flash-attn csrc/flash_attn/src/flash_fwd_kernel.h, ``n_block_min`` / ``n_block_max`` from
+#: ``window_size_left`` for local attention); 128 assumed for cuDNN's fused attention too (its tiling is not
+#: public)
+ATTENTION_BLOCK = 128
+
+
+def attention_work_fraction(m: ModelSpec, seq_len: int, block: int = ATTENTION_BLOCK) -> float:
+    """Mean over the layers of the attention kernel's work relative to full causal attention at ``seq_len``
+    (dimensionless, in (0, 1]): 1 without a sliding window or when ``seq_len`` fits in it.
+
+    A windowed layer (``sliding_window`` W tokens, the query and the W - 1 keys before it: HF ``sliding_window``;
+    Megatron-LM ``--window-size W-1,0``, Megatron-Bridge PR #2656) runs the kernel over the key blocks its
+    query blocks can see: with n = ceil(T / B) blocks of B = ``block`` tokens, query block i (rows iB .. iB+B-1)
+    reads key blocks max(0, floor((iB - W + 1) / B)) .. i; causal reads 0 .. i, n (n + 1) / 2 in all. Layer l is
+    windowed when l % ``sliding_window_period`` == 0 (GPT-OSS: period 2, the even layers; HF ``layer_types``;
+    Megatron-LM ``is_layer_window_attention`` windows 1-based layers not a multiple of
+    ``--window-attn-skip-freq`` 2: the same layers). The per-block time is that of causal attention at T
+    (the kernel's TFLOP/s is not re-read at the window's width). GPT-OSS-120B at T = 4096, W = 128: a windowed
+    layer 63 / 528 blocks, the mean over 36 layers (18 windowed) 591 / 1056 = 0.560.
+
+    Attention sinks (GPT-OSS's learned per-head logit, Megatron ``softmax_type`` ``learnable``) add no term:
+    Transformer Engine runs them inside cuDNN's fused attention (transformer_engine/common/fused_attn/
+    fused_attn.cpp: ``softmax_type`` learnable needs cuDNN >= 9.13.1; FlashAttention is disabled for it,
+    pytorch/attention/dot_product_attention/utils.py "Filter: Softmax type"), with the window (the same
+    file's "sliding window" cases, cuDNN >= 9.2); Megatron-Bridge 26.04 pins Transformer Engine 2.16 (uv.lock
+    at 21d102f5e). The model FLOPs (MFU) keep full causal attention on every layer, as Megatron-LM's
+    ``num_floating_point_operations`` and Megatron-Bridge's published TFLOP/s count them
+    (:mod:`autotune.cost.flops`)."""
+    w = m.sliding_window
+    if w is None or seq_len <= w or m.num_layers <= 0:
+        return 1.0
+    n = -(-seq_len // block)
+    causal = n * (n + 1) / 2
+    windowed = sum(i - max(0, (i * block - w + 1) // block) + 1 for i in range(n))
+    period = max(1, m.sliding_window_period)
+    n_win = -(-m.num_layers // period)
+    return (n_win * windowed + (m.num_layers - n_win) * causal) / (m.num_layers * causal)
+
+
 def cp_exchange_width(m: ModelSpec, t: int, kv: int) -> int:
     """Elements per token of the K and V blocks a context-parallel rank exchanges: 2 kv / t (at least the kv
     width when TP exceeds the KV heads); with multi-latent attention the up-projected K (d_nope + d_rope) and V

@@ -308,8 +308,9 @@ def test_gpt_oss_flags():
     m = get_builtin_model("gpt-oss-120b")
     a = " ".join(architecture_args(m, 4096))
     # HF config.json: sliding_window 128 on the even layers (layer_types), sinks, swiglu_limit 7, biases on every
-    # linear layer; Megatron-LM: window (128, 0) windowed unless the 1-based layer number is a multiple of 2
-    for flag in ("--window-size 128,0 --window-attn-skip-freq 2", "--softmax-type learnable",
+    # linear layer; Megatron-LM: window (127, 0) (TE bounds inclusive: 128 tokens, Megatron-Bridge PR #2656),
+    # windowed unless the 1-based layer number is a multiple of 2
+    for flag in ("--window-size 127,0 --window-attn-skip-freq 2", "--softmax-type learnable",
                  "--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value 7",
                  "--position-embedding-type yarn", "--no-yarn-correction-range-round-to-int"):
         assert flag in a, flag

@@ -162,10 +162,12 @@ def architecture_args(model: ModelSpec, seq_len: int) -> list[str]:
     if model.attention_sinks:
         args += ["--softmax-type", "learnable"]     # a learned sink logit per head (TransformerConfig softmax_type)
     if model.sliding_window is not None and seq_len > model.sliding_window:
-        # window (W, 0) as Megatron-Bridge's GPTOSSProvider for HF sliding_window W; a layer is windowed unless
-        # its 1-based number is a multiple of --window-attn-skip-freq (megatron/core/transformer/utils.py
-        # is_layer_window_attention), so period 2 (0-based even layers windowed) is skip-freq 2
-        args += ["--window-size", f"{model.sliding_window},0"]
+        # window (W - 1, 0) for HF sliding_window W: Transformer Engine's window bounds are inclusive (query i
+        # sees keys i - left .. i; TE dot_product_attention/utils.py get_full_mask), as Megatron-Bridge's
+        # GPT-OSS bridge sets since PR #2656; a layer is windowed unless its 1-based number is a multiple of
+        # --window-attn-skip-freq (megatron/core/transformer/utils.py is_layer_window_attention), so period 2
+        # (0-based even layers windowed) is skip-freq 2
+        args += ["--window-size", f"{model.sliding_window - 1},0"]
         if model.sliding_window_period == 2:
             args += ["--window-attn-skip-freq", "2"]
     rs = model.rope_scaling

@@ -119,7 +119,8 @@ def _layer_pattern(r: Any, L: int) -> tuple[int, int]:
 
 
 def read_attention_and_gpt_oss(r: Any) -> dict[str, Any]:
-    """ModelSpec fields of sliding windows (``--window-size W,0``; ``--window-attn-skip-freq 2``: the 0-based
+    """ModelSpec fields of sliding windows (``--window-size L,0``: the query and L keys before it, HF
+    ``sliding_window`` L + 1, Transformer Engine's inclusive bounds; ``--window-attn-skip-freq 2``: the 0-based
     even layers windowed, as autotune's ``sliding_window_period`` 2), attention sinks (``--softmax-type
     learnable``) and GPT-OSS's MLP (``--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value C``
     without ``--disable-bias-linear``: the SwiGLU-clamp feature and biases on every linear layer), the inverse
@@ -136,12 +137,12 @@ def read_attention_and_gpt_oss(r: Any) -> dict[str, Any]:
             left, right = (int(x) for x in str(win).strip("()").split(","))
         except ValueError:
             raise ConfigError(f"{r.source}: --window-size {str(win)[:40]!r}: give LEFT,RIGHT (tuple_type)") from None
-        if right != 0 or left < 1:
+        if right != 0 or left < 0:
             r.refuse("--window-size", f"a window of ({left}, {right}) (autotune models causal windows (W, 0))")
         skip = r.value("--window-attn-skip-freq", None)
         if skip not in (None, 2, "2"):
             r.refuse("--window-attn-skip-freq", "a window pattern other than every layer or the even layers (GPT-OSS)")
-        kw.update(sliding_window=left, sliding_window_period=2 if skip is not None else 1)
+        kw.update(sliding_window=left + 1, sliding_window_period=2 if skip is not None else 1)
     else:
         r.ignore("--window-attn-skip-freq", "no effect without --window-size")
     soft = r.value("--softmax-type", "vanilla")
