@@ -53,7 +53,7 @@ def _v02_fqn(fqn: str) -> str:
 def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int, hf_assets_path: str,
                  dataset_path: str | None = None, dataset: str = "c4_test", layers: int | None = None,
                  dump_folder: str = "./outputs", log_freq: int = 1, warmup_steps: int = 2,
-                 color: bool = False, force_load_balance: bool = True) -> dict[str, dict]:
+                 color: bool = False, force_load_balance: bool = True, data_workers: int = 0) -> dict[str, dict]:
     """The job file's sections (``{"parallelism": {...}, "quantize.linear.float8": {...}, ...}``).
 
     Args:
@@ -69,6 +69,12 @@ def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int
             config/job_config.py ``Debug``; the router's top-k replaced by a round-robin assignment, every
             expert the same tokens: the balanced routing the cost model assumes); False: the router as trained
             (from its random initialisation here). Dense models: nothing is written.
+        data_workers: ``[training.dataloader] num_workers`` (torchtitan 0.2.2 config/job_config.py
+            ``DataLoader``, passed to torchdata's ``StatefulDataLoader`` by hf_datasets/text_datasets.py
+            ``build_text_dataloader``): > 0 tokenises in that many worker processes, ahead of the train loop
+            (2 batches each: ``prefetch_factor``'s default); 0 (torchtitan's default): nothing is written and
+            the train loop tokenises each document itself when it starts one
+            (``HuggingFaceTextDataset.__iter__``), inside the step.
 
     MoE models (``qwen3-30b-a3b``, ``deepseek-16b``: :data:`~autotune.engines.torchtitan.export.MOE_FLAVORS`):
     ``[model] name = "qwen3"`` / ``"deepseek_v3"``, flavour ``30B-A3B`` / ``16B`` (``<flavour>_L<n>`` when
@@ -104,6 +110,7 @@ def job_sections(plan: Plan, model: ModelSpec, workload: Workload, *, steps: int
         "training": {"local_batch_size": s["training"]["local_batch_size"],
                      "global_batch_size": s["training"]["global_batch_size"],
                      "seq_len": s["training"]["seq_len"], "steps": steps, "dataset": dataset},
+        **({"training.dataloader": {"num_workers": int(data_workers)}} if data_workers > 0 else {}),
         "lr_scheduler": {"warmup_steps": warmup_steps},
         "parallelism": par,
         "activation_checkpoint": {"mode": s["activation_checkpoint"] or "none"},

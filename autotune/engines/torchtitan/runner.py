@@ -6,7 +6,8 @@ that torchtitan 0.2.x is importable and the GPUs are there, nothing starts; ``ev
 
 * the launch: the plan as a torchtitan 0.2.x job file (:func:`autotune.engines.torchtitan.job.job_toml`),
   with once per evaluator the synthetic tokenizer and dataset (:func:`autotune.runners.assets.write_assets`;
-  nothing is downloaded), run as ``-m torchtitan.train --job.config_file F``;
+  nothing is downloaded) and one data-loader worker (:data:`DATA_WORKERS`: tokenisation off the timed step),
+  run as ``-m torchtitan.train --job.config_file F``;
 * the log (:mod:`autotune.engines.torchtitan.log`): the step time of each step from torchtitan's per-step
   ``tps`` (tokens one rank consumes per step / (tps x the non-data-parallel size)), peak memory =
   torchtitan's peak *reserved* bytes (rank 0), its own MFU (PaLM convention) kept beside autotune's.
@@ -65,7 +66,7 @@ def run_key(model: ModelSpec, workload: Workload, layers: int | None,
 
     def key(plan: Plan) -> str:
         return job_toml(plan, model, workload, steps=1, layers=layers, hf_assets_path="-",
-                        force_load_balance=force_load_balance) + repr(train_env(plan))
+                        force_load_balance=force_load_balance, data_workers=DATA_WORKERS) + repr(train_env(plan))
 
     return key
 
@@ -85,6 +86,16 @@ def classify(text: str, *, returncode: int | None, timed_out: bool, timeout_s: f
 #: block per document: torchtitan v0.2.2 torchtitan/models/attention.py ``get_document_mask_mod``) is the
 #: causal mask the cost model prices in all but ~1 sequence in 7 (which holds one document boundary)
 MOE_DOCS, MOE_WORDS_PER_DOC = 60, (20000, 30000)
+
+#: data-loader worker processes of every trial (``[training.dataloader] num_workers``:
+#: :func:`autotune.engines.torchtitan.job.job_sections` ``data_workers``). With torchtitan's default 0 the train
+#: loop tokenises a document when it starts one, inside the timed step (torchtitan v0.2.2
+#: hf_datasets/text_datasets.py ``HuggingFaceTextDataset.__iter__``): with the MoE documents above that was
+#: 55-97 ms of host time on every second step (docs/results/engines/torchtitan-moe-profile-h200x1-2026-12-03/,
+#: point 1), a cost of the test data that no plan term prices. One worker tokenises ahead (2 batches queued,
+#: torchdata ``StatefulDataLoader``'s default ``prefetch_factor``), overlapped with the GPU's step; the train
+#: loop only dequeues a batch. Set before the 2026-12-04 re-measurement (issue 39); dense trials get it too.
+DATA_WORKERS = 1
 
 
 class TorchtitanEvaluator(EngineRunner):
@@ -141,7 +152,8 @@ class TorchtitanEvaluator(EngineRunner):
         tok, data = self.assets()
         text = job_toml(plan, self.model, self.workload, steps=total_steps, layers=self.layers,
                         hf_assets_path=str(tok), dataset_path=str(data), dump_folder=str(workdir / "outputs"),
-                        warmup_steps=max(1, min(2, total_steps - 1)), force_load_balance=self.force_load_balance)
+                        warmup_steps=max(1, min(2, total_steps - 1)), force_load_balance=self.force_load_balance,
+                        data_workers=DATA_WORKERS)
         facts = {"moe_routing": "balanced" if self.force_load_balance else "trained"} if self.model.is_moe else {}
         return Launch(entry=["-m", "torchtitan.train", "--job.config_file", str(workdir / "job.toml")],
                       env=self._launch_env(plan), job_text=text, job_suffix="toml", facts=facts)
