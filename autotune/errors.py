@@ -32,6 +32,16 @@ class NoGPUError(AutotuneError):
     """A command that needs an NVIDIA GPU ran on a machine without one."""
 
 
+class Interrupted(AutotuneError):
+    """SIGINT or SIGTERM stopped a child process autotune was waiting for (a config module loading, a
+    ``--run-script`` script); the child's process group is already killed. The CLI prints
+    ``interrupted: <message>`` and exits ``128 + signum`` (130 / 143, as ``run`` does)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+
+
 #: ``scheme://user:password@host``: the password part of a URL's authority (RFC 3986 section 3.2.1,
 #: "userinfo"; SQLAlchemy URLs follow it: ``postgresql://user:pw@host/db``), in free text (no whitespace)
 _URL_PASSWORD = None

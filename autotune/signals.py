@@ -131,3 +131,61 @@ def take_startup_signals(replaced: dict[int, Any]) -> list[int]:
     noted = list(STARTUP_SIGNALS)
     STARTUP_SIGNALS.clear()
     return noted
+
+
+class child_signals:
+    """While a child process runs (the torchtitan config-module child, a ``--run-script`` bash): SIGINT and
+    SIGTERM raise KeyboardInterrupt in the main thread, whatever their handling was (a SIGINT that the shell
+    ignored for a ``cmd &`` job included, as ``run``'s :func:`autotune.cli.options.early_signals` does), so the
+    caller's clean-up kills the child's process group at once; :attr:`signum` is the signal that arrived (None
+    when none did). The previous handlers come back on exit. Elsewhere than the main thread it does nothing.
+
+    Example::
+
+        with child_signals() as sigs:
+            try:
+                proc.wait(timeout=...)
+            except KeyboardInterrupt:
+                kill_group(proc)
+                raise Interrupted(sigs.signum or signal.SIGINT, "...")
+    """
+
+    def __enter__(self) -> "child_signals":
+        import signal
+        import threading
+
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+
+        def _raise(signum: int, frame: Any) -> None:
+            if self.signum is None:
+                self.signum = int(signum)
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, _raise)
+            except (ValueError, OSError):
+                continue
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            try:
+                signal.signal(sig, old)
+            except (ValueError, OSError):
+                pass
+
+
+def signal_name(signum: int) -> str:
+    """``"SIGTERM"`` for 15, ``"SIGINT"`` for 2 (:class:`signal.Signals`), ``"signal N"`` otherwise."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

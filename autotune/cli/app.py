@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from autotune.errors import AutotuneError, redact, register_secrets
+from autotune.errors import AutotuneError, Interrupted, redact, register_secrets
 from autotune.files import withhold_private
 
 
@@ -87,6 +87,9 @@ class AutotuneGroup(click.Group):
             # final flush cannot raise again (Python docs, "Note on SIGPIPE", signal module)
             _silence_stdout()
             ctx.exit(141)
+        except Interrupted as e:        # a child's process group killed on SIGINT / SIGTERM (autotune/signals.py)
+            click.echo(redact(f"interrupted: {one_line(str(e))}"), err=True)
+            ctx.exit(128 + e.signum)
         except AutotuneError as e:
             click.echo(redact(f"error: {one_line(withhold_private(str(e)))}"), err=True)
             ctx.exit(2)

@@ -50,8 +50,13 @@ RECORDED = ("torchrun", "python", "python3", "srun", "deepspeed", "uv", "nsys", 
 PLACEHOLDERS = ("pretrain_gpt.py", "pretrain_mamba.py", "pretrain_bert.py", "pretrain_t5.py", "train_rl.py")
 #: wall-clock limit of one script run, seconds
 TIMEOUT_S = 20.0
-#: address-space limit of the child (bash and the recorder), bytes: an array that expands to 10^9 words stops
-MAX_CHILD_BYTES = 2 * 2**30
+#: address-space limit of the child (bash and the recorder), bytes (RLIMIT_AS, setrlimit(2)): an array that
+#: doubles itself stops at it (bash: "xmalloc: cannot allocate"), its peak well under issue 37's 1 GiB bar (it was
+#: 2 GiB: a 1.87 GB peak). bash 5.2 running Megatron-LM's launch scripts peaks at a few MiB, the recorder's
+#: ``python -I -S`` at about 25 MiB of address space.
+MAX_CHILD_BYTES = 512 * 2**20
+#: words of bash's (and glibc's) out-of-memory messages, read in the child's output to say why it stopped
+_OOM_WORDS = ("xmalloc", "cannot allocate", "Cannot allocate memory", "MemoryError")
 #: the largest file the child may write (the record, the variable dump), bytes
 MAX_RECORD_BYTES = 16 * 2**20
 
@@ -180,6 +185,62 @@ def _parse_vars(data: bytes, source: str) -> dict[str, list[str]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Ended:
+    output: bytes
+    returncode: int
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL to process group ``pgid`` (the script's bash and whatever it started, its background jobs too),
+    at most once it is gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run_bash(argv: list[str], work: Path, env: dict, timeout_s: float, source: str) -> _Ended:
+    """Run ``argv`` (bash and the script) in a session and process group of its own under the limits of
+    :func:`_limits`; its output (stdout and stderr) and exit status. The whole group is killed on every way
+    out: the end of bash (a job it left in the background), the time limit, SIGINT / SIGTERM of autotune
+    (issue 37 F5: bash outlived a SIGTERM, re-parented to init), any error.
+
+    Raises:
+        ConfigError: bash cannot start; the time limit.
+        Interrupted: SIGINT or SIGTERM arrived (the group is killed first; exit 130 / 143 in the CLI).
+    """
+    from autotune.errors import Interrupted
+    from autotune.signals import child_signals, signal_name
+
+    cpu = int(timeout_s) + 1
+    with child_signals() as sigs:
+        try:
+            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lambda: _limits(MAX_CHILD_BYTES, cpu))
+        except OSError as e:
+            raise ConfigError(f"{source}: cannot run bash: {e.strerror or e}") from None
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.communicate()
+            raise ConfigError(f"{source}: the script ran past {timeout_s:g} s under --run-script (no launch "
+                              "recorded in time); autotune stopped it") from None
+        except KeyboardInterrupt:
+            _kill_group(proc.pid)
+            proc.wait()
+            sig = sigs.signum or signal.SIGINT
+            raise Interrupted(sig, f"{signal_name(sig)} arrived while --run-script ran {source}; the script and "
+                                   "everything it started were stopped, nothing was done") from None
+        finally:
+            _kill_group(proc.pid)       # also after bash's own end: its background jobs are in the group
+            if proc.poll() is None:
+                proc.wait()
+    return _Ended(output=out, returncode=proc.returncode)
+
+
 def run_script(path: str | Path, run: ScriptRun) -> Recorded:
     """Run the launch script ``path`` as the module docstring says and return what it launched.
 
@@ -217,30 +278,14 @@ def run_script(path: str | Path, run: ScriptRun) -> Recorded:
                "BASH_ENV": str(prelude)}
         env.update(dict(run.env))
         env.update({"AUTOTUNE_RECORD": str(record), "AUTOTUNE_VARS": str(dump), "BASH_ENV": str(prelude)})
-        cpu = int(run.timeout_s) + 1
-        try:
-            proc = subprocess.Popen([bash, "--noprofile", "--norc", script, *run.args], cwd=work, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True,
-                                    preexec_fn=lambda: _limits(MAX_CHILD_BYTES, cpu))
-        except OSError as e:
-            raise ConfigError(f"{source}: cannot run bash: {e.strerror or e}") from None
-        try:
-            out, _ = proc.communicate(timeout=run.timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise ConfigError(f"{source}: the script ran past {run.timeout_s:g} s under --run-script (no launch "
-                              "recorded in time); autotune stopped it") from None
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        output = out[-4096:].decode("utf-8", "replace")
-        if proc.returncode in (-signal.SIGKILL, -signal.SIGXCPU, -signal.SIGSEGV, -signal.SIGXFSZ) or \
-                proc.returncode < 0:
+        proc = _run_bash([bash, "--noprofile", "--norc", script, *run.args], work, env, run.timeout_s, source)
+        output = proc.output[-4096:].decode("utf-8", "replace")
+        if proc.returncode != 0 and any(w in output for w in _OOM_WORDS):
+            raise ConfigError(f"{source}: the script used more than {MAX_CHILD_BYTES // 2**20} MiB of memory under "
+                              "--run-script and was stopped (its output is not shown: run it yourself to see why)")
+        if proc.returncode < 0:
             raise ConfigError(f"{source}: the script was stopped by signal {-proc.returncode} under --run-script "
-                              f"(a limit: {MAX_CHILD_BYTES // 2**30} GiB of memory, {MAX_RECORD_BYTES // 2**20} MiB "
+                              f"(a limit: {MAX_CHILD_BYTES // 2**20} MiB of memory, {MAX_RECORD_BYTES // 2**20} MiB "
                               "files, CPU time)")
         calls, launch, launch_env = [], None, {}
         for line in _read_capped(record, source, "recorded commands").decode("utf-8", "replace").splitlines():

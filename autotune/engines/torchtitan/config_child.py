@@ -57,8 +57,44 @@ def _plain(v, depth=0):
 
 
 def _message(e):
+    """``Type: message`` of an exception raised by torchtitan's own import (no user code has run yet)."""
     text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     return text[:MESSAGE_CHARS]
+
+
+def _kind_name(e):
+    """The exception's class name when it is a built-in one (``RuntimeError``), else ``a subclass of X`` with X
+    its first built-in base: a module-defined class name is the module's text too, never sent back."""
+    for cls in type(e).__mro__:
+        if cls.__module__ == "builtins":
+            return cls.__name__ if cls is type(e) else f"a subclass of {cls.__name__}"
+    return "an exception"
+
+
+def _where(e, folder):
+    """``FILE line N``: the innermost traceback frame in a file under ``folder`` (the module's own folder or
+    its package's root), the file named relative to it; ``""`` when no frame is there."""
+    tb, found = e.__traceback__, ""
+    while tb is not None:
+        fn = tb.tb_frame.f_code.co_filename
+        try:
+            real = os.path.realpath(fn)
+        except (OSError, ValueError):
+            real = fn
+        if real == folder or real.startswith(folder.rstrip(os.sep) + os.sep):
+            found = f"{os.path.relpath(real, folder)[:200]} line {tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
+def _safe_message(e, folder):
+    """What is sent back of an exception the user's module (or its config function) raised: its built-in
+    type and where in the module it was raised (:func:`_where`), never ``str(e)``: the module's code chooses
+    that text, and it may hold anything the module can read (issue 37: ``raise RuntimeError(os.environ[...])``
+    printed a secret)."""
+    where = _where(e, folder)
+    return (f"{_kind_name(e)}" + (f" raised at {where}" if where else "")
+            + " (its message is not shown: run the module yourself to see it)")[:MESSAGE_CHARS]
 
 
 def describe(cfg, seen, alloc):
@@ -144,6 +180,15 @@ def load_module(path):
     return name
 
 
+def _module_root(path):
+    """The real path of the folder whose files are the user's: the module's folder, or the root folder of
+    its package (the folders with ``__init__.py`` above it), as :func:`load_module` finds it."""
+    root = os.path.dirname(os.path.realpath(path))
+    while os.path.isfile(os.path.join(root, "__init__.py")) and os.path.dirname(root) != root:
+        root = os.path.dirname(root)
+    return root
+
+
 def main():
     req = json.loads(sys.argv[1])
     answer = os.fdopen(os.dup(1), "w")
@@ -192,26 +237,30 @@ def main():
         return spec
 
     ll3.model_registry = reg.model_registry = registry
+    folder = _module_root(req["file"])
     try:
         name = load_module(req["file"])
-    except SystemExit as e:
-        return reply({"ok": False, "kind": "import", "message": f"SystemExit({e.code!r}) at import"[:MESSAGE_CHARS]})
     except MemoryError:
         return reply({"ok": False, "kind": "memory", "message": "MemoryError at import"})
-    except BaseException as e:          # noqa: BLE001 - whatever the module raises, reported in one line
-        return reply({"ok": False, "kind": "import", "message": _message(e)})
+    except BaseException as e:          # noqa: BLE001 - whatever the module raises (SystemExit too), one line
+        return reply({"ok": False, "kind": "import", "message": _safe_message(e, folder)})
     try:
         cfg = ConfigManager().parse_args(["--module", name, "--config", req["function"]])
     except SystemExit as e:
-        return reply({"ok": False, "kind": "exit", "message": f"exit {e.code!r}"[:MESSAGE_CHARS]})
+        where = _where(e, folder)
+        # argparse's own exit (an int status, raised outside the module) is torchtitan's refusal; a SystemExit
+        # the config function raised is reported like any other exception of the module's
+        msg = (_safe_message(e, folder) if where or not isinstance(e.code, (int, type(None)))
+               else f"exit status {e.code}")
+        return reply({"ok": False, "kind": "exit", "message": msg})
     except MemoryError:
         return reply({"ok": False, "kind": "memory", "message": "MemoryError in the config function"})
     except BaseException as e:          # noqa: BLE001
-        return reply({"ok": False, "kind": "load", "message": _message(e)})
+        return reply({"ok": False, "kind": "load", "message": _safe_message(e, folder)})
     try:
         return reply({"ok": True, "config": describe(cfg, seen, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))})
     except Exception as e:              # noqa: BLE001 - a config object without the fields of Trainer.Config
-        return reply({"ok": False, "kind": "describe", "message": _message(e)})
+        return reply({"ok": False, "kind": "describe", "message": _safe_message(e, folder)})
 
 
 if __name__ == "__main__":

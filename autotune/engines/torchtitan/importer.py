@@ -461,9 +461,10 @@ def _config_function(path: Path, fn: str | None, source: str) -> str:
                       f"{', '.join(funcs) or 'none'})")
 
 
-#: seconds a config module may take to load in its child process (importing torch and torchtitan there takes
-#: 5-15 s on this project's 2-core machine); the environment variable :data:`TIMEOUT_ENV` sets another limit
-CONFIG_MODULE_TIMEOUT_S = 120.0
+#: seconds a config module may take to load in its child process (:data:`TIMEOUT_ENV` sets another limit):
+#: importing torch and torchtitan there took 15.6 s (6.2 s CPU) on this project's shared 2-core machine, a whole
+#: load about 20 s (docs/outputs.md); 45 s keeps a 2x margin under issue 37's 60 s bar (it was 120 s)
+CONFIG_MODULE_TIMEOUT_S = 45.0
 TIMEOUT_ENV = "AUTOTUNE_CONFIG_MODULE_TIMEOUT_S"
 #: GiB of address space the child may use (RLIMIT_AS, setrlimit(2)); the environment variable
 #: :data:`MAX_GIB_ENV` sets another limit. Importing torch 2.13 (CPU build) and torchtitan peaked at 0.94 GiB
@@ -530,17 +531,39 @@ def _one_line(text: str, n: int = 200) -> str:
     return display_text(lines[0] if lines else "", n)
 
 
+#: this process's variables the config-module child gets (issue 37: it had them all; a module printed a secret):
+#: ``PATH``, ``LANG`` / ``LC_ALL`` (encoding), ``LD_LIBRARY_PATH`` (a torch linked to CUDA or MKL outside its
+#: wheel imports only with it). Not ``PYTHONPATH``: ``python -I`` ignores it; the import folders go in the request.
+CHILD_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH")
+
+
+def child_env(cwd: str) -> dict[str, str]:
+    """The environment of the config-module child: :data:`CHILD_ENV_KEEP` from this process's (where set),
+    ``LANG=C.UTF-8`` when unset, ``HOME`` and ``TMPDIR`` the child's working directory ``cwd``; nothing else
+    (``PYTORCH_CUDA_ALLOC_CONF`` in particular is the config function's to set, not the caller's)."""
+    import os
+
+    env = {k: os.environ[k] for k in CHILD_ENV_KEEP if k in os.environ}
+    env.setdefault("PATH", os.defpath)
+    env.setdefault("LANG", "C.UTF-8")
+    env.update({"HOME": cwd, "TMPDIR": cwd})
+    return env
+
+
 def _load_in_child(path: Path, fn: str, source: str) -> dict:
     """The settings of config function ``fn`` of the module ``path``, loaded by
     :mod:`autotune.engines.torchtitan.config_child` in a child process (never in this one): ``python -I``, an
-    empty temporary working directory, stdin closed, a session of its own under the guard of
-    :mod:`autotune.launchers.reaper` (it ends with this process, ``kill -9`` included), at most
-    :func:`_timeout_s` seconds; its answer is JSON data, checked here as any input.
+    empty temporary working directory, stdin closed, a minimal environment (:func:`child_env`), a session of
+    its own under the guard of :mod:`autotune.launchers.reaper` (it ends with this process, ``kill -9``
+    included), at most :func:`_timeout_s` seconds; its answer is JSON data, checked here as any input. Of an
+    exception the module raises only the built-in type and the file and line are shown, never its message,
+    and the child's output is never shown (the module's code chooses both).
 
     Raises:
         ConfigError: torchtitan not importable in the child (names the extra), the module failing to import
-            (its own error, one line), torchtitan's ConfigManager refusing it, the time limit, a child that
-            ends without an answer (``os._exit`` at import) or is killed.
+            (its exception's type and line), torchtitan's ConfigManager refusing it, the time limit, a child
+            that ends without an answer (``os._exit`` at import) or is killed.
+        Interrupted: SIGINT or SIGTERM arrived while the child ran (its process group is killed first).
     """
     import json
     import os
@@ -548,8 +571,9 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
     import subprocess
     import tempfile
 
-    from autotune.launchers.process import sigterm_as_interrupt
+    from autotune.errors import Interrupted
     from autotune.launchers.reaper import guarded
+    from autotune.signals import child_signals, signal_name
 
     timeout = _timeout_s()
     max_gib = _max_gib()
@@ -557,11 +581,11 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
                       "as_bytes": int(max_gib * 2**30),
                       # this process's import folders (a torchtitan checkout on PYTHONPATH), appended after the child's
                       "path": [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]})
-    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
     with tempfile.TemporaryDirectory(prefix="autotune-config-") as cwd, tempfile.TemporaryFile() as out, \
             tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(guarded([PYTHON, "-I", str(CHILD_SCRIPT), req], grace_s=1.0), cwd=cwd,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env(cwd),
+                                start_new_session=True)
 
         def stop() -> None:
             for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
@@ -575,23 +599,28 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
                 except subprocess.TimeoutExpired:
                     pass
 
-        try:
-            with sigterm_as_interrupt():
+        with child_signals() as sigs:
+            try:
                 rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop()
-            raise ConfigError(f"{source}: loading the config module took longer than {timeout:g} s and was stopped "
-                              f"(it runs in a child process; {TIMEOUT_ENV}=SECONDS sets the limit; a torchtitan 0.2 "
-                              "TOML job file is read without running anything)") from None
-        except BaseException:
-            stop()
-            raise
+            except subprocess.TimeoutExpired:
+                stop()
+                raise ConfigError(f"{source}: loading the config module took longer than {timeout:g} s and was "
+                                  f"stopped (it runs in a child process; {TIMEOUT_ENV}=SECONDS sets the limit; a "
+                                  "torchtitan 0.2 TOML job file is read without running anything)") from None
+            except KeyboardInterrupt:
+                stop()
+                sig = sigs.signum or signal.SIGINT
+                raise Interrupted(sig, f"{signal_name(sig)} arrived while the config module {source} was loading; "
+                                       "its process was stopped, nothing was done") from None
+            except BaseException:
+                stop()
+                raise
         out.seek(0)
         raw = out.read(MAX_ANSWER_BYTES + 1)
         err.seek(0, os.SEEK_END)
         err.seek(max(0, err.tell() - 4096))
         tail = [ln for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    last = f"; its last message: {_one_line(tail[-1], 120)}" if tail else ""
+    # the child's output is read for a memory error only, never shown: the module writes what it likes there
     if not raw and any(w in ln for ln in tail[-5:] for w in ("MemoryError", "bad_alloc", "Cannot allocate memory")):
         raise ConfigError(f"{source}: loading the config module used more than {max_gib:g} GiB of memory and was "
                           f"stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
@@ -599,7 +628,7 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
         how = (f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
                else f"ended with exit status {rc}")
         raise ConfigError(f"{source}: the process loading the config module {how} without returning a config (does "
-                          f"the module end the process at import, os._exit or a signal?){last}")
+                          f"the module end the process at import, os._exit or a signal?; its output is not shown)")
     try:
         answer = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_ANSWER_BYTES else None
     except (ValueError, RecursionError):

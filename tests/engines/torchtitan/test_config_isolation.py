@@ -121,11 +121,12 @@ def test_torchtitans_own_config_registry_loads_as_shipped():
 
 
 @needs_torchtitan
-def test_a_relative_import_outside_a_package_shows_pythons_own_error(tmp_path):
+def test_a_relative_import_outside_a_package_names_the_error_and_its_line(tmp_path):
+    # issue 37 F1: the exception's type and line, never its text (the module chooses that text)
     f = tmp_path / "loose.py"
     f.write_text("from . import model_registry\n\n\ndef autotune_plan():\n    pass\n")
-    with pytest.raises(ConfigError, match=r"importing the config module failed: ImportError: attempted relative "
-                                          r"import with no known parent package") as e:
+    with pytest.raises(ConfigError, match=r"importing the config module failed: ImportError raised at loose.py "
+                                          r"line 1 \(its message is not shown") as e:
         import_launch(f, None, num_gpus=8)
     assert "\n" not in str(e.value)
 
