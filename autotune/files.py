@@ -57,6 +57,10 @@ KERNEL_DIRS = ("/proc", "/sys", "/dev")
 #: locations whose files are secrets whatever their mode says (shadow password and sudo files, SSH, GnuPG and
 #: cloud credentials); a file there is treated as private (:func:`is_private_file`)
 PRIVATE_PLACES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh/", "/.ssh/", "/.gnupg/", "/.aws/")
+#: autotune's own data folders (real paths): the package and the checkout's ``search_spaces/`` beside it
+#: (:func:`autotune.search.space.search_space_dirs`); the files shipped there are never private
+_SHIPPED_DIRS = (os.path.dirname(os.path.realpath(__file__)),
+                 os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "search_spaces"))
 #: shown path -> text of every private file read by this process (:func:`withhold_private` hides its words)
 _PRIVATE_TEXTS: dict[str, str] = {}
 
@@ -65,8 +69,11 @@ def is_private_file(real: str, st: os.stat_result) -> bool:
     """Whether the file at the real path ``real`` (its ``stat``) is private: others may not read it (mode
     without ``o+r``: ``mode & 0o004 == 0``, e.g. ``/etc/shadow``, a ``chmod 600`` key), it belongs to another
     user (``st_uid`` differs from the effective uid: a colleague's file read as root), or it lies in one of
-    :data:`PRIVATE_PLACES`. Its contents are never quoted in a message (:func:`withhold_private`)."""
+    :data:`PRIVATE_PLACES`; a file shipped inside the autotune package (``search_spaces/default.yaml`` read by
+    a user who does not own the installation) is not. Its contents are never quoted in a message (:func:`withhold_private`)."""
     in_place = any(real.startswith(x) if not x.startswith("/.") else x in real + "/" for x in PRIVATE_PLACES)
+    if not in_place and any(real.startswith(d + os.sep) for d in _SHIPPED_DIRS):
+        return False        # autotune's own shipped data (search spaces, catalogs): public, whoever owns it
     return bool(not st.st_mode & stat.S_IROTH or st.st_uid != os.geteuid() or in_place)
 
 

@@ -88,7 +88,8 @@ class AutotuneGroup(click.Group):
             _silence_stdout()
             ctx.exit(141)
         except AutotuneError as e:
-            click.echo(redact(f"error: {one_line(withhold_private(str(e)))}"), err=True)
+            text = withhold_private(str(e)) if getattr(e, "quotes_input", True) else str(e)
+            click.echo(redact(f"error: {one_line(text)}"), err=True)
             ctx.exit(2)
         except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
             if debug_enabled_cli():
