@@ -224,10 +224,16 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
         ConfigError: unreadable, a command line that is not shell-quoted text, a shell variable in the
             Megatron arguments, or no arguments.
     """
-    from autotune.files import read_text_file
+    from autotune.files import max_file_bytes, read_text_file
 
-    # one reader for user files: regular file, size cap, no NUL, no /proc (autotune/files.py)
-    text = read_text_file(path, what="Megatron-LM argument file")
+    # one reader for user files: regular file, size cap, no NUL, no /proc (autotune/files.py); its own cap
+    # first: a file over MAX_LAUNCH_CHARS characters' worth of UTF-8 (4 bytes each, RFC 3629) is refused from
+    # its size, before it is read (QA issue 37 F6: 1 GiB was read whole, then refused)
+    own = 4 * MAX_LAUNCH_CHARS
+    text = read_text_file(path, what="Megatron-LM argument file", max_bytes=min(own, max_file_bytes()),
+                          limit_note=None if max_file_bytes() <= own else
+                          f"a launch script or argument file is at most {MAX_LAUNCH_CHARS:,} characters; "
+                          "Megatron-LM's own scripts are < 10 KB")
     try:
         check_word_lengths(text)
     except ConfigError as e:

@@ -106,3 +106,77 @@ def test_shipped_files_are_not_private_but_a_users_other_file_is(tmp_path):
     assert files.is_private_file(str(other), os.stat_result((st2.st_mode, *st2[1:4], st2.st_uid + 1, *st2[5:])))
     other.chmod(stat.S_IRUSR | stat.S_IWUSR)
     assert files.is_private_file(str(other), os.stat(other))
+
+
+# ---- F6: memory of a big file; the Megatron reader's own cap before reading -----------------------------------
+_PEAK = textwrap.dedent("""
+    import resource, subprocess, sys
+    p = subprocess.run([sys.executable, "-m", "autotune", *sys.argv[1:]], capture_output=True, text=True)
+    print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)   # KiB on Linux (getrusage(2))
+    print((p.stdout + p.stderr).strip())
+""")
+
+
+def _peak(tmp_path: Path, args: list[str], cap: int) -> tuple[int, int, str]:
+    """(exit code, peak RSS in bytes, output) of ``autotune ARGS`` in a child with the file cap ``cap``."""
+    p = subprocess.run([sys.executable, "-c", _PEAK, *args], cwd=tmp_path, capture_output=True, text=True,
+                       env=_env(AUTOTUNE_MAX_FILE_BYTES=str(cap)), timeout=120)
+    first, _, out = p.stdout.partition("\n")
+    code, kib = (int(x) for x in first.split())
+    return code, kib * 1024, out
+
+
+def test_file_cap_ceiling_is_256_mib():
+    from autotune.errors import ConfigError
+    from autotune.files import MAX_FILE_BYTES_CEILING, max_file_bytes
+
+    assert MAX_FILE_BYTES_CEILING == 2**28
+    old = os.environ.get("AUTOTUNE_MAX_FILE_BYTES")
+    try:
+        os.environ["AUTOTUNE_MAX_FILE_BYTES"] = str(2**28)
+        assert max_file_bytes() == 2**28
+        os.environ["AUTOTUNE_MAX_FILE_BYTES"] = str(2**28 + 1)
+        try:
+            max_file_bytes()
+            raise AssertionError("a cap over 256 MiB was accepted")
+        except ConfigError as e:
+            assert "268,435,456" in str(e)
+    finally:
+        if old is None:
+            os.environ.pop("AUTOTUNE_MAX_FILE_BYTES", None)
+        else:
+            os.environ["AUTOTUNE_MAX_FILE_BYTES"] = old
+
+
+def test_megatron_reader_refuses_a_big_file_from_its_size(tmp_path):
+    # a sparse 1 GiB file (no disk used): refused from fstat's size against the reader's own cap (4 bytes x
+    # 1,048,576 characters), so nothing of it is read: the child's peak stays that of a bare CLI (< 200 MiB;
+    # before, the whole file was read first: 2.1 GB at a 1 GiB cap, QA F6)
+    big = tmp_path / "big.sh"
+    with open(big, "wb") as fh:
+        fh.truncate(2**30)
+    code, peak, out = _peak(tmp_path, ["simulate", "--from-megatron", str(big), "--gpus", "8", "--gpu", "h100"],
+                            2**28)
+    line = _one_error(code, out, "at most 1,048,576 characters")
+    assert "1,073,741,824 bytes" in line, line
+    assert peak < 200 * 2**20, peak
+
+
+def test_a_big_plan_file_peaks_at_about_twice_its_size(tmp_path):
+    # a 48 MiB plan of comment lines under a 64 MiB cap: the reader holds the bytes and the decoded text
+    # (2 x 48 MiB) while it decodes; the peak over that of a tiny file must stay under 2.5 x the file
+    # (before the fix the same ratio held, but at the allowed 1 GiB the total passed 2 GiB: the ceiling is
+    # now 256 MiB, so 2.5 x 256 MiB + the bare CLI < 1 GiB)
+    small, big = tmp_path / "small.yaml", tmp_path / "big.yaml"
+    small.write_text("a: 1\n")
+    line = "# " + "x" * 1000 + "\n"
+    with open(big, "w") as fh:
+        fh.write("a: 1\n")
+        for _ in range(48 * 2**20 // len(line)):
+            fh.write(line)
+    size = big.stat().st_size
+    c0, base, out0 = _peak(tmp_path, ["simulate", str(small)], 2**26)
+    c1, peak, out1 = _peak(tmp_path, ["simulate", str(big)], 2**26)
+    _one_error(c0, out0, "unknown key 'a'")
+    _one_error(c1, out1, "unknown key 'a'")
+    assert peak - base < 2.5 * size, (peak - base, size)
