@@ -180,3 +180,30 @@ def test_a_big_plan_file_peaks_at_about_twice_its_size(tmp_path):
     _one_error(c0, out0, "unknown key 'a'")
     _one_error(c1, out1, "unknown key 'a'")
     assert peak - base < 2.5 * size, (peak - base, size)
+
+
+# ---- F9: a long path is cut in its middle, the cause is kept ---------------------------------------------------
+def test_long_sqlite_path_error_keeps_the_cause(tmp_path):
+    deep = tmp_path.joinpath(*["e" * 200] * 19)     # every name legal; the whole path ~3,900 characters
+    deep.mkdir(parents=True)
+    url = f"sqlite:///{deep}/x.db"
+    r = CliRunner().invoke(main, ["run", "--size", "8b", "--space", "small", "--gpus", "8", "--trials", "1",
+                                  "--storage", url])
+    line = _one_error(r.exit_code, r.output, "cannot open study storage")
+    # head + "..." + tail of the URL (60 + 3 + 60) and the cause after "x.db:" (before: cut at 2,000
+    # characters inside the path, no cause)
+    assert "..." in line and "/x.db: " in line, line
+    assert len(line.split("/x.db: ", 1)[1]) > 5, line
+    assert len(line) < 600, len(line)
+
+
+def test_one_line_shortens_words_only_when_too_long_and_masks_first():
+    from autotune.cli.app import one_line
+
+    assert one_line("a " + "p" * 300 + " b") == "a " + "p" * 300 + " b"        # short enough: untouched
+    assert len(one_line("x " * 1000 + "/" + "q" * 3000 + ": the cause")) == 2000     # still at most 2,000
+    short = one_line("cannot open " + "/" + "q" * 3000 + ": the cause")
+    # the word is "/qqq...q:" (3,002 characters): its first 60 ("/" + 59 q) and last 60 (59 q + ":")
+    assert short == "cannot open /" + "q" * 59 + "..." + "q" * 59 + ": the cause", short
+    pw = one_line("cannot open postgresql://me:" + "s" * 200 + "@host/" + "d" * 3000 + ": refused")
+    assert "s" * 10 not in pw and pw.endswith(": refused"), pw
