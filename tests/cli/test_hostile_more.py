@@ -207,3 +207,69 @@ def test_one_line_shortens_words_only_when_too_long_and_masks_first():
     assert short == "cannot open /" + "q" * 59 + "..." + "q" * 59 + ": the cause", short
     pw = one_line("cannot open postgresql://me:" + "s" * 200 + "@host/" + "d" * 3000 + ": refused")
     assert "s" * 10 not in pw and pw.endswith(": refused"), pw
+
+
+# ---- minor (a): shell-word splitting is linear; (b) single-quoted $(...) is literal ------------------------------
+def test_split_words_agrees_with_shlex_on_random_text():
+    # the reference is shlex itself (POSIX, comments=True): same words, or a ValueError with the same message
+    import random
+    import shlex
+
+    from autotune.engines.shell_words import split_words
+
+    rng = random.Random(37)
+    alphabet = "a $'\"\\#\n\r\t\x0b`;="
+    for _ in range(20_000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        try:
+            want = shlex.split(s, comments=True)
+        except ValueError as e:
+            want = ("error", str(e))
+        try:
+            got = split_words(s)
+        except ValueError as e:
+            got = ("error", str(e))
+        assert got == want, repr(s)
+
+
+def test_a_long_word_is_split_in_linear_time(tmp_path):
+    import time
+
+    from autotune.engines.shell_vars import MAX_WORD_CHARS, read_launch
+
+    # QA row 12: a 260,000-character word (under the 262,144 cap) took 8.4 s with shlex (200,000: 5.2 s).
+    # Linear: 10x the word must cost far less than 100x; both stay well under a second.
+    f = tmp_path / "oneword.sh"
+    times = []
+    for n in (25_000, 250_000):
+        assert n < MAX_WORD_CHARS
+        f.write_text("--num-layers 32 --data-path " + "x" * n + "\n")
+        t = time.perf_counter()
+        words, _, _ = read_launch(f)
+        times.append(time.perf_counter() - t)
+        assert words == ["--num-layers", "32", "--data-path", "x" * n]
+    assert times[1] < 1.0, times
+    assert times[1] < 30 * max(times[0], 1e-3), times       # quadratic would be ~100x
+
+
+def test_single_quoted_dollar_is_literal_double_quoted_still_refused(tmp_path):
+    from autotune.engines.shell_vars import read_launch
+    from autotune.errors import ConfigError
+
+    f = tmp_path / "a.sh"
+    f.write_text("--num-layers 2 --data-path '$(touch CANARY)' --tokenizer-model 'a`b`$X'\n")
+    words, _, _ = read_launch(f)
+    assert words == ["--num-layers", "2", "--data-path", "$(touch CANARY)", "--tokenizer-model", "a`b`$X"]
+    for text in ('--num-layers 2 --data-path "$(touch CANARY)"\n', "--num-layers 2 --data-path $(touch CANARY)\n",
+                 "--num-layers 2 --data-path $X\n"):
+        f.write_text(text)
+        try:
+            read_launch(f)
+            raise AssertionError(f"accepted {text!r}")
+        except ConfigError as e:
+            assert "holds a shell variable" in str(e), str(e)
+    # a single-quoted $X assigned to a variable is literal too, and does not make the variable unknown
+    f.write_text("P='/data/$HOME'\ntorchrun pretrain_gpt.py --num-layers 2 --data-path \"$P\"\n")
+    words, _, _ = read_launch(f)
+    assert words == ["--num-layers", "2", "--data-path", "/data/$HOME"], words
+    assert not (tmp_path / "CANARY").exists()
