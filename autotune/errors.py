@@ -9,7 +9,13 @@ from __future__ import annotations
 
 
 class AutotuneError(Exception):
-    """Base class for errors whose message is written for the user of the CLI."""
+    """Base class for errors whose message is written for the user of the CLI.
+
+    ``quotes_input`` (default True): the message may quote text read from a user's file, so the CLI passes
+    it through :func:`autotune.files.withhold_private`; False for a message made only of autotune's own
+    words and an OS error (a worker that could not start), which is printed as it is."""
+
+    quotes_input: bool = True
 
 
 class PlanError(AutotuneError, ValueError):

@@ -47,8 +47,12 @@ MAX_NESTING_DEPTH = 64
 #: environment variable that overrides :data:`MAX_FILE_BYTES` (bytes, an integer between 1 and
 #: :data:`MAX_FILE_BYTES_CEILING`; e.g. ``AUTOTUNE_MAX_FILE_BYTES=67108864`` for 64 MiB)
 MAX_FILE_BYTES_ENV = "AUTOTUNE_MAX_FILE_BYTES"
-#: the largest value :data:`MAX_FILE_BYTES_ENV` may set (1 GiB: a file is read into memory whole)
-MAX_FILE_BYTES_CEILING = 2**30
+#: the largest value :data:`MAX_FILE_BYTES_ENV` may set (256 MiB). A file is read into memory whole and its
+#: bytes and decoded text are both held while it is decoded, so a reader peaks at about 2x the file: measured
+#: (dev machine, 2026-12-04, Python 3.11, ``ru_maxrss`` of ``autotune simulate``): a 255 MiB file as a plan,
+#: as ``--from-megatron`` and as ``--model`` peaked at 532-533 MiB each; the earlier 1 GiB ceiling gave
+#: 2.1 GB (issue 37, QA F6), over the 1 GiB bound of the issue's acceptance
+MAX_FILE_BYTES_CEILING = 2**28
 #: directories of kernel and device files (procfs, sysfs, devtmpfs): never read as a user's input, so an
 #: error line can never show their content (``/proc/self/environ`` holds the process's secrets)
 KERNEL_DIRS = ("/proc", "/sys", "/dev")
@@ -57,6 +61,10 @@ KERNEL_DIRS = ("/proc", "/sys", "/dev")
 #: locations whose files are secrets whatever their mode says (shadow password and sudo files, SSH, GnuPG and
 #: cloud credentials); a file there is treated as private (:func:`is_private_file`)
 PRIVATE_PLACES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh/", "/.ssh/", "/.gnupg/", "/.aws/")
+#: autotune's own data folders (real paths): the package and the checkout's ``search_spaces/`` beside it
+#: (:func:`autotune.search.space.search_space_dirs`); the files shipped there are never private
+_SHIPPED_DIRS = (os.path.dirname(os.path.realpath(__file__)),
+                 os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "search_spaces"))
 #: shown path -> text of every private file read by this process (:func:`withhold_private` hides its words)
 _PRIVATE_TEXTS: dict[str, str] = {}
 
@@ -65,8 +73,11 @@ def is_private_file(real: str, st: os.stat_result) -> bool:
     """Whether the file at the real path ``real`` (its ``stat``) is private: others may not read it (mode
     without ``o+r``: ``mode & 0o004 == 0``, e.g. ``/etc/shadow``, a ``chmod 600`` key), it belongs to another
     user (``st_uid`` differs from the effective uid: a colleague's file read as root), or it lies in one of
-    :data:`PRIVATE_PLACES`. Its contents are never quoted in a message (:func:`withhold_private`)."""
+    :data:`PRIVATE_PLACES`; a file shipped inside the autotune package (``search_spaces/default.yaml`` read by
+    a user who does not own the installation) is not. Its contents are never quoted in a message (:func:`withhold_private`)."""
     in_place = any(real.startswith(x) if not x.startswith("/.") else x in real + "/" for x in PRIVATE_PLACES)
+    if not in_place and any(real.startswith(d + os.sep) for d in _SHIPPED_DIRS):
+        return False        # autotune's own shipped data (search spaces, catalogs): public, whoever owns it
     return bool(not st.st_mode & stat.S_IROTH or st.st_uid != os.geteuid() or in_place)
 
 
@@ -184,16 +195,21 @@ def resolve_input(path: str | Path, *, what: str) -> Path:
     return Path(real)
 
 
-def read_bytes_file(path: str | Path, *, what: str, max_bytes: int | None = None) -> bytes:
+def read_bytes_file(path: str | Path, *, what: str, max_bytes: int | None = None,
+                    limit_note: str | None = None) -> bytes:
     """The bytes of the regular file ``path`` (at most ``max_bytes``, default :func:`max_file_bytes`: 16 MiB
     or ``$AUTOTUNE_MAX_FILE_BYTES``); ``what`` names its role. The path is checked by :func:`resolve_input`,
     then opened non-blocking and checked again on the open descriptor (a FIFO swapped in between is refused,
-    never waited on).
+    never waited on). The size is checked on the descriptor (``fstat``) before anything is read, and at most
+    ``max_bytes + 1`` bytes are read (a file that grows meanwhile). ``limit_note`` replaces the hint on a
+    file over the limit (default: set ``$AUTOTUNE_MAX_FILE_BYTES`` to raise it), for a reader whose own cap
+    is lower than :func:`max_file_bytes`.
 
     Raises:
         ConfigError: as :func:`resolve_input`; unreadable, or larger than max_bytes.
     """
     limit = max_file_bytes() if max_bytes is None else max_bytes
+    note = limit_note or f"set ${MAX_FILE_BYTES_ENV} to raise it"
     real = resolve_input(path, what=what)
     shown = excerpt(str(path), 100)
     try:
@@ -205,8 +221,7 @@ def read_bytes_file(path: str | Path, *, what: str, max_bytes: int | None = None
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{what} {shown} is not a regular file: it is {_kind(st.st_mode)}; give a file")
         if st.st_size > limit:
-            raise ConfigError(f"{what} {shown} is {st.st_size:,} bytes; the limit is {limit:,} bytes (set "
-                              f"${MAX_FILE_BYTES_ENV} to raise it)")
+            raise ConfigError(f"{what} {shown} is {st.st_size:,} bytes; the limit is {limit:,} bytes ({note})")
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = fh.read(limit + 1)
     except OSError as e:
@@ -214,21 +229,22 @@ def read_bytes_file(path: str | Path, *, what: str, max_bytes: int | None = None
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise ConfigError(f"{what} {shown} is larger than the limit of {limit:,} bytes (set ${MAX_FILE_BYTES_ENV} "
-                          "to raise it)")
+        raise ConfigError(f"{what} {shown} is larger than the limit of {limit:,} bytes ({note})")
     if is_private_file(str(real), st):
         _PRIVATE_TEXTS[str(path)] = data.decode("utf-8", "replace")
     return data
 
 
-def read_text_file(path: str | Path, *, what: str, max_bytes: int | None = None) -> str:
+def read_text_file(path: str | Path, *, what: str, max_bytes: int | None = None,
+                   limit_note: str | None = None) -> str:
     """The UTF-8 text of ``path`` (read by :func:`read_bytes_file`); ``what`` names the file's role in
-    messages (``"plan file"``). A NUL byte anywhere means a binary file and is refused.
+    messages (``"plan file"``). A NUL byte anywhere means a binary file and is refused. ``max_bytes`` and
+    ``limit_note`` as :func:`read_bytes_file`.
 
     Raises:
         ConfigError: the file does not exist, cannot be read, is too large, binary or not UTF-8.
     """
-    data = read_bytes_file(path, what=what, max_bytes=max_bytes)
+    data = read_bytes_file(path, what=what, max_bytes=max_bytes, limit_note=limit_note)
     if b"\x00" in data:
         raise ConfigError(f"{what} {excerpt(str(path), 100)} is a binary file (NUL byte at offset {data.index(0)}); "
                           "expected text")

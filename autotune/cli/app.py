@@ -10,6 +10,7 @@ re-run with ``AUTOTUNE_DEBUG=1`` for the traceback, and exits 1. Nothing here im
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -91,7 +92,8 @@ class AutotuneGroup(click.Group):
             click.echo(redact(f"interrupted: {one_line(str(e))}"), err=True)
             ctx.exit(128 + e.signum)
         except AutotuneError as e:
-            click.echo(redact(f"error: {one_line(withhold_private(str(e)))}"), err=True)
+            text = withhold_private(str(e)) if getattr(e, "quotes_input", True) else str(e)
+            click.echo(redact(f"error: {one_line(text)}"), err=True)
             ctx.exit(2)
         except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
             if debug_enabled_cli():
@@ -117,10 +119,23 @@ MAX_ERROR_CHARS = 2000
 def one_line(msg: str, max_len: int = MAX_ERROR_CHARS) -> str:
     """``msg`` as one printable line of at most ``max_len`` characters: line breaks become spaces, other
     control characters (an escape sequence, a NUL) ``\\xNN`` escapes (:func:`autotune.files.display_text`).
+    A line that would be longer first has each word over 124 characters (a path, a URL) cut to its first and
+    last 60 characters, so what follows it (the cause) is kept.
     The CLI's last guard: each message already quotes inputs through :func:`autotune.files.excerpt`."""
     from autotune.files import display_text
 
-    return display_text(" ".join(msg.replace("\r", "\n").split("\n")), max_len)
+    text = " ".join(msg.replace("\r", "\n").split("\n"))
+    if len(text) > max_len:     # a long path or URL is cut in its middle, so the cause after it still shows
+        text = redact(text)     # first: a URL cut between its password and "@" would no longer be masked
+        text = _LONG_WORD.sub(lambda m: m.group(0)[:LONG_WORD_KEEP] + "..." + m.group(0)[-LONG_WORD_KEEP:], text)
+    return display_text(text, max_len)
+
+
+#: a word (no blank) of more than 2 x LONG_WORD_KEEP + 3 characters: kept as its first and last
+#: LONG_WORD_KEEP characters in an error line that would be too long (issue 37 F9: a 4,041-character SQLite
+#: path filled the 2,000-character line and cut off the reason)
+LONG_WORD_KEEP = 60
+_LONG_WORD = re.compile(r"\S{%d,}" % (2 * LONG_WORD_KEEP + 4))
 
 
 def _path_error(e: BaseException) -> str | None:

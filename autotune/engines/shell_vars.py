@@ -23,9 +23,9 @@ characters after expansion, no word over :data:`MAX_WORD_CHARS` characters, an a
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
+from autotune.engines.shell_words import split_words, unmark
 from autotune.errors import ConfigError
 
 #: most words of a command after the arrays are spliced in (Megatron-LM's largest examples have < 500)
@@ -37,8 +37,9 @@ MAX_EXPANDED_CHARS = 16 * 2**20
 #: most characters shell-split while looking for the end of one array definition
 MAX_SPLIT_CHARS = 20_000_000
 #: longest word accepted, characters (256 KiB: a path is at most PATH_MAX 4096, a layout or data-path list far
-#: less). A longer word is refused before :mod:`shlex` splits it: shlex grows a token one character at a time,
-#: about quadratic (measured here: 200,000 characters 3.0 s, 1,000,000 characters 31 s; 20 MB ran past 240 s)
+#: less). A longer word is refused before any splitting. :mod:`shlex` grew a token one character at a time,
+#: about quadratic (measured: 200,000 characters 3.0-5.2 s, 260,000 8.4 s, 1,000,000 31 s); the words are now
+#: split by :func:`autotune.engines.shell_words.split_words`, linear (260,000 characters ~1 ms)
 MAX_WORD_CHARS = 2**18
 
 #: most characters of a launch script or argument file (1 MiB; Megatron-LM's example scripts are < 10 KB).
@@ -56,7 +57,7 @@ _LOOP = re.compile(r"\b(?:for|read(?:\s+-\w+)*)\s+([A-Za-z_][A-Za-z0-9_]*)")
 
 def check_word_lengths(text: str) -> None:
     """Refuse ``text`` holding a run of more than :data:`MAX_WORD_CHARS` non-blank characters, in linear time,
-    before any shell-word splitting (:mod:`shlex` is a character-at-a-time Python loop).
+    before any shell-word splitting.
 
     Raises:
         ConfigError: a word over the limit (its length and the limit; not its text).
@@ -69,7 +70,7 @@ def check_word_lengths(text: str) -> None:
 
 def _split(text: str) -> list[str] | None:
     try:
-        return shlex.split(text, comments=True)
+        return split_words(text, mark_literal=True)
     except ValueError:
         return None
 
@@ -218,16 +219,24 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     --node-rank "$NODE_RANK" ...``, ``CMD=(``) are the launcher's and may hold shell syntax. A trailing
     ``"$@"`` (and the ``)`` closing an array, as in autotune's own launch_torchrun.sh) ends the arguments.
     Environment: ``NAME=value`` words before the script on that line and ``[export] NAME=value`` on the lines
-    before it (the ``--dry-run`` output prints them so); values holding ``$`` are skipped.
+    before it (the ``--dry-run`` output prints them so); values holding ``$`` are skipped. Words are split as
+    :func:`shlex.split` does (:func:`autotune.engines.shell_words.split_words`, linear); a ``$`` or backquote
+    inside single quotes is literal text (bash(1), QUOTING), never taken for a variable or ``$(...)``.
 
     Raises:
         ConfigError: unreadable, a command line that is not shell-quoted text, a shell variable in the
             Megatron arguments, or no arguments.
     """
-    from autotune.files import read_text_file
+    from autotune.files import max_file_bytes, read_text_file
 
-    # one reader for user files: regular file, size cap, no NUL, no /proc (autotune/files.py)
-    text = read_text_file(path, what="Megatron-LM argument file")
+    # one reader for user files: regular file, size cap, no NUL, no /proc (autotune/files.py); its own cap
+    # first: a file over MAX_LAUNCH_CHARS characters' worth of UTF-8 (4 bytes each, RFC 3629) is refused from
+    # its size, before it is read (QA issue 37 F6: 1 GiB was read whole, then refused)
+    own = 4 * MAX_LAUNCH_CHARS
+    text = read_text_file(path, what="Megatron-LM argument file", max_bytes=min(own, max_file_bytes()),
+                          limit_note=None if max_file_bytes() <= own else
+                          f"a launch script or argument file is at most {MAX_LAUNCH_CHARS:,} characters; "
+                          "Megatron-LM's own scripts are < 10 KB")
     try:
         check_word_lengths(text)
     except ConfigError as e:
@@ -244,7 +253,7 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     cmd: list[str] | None = None
     for line in (ln for k, ln in enumerate(lines) if k not in inside):
         try:
-            words = shlex.split(line, comments=True)
+            words = split_words(line, mark_literal=True)
         except ValueError as e:
             if re.search(r"\.py\b", line.split("#", 1)[0]):
                 raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
@@ -276,7 +285,7 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     if cmd is None:
         # a plain argument list (no script word), possibly over several lines
         try:
-            cmd = shlex.split("\n".join(lines), comments=True)
+            cmd = split_words("\n".join(lines), mark_literal=True)
         except ValueError as e:
             raise ConfigError(f"{path}: not a shell-style argument list ({e})") from None
         script = -1
@@ -297,7 +306,8 @@ def read_launch(path: str | Path) -> tuple[list[str], list[str], dict[str, str]]
     if not words:
         raise ConfigError(f"{path}: no pretrain_gpt.py arguments found (expected --num-layers 80 --hidden-size "
                           "8192 ...)")
-    return words, launcher, env
+    # a single-quoted "$" or backquote was kept out of the checks above (literal in bash); now the text itself
+    return [unmark(w) for w in words], [unmark(w) for w in launcher], {k: unmark(v) for k, v in env.items()}
 
 
 __all__ = ["read_launch", "MAX_LAUNCH_CHARS", "MAX_WORDS", "MAX_WORD_CHARS", "check_word_lengths", "expand", "launcher_world", "script_values"]

@@ -39,6 +39,10 @@ class WorkerOutcome:
 #: it is still importing modules is neither printed as a KeyboardInterrupt traceback nor lost: the worker
 #: unblocks them once its handler is installed and the pending signal is then handled like any other
 _SIGNALS = ("SIGINT", "SIGTERM")
+#: exit status of a worker that could not send its outcome because the system refused to start a thread
+#: (``multiprocessing.Queue.put`` starts a feeder thread: ``RuntimeError: can't start new thread`` under a
+#: low ``ulimit -u``); EX_TEMPFAIL of BSD sysexits.h (75, "temporary failure"); the parent names the cause
+NO_THREAD_EXIT = 75
 
 
 def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], worker_id: int,
@@ -106,7 +110,9 @@ def _worker_main(tuner_kwargs: dict[str, Any], optimize_kwargs: dict[str, Any], 
     finally:
         armed[0] = False        # from here on a signal is only noted: the worker is ending anyway
     try:
-        out.put(outcome)
+        out.put(outcome)        # starts the queue's feeder thread
+    except (RuntimeError, OSError):     # no feeder thread (ulimit -u): no traceback; the parent says why
+        sys.exit(NO_THREAD_EXIT)
     finally:
         if tuner is not None:
             tuner.close()
@@ -296,6 +302,14 @@ def run_workers(tuner_kwargs: Mapping[str, Any], num_workers: int, *, n_trials: 
             gc.unfreeze()
 
 
+def _died(exitcode: int) -> str:
+    """The error line of a worker process that ended with ``exitcode`` before sending its outcome."""
+    if exitcode == NO_THREAD_EXIT:
+        return ("the system refused to start a thread in the worker process to send its result (the process or "
+                "thread limit, ulimit -u); its trials are in the study: give fewer --workers")
+    return f"worker process died (exit code {exitcode})"
+
+
 def _stop_started(procs: dict[int, Any]) -> None:
     """Stop the worker processes of ``procs`` that were started (SIGTERM, then SIGKILL after 10 s)."""
     for p in procs.values():
@@ -327,10 +341,12 @@ def _run(procs: dict[int, Any], out: Any, sigs: list[Any], results: dict[int, Wo
                     p.start()
                 except (OSError, RuntimeError) as e:     # EAGAIN: the process or thread limit (ulimit -u)
                     _stop_started(procs)
-                    raise ConfigError(f"--workers {len(procs)}: the system refused to start worker process {k + 1} "
+                    err = ConfigError(f"--workers {len(procs)}: the system refused to start worker process {k + 1} "
                                       f"({type(e).__name__}: {excerpt(e.strerror if isinstance(e, OSError) and e.strerror else e)}; "
                                       "the process or thread limit, ulimit -u, or memory); the workers already "
-                                      "started were stopped: give fewer --workers") from None
+                                      "started were stopped: give fewer --workers")
+                    err.quotes_input = False        # autotune's words and the OS's: nothing from a file
+                    raise err from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         while len(results) < len(procs):
@@ -342,8 +358,7 @@ def _run(procs: dict[int, Any], out: Any, sigs: list[Any], results: dict[int, Wo
             except queue_mod.Empty:
                 for wid, p in procs.items():
                     if wid not in results and not p.is_alive() and p.exitcode not in (None, 0):
-                        results[wid] = WorkerOutcome(wid, error=f"worker process died (exit code {p.exitcode})",
-                                                     exitcode=p.exitcode)
+                        results[wid] = WorkerOutcome(wid, error=_died(p.exitcode), exitcode=p.exitcode)
         for p in procs.values():
             p.join()
     except KeyboardInterrupt:
