@@ -101,9 +101,11 @@ def test_static_array_expansion_capped(tmp_path):
 
 def test_static_long_word_refused_fast(tmp_path):
     f = tmp_path / "word.sh"
-    f.write_text("--num-layers " + "9" * 15_000_000 + "\n")       # one 15 MB word (under the 16 MiB file cap)
+    # one 1,000,000-character word: under the 4 MiB argument-file cap and the 1,048,576-character script cap,
+    # so the word cap (MAX_WORD_CHARS) is the one that refuses it
+    f.write_text("--num-layers " + "9" * 1_000_000 + "\n")
     t = time.monotonic()
-    with pytest.raises(ConfigError, match=f"a word of 15,000,000 characters.*limit is {MAX_WORD_CHARS:,}") as e:
+    with pytest.raises(ConfigError, match=f"a word of 1,000,000 characters.*limit is {MAX_WORD_CHARS:,}") as e:
         from autotune.cli.launch_import import import_launch
         import_launch(f, "megatron", num_gpus=8)
     assert time.monotonic() - t < 10 and len(str(e.value)) < 300
