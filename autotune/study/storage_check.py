@@ -112,8 +112,16 @@ def check_journal_file(url: str, *, must_exist: bool = False) -> None:
     if not p.is_file():
         raise StorageError(f"--storage {url}: {p} is not a regular file; give an Optuna journal file path")
     try:
-        if journal_torn_tail(p) is not None:
-            return      # only the last record is torn (a full disk, a kill -9): read or repaired without it
+        torn = journal_torn_tail(p)
+        if torn is not None:
+            # only the last record is torn (a full disk, a kill -9): read or repaired without it, once the
+            # whole records before it are known to replay
+            problem = _journal_problem(p, num_records=torn[0])
+            if problem is None:
+                return
+            raise StorageError(f"--storage {url}: {p} is not an Optuna journal file or not a whole one ({problem}); "
+                               "refused, left untouched (its torn last record too): restore it from a backup or "
+                               "give a new journal file path")
         problem = _journal_problem(p)
         # another worker may be appending right now (Optuna writes and fsyncs a whole line under its lock,
         # optuna/storages/journal/_file.py append_logs): a cut last line is looked at again before refusing
@@ -126,7 +134,7 @@ def check_journal_file(url: str, *, must_exist: bool = False) -> None:
         raise StorageError(f"--storage {url}: {p} cannot be read: {e.strerror or e}") from None
     if problem is not None:
         raise StorageError(f"--storage {url}: {p} is not an Optuna journal file or not a whole one ({problem}); refused, left "
-                           "untouched: give a new or journal file path (or restore this one from a backup)")
+                           "untouched: give a new journal file path (or restore this one from a backup)")
 
 
 #: keys each Optuna journal operation reads (optuna/storages/journal/_storage.py ``JournalOperation`` and
@@ -139,27 +147,40 @@ _JOURNAL_KEYS = {0: ("study_name", "directions"), 1: ("study_id",), 2: ("study_i
                  9: ("trial_id", "system_attr"), 10: ()}
 
 
-def _journal_problem(p: Path) -> str | None:
+def _journal_problem(p: Path, *, num_records: int | None = None) -> str | None:
     """Why the file at ``p`` is not a whole Optuna journal (None when it is, or is empty); reads only.
 
     Every line must be a JSON object with a known integer ``op_code`` and the keys that operation needs, and
     the last line must end with a newline (``append_logs`` writes whole lines; a missing newline means the
-    file was cut, and Optuna would append after the partial line and then fail to replay it).
+    file was cut, and Optuna would append after the partial line and then fail to replay it). Each record
+    must also replay: it is applied, in order, to Optuna's own in-memory replay
+    (optuna/storages/journal/_storage.py ``JournalStorageReplayResult.apply_logs``, what every open of the
+    journal does), so a record Optuna would raise on (a direction, state or distribution it does not know, a
+    date that does not parse) is found here, named by its line, instead of failing later in the middle of a
+    command; and the fields Optuna stores without looking at them (ids, step, objective values) must have
+    the types it reads back (:func:`_field_problem`). A record about a study or trial that does not exist is
+    not a problem: Optuna skips it by design (another worker's deleted study).
+
+    Args:
+        num_records: check only the first this many lines (the whole records before a torn last one).
 
     Raises:
         OSError: the file cannot be read.
     """
     import json
 
+    replay = _optuna_replay()
     with open(p, "rb") as fh:
         n = 0
         for raw in fh:
+            if num_records is not None and n >= num_records:
+                break
             n += 1
             if not raw.endswith(b"\n"):
                 return f"line {n}, its last, {_CUT}"
             try:
                 rec = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError, RecursionError):
                 return f"line {n} is not a JSON record"
             if not isinstance(rec, dict) or "op_code" not in rec:
                 return f"line {n} is not a JSON record with an op_code"
@@ -169,7 +190,68 @@ def _journal_problem(p: Path) -> str | None:
             missing = [k for k in _JOURNAL_KEYS[op] if k not in rec]
             if missing:
                 return f"line {n} lacks {', '.join(missing)} (op_code {op})"
+            bad = _field_problem(op, rec)
+            if bad is not None:
+                return f"line {n} (op_code {op}): {bad}"
+            if replay is not None:
+                try:
+                    replay.apply_logs([rec])
+                except Exception as e:     # noqa: BLE001 - any failure of Optuna's replay is this record's fault
+                    return f"line {n} (op_code {op}) cannot be replayed by Optuna: {type(e).__name__}{_short(e)}"
     return None
+
+
+def _optuna_replay():
+    """A fresh ``JournalStorageReplayResult`` (Optuna's private replay class, optuna/storages/journal/_storage.py),
+    or None when this Optuna has none (the structural checks of :func:`_journal_problem` still run)."""
+    try:
+        from optuna.storages.journal._storage import JournalStorageReplayResult
+        # a worker-id prefix no record carries: replaying as this process never takes a record as its own
+        return JournalStorageReplayResult("autotune-journal-check-")
+    except (ImportError, TypeError):
+        return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _field_problem(op: int, rec: dict) -> str | None:
+    """The first field of journal record ``rec`` (operation ``op``) whose type Optuna does not check on replay
+    but relies on later (ids are ints, ``step`` an int, objective values numbers), or None. Optuna writes
+    them so: optuna/storages/journal/_storage.py ``create_new_trial``, ``set_trial_state_values``,
+    ``set_trial_intermediate_value``."""
+    for key in ("study_id", "trial_id"):
+        if key in rec and not _is_int(rec[key]):
+            return f"{key} {_excerpt(rec[key])} is not an integer"
+    if op == 7 and not _is_int(rec["step"]):
+        return f"step {_excerpt(rec['step'])} is not an integer"
+    if op == 7 and rec["intermediate_value"] is not None and not _is_number(rec["intermediate_value"]):
+        return f"intermediate_value {_excerpt(rec['intermediate_value'])} is not a number"
+    if op in (4, 6):
+        values = rec.get("values")
+        if values is not None and not (isinstance(values, list) and all(_is_number(v) for v in values)):
+            return f"values {_excerpt(values)} is not a list of numbers"
+        if rec.get("value") is not None and not _is_number(rec["value"]):
+            return f"value {_excerpt(rec['value'])} is not a number"
+    return None
+
+
+def _excerpt(value) -> str:
+    """``repr(value)`` as a short sanitised excerpt (:func:`autotune.files.excerpt`, 60 characters)."""
+    from autotune.files import excerpt
+    return excerpt(repr(value), 60)
+
+
+def _short(e: BaseException) -> str:
+    """``": <message>"`` of ``e`` as a short sanitised excerpt (80 characters), or ``""``."""
+    from autotune.files import excerpt
+    msg = " ".join(str(e).split())
+    return f": {excerpt(msg, 80)}" if msg else ""
 
 
 #: read-only URL made by :func:`readonly_url` -> the URL the user gave (what messages show)

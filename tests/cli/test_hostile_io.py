@@ -269,6 +269,47 @@ def test_repair_and_run_refuse_a_complete_record_with_an_unknown_op_code(d):
     assert list(d.glob("j.log.torn-*.bak"))
 
 
+# ---- journal: a whole record Optuna cannot apply is refused by line, before any command uses it (F8) --------
+# Each edit below leaves every key Optuna reads in place, so only a replay finds it; before the fix each one
+# crashed `show` with "unexpected ValueError / AssertionError / JSONDecodeError" (exit 1) or was kept silently.
+# The expected line number is the edited record's position in the file, found by the same scan.
+_BAD_RECORDS = [
+    (0, {"directions": [7]}, "7 is not a valid StudyDirection"),                 # optuna StudyDirection(7)
+    (6, {"state": 99}, "99 is not a valid TrialState"),
+    (5, {"distribution": "{garbage"}, "JSONDecodeError"),                         # json_to_distribution
+    (4, {"datetime_start": "yesterday"}, "Invalid isoformat string"),
+    (5, {"param_value_internal": "abc"}, "cannot be replayed by Optuna: ValueError"),
+    (2, {"user_attr": {"a": 1, "b": 2}}, "AssertionError"),                         # one attribute per record
+    (4, {"study_id": "zero"}, "study_id 'zero' is not an integer"),                # Optuna would skip it silently
+    (6, {"values": "high"}, "values 'high' is not a list of numbers"),             # replays, then breaks `show`
+]
+
+
+@pytest.mark.parametrize("op,edit,field", _BAD_RECORDS, ids=[f"op{o}-{next(iter(e))}" for o, e, _ in _BAD_RECORDS])
+def test_journal_record_optuna_cannot_apply_is_refused_by_line(d, op, edit, field):
+    log = d / "j.log"
+    code, out = _cli(["run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", f"journal:{log}"])
+    assert code == 0, out
+    lines = log.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines) if json.loads(line)["op_code"] == op)
+    rec = json.loads(lines[n])
+    rec.update(edit)
+    lines[n] = json.dumps(rec)
+    log.write_text("\n".join(lines) + "\n")
+    before = hashlib.sha256(log.read_bytes()).hexdigest()
+    for args in (["show", "--storage", f"journal:{log}"], ["repair", f"journal:{log}"],
+                 ["run", "--size", "8b", "--space", "small", "--trials", "1", "--storage", f"journal:{log}"]):
+        line = _clean(*_cli(args), field)
+        assert f"line {n + 1} (op_code {op})" in line, line
+        assert hashlib.sha256(log.read_bytes()).hexdigest() == before, f"{args[0]} altered the journal"
+    # a torn last record after the bad one: still refused, neither cut nor backed up
+    with open(log, "ab") as fh:
+        fh.write(b'{"op_code": 6, "trial_')
+    before = hashlib.sha256(log.read_bytes()).hexdigest()
+    _clean(*_cli(["repair", f"journal:{log}"]), field)
+    assert hashlib.sha256(log.read_bytes()).hexdigest() == before and not list(d.glob("j.log.torn-*.bak"))
+
+
 # ---- SQLite: locks, read-only mid-run ------------------------------------------------------------------------
 def test_locked_sqlite_message_names_the_file_and_the_storages_for_many_workers():
     import sqlalchemy.exc
