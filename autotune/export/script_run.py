@@ -141,6 +141,14 @@ class Recorded:
     returncode: int = 0
 
 
+def _child_as_bytes() -> int:
+    """The child's address-space limit, bytes: :data:`MAX_CHILD_BYTES`, or the hard ``RLIMIT_AS`` this
+    process inherited when that is lower (a process cannot raise its hard limit, setrlimit(2))."""
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    return MAX_CHILD_BYTES if hard == resource.RLIM_INFINITY else min(MAX_CHILD_BYTES, hard)
+
+
 def _limits(as_bytes: int, cpu_s: int) -> None:     # runs in the child, before bash
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
@@ -214,11 +222,12 @@ def _run_bash(argv: list[str], work: Path, env: dict, timeout_s: float, source: 
     from autotune.signals import child_signals, signal_name
 
     cpu = int(timeout_s) + 1
+    limit = _child_as_bytes()
     with child_signals() as sigs:
         try:
             proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=lambda: _limits(MAX_CHILD_BYTES, cpu))
+                                    preexec_fn=lambda: _limits(limit, cpu))
         except OSError as e:
             raise ConfigError(f"{source}: cannot run bash: {e.strerror or e}") from None
         try:
@@ -281,11 +290,11 @@ def run_script(path: str | Path, run: ScriptRun) -> Recorded:
         proc = _run_bash([bash, "--noprofile", "--norc", script, *run.args], work, env, run.timeout_s, source)
         output = proc.output[-4096:].decode("utf-8", "replace")
         if proc.returncode != 0 and any(w in output for w in _OOM_WORDS):
-            raise ConfigError(f"{source}: the script used more than {MAX_CHILD_BYTES // 2**20} MiB of memory under "
+            raise ConfigError(f"{source}: the script used more than {_child_as_bytes() / 2**20:.0f} MiB of memory under "
                               "--run-script and was stopped (its output is not shown: run it yourself to see why)")
         if proc.returncode < 0:
             raise ConfigError(f"{source}: the script was stopped by signal {-proc.returncode} under --run-script "
-                              f"(a limit: {MAX_CHILD_BYTES // 2**20} MiB of memory, {MAX_RECORD_BYTES // 2**20} MiB "
+                              f"(a limit: {_child_as_bytes() / 2**20:.0f} MiB of memory, {MAX_RECORD_BYTES // 2**20} MiB "
                               "files, CPU time)")
         calls, launch, launch_env = [], None, {}
         for line in _read_capped(record, source, "recorded commands").decode("utf-8", "replace").splitlines():

@@ -212,3 +212,15 @@ def test_a_signal_during_run_script_kills_the_script_at_once_and_says_so(tmp_pat
         except OSError:
             pass
     assert left == []           # bash and its background loop are both gone
+
+
+def test_run_script_memory_limit_is_the_lower_inherited_hard_limit(monkeypatch):
+    # issue 37 F10: a hard RLIMIT_AS of 256 MiB inherited (ulimit -Hv) cannot be raised to 512 MiB
+    # (setrlimit(2)); the child gets 256 MiB and the messages say 256
+    import resource
+
+    from autotune.export.script_run import MAX_CHILD_BYTES, _child_as_bytes
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, 256 * 2**20))
+    assert _child_as_bytes() == 256 * 2**20
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert _child_as_bytes() == MAX_CHILD_BYTES == 512 * 2**20

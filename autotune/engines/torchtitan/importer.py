@@ -494,6 +494,21 @@ def _timeout_s() -> float:
     return t
 
 
+def _memory_limit_text(max_gib: float) -> str:
+    """The child's address-space limit as an error line states it: ``"8 GiB"``, or, when the hard
+    ``RLIMIT_AS`` this process was started with is lower (the child inherits it and cannot raise its
+    soft limit past it, setrlimit(2); ``config_child.py`` takes the smaller), that one, e.g.
+    ``"2 GiB (the hard limit this process inherited, ulimit -Hv)"``."""
+    try:
+        import resource
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    except (ImportError, OSError, ValueError):
+        return f"{max_gib:g} GiB"
+    if hard != resource.RLIM_INFINITY and hard < max_gib * 2**30:
+        return f"{hard / 2**30:.3g} GiB (the hard limit this process inherited, ulimit -Hv)"
+    return f"{max_gib:g} GiB"
+
+
 def _max_gib() -> float:
     """The child's address-space limit, GiB: ``$AUTOTUNE_CONFIG_MODULE_MAX_GIB`` (a number in [1, 4096]) or
     :data:`CONFIG_MODULE_MAX_GIB`.
@@ -622,8 +637,8 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
         tail = [ln for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     # the child's output is read for a memory error only, never shown: the module writes what it likes there
     if not raw and any(w in ln for ln in tail[-5:] for w in ("MemoryError", "bad_alloc", "Cannot allocate memory")):
-        raise ConfigError(f"{source}: loading the config module used more than {max_gib:g} GiB of memory and was "
-                          f"stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
+        raise ConfigError(f"{source}: loading the config module used more than {_memory_limit_text(max_gib)} of "
+                          f"memory and was stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
     if not raw:
         how = (f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
                else f"ended with exit status {rc}")
@@ -641,8 +656,8 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
         return answer["config"]
     kind, msg = answer.get("kind"), _one_line(answer.get("message", ""))
     if kind == "memory":
-        raise ConfigError(f"{source}: loading the config module used more than {max_gib:g} GiB of memory and was "
-                          f"stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
+        raise ConfigError(f"{source}: loading the config module used more than {_memory_limit_text(max_gib)} of "
+                          f"memory and was stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
     if kind == "torchtitan":
         raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
                           f"and torchtitan does not import here ({msg[:120]}); install it: "

@@ -190,6 +190,19 @@ def test_a_module_past_the_memory_limit_is_one_line(tmp_path, where):
     assert time.monotonic() - t0 < 120
 
 
+def test_the_memory_message_states_a_lower_inherited_hard_limit(monkeypatch):
+    # issue 37 F10: under `ulimit -Hv` of 2 GiB the child cannot raise its soft limit past 2 GiB
+    # (setrlimit(2)), so "used more than 8 GiB" would be false; the line states the 2 GiB it had
+    import resource
+
+    from autotune.engines.torchtitan.importer import _memory_limit_text
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, 2 * 2**30))
+    assert _memory_limit_text(8.0) == "2 GiB (the hard limit this process inherited, ulimit -Hv)"
+    assert _memory_limit_text(1.5) == "1.5 GiB"          # the own limit is the lower one: stated as is
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert _memory_limit_text(8.0) == "8 GiB"
+
+
 @pytest.mark.parametrize("raw", ["0", "x", "٨", "1e9", "-2", "5000"])
 def test_the_memory_limit_variable_is_checked(raw, monkeypatch):
     from autotune.engines.torchtitan.importer import _max_gib
