@@ -45,6 +45,7 @@ from typing import Any
 from autotune.errors import ConfigError, PlanError
 from autotune.engines.imported import ImportedLaunch, allocator_reclaim
 from autotune.engines.torchtitan.toml_scan import MAX_TOML_TOKENS, _toml_depth_bound  # noqa: F401 (re-exported)
+from autotune.engines.torchtitan.child_limits import _memory_error, _memory_limit_text  # noqa: F401 (re-exported)
 
 SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b"}
 SINGLE_STAGE = ("GPipe", "1F1B")
@@ -470,7 +471,7 @@ TIMEOUT_ENV = "AUTOTUNE_CONFIG_MODULE_TIMEOUT_S"
 #: :data:`MAX_GIB_ENV` sets another limit. Importing torch 2.13 (CPU build) and torchtitan peaked at 0.94 GiB
 #: of address space (VmPeak, dev machine, 2026-12-03); a CUDA build maps its larger libraries too, hence the margin.
 CONFIG_MODULE_MAX_GIB = 8.0
-MAX_GIB_ENV = "AUTOTUNE_CONFIG_MODULE_MAX_GIB"
+from autotune.engines.torchtitan.child_limits import MAX_GIB_ENV  # noqa: E402 (one definition)
 #: most bytes read of the child's answer (a config's settings are < 10 KiB of JSON)
 MAX_ANSWER_BYTES = 4 * 2**20
 #: largest file the child may write (RLIMIT_FSIZE: its stdout and stderr, anything the module writes)
@@ -492,21 +493,6 @@ def _timeout_s() -> float:
         from autotune.files import display_text
         raise ConfigError(f"{TIMEOUT_ENV}={display_text(raw, 40)}: must be a number of seconds in (0, 86400]")
     return t
-
-
-def _memory_limit_text(max_gib: float) -> str:
-    """The child's address-space limit as an error line states it: ``"8 GiB"``, or, when the hard
-    ``RLIMIT_AS`` this process was started with is lower (the child inherits it and cannot raise its
-    soft limit past it, setrlimit(2); ``config_child.py`` takes the smaller), that one, e.g.
-    ``"2 GiB (the hard limit this process inherited, ulimit -Hv)"``."""
-    try:
-        import resource
-        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    except (ImportError, OSError, ValueError):
-        return f"{max_gib:g} GiB"
-    if hard != resource.RLIM_INFINITY and hard < max_gib * 2**30:
-        return f"{hard / 2**30:.3g} GiB (the hard limit this process inherited, ulimit -Hv)"
-    return f"{max_gib:g} GiB"
 
 
 def _max_gib() -> float:
@@ -637,8 +623,7 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
         tail = [ln for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     # the child's output is read for a memory error only, never shown: the module writes what it likes there
     if not raw and any(w in ln for ln in tail[-5:] for w in ("MemoryError", "bad_alloc", "Cannot allocate memory")):
-        raise ConfigError(f"{source}: loading the config module used more than {_memory_limit_text(max_gib)} of "
-                          f"memory and was stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
+        raise _memory_error(source, max_gib)
     if not raw:
         how = (f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
                else f"ended with exit status {rc}")
@@ -656,8 +641,7 @@ def _load_in_child(path: Path, fn: str, source: str) -> dict:
         return answer["config"]
     kind, msg = answer.get("kind"), _one_line(answer.get("message", ""))
     if kind == "memory":
-        raise ConfigError(f"{source}: loading the config module used more than {_memory_limit_text(max_gib)} of "
-                          f"memory and was stopped (it runs in a child process; {MAX_GIB_ENV}=GIB sets the limit)")
+        raise _memory_error(source, max_gib)
     if kind == "torchtitan":
         raise ConfigError(f"{source}: a torchtitan 0.3 config module is loaded with torchtitan's own ConfigManager, "
                           f"and torchtitan does not import here ({msg[:120]}); install it: "
