@@ -217,6 +217,7 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
         plan_file, interconnect = "(command line)", None     # the fabric is in doc already
     else:
         doc = PlanDocument.load(plan_file)
+        doc = _at_measured_depth(doc, as_json)
     fabric = get_fabric(interconnect) if interconnect else fabric_from_dict(doc.fabric, where=f"{plan_file}: cluster.fabric")
     cluster = ClusterSpec(gpu=get_gpu(doc.gpu), num_gpus=doc.num_gpus, fabric=fabric)
     # the "has no effect" notes are printed here once, as warning: lines on stderr: validate_plan also
@@ -305,3 +306,21 @@ def _save_plan(path, doc, cluster, engine: str, result, say) -> None:
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e}") from None
     say(f"wrote {path} (plan YAML, engine {engine}; `autotune export --plan {path}` writes its launch files)")
+
+
+def _at_measured_depth(doc, as_json: bool):
+    """``doc`` with its model cut to the layers its stored prediction was measured with (a real trial of
+    ``run --layers N`` stores N in ``prediction.details.layers``; the plan keeps the full model), so
+    ``simulate`` predicts what ran instead of the full model; a note on stderr says so. Else ``doc``."""
+    from dataclasses import replace
+
+    details = (doc.prediction or {}).get("details") or {}
+    layers = details.get("layers") if isinstance(details, dict) else None
+    if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers < doc.model.num_layers:
+        return doc
+    if not as_json:
+        click.echo(f"note: the stored prediction was measured with the model cut to {layers} of its "
+                   f"{doc.model.num_layers} layers (run --layers {layers}); simulated at {layers} layers",
+                   err=True)
+    return replace(doc, model=doc.model.truncated(layers))
+

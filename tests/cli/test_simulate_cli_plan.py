@@ -72,3 +72,18 @@ def test_command_line_plan_takes_the_engines_zero_stage():
     r = CliRunner().invoke(main, ["simulate", "--size", "70b", "--gpus", "64", "--tp", "8", "--pp", "4",
                                   "--engine", "torchtitan", "--zero", "0", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["results"][0]["plan"]["zero_stage"] == 0
+
+
+def test_a_plan_measured_at_fewer_layers_is_simulated_at_that_depth():
+    # a real torchtitan trial of `run --layers 6` (Qwen3-30B-A3B on one H200) stores layers: 6 in
+    # prediction.details; the full 48-layer model needs ~544 GiB on one GPU (its simulate said "out of memory"),
+    # the 6 layers that ran fit (82.1 GiB measured), so `simulate` must cost those 6
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    f = Path(__file__).parents[2] / "docs/results/engines/torchtitan-moe-h200x1-2026-12-04/qwen3-30b-a3b-data-worker/plan.yaml"
+    r = CliRunner().invoke(main, ["simulate", str(f)])
+    assert r.exit_code == 0, r.output
+    assert "cut to 6 of its 48 layers" in r.output and "out of memory" not in r.output, r.output
