@@ -241,6 +241,13 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
         # a launch file is judged by the engine release it is written for (torchtitan 0.2 TOML, 0.3 module)
         from autotune.spec.engines import engine_release
         eng = eng_arg = engine_release(imported.engine, imported.engine_release)
+    elif imported is None and engine is None and backend != "real" and _measured_release(doc) is not None:
+        # a trial measured on an engine release other than the profile's (torchtitan 0.2.2 runs the real
+        # trials): judged by that release's facts, as the trial's own prediction was
+        from autotune.spec.engines import engine_release
+        eng = eng_arg = engine_release(doc.engine, _measured_release(doc))
+        if not as_json:
+            click.echo(f"note: judged by the facts of {doc.engine} {details_version(doc)}, the release the stored trial ran", err=True)
     ev = make_evaluator(backend, model=doc.model, cluster=cluster, workload=doc.workload, engine=eng_arg)
     try:
         result = ev.evaluate(doc.plan)
@@ -323,4 +330,26 @@ def _at_measured_depth(doc, as_json: bool):
                    f"{doc.model.num_layers} layers (run --layers {layers}); simulated at {layers} layers",
                    err=True)
     return replace(doc, model=doc.model.truncated(layers))
+
+
+def details_version(doc) -> str:
+    """``prediction.details.engine_version`` of ``doc`` (``"0.2.2"``), as the note prints it."""
+    return str(((doc.prediction or {}).get("details") or {}).get("engine_version"))
+
+
+def _measured_release(doc) -> str | None:
+    """The release of ``releases.yaml`` whose version the stored prediction's trial ran
+    (``prediction.details.engine_version``, e.g. torchtitan ``0.2.2`` -> ``"0.2"``) when it is not the engine
+    profile's own release, else None."""
+    from autotune.spec.engines import engine_releases
+
+    details = (doc.prediction or {}).get("details") or {}
+    version = details.get("engine_version") if isinstance(details, dict) else None
+    rel = engine_releases(doc.engine) if isinstance(version, str) and doc.engine else None
+    if not rel:
+        return None
+    for name, entry in (rel.get("releases") or {}).items():
+        if isinstance(entry, dict) and entry.get("version") == version and name != rel.get("profile_release"):
+            return name
+    return None
 

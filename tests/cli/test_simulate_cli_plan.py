@@ -87,3 +87,6 @@ def test_a_plan_measured_at_fewer_layers_is_simulated_at_that_depth():
     r = CliRunner().invoke(main, ["simulate", str(f)])
     assert r.exit_code == 0, r.output
     assert "cut to 6 of its 48 layers" in r.output and "out of memory" not in r.output, r.output
+    # and by the release the trial ran (torchtitan 0.2.2, prediction.details.engine_version): the simulator's
+    # prediction stored beside the measured trial is 240.48 ms (details.simulated_step_time_ms)
+    assert "the facts of torchtitan 0.2.2" in r.output and "step time                  240.5 ms" in r.output, r.output
