@@ -41,6 +41,10 @@ ADAM_BYTES_PER_PARAM = 28
 #: parameters (46 GB at 3.4 TB/s) and 26.6 ms of FP32 adds (gradient accumulation, 3 x 23 GB).
 CAST_BYTES_PER_PARAM = 6
 ACCUMULATE_BYTES_PER_PARAM = 12
+#: the FP32 adds' in-training bandwidth of that profile (3 x 23 GB in 26.6 ms), GB/s, and the H200 profile's
+#: generic memory-bound bandwidth it is scaled against on other GPUs (autotune/data/calibration/h200.yaml)
+ACCUMULATE_GBS = 2594.0
+H200_GENERIC_GBS = 2468.5
 GATHER_COPY_BYTES_PER_PARAM = 4
 #: FP8 cast traffic, bytes per element (BF16 source, FP8 destination). Dynamic scaling (torchao
 #: ``hp_tensor_to_float8_dynamic``, torchao/float8/float8_scaling_utils.py: amax of the BF16 tensor,
@@ -639,6 +643,17 @@ class CostBuilder:
             fwd = costs.memory_bound_ms(cast * CAST_BYTES_PER_PARAM * P, "cast")
             bwd = (costs.memory_bound_ms(unfused * CAST_BYTES_PER_PARAM * P, "cast")
                    + costs.memory_bound_ms(unfused * ACCUMULATE_BYTES_PER_PARAM * P * later, "accumulate"))
+        if cc.expert_params and unfused:
+            # the routed experts' FP32 gradients accumulate over micro-batches too (autograd's AccumulateGrad
+            # adds each later micro-batch's gradient: 12 B per parameter, the rank's expert-DP shard with FSDP);
+            # their casts are the engine's (autotune.cost.tt_moe for torchtitan's FP32 routed path)
+            edp = getattr(self, "edp_group", 1)
+            pe = float(cc.expert_params) / (edp if p.zero_stage >= 2 and edp > 1 else 1)
+            # at the adds' measured in-training rate (69 GB in 26.6 ms = 2,594 GB/s, the profile named at
+            # ACCUMULATE_BYTES_PER_PARAM), without the eager in-training factor the dense term takes (left as
+            # it is: the dense predictions do not move); other GPUs scaled by the generic bandwidth
+            raw = getattr(costs, "inner", costs)
+            bwd += raw.memory_bound_ms(ACCUMULATE_BYTES_PER_PARAM * pe * later) * H200_GENERIC_GBS / ACCUMULATE_GBS
         _add(cc.fwd_parts, "compute", fwd)
         _add(cc.bwd_parts, "compute", bwd)
 

@@ -130,7 +130,9 @@ def moe_parts(cb: Any, fwd: dict[str, float], bwd: dict[str, float], gkw: dict[s
                 + costs.memory_bound_ms(3 * moe.ROUTER_BYTES * n * E))
     copies = sh["token_copies"] * p.etp_degree * imb
     # permute: read n x h, write the copies (and unpermute back), BF16; DeepEP / HybridEP fuse both
-    perm = 0.0 if p.moe_dispatcher == "flex" else 2 * costs.memory_bound_ms(BF16 * (n + copies) * h)
+    # (torchtitan 0.2.2's FP32 path prices its own index and copy kernels instead: autotune.cost.tt_moe)
+    perm = 0.0 if p.moe_dispatcher == "flex" or tt_moe.fp32_path(cb) else \
+        2 * costs.memory_bound_ms(BF16 * (n + copies) * h)
     comm = 0.0
     if p.ep_degree > 1:
         if p.moe_dispatcher == "allgather":

@@ -23,6 +23,68 @@ def fp32_path(cb: Any) -> bool:
     return p.zero_stage < 2 or p.dp_degree * p.cp_degree <= 1
 
 
+#: In-training bandwidths (GB/s) of the index and copy kernels of torchtitan 0.2.2's FP32 routed path on one H200,
+#: measured: the kernel times of the 2026-12-03 step trace of Qwen3-30B-A3B L6 (mb 4 x 1, compile, no AC;
+#: docs/results/engines/torchtitan-moe-profile-h200x1-2026-12-03/a_mb4_none_compile/profile.json, fast step,
+#: ``top_kernels_25`` / ``by_aten_op_top40`` / ``by_autograd_node_top30``) over the bytes of the op inventory of
+#: :func:`routed_index_ms` (C = 131,072 copies x h = 2,048, FP32: 8 C h = 2.147 GB a gather, scatter or copy):
+#:
+#: * ``gather``: ``vectorized_gather_kernel`` 5.779 ms fwd (13 calls) + 7.010 ms bwd (12): 24 C-row gathers of
+#:   8 C h B in 12.789 ms -> 4,029 GB/s;
+#: * ``index_put``: ``index_put_kernel`` (non-accumulating scatter) 15.492 ms for 12 calls -> 1,663 GB/s;
+#: * ``index_put_accumulate``: the gathers' backward, aten ``_index_put_impl_`` with accumulate (sort +
+#:   ``indexing_backward_kernel<float>``) 13.292 ms for 12 calls -> 1,938 GB/s;
+#: * ``copy``: ``aten::vstack`` 3.226 ms (6 x 8 C h), ``aten::zeros`` 1.373 ms (6 x 4 C h), SliceBackward0 4.424 ms
+#:   (6 x 12 C h: zeros + copy), the D2D copies of the vstack's backward 3.049 ms (6 x 8 C h): 192 C h B in
+#:   12.072 ms -> 4,268 GB/s;
+#: * ``bmm_combine``: the score-weighted combine ``torch.bmm(top_scores, routed_output_unsorted.float())``,
+#:   memory-bound: fwd 2.979 ms (6 x (4 C h + 4 n h)), BmmBackward0 7.261 ms (6 x 2 (4 C h + 4 n h)):
+#:   21.7 GB in 10.24 ms -> 2,122 GB/s.
+#:
+#: These are kernel rates, taken from one trace, not from any step time; the Qwen3 trials share the kernels (in
+#: sample for the rates), DeepSeek 16B (64 experts, top-6, other shapes) does not. Other GPUs: scaled with the
+#: profile's generic memory-bound bandwidth (H200: :data:`H200_GENERIC_GBS`, autotune/data/calibration/h200.yaml).
+TRACE_GBS = {"gather": 4029.0, "index_put": 1663.0, "index_put_accumulate": 1938.0, "copy": 4268.0,
+             "bmm_combine": 2122.0}
+H200_GENERIC_GBS = 2468.5
+
+
+def _trace_ms(cb: Any, nbytes: float, op: str) -> float:
+    """``nbytes`` through a kernel of class ``op`` (:data:`TRACE_GBS`), ms: the generic memory-bound time of the
+    stand-alone costs (no in-training factor: the trace rates are in-training rates) scaled to that class."""
+    raw = getattr(cb.costs, "inner", cb.costs)
+    return raw.memory_bound_ms(nbytes) * H200_GENERIC_GBS / TRACE_GBS[op]
+
+
+def routed_index_ms(cb: Any, n: float, copies: float, h: int) -> tuple[float, float]:
+    """(forward, backward) ms of the FP32 routed path's index and copy kernels, one MoE layer per micro-batch.
+
+    ``n``: the rank's tokens; ``copies``: its routed token copies C (n x top_k, balanced); ``h``: hidden size.
+    Replaces the base cost model's BF16 permute / unpermute on this path. Inventory (torchtitan v0.2.2
+    models/moe/moe.py ``MoE.forward``, models/moe/utils.py ``_permute`` / ``_unpermute``; FP32 rows of 4 h B):
+
+    * forward: gather ``x[token_indices_experts_sorted // top_k]`` (8 C h B); ``torch.vstack`` with a zero row
+      (8 C h); gather ``x[permuted_indices, :]`` (8 C h); scatter ``out_unpermuted[permuted_indices, :] = out``
+      (8 C h); ``torch.zeros`` of the unsorted output (4 C h); scatter ``routed_output_unsorted[idx] = ...``
+      (8 C h); the combine ``bmm`` (4 C h + 4 n h);
+    * backward: the combine's backward (2 (4 C h + 4 n h)); each scatter's gradient is a gather (2 x 8 C h);
+      the slice ``out_unpermuted[:-1]`` (zeros + copy, 12 C h); the vstack's (8 C h); each gather's gradient
+      is an accumulating scatter (2 x 8 C h).
+
+    The padding rows of ``generate_permute_indices`` (at most 8 per local expert) are left out (<1% of C).
+    0 when the plan is not on the FP32 path (:func:`fp32_path`).
+    """
+    if not fp32_path(cb):
+        return 0.0, 0.0
+    rows, tok = FP32 * float(copies) * h, FP32 * float(n) * h
+    t = _trace_ms
+    fwd = (t(cb, 2 * 2 * rows, "gather") + t(cb, 2 * rows + rows, "copy") + t(cb, 2 * 2 * rows, "index_put")
+           + t(cb, rows + tok, "bmm_combine"))
+    bwd = (t(cb, 2 * (rows + tok), "bmm_combine") + t(cb, 2 * 2 * rows, "gather") + t(cb, 3 * rows + 2 * rows, "copy")
+           + t(cb, 2 * 2 * rows, "index_put_accumulate"))
+    return fwd, bwd
+
+
 def routed_path_ms(cb: Any, n: float, copies: float, h: int, expert_weight_params: float) -> tuple[float, float]:
     """Extra (forward, backward) ms of one MoE layer per micro-batch on the FP32 routed path, 0 otherwise.
 
@@ -30,8 +92,8 @@ def routed_path_ms(cb: Any, n: float, copies: float, h: int, expert_weight_param
     ``expert_weight_params``: the rank's routed-expert weights of the layer (E/EP experts x 3 h f for a gated
     MLP). Terms (torchtitan v0.2.2 models/moe/moe.py ``_run_experts_grouped_mm``, models/moe/utils.py):
 
-    * permutation in FP32: the base cost model moves the rows as BF16 (2 (n + copies) h x 2 B each way); FP32
-      doubles them: + 2 (n + copies) h x 2 B, forward and backward, at the generic memory-bound rate;
+    * the index and copy kernels of the permutation in FP32 (:func:`routed_index_ms`; the caller drops the
+      base model's BF16 permutation on this path);
     * routed-row casts: ``x.bfloat16()`` before the first grouped GEMM (read 4 B, write 2 B a copy element)
       and ``.type_as(x)`` after the last (read 2, write 4): 2 x 6 copies h B forward; their gradients the same
       backward; at the ``cast`` rate;
@@ -40,11 +102,10 @@ def routed_path_ms(cb: Any, n: float, copies: float, h: int, expert_weight_param
     """
     if not fp32_path(cb):
         return 0.0, 0.0
-    costs = cb.costs
-    perm = 2 * costs.memory_bound_ms(BF16 * (n + copies) * h)
+    idx_f, idx_b = routed_index_ms(cb, n, copies, h)
     rows = cb._memory_bound_ms(2 * (FP32 + BF16) * copies * h, "cast")
     wcast = cb._memory_bound_ms((FP32 + BF16) * expert_weight_params, "cast")
-    return perm + rows + wcast, perm + rows + wcast
+    return idx_f + rows + wcast, idx_b + rows + wcast
 
 
 def saved_weight_copy_bytes(engine: Any, plan: Any, expert_weight_params: float) -> float:
@@ -64,6 +125,34 @@ def saved_weight_copy_bytes(engine: Any, plan: Any, expert_weight_params: float)
     if rc == "full" or (rc == "selective" and getattr(engine, "sac_recomputes_routed_experts", False)):
         return 0.0
     return BF16 * expert_weight_params
+
+
+def fp32_saved_terms(engine: Any, plan: Any, copies: float, h: int, f: int) -> dict[str, int]:
+    """Bytes one MoE layer saves for backward on the FP32 routed path beyond the Megatron-style expert terms of
+    :func:`autotune.cost.moe.moe_activation_terms`, one micro-batch, without recompute (under the engine's SAC or
+    full recompute the routed part is re-run: nothing here). ``copies``: the rank's routed token copies C;
+    ``h``: hidden size; ``f``: the expert FFN width on the rank. torchtitan v0.2.2 models/moe/moe.py:
+
+    * ``tt_combine_fp32``: the eager combine ``torch.bmm(top_scores, routed_output_unsorted.float())`` keeps its
+      FP32 C x h operand for the scores' gradient (4 C h B); MoE.forward's dispatch and combine are not
+      compiled (models/llama4/infra/parallelize.py ``apply_compile`` compiles the MoE's children, not its own
+      forward), so in both modes;
+    * eager only (``plan.compile`` off): ``_run_experts_grouped_mm`` calls ``x.bfloat16()`` once per gate and up
+      projection, so autograd keeps two BF16 copies of the routed rows (one more than ``dispatched``: 2 C h),
+      and ``silu(h1) * h3`` keeps both factors besides h1 (one more f-wide tensor than ``expert_fc1`` +
+      ``expert_act``: 2 C f). torch.compile's graph computes the cast once (not measured apart: the compiled
+      trials' memory is the check).
+
+    Empty for any other engine or plan (:func:`saved_weight_copy_bytes`' conditions for the path)."""
+    if not getattr(engine, "moe_fp32_path_without_fsdp", False) or plan.recompute != "none":
+        return {}
+    if plan.zero_stage >= 2 and plan.dp_degree * plan.cp_degree > 1:
+        return {}
+    out = {"tt_combine_fp32": int(FP32 * copies * h)}
+    if not plan.compile:
+        out["tt_eager_x_bf16"] = int(BF16 * copies * h)
+        out["tt_eager_act"] = int(BF16 * copies * f)
+    return out
 
 
 def sac_recompute_ms(cb: Any, routed_fwd_ms: float) -> float:
@@ -87,4 +176,4 @@ def grad_clip_bytes_per_param(cb: Any) -> int:
     return int(getattr(cb.engine, "grad_clip_bytes_per_param", 0))
 
 
-__all__ = ["fp32_path", "routed_path_ms", "saved_weight_copy_bytes", "sac_recompute_ms", "grad_clip_bytes_per_param"]
+__all__ = ["fp32_path", "routed_index_ms", "routed_path_ms", "saved_weight_copy_bytes", "fp32_saved_terms", "sac_recompute_ms", "grad_clip_bytes_per_param"]

@@ -29,12 +29,35 @@ N, COPIES, H, W = 16384, 131072, 2048, 128 * 3 * 768 * 2048
 
 
 def test_routed_path_bytes_hand_derived():
-    # permutation FP32 extra: 2 x 2 B x (16,384 + 131,072) x 2,048 = 1,207,959,552 B at 1 GB/s = 1207.96 ms
+    # index / copy kernels (tt_moe.routed_index_ms) with R = 4 B x 131,072 x 2,048 = 1,073,741,824 B (FP32 rows)
+    # and T = 4 B x 16,384 x 2,048 = 134,217,728 B (FP32 tokens); each class at its H200 trace rate, here scaled
+    # from the 1 GB/s generic rate by 2,468.5 / rate:
+    #   forward: gathers 4R @ 4,029, vstack + zeros 3R @ 4,268, scatters 4R @ 1,663, combine bmm R + T @ 2,122
+    #            = (1.0660 + 0.7547 + 2.5826 + 0.6324) x 1e9 B/GB/s ... = 12,275.03 ms
+    #   backward: bmm 2 (R + T) @ 2,122, gathers 4R @ 4,029, slice + vstack backward 5R @ 4,268,
+    #            accumulating scatters 4R @ 1,938 = 14,017.64 ms
     # row casts: 2 x (4 + 2) B x 131,072 x 2,048 = 3,221,225,472 B at 2 GB/s = 1610.61 ms
     # weight casts: 6 B x 603,979,776 = 3,623,878,656 B at 2 GB/s = 1811.94 ms
     f, b = tt_moe.routed_path_ms(_cb(TT02), N, COPIES, H, W)
-    assert f == pytest.approx(1207.959552 + 1610.612736 + 1811.939328)
-    assert b == pytest.approx(f)
+    assert f == pytest.approx(12275.034747 + 1610.612736 + 1811.939328)
+    assert b == pytest.approx(14017.641742 + 1610.612736 + 1811.939328)
+    fi, bi = tt_moe.routed_index_ms(_cb(TT02), N, COPIES, H)
+    assert (fi, bi) == (pytest.approx(12275.034747), pytest.approx(14017.641742))
+
+
+def test_fp32_saved_terms_hand_derived():
+    plan = SimpleNamespace(recompute="none", zero_stage=0, dp_degree=1, cp_degree=1, compile=True)
+    # the eager combine bmm keeps the FP32 rows: 4 B x 131,072 x 2,048 = 1,073,741,824 B
+    assert tt_moe.fp32_saved_terms(TT02, plan, COPIES, H, 768) == {"tt_combine_fp32": 1073741824}
+    plan.compile = False
+    # eager: a second BF16 copy of the rows 2 x 131,072 x 2,048 = 536,870,912 and one more f-wide BF16
+    # tensor 2 x 131,072 x 768 = 201,326,592
+    assert tt_moe.fp32_saved_terms(TT02, plan, COPIES, H, 768) == {
+        "tt_combine_fp32": 1073741824, "tt_eager_x_bf16": 536870912, "tt_eager_act": 201326592}
+    plan.recompute = "selective"
+    assert tt_moe.fp32_saved_terms(TT02, plan, COPIES, H, 768) == {}
+    plan.recompute = "none"
+    assert tt_moe.fp32_saved_terms(get_engine("megatron"), plan, COPIES, H, 768) == {}
 
 
 def test_scoped_to_engine_and_no_fsdp():
@@ -84,9 +107,26 @@ def test_saved_weight_copies_hand_derived():
     w = Workload(seq_len=4096, global_batch_size=4)
     off = dataclasses.replace(TT02, moe_fp32_path_without_fsdp=False)
     plan = Plan(micro_batch_size=4, compile=True)
-    # one layer's BF16 expert-weight copies: 2 B x 128 x 3 x 768 x 2,048 = 1,207,959,552 B
-    assert moe_layer_bytes(m, plan, w, TT02)[1] - moe_layer_bytes(m, plan, w, off)[1] == 1207959552
+    # one layer's BF16 expert-weight copies: 2 B x 128 x 3 x 768 x 2,048 = 1,207,959,552 B, and the FP32 combine
+    # operand 4 B x 131,072 x 2,048 = 1,073,741,824 B (compiled: no eager-only terms)
+    assert moe_layer_bytes(m, plan, w, TT02)[1] - moe_layer_bytes(m, plan, w, off)[1] == 1207959552 + 1073741824
     assert moe_layer_bytes(m, plan, w, TT02)[0] == moe_layer_bytes(m, plan, w, off)[0]     # dense layer: none
     sel = Plan(micro_batch_size=4, compile=True, recompute="selective")    # SAC re-makes them in backward
     assert moe_layer_bytes(m, sel, w, TT02)[1] == moe_layer_bytes(m, sel, w, off)[1]
     assert tt_moe.saved_weight_copy_bytes(get_engine("megatron"), plan, W) == 0.0
+
+
+def test_expert_gradient_accumulation_hand_derived(monkeypatch):
+    # Qwen3-30B-A3B at 6 layers, 2 micro-batches of 2 x 4096 tokens: the second micro-batch adds its FP32 expert
+    # gradients into .grad: 12 B x 6 x 128 x 3 x 768 x 2,048 = 43,486,543,872 B a step at the adds' measured
+    # 2,594 GB/s (H200 generic rate, scale 1) = 16.764 ms; the first micro-batch stores its gradient (no add)
+    from autotune.cost import chunk_costs
+
+    with_add = _eval(TT02, micro_batch_size=2, num_micro_batches=2)["compute"]
+    monkeypatch.setattr(chunk_costs, "ACCUMULATE_GBS", 1e30)
+    without = _eval(TT02, micro_batch_size=2, num_micro_batches=2)["compute"]
+    assert with_add - without == pytest.approx(43486543872 / 2594e6, rel=1e-6)
+    # one micro-batch: nothing to accumulate
+    a = _eval(TT02)["compute"]
+    monkeypatch.setattr(chunk_costs, "ACCUMULATE_GBS", 2594.0)
+    assert _eval(TT02)["compute"] == pytest.approx(a)
