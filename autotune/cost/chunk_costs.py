@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.cost import moe, moe_layer, overlap
+from autotune.cost import moe, moe_layer, overlap, tt_moe
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
 from autotune.spec.engines import EngineProfile, engine_for_plan
@@ -259,7 +259,13 @@ class CostBuilder:
         if getattr(p, "attention_backend", "default") == "flash":
             kern = "flash2"     # SDPA's flash backend only (Plan.attention_backend): the profile's flash2 table
         aw = moe.attention_work_fraction(m, seq)     # sliding-window layers: the kernel's share of causal work
-        attn_fwd, attn_bwd = (costs.attention_kernel_ms(kern, **attn_kw, backward=b) * aw / p.cp_degree for b in (0, 1))
+        if m.is_mla and getattr(self.engine, "mla_flex_attention", False):
+            # torchtitan's deepseek_v3 flavours run FlexAttention, not SDPA (autotune.cost.tt_moe)
+            fa = {k: v for k, v in attn_kw.items() if k != "kv_heads"}
+            attn_fwd, attn_bwd = (tt_moe.flex_attention_ms(costs, **fa, backward=b) * aw / p.cp_degree for b in (0, 1))
+        else:
+            attn_fwd, attn_bwd = (costs.attention_kernel_ms(kern, **attn_kw, backward=b) * aw / p.cp_degree
+                                  for b in (0, 1))
         flops += 2.0 * p.micro_batch_size * seq * seq * head_dim * heads * aw / p.cp_degree
         # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
         # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t

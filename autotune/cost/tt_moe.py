@@ -155,6 +155,30 @@ def fp32_saved_terms(engine: Any, plan: Any, copies: float, h: int, f: int) -> d
     return out
 
 
+#: FlexAttention in training on one H200, TFLOP/s by the cost model's causal convention (forward 2 S^2 d H B with
+#: d the mean of the query-key and value head widths, backward 2.5x that), measured: the flex kernels
+#: (``triton_tem_fused_*flex_attention*``) of the 2026-12-04 step traces of torchtitan 0.2.2's DeepSeek 16B
+#: flavour at 6 layers (S 4096, H 16, d_qk 192, d_v 128 -> d 160, B 4; 343.6 GFLOP forward a layer):
+#: forward 7.38 ms (compiled plan) and 6.90 ms (eager) for 6 layers, mean 1.190 ms a layer -> 288.8; backward
+#: 38.47 ms in both, 6.41 ms a layer -> 134.0 (docs/results/engines/torchtitan-moe-profile-h200x1-2026-12-04/).
+#: One shape: other sequence lengths and widths are ASSUMED to run at the same rates; other GPUs scale with the
+#: profile's compute scale. Chosen after the DeepSeek trials of 2026-12-04b were predicted 8-14% too fast (the
+#: trace was taken to find out why); the rates are kernel times, not step times.
+FLEX_TFLOPS = {"fwd": 288.8, "bwd": 134.0}
+
+
+def flex_attention_ms(costs: Any, *, batch: int, seq_len: int, heads: int, head_dim: int,
+                      backward: bool = False) -> float:
+    """Causal FlexAttention of one layer per micro-batch on the rank, ms (torchtitan's deepseek_v3 flavours:
+    :attr:`~autotune.spec.engines.EngineProfile.mla_flex_attention`), at :data:`FLEX_TFLOPS` (in-training
+    rates: no in-training factor on top). ``head_dim``: the mean of the query-key and value widths."""
+    raw = getattr(costs, "inner", costs)
+    scale = float(getattr(raw, "compute_scale", 1.0))
+    fwd_flops = 2.0 * seq_len * seq_len * head_dim * heads * batch
+    flops = fwd_flops * (2.5 if backward else 1.0)
+    return flops / (FLEX_TFLOPS["bwd" if backward else "fwd"] * scale * 1e9)
+
+
 def sac_recompute_ms(cb: Any, routed_fwd_ms: float) -> float:
     """Backward re-run of the routed experts' forward under the engine's selective recompute, ms: the whole
     forward of the routed part (``routed_fwd_ms``: grouped GEMMs, activation, permutation, the FP32 path's
@@ -176,4 +200,4 @@ def grad_clip_bytes_per_param(cb: Any) -> int:
     return int(getattr(cb.engine, "grad_clip_bytes_per_param", 0))
 
 
-__all__ = ["fp32_path", "routed_index_ms", "routed_path_ms", "saved_weight_copy_bytes", "fp32_saved_terms", "sac_recompute_ms", "grad_clip_bytes_per_param"]
+__all__ = ["fp32_path", "routed_index_ms", "routed_path_ms", "saved_weight_copy_bytes", "fp32_saved_terms", "flex_attention_ms", "sac_recompute_ms", "grad_clip_bytes_per_param"]

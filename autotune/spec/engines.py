@@ -147,6 +147,8 @@ class EngineProfile:
             routed-expert forward runs again in backward.
         grad_clip_bytes_per_param: bytes per gradient element its every-step gradient clipping moves (0: none
             priced).
+        mla_flex_attention: it runs multi-latent-attention models' core attention with FlexAttention (a Triton
+            template kernel) instead of SDPA (:func:`autotune.cost.tt_moe.flex_attention_ms`).
 
     Raises:
         ConfigError: a field missing or outside its valid values (names the engine and the field).
@@ -204,6 +206,7 @@ class EngineProfile:
     moe_fp32_path_without_fsdp: bool = False
     sac_recomputes_routed_experts: bool = False
     grad_clip_bytes_per_param: int = 0
+    mla_flex_attention: bool = False
     levers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
