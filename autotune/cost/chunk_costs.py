@@ -41,10 +41,6 @@ ADAM_BYTES_PER_PARAM = 28
 #: parameters (46 GB at 3.4 TB/s) and 26.6 ms of FP32 adds (gradient accumulation, 3 x 23 GB).
 CAST_BYTES_PER_PARAM = 6
 ACCUMULATE_BYTES_PER_PARAM = 12
-#: the FP32 adds' in-training bandwidth of that profile (3 x 23 GB in 26.6 ms), GB/s, and the H200 profile's
-#: generic memory-bound bandwidth it is scaled against on other GPUs (autotune/data/calibration/h200.yaml)
-ACCUMULATE_GBS = 2594.0
-H200_GENERIC_GBS = 2468.5
 GATHER_COPY_BYTES_PER_PARAM = 4
 #: FP8 cast traffic, bytes per element (BF16 source, FP8 destination). Dynamic scaling (torchao
 #: ``hp_tensor_to_float8_dynamic``, torchao/float8/float8_scaling_utils.py: amax of the BF16 tensor,
@@ -259,13 +255,7 @@ class CostBuilder:
         if getattr(p, "attention_backend", "default") == "flash":
             kern = "flash2"     # SDPA's flash backend only (Plan.attention_backend): the profile's flash2 table
         aw = moe.attention_work_fraction(m, seq)     # sliding-window layers: the kernel's share of causal work
-        if m.is_mla and getattr(self.engine, "mla_flex_attention", False):
-            # torchtitan's deepseek_v3 flavours run FlexAttention, not SDPA (autotune.cost.tt_moe)
-            fa = {k: v for k, v in attn_kw.items() if k != "kv_heads"}
-            attn_fwd, attn_bwd = (tt_moe.flex_attention_ms(costs, **fa, backward=b) * aw / p.cp_degree for b in (0, 1))
-        else:
-            attn_fwd, attn_bwd = (costs.attention_kernel_ms(kern, **attn_kw, backward=b) * aw / p.cp_degree
-                                  for b in (0, 1))
+        attn_fwd, attn_bwd = (tt_moe.core_attention_ms(self, kern, attn_kw, backward=b) * aw / p.cp_degree for b in (0, 1))
         flops += 2.0 * p.micro_batch_size * seq * seq * head_dim * heads * aw / p.cp_degree
         # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
         # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t
@@ -649,17 +639,6 @@ class CostBuilder:
             fwd = costs.memory_bound_ms(cast * CAST_BYTES_PER_PARAM * P, "cast")
             bwd = (costs.memory_bound_ms(unfused * CAST_BYTES_PER_PARAM * P, "cast")
                    + costs.memory_bound_ms(unfused * ACCUMULATE_BYTES_PER_PARAM * P * later, "accumulate"))
-        if cc.expert_params and unfused:
-            # the routed experts' FP32 gradients accumulate over micro-batches too (autograd's AccumulateGrad
-            # adds each later micro-batch's gradient: 12 B per parameter, the rank's expert-DP shard with FSDP);
-            # their casts are the engine's (autotune.cost.tt_moe for torchtitan's FP32 routed path)
-            edp = getattr(self, "edp_group", 1)
-            pe = float(cc.expert_params) / (edp if p.zero_stage >= 2 and edp > 1 else 1)
-            # at the adds' measured in-training rate (69 GB in 26.6 ms = 2,594 GB/s, the profile named at
-            # ACCUMULATE_BYTES_PER_PARAM), without the eager in-training factor the dense term takes (left as
-            # it is: the dense predictions do not move); other GPUs scaled by the generic bandwidth
-            raw = getattr(costs, "inner", costs)
-            bwd += raw.memory_bound_ms(ACCUMULATE_BYTES_PER_PARAM * pe * later) * H200_GENERIC_GBS / ACCUMULATE_GBS
         _add(cc.fwd_parts, "compute", fwd)
         _add(cc.bwd_parts, "compute", bwd)
 

@@ -207,6 +207,29 @@ def module_recompute_ms(cb: Any, modules: tuple[str, ...], gemms: list[tuple[int
     return ms
 
 
+#: the FP32 adds' in-training bandwidth of the profile named at
+#: :data:`autotune.cost.chunk_costs.ACCUMULATE_BYTES_PER_PARAM` (3 x 23 GB in 26.6 ms), GB/s, and the H200
+#: profile's generic memory-bound bandwidth it is scaled against on other GPUs (autotune/data/calibration/h200.yaml)
+ACCUMULATE_GBS = 2594.0
+H200_GENERIC_GBS = 2468.5
+
+
+def expert_grad_accumulate_ms(cb: Any, expert_params: float, later: float, bytes_per_param: int) -> float:
+    """Backward ms per micro-batch of adding the routed experts' FP32 gradients into the accumulated ones (autograd's
+    AccumulateGrad for every micro-batch after the first: ``later`` = (m - 1) / m on average), ``bytes_per_param`` of
+    the rank (its expert-DP shard under FSDP), at :data:`ACCUMULATE_GBS` (an in-training rate: no eager factor; the
+    dense term of chunk_costs keeps its own pricing, so no dense prediction moves). :func:`chunk_params` adds it,
+    with chunk_costs' 12 B (``ACCUMULATE_BYTES_PER_PARAM``: read accumulated and new FP32, write accumulated), for
+    every engine whose gradients do not go straight into a main-grad buffer (Megatron-LM
+    ``--gradient-accumulation-fusion``)."""
+    if not expert_params or later <= 0:
+        return 0.0
+    edp = getattr(cb, "edp_group", 1)
+    pe = float(expert_params) / (edp if cb.p.zero_stage >= 2 and edp > 1 else 1)
+    raw = getattr(cb.costs, "inner", cb.costs)
+    return raw.memory_bound_ms(bytes_per_param * pe * later) * H200_GENERIC_GBS / ACCUMULATE_GBS
+
+
 def expert_bucket_ms(cb: Any, expert_params: int) -> list[float]:
     """End-of-step reduction of one chunk's routed-expert gradients over the expert-DP group
     (tp x cp x dp / (ep x etp) ranks; Megatron-LM reduces expert gradients in their own buffer over
@@ -281,6 +304,9 @@ def chunk_params(cb: Any, cc: Any, n_dense: int, n_moe: int, n_mtp: int) -> None
     t, T, h = p.tp_degree, cb.tokens, m.hidden_size
     cc.params = (n_dense * moe.dense_layer_params(m) + n_moe * moe.dense_params_of_moe_layer(m)) // t
     cc.expert_params = n_moe * moe.expert_params_per_layer(m) // (p.ep_degree * p.etp_degree)
+    if cb.engine.grad_accumulation != "fused_main_grad":
+        _add(cc.bwd_parts, "compute", expert_grad_accumulate_ms(cb, cc.expert_params, (p.num_micro_batches - 1)
+                                                                / p.num_micro_batches, 12))
     if n_mtp:
         _add(cc.fwd_parts, "compute", n_mtp * costs.gemm_ms(T, h, 2 * h // t))
         _add(cc.bwd_parts, "compute", n_mtp * (costs.gemm_ms(T, 2 * h // t, h, backward=True)
@@ -316,7 +342,7 @@ def moe_layer_state(cb: Any, memo: dict | None, dense: tuple, placed: Any, lkey:
             memo[mkey] = state
     return state
 
-__all__ = ["grad_clip_bytes", "ep_all_to_all_ms", "remote_nodes_per_token", "moe_layer_state", "place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]
+__all__ = ["grad_clip_bytes", "ep_all_to_all_ms", "remote_nodes_per_token", "moe_layer_state", "place_expert_groups", "add_moe_layers", "add_moe_recompute", "chunk_kinds", "chunk_params", "expert_bucket_ms", "expert_grad_accumulate_ms", "expert_param_gather_ms", "module_recompute_ms", "moe_parts"]
 
 
 def grad_clip_bytes(cb: Any) -> int:

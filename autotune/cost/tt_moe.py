@@ -179,6 +179,16 @@ def flex_attention_ms(costs: Any, *, batch: int, seq_len: int, heads: int, head_
     return flops / (FLEX_TFLOPS["bwd" if backward else "fwd"] * scale * 1e9)
 
 
+def core_attention_ms(cb: Any, kernel: str, attn_kw: dict[str, int], *, backward: bool = False) -> float:
+    """One layer's core attention per micro-batch, ms: :func:`flex_attention_ms` for a multi-latent-attention model
+    on an engine that runs it with FlexAttention (``mla_flex_attention``), else the costs' ``kernel`` table
+    (``attn_kw``: batch, seq_len, heads, kv_heads, head_dim)."""
+    if cb.m.is_mla and getattr(cb.engine, "mla_flex_attention", False):
+        fa = {k: v for k, v in attn_kw.items() if k != "kv_heads"}
+        return flex_attention_ms(cb.costs, **fa, backward=backward)
+    return cb.costs.attention_kernel_ms(kernel, **attn_kw, backward=backward)
+
+
 def sac_recompute_ms(cb: Any, routed_fwd_ms: float) -> float:
     """Backward re-run of the routed experts' forward under the engine's selective recompute, ms: the whole
     forward of the routed part (``routed_fwd_ms``: grouped GEMMs, activation, permutation, the FP32 path's
@@ -200,4 +210,4 @@ def grad_clip_bytes_per_param(cb: Any) -> int:
     return int(getattr(cb.engine, "grad_clip_bytes_per_param", 0))
 
 
-__all__ = ["fp32_path", "routed_index_ms", "routed_path_ms", "saved_weight_copy_bytes", "fp32_saved_terms", "flex_attention_ms", "sac_recompute_ms", "grad_clip_bytes_per_param"]
+__all__ = ["fp32_path", "routed_index_ms", "routed_path_ms", "saved_weight_copy_bytes", "fp32_saved_terms", "flex_attention_ms", "core_attention_ms", "sac_recompute_ms", "grad_clip_bytes_per_param"]

@@ -120,15 +120,15 @@ def test_expert_gradient_accumulation_hand_derived(monkeypatch):
     # Qwen3-30B-A3B at 6 layers, 2 micro-batches of 2 x 4096 tokens: the second micro-batch adds its FP32 expert
     # gradients into .grad: 12 B x 6 x 128 x 3 x 768 x 2,048 = 43,486,543,872 B a step at the adds' measured
     # 2,594 GB/s (H200 generic rate, scale 1) = 16.764 ms; the first micro-batch stores its gradient (no add)
-    from autotune.cost import chunk_costs
+    from autotune.cost import moe_layer
 
     with_add = _eval(TT02, micro_batch_size=2, num_micro_batches=2)["compute"]
-    monkeypatch.setattr(chunk_costs, "ACCUMULATE_GBS", 1e30)
+    monkeypatch.setattr(moe_layer, "ACCUMULATE_GBS", 1e30)
     without = _eval(TT02, micro_batch_size=2, num_micro_batches=2)["compute"]
     assert with_add - without == pytest.approx(43486543872 / 2594e6, rel=1e-6)
     # one micro-batch: nothing to accumulate
     a = _eval(TT02)["compute"]
-    monkeypatch.setattr(chunk_costs, "ACCUMULATE_GBS", 2594.0)
+    monkeypatch.setattr(moe_layer, "ACCUMULATE_GBS", 2594.0)
     assert _eval(TT02)["compute"] == pytest.approx(a)
 
 
