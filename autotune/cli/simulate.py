@@ -294,7 +294,14 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
                                 gpu=cluster.gpu.name))
     click.echo("")
     click.echo(mem.describe())
-    if same is not None:
+    if same is not None and pred.get("backend") == "real":
+        # a real trial's figures are measured; the simulator's own prediction of it is in details
+        meas = float(pred["step_time_ms"])
+        then = (pred.get("details") or {}).get("simulated_step_time_ms")
+        then_txt = f"{float(then):,.1f} ms at the trial, " if isinstance(then, (int, float)) else ""
+        click.echo(f"\nmeasured in the file (real): step {meas:,.1f} ms, MFU {100 * float(pred['mfu']):.1f}%; simulated: "
+                   f"{then_txt}{result.step_time_ms:,.1f} ms now ({100 * (result.step_time_ms / meas - 1):+.1f}% vs measured)")
+    elif same is not None:
         click.echo(f"\nprediction stored in the file ({pred.get('backend', '?')}): step {float(pred['step_time_ms']):,.1f} "
                    f"ms, MFU {100 * float(pred['mfu']):.1f}% -> " + ("same" if same else "DIFFERENT now"))
 

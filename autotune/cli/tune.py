@@ -82,9 +82,13 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
         model, cluster, workload = resolve_target(size=size, model_path=model_path, gpu=gpu, gpus=gpus,
                                                   interconnect=interconnect, seq_len=seq_len,
                                                   global_batch=global_batch)
-    _check_state_fits(model, cluster, engine, backend, layers)
+    # option checks before the memory check, so a misplaced option is named first
+    if moe_routing is not None and not (backend == "real" and engine == "torchtitan" and model.is_moe):
+        raise ConfigError(f"--moe-routing {moe_routing} applies to --backend real --engine torchtitan with an MoE "
+                          "model only")
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    _check_state_fits(model, cluster, engine, backend, layers)
     check_workers(workers, storage, backend=backend, launcher=launcher)
     wid = check_worker_id(worker_id, workers)
     from autotune.study.storage import check_heartbeat
@@ -97,9 +101,6 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                                                              num_gpus=cluster.num_gpus))
     say = make_say(as_json)
     screen = None
-    if moe_routing is not None and not (backend == "real" and engine == "torchtitan" and model.is_moe):
-        raise ConfigError(f"--moe-routing {moe_routing} applies to --backend real --engine torchtitan with an MoE "
-                          "model only")
     routing = {}
     if backend == "real" and engine == "torchtitan" and model.is_moe:
         routing = {"force_load_balance": moe_routing != "trained"}

@@ -209,7 +209,10 @@ def module_recompute_ms(cb: Any, modules: tuple[str, ...], gemms: list[tuple[int
 
 #: the FP32 adds' in-training bandwidth of the profile named at
 #: :data:`autotune.cost.chunk_costs.ACCUMULATE_BYTES_PER_PARAM` (3 x 23 GB in 26.6 ms), GB/s, and the H200
-#: profile's generic memory-bound bandwidth it is scaled against on other GPUs (autotune/data/calibration/h200.yaml)
+#: profile's generic memory-bound bandwidth it is scaled against on other GPUs (autotune/data/calibration/h200.yaml).
+#: Named: this rate (rather than the generic one with the eager in-training factor, which the dense term takes) was
+#: chosen while looking at the 2026-12-03 Qwen3-30B-A3B 2 x 2 micro-batch trace (docs/results/engines/
+#: torchtitan-moe-profile-h200x1-2026-12-03/: elementwise kernels +13 ms over 1 x 4, where the generic rate gives 29).
 ACCUMULATE_GBS = 2594.0
 H200_GENERIC_GBS = 2468.5
 

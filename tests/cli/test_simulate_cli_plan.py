@@ -109,3 +109,6 @@ def test_a_plan_measured_at_fewer_layers_is_simulated_at_that_depth():
                                cluster=make_cluster("h200", 1, None), workload=Workload(seq_len=4096, global_batch_size=4),
                                engine=resolve_engine("torchtitan", "simulated")).evaluate(plan).step_time_ms
     assert abs(other - want) > 1.0
+    # a real trial's stored figures are measured: said so, with the simulator's figure then and now beside them
+    assert "measured in the file (real): step 282.7 ms" in r.output and "240.5 ms at the trial" in r.output, r.output
+    assert f"{want:,.1f} ms now" in r.output and "DIFFERENT" not in r.output, r.output
