@@ -88,6 +88,8 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
                           "model only")
     check_tune_options(space=space, backend=backend, trials=trials, timeout=timeout, seed=seed, storage=storage,
                        real_steps=real_steps, trial_timeout=trial_timeout, layers=layers)
+    evaluator_options = make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher, nodes, gpus_per_node,
+                                               partition, account, time_limit, num_gpus=cluster.num_gpus)
     _check_state_fits(model, cluster, engine, backend, layers)
     check_workers(workers, storage, backend=backend, launcher=launcher)
     wid = check_worker_id(worker_id, workers)
@@ -96,9 +98,7 @@ def run(size, model_path, gpu, gpus, interconnect, seq_len, global_batch, storag
     warn_real_only_options(backend)
     tuner_kwargs = dict(model=model, cluster=cluster, workload=workload, space=space, storage=storage, backend=backend,
                         seed=seed, engine=engine,
-                        evaluator_options=make_evaluator_options(backend, layers, real_steps, trial_timeout, launcher,
-                                                             nodes, gpus_per_node, partition, account, time_limit,
-                                                             num_gpus=cluster.num_gpus))
+                        evaluator_options=evaluator_options)
     say = make_say(as_json)
     screen = None
     routing = {}
