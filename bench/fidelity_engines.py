@@ -33,11 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def runs(dirs: list[str], skipped: list[dict] | None = None) -> list[dict]:
     """Trials with a measured step time from every ``trials.json`` under ``dirs``; the others (out of memory,
-    failed) go to ``skipped`` when given."""
+    failed) go to ``skipped`` when given. A folder holding ``NOT_FIDELITY.txt`` (runs whose measured time holds a
+    cost of the test set-up, not of the plan; the file says which and why) is left out unless named alone."""
     out = []
     for d in dirs:
         f = Path(d) / "trials.json"
-        if not f.exists():
+        if not f.exists() or (len(dirs) > 1 and (Path(d) / "NOT_FIDELITY.txt").exists()):
             continue
         trials = json.loads(f.read_text())
         if study := next((t["study"] for t in trials), None):
