@@ -31,14 +31,15 @@ from autotune.spec.plan import Plan, Workload
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def runs(dirs: list[str], skipped: list[dict] | None = None) -> list[dict]:
+def runs(dirs: list[str], skipped: list[dict] | None = None, *, skip_marked: bool = False) -> list[dict]:
     """Trials with a measured step time from every ``trials.json`` under ``dirs``; the others (out of memory,
-    failed) go to ``skipped`` when given. A folder holding ``NOT_FIDELITY.txt`` (runs whose measured time holds a
-    cost of the test set-up, not of the plan; the file says which and why) is left out unless named alone."""
+    failed) go to ``skipped`` when given. With ``skip_marked`` (the default folder set of :func:`main`), a folder
+    holding ``NOT_FIDELITY.txt`` (runs whose measured time holds a cost of the test set-up, not of the plan; the
+    file says which and why) is left out; folders named on the command line are always read."""
     out = []
     for d in dirs:
         f = Path(d) / "trials.json"
-        if not f.exists() or (len(dirs) > 1 and (Path(d) / "NOT_FIDELITY.txt").exists()):
+        if not f.exists() or (skip_marked and (Path(d) / "NOT_FIDELITY.txt").exists()):
             continue
         trials = json.loads(f.read_text())
         if study := next((t["study"] for t in trials), None):
@@ -85,11 +86,12 @@ def predict(t: dict) -> tuple[float, float]:
 
 def main(argv: list[str]) -> None:
     dirs = argv or sorted(glob.glob(str(ROOT / "docs/results/engines/*/")) + glob.glob(str(ROOT / "docs/results/engines/*/*/")))
+    skip_marked = not argv
     per: dict[str, list[tuple[float, float]]] = {}
     print(f"{'engine':22} {'trial':>5} {'precision':14} {'compile':7} {'meas ms':>8} {'pred ms':>8} {'err':>6} "
           f"{'meas GiB':>8} {'pred GiB':>8} {'err':>6}")
     skipped: list[dict] = []
-    for t in runs(dirs, skipped):
+    for t in runs(dirs, skipped, skip_marked=skip_marked):
         engine = t["study"].split("/")[3] + (" (local impl)" if t.get("transformer_impl") == "local" else "")
         if (get_builtin_model(t["study"].split("/")[0]) or get_model(t["study"].split("/")[0])).is_moe:
             engine += " MoE"        # MoE runs (issue 39) reported apart from the dense ones

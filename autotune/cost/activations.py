@@ -312,15 +312,14 @@ def moe_layer_bytes(model: ModelSpec, plan: Plan, workload: Workload, engine: En
         return b, b
     mlp_keys = ("mlp_gate_up", "mlp_fc1", "mlp_act_output")
     attn = {k: v for k, v in terms.items() if k not in mlp_keys}
-    experts = moe.moe_activation_terms(model, plan, workload.seq_len,
-                                       imbalance=float(getattr(workload, "moe_imbalance", 1.0)),
-                                       fp8_inputs=te_fp8(plan, eng))
-    if rc == "none":            # torchtitan 0.2.2's FP32 routed path keeps more (autotune.cost.tt_moe)
+    imb = float(getattr(workload, "moe_imbalance", 1.0))
+    experts = moe.moe_activation_terms(model, plan, workload.seq_len, imbalance=imb, fp8_inputs=te_fp8(plan, eng))
+    if rc == "none" and eng.moe_fp32_path_without_fsdp:     # torchtitan 0.2.2's FP32 routed path keeps more
         from autotune.cost.tt_moe import fp32_saved_terms
-        sh = moe.expert_shapes(model, plan, workload.seq_len, imbalance=float(getattr(workload, "moe_imbalance", 1.0)))
-        experts.update(fp32_saved_terms(eng, plan, sh["token_copies"] * plan.etp_degree
-                                        * float(getattr(workload, "moe_imbalance", 1.0)),
-                                        model.hidden_size, int(sh["ffn_per_rank"])))
+        sh = moe.expert_shapes(model, plan, workload.seq_len, imbalance=imb)
+        experts.update(fp32_saved_terms(eng, plan if recompute is None else _AsRecompute(plan, rc),
+                                        sh["token_copies"] * plan.etp_degree * imb, model.hidden_size,
+                                        int(sh["ffn_per_rank"])))
     dense_t, moe_t = dict(terms), {**attn, **experts}
     if rc == "selective" and plan.recompute_modules is not None:
         drop = {k for mod in plan.recompute_modules for k in _MODULE_DROPS.get(mod, ())}

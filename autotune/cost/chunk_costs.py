@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.cost import moe, moe_layer, overlap, tt_moe
+from autotune.cost import moe, moe_layer, overlap
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
 from autotune.spec.engines import EngineProfile, engine_for_plan
@@ -40,7 +40,7 @@ ADAM_BYTES_PER_PARAM = 28
 #: runtime, 8B 4-layer proxy, 1 GPU): 13.7 ms of BF16 weight casts for 4 micro-batches x 1.92 B
 #: parameters (46 GB at 3.4 TB/s) and 26.6 ms of FP32 adds (gradient accumulation, 3 x 23 GB).
 CAST_BYTES_PER_PARAM = 6
-ACCUMULATE_BYTES_PER_PARAM = 12
+ACCUMULATE_BYTES_PER_PARAM = moe_layer.ACCUMULATE_BYTES_PER_PARAM     # (defined there: its expert term uses it too)
 GATHER_COPY_BYTES_PER_PARAM = 4
 #: FP8 cast traffic, bytes per element (BF16 source, FP8 destination). Dynamic scaling (torchao
 #: ``hp_tensor_to_float8_dynamic``, torchao/float8/float8_scaling_utils.py: amax of the BF16 tensor,
@@ -251,11 +251,11 @@ class CostBuilder:
         head_dim, q, kv = moe.attention_widths(m)
         attn_kw = dict(batch=p.micro_batch_size, seq_len=seq, heads=heads, kv_heads=kvh, head_dim=head_dim)
         # the engine's attention kernel (facts.yaml attention_kernel: default dispatch or FlashAttention-2)
-        kern = self.engine.attention_kernel
+        kern = "flex" if m.is_mla and self.engine.mla_flex_attention else self.engine.attention_kernel
         if getattr(p, "attention_backend", "default") == "flash":
             kern = "flash2"     # SDPA's flash backend only (Plan.attention_backend): the profile's flash2 table
         aw = moe.attention_work_fraction(m, seq)     # sliding-window layers: the kernel's share of causal work
-        attn_fwd, attn_bwd = (tt_moe.core_attention_ms(self, kern, attn_kw, backward=b) * aw / p.cp_degree for b in (0, 1))
+        attn_fwd, attn_bwd = (costs.attention_kernel_ms(kern, **attn_kw, backward=b) * aw / p.cp_degree for b in (0, 1))
         flops += 2.0 * p.micro_batch_size * seq * seq * head_dim * heads * aw / p.cp_degree
         # memory-bound bytes per token, forward: 2 RMSNorms (r/w h) 8h, 2 residual adds (r 2h, w h) 12h
         # -> 20h bytes (over T/t tokens with SP); RoPE on q, k: r/w 4(q+kv)/t; SwiGLU r 2f w f: 6f/t

@@ -208,29 +208,28 @@ def module_recompute_ms(cb: Any, modules: tuple[str, ...], gemms: list[tuple[int
 
 
 #: the FP32 adds' in-training bandwidth of the profile named at
-#: :data:`autotune.cost.chunk_costs.ACCUMULATE_BYTES_PER_PARAM` (3 x 23 GB in 26.6 ms), GB/s, and the H200
-#: profile's generic memory-bound bandwidth it is scaled against on other GPUs (autotune/data/calibration/h200.yaml).
+#: :data:`autotune.cost.chunk_costs.ACCUMULATE_BYTES_PER_PARAM` (3 x 23 GB in 26.6 ms), GB/s, on the H200.
 #: Named: this rate (rather than the generic one with the eager in-training factor, which the dense term takes) was
 #: chosen while looking at the 2026-12-03 Qwen3-30B-A3B 2 x 2 micro-batch trace (docs/results/engines/
 #: torchtitan-moe-profile-h200x1-2026-12-03/: elementwise kernels +13 ms over 1 x 4, where the generic rate gives 29).
 ACCUMULATE_GBS = 2594.0
-H200_GENERIC_GBS = 2468.5
+#: adding a micro-batch's FP32 gradient into the accumulated one: read both (4 + 4), write one (4), bytes per
+#: parameter (chunk_costs uses the same for the dense parameters)
+ACCUMULATE_BYTES_PER_PARAM = 12
 
 
-def expert_grad_accumulate_ms(cb: Any, expert_params: float, later: float, bytes_per_param: int) -> float:
+def expert_grad_accumulate_ms(cb: Any, expert_params: float, later: float) -> float:
     """Backward ms per micro-batch of adding the routed experts' FP32 gradients into the accumulated ones (autograd's
-    AccumulateGrad for every micro-batch after the first: ``later`` = (m - 1) / m on average), ``bytes_per_param`` of
-    the rank (its expert-DP shard under FSDP), at :data:`ACCUMULATE_GBS` (an in-training rate: no eager factor; the
-    dense term of chunk_costs keeps its own pricing, so no dense prediction moves). :func:`chunk_params` adds it,
-    with chunk_costs' 12 B (``ACCUMULATE_BYTES_PER_PARAM``: read accumulated and new FP32, write accumulated), for
-    every engine whose gradients do not go straight into a main-grad buffer (Megatron-LM
-    ``--gradient-accumulation-fusion``)."""
+    AccumulateGrad for every micro-batch after the first: ``later`` = (m - 1) / m on average),
+    :data:`ACCUMULATE_BYTES_PER_PARAM` per parameter of the rank
+    (its expert-DP shard under FSDP), at :data:`ACCUMULATE_GBS` (:func:`autotune.cost.tt_moe.h200_rate_ms`; the dense
+    term of chunk_costs keeps its own pricing, so no dense prediction moves). :func:`chunk_params` adds it for every
+    engine whose gradients do not go straight into a main-grad buffer (Megatron-LM ``--gradient-accumulation-fusion``)."""
     if not expert_params or later <= 0:
         return 0.0
     edp = getattr(cb, "edp_group", 1)
     pe = float(expert_params) / (edp if cb.p.zero_stage >= 2 and edp > 1 else 1)
-    raw = getattr(cb.costs, "inner", cb.costs)
-    return raw.memory_bound_ms(bytes_per_param * pe * later) * H200_GENERIC_GBS / ACCUMULATE_GBS
+    return tt_moe.h200_rate_ms(cb.costs, ACCUMULATE_BYTES_PER_PARAM * pe * later, ACCUMULATE_GBS)
 
 
 def expert_bucket_ms(cb: Any, expert_params: int) -> list[float]:
@@ -308,8 +307,8 @@ def chunk_params(cb: Any, cc: Any, n_dense: int, n_moe: int, n_mtp: int) -> None
     cc.params = (n_dense * moe.dense_layer_params(m) + n_moe * moe.dense_params_of_moe_layer(m)) // t
     cc.expert_params = n_moe * moe.expert_params_per_layer(m) // (p.ep_degree * p.etp_degree)
     if cb.engine.grad_accumulation != "fused_main_grad":
-        _add(cc.bwd_parts, "compute", expert_grad_accumulate_ms(cb, cc.expert_params, (p.num_micro_batches - 1)
-                                                                / p.num_micro_batches, 12))
+        _add(cc.bwd_parts, "compute", expert_grad_accumulate_ms(cb, cc.expert_params,
+                                                                (p.num_micro_batches - 1) / p.num_micro_batches))
     if n_mtp:
         _add(cc.fwd_parts, "compute", n_mtp * costs.gemm_ms(T, h, 2 * h // t))
         _add(cc.bwd_parts, "compute", n_mtp * (costs.gemm_ms(T, 2 * h // t, h, backward=True)

@@ -137,7 +137,8 @@ class OpCosts(abc.ABC):
     def attention_kernel_ms(self, kernel: str, *, batch: int, seq_len: int, heads: int, kv_heads: int,
                             head_dim: int, backward: bool = False) -> float:
         """Causal attention with a named kernel (:data:`autotune.spec.engines.ATTENTION_KERNELS`: ``default``
-        = SDPA's default dispatch / the engine's fused attention, ``flash2`` = FlashAttention-2), ms.
+        = SDPA's default dispatch / the engine's fused attention, ``flash2`` = FlashAttention-2, ``flex`` =
+        FlexAttention), ms.
         Here: :meth:`attention_ms` for every kernel (no kernel-specific table)."""
         return self.attention_ms(batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads,
                                  head_dim=head_dim, backward=backward)
@@ -380,7 +381,13 @@ class CalibratedCosts(OpCosts):
     def attention_kernel_ms(self, kernel: str, *, batch: int, seq_len: int, heads: int, kv_heads: int,
                             head_dim: int, backward: bool = False) -> float:
         """``default``: the profile's ``attention`` table; ``flash2``: its ``attention_flash2`` table
-        (SDPA's flash backend, measured), the default table when the profile has none."""
+        (SDPA's flash backend, measured), the default table when the profile has none; ``flex``: FlexAttention at
+        its in-training rates measured on the H200 (:func:`autotune.cost.tt_moe.flex_attention_ms`; heads as
+        given, no KV-head grouping in MLA)."""
+        if kernel == "flex":
+            from autotune.cost.tt_moe import flex_attention_ms
+            return flex_attention_ms(self, batch=batch, seq_len=seq_len, heads=heads, head_dim=head_dim,
+                                     backward=backward)
         rows = self.profile.attention_flash2 if kernel == "flash2" and self.profile.attention_flash2 \
             else self.profile.attention
         key = ("a", rows is self.profile.attention, batch, seq_len, heads, kv_heads, head_dim, backward)
@@ -566,8 +573,9 @@ class InTrainingCosts(OpCosts):
     def attention_kernel_ms(self, kernel: str, *, batch: int, seq_len: int, heads: int, kv_heads: int,
                             head_dim: int, backward: bool = False) -> float:
         # the in-training attention factor was measured on the default kernel (cuDNN); applied to
-        # flash2 as well (assumption: the same in-training slowdown)
-        return self.k_attention * self.inner.attention_kernel_ms(
+        # flash2 as well (assumption: the same in-training slowdown); flex's rates are in-training ones already
+        k = 1.0 if kernel == "flex" else self.k_attention
+        return k * self.inner.attention_kernel_ms(
             kernel, batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
             backward=backward)
 

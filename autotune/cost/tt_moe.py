@@ -43,17 +43,25 @@ def fp32_path(cb: Any) -> bool:
 #:
 #: These are kernel rates, taken from one trace, not from any step time; the Qwen3 trials share the kernels (in
 #: sample for the rates), DeepSeek 16B (64 experts, top-6, other shapes) does not. Other GPUs: scaled with the
-#: profile's generic memory-bound bandwidth (H200: :data:`H200_GENERIC_GBS`, autotune/data/calibration/h200.yaml).
+#: profile's generic memory-bound bandwidth (:func:`h200_rate_ms`).
 TRACE_GBS = {"gather": 4029.0, "index_put": 1663.0, "index_put_accumulate": 1938.0, "copy": 4268.0,
              "bmm_combine": 2122.0}
-H200_GENERIC_GBS = 2468.5
+
+
+def h200_rate_ms(costs: Any, nbytes: float, h200_gbs: float) -> float:
+    """``nbytes`` through a kernel measured in training on the H200 at ``h200_gbs`` GB/s, ms: the stand-alone
+    costs' generic memory-bound time (no in-training factor: the rate is an in-training one) times the shipped
+    H200 calibration's generic bandwidth over ``h200_gbs`` (so on another GPU or profile the rate scales with the
+    generic bandwidth; on the H200 it is ``nbytes / h200_gbs``)."""
+    from autotune.cost.calibration import default_calibration
+
+    raw = getattr(costs, "inner", costs)
+    return raw.memory_bound_ms(nbytes) * default_calibration("h200.yaml").memory_bound_bandwidth_gbs / h200_gbs
 
 
 def _trace_ms(cb: Any, nbytes: float, op: str) -> float:
-    """``nbytes`` through a kernel of class ``op`` (:data:`TRACE_GBS`), ms: the generic memory-bound time of the
-    stand-alone costs (no in-training factor: the trace rates are in-training rates) scaled to that class."""
-    raw = getattr(cb.costs, "inner", cb.costs)
-    return raw.memory_bound_ms(nbytes) * H200_GENERIC_GBS / TRACE_GBS[op]
+    """``nbytes`` through a routed-path kernel of class ``op`` (:data:`TRACE_GBS`), ms (:func:`h200_rate_ms`)."""
+    return h200_rate_ms(cb.costs, nbytes, TRACE_GBS[op])
 
 
 def routed_index_ms(cb: Any, n: float, copies: float, h: int) -> tuple[float, float]:
@@ -171,22 +179,13 @@ def flex_attention_ms(costs: Any, *, batch: int, seq_len: int, heads: int, head_
                       backward: bool = False) -> float:
     """Causal FlexAttention of one layer per micro-batch on the rank, ms (torchtitan's deepseek_v3 flavours:
     :attr:`~autotune.spec.engines.EngineProfile.mla_flex_attention`), at :data:`FLEX_TFLOPS` (in-training
-    rates: no in-training factor on top). ``head_dim``: the mean of the query-key and value widths."""
+    rates: no in-training factor on top). ``head_dim``: the mean of the query-key and value widths. Answers the
+    ``flex`` kernel of :meth:`autotune.cost.op_costs.CalibratedCosts.attention_kernel_ms`."""
     raw = getattr(costs, "inner", costs)
     scale = float(getattr(raw, "compute_scale", 1.0))
     fwd_flops = 2.0 * seq_len * seq_len * head_dim * heads * batch
     flops = fwd_flops * (2.5 if backward else 1.0)
     return flops / (FLEX_TFLOPS["bwd" if backward else "fwd"] * scale * 1e9)
-
-
-def core_attention_ms(cb: Any, kernel: str, attn_kw: dict[str, int], *, backward: bool = False) -> float:
-    """One layer's core attention per micro-batch, ms: :func:`flex_attention_ms` for a multi-latent-attention model
-    on an engine that runs it with FlexAttention (``mla_flex_attention``), else the costs' ``kernel`` table
-    (``attn_kw``: batch, seq_len, heads, kv_heads, head_dim)."""
-    if cb.m.is_mla and getattr(cb.engine, "mla_flex_attention", False):
-        fa = {k: v for k, v in attn_kw.items() if k != "kv_heads"}
-        return flex_attention_ms(cb.costs, **fa, backward=backward)
-    return cb.costs.attention_kernel_ms(kernel, **attn_kw, backward=backward)
 
 
 def sac_recompute_ms(cb: Any, routed_fwd_ms: float) -> float:
@@ -210,4 +209,4 @@ def grad_clip_bytes_per_param(cb: Any) -> int:
     return int(getattr(cb.engine, "grad_clip_bytes_per_param", 0))
 
 
-__all__ = ["fp32_path", "routed_index_ms", "routed_path_ms", "saved_weight_copy_bytes", "fp32_saved_terms", "flex_attention_ms", "core_attention_ms", "sac_recompute_ms", "grad_clip_bytes_per_param"]
+__all__ = ["fp32_path", "routed_index_ms", "routed_path_ms", "saved_weight_copy_bytes", "fp32_saved_terms", "flex_attention_ms", "h200_rate_ms", "sac_recompute_ms", "grad_clip_bytes_per_param"]

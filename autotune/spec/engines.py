@@ -46,7 +46,7 @@ FUSABLE_KERNELS = ("rope", "swiglu", "rmsnorm", "residual", "cross_entropy", "fp
 #: attention kernels the calibration has tables for: ``default`` (PyTorch SDPA's default dispatch, cuDNN
 #: on Hopper with torch >= 2.10, or an engine's cuDNN fused attention) and ``flash2`` (SDPA's flash
 #: backend, FlashAttention-2)
-ATTENTION_KERNELS = ("default", "flash2")
+ATTENTION_KERNELS = ("default", "flash2", "flex")
 #: libraries that run an engine's FP8 linears: ``transformer_engine`` (saves the linears' inputs in FP8
 #: and caches FP8 weights) and ``torchao`` (saves them in high precision, re-quantizes in backward)
 FP8_LIBRARIES = ("transformer_engine", "torchao")

@@ -32,10 +32,11 @@ def test_routed_path_bytes_hand_derived():
     # index / copy kernels (tt_moe.routed_index_ms) with R = 4 B x 131,072 x 2,048 = 1,073,741,824 B (FP32 rows)
     # and T = 4 B x 16,384 x 2,048 = 134,217,728 B (FP32 tokens); each class at its H200 trace rate, here scaled
     # from the 1 GB/s generic rate by 2,468.5 / rate:
-    #   forward: gathers 4R @ 4,029, vstack + zeros 3R @ 4,268, scatters 4R @ 1,663, combine bmm R + T @ 2,122
-    #            = (1.0660 + 0.7547 + 2.5826 + 0.6324) x 1e9 B/GB/s ... = 12,275.03 ms
-    #   backward: bmm 2 (R + T) @ 2,122, gathers 4R @ 4,029, slice + vstack backward 5R @ 4,268,
-    #            accumulating scatters 4R @ 1,938 = 14,017.64 ms
+    # (ms = bytes / 1e6 x 2,468.5 / rate):
+    #   forward: gathers 4R @ 4,029 = 2,631.45, vstack + zeros 3R @ 4,268 = 1,863.07, scatters 4R @ 1,663
+    #            = 6,375.30, combine bmm R + T @ 2,122 = 1,405.21; sum 12,275.03 ms
+    #   backward: bmm 2 (R + T) @ 2,122 = 2,810.41, gathers 4R @ 4,029 = 2,631.45, slice + vstack backward
+    #            5R @ 4,268 = 3,105.12, accumulating scatters 4R @ 1,938 = 5,470.65; sum 14,017.64 ms
     # row casts: 2 x (4 + 2) B x 131,072 x 2,048 = 3,221,225,472 B at 2 GB/s = 1610.61 ms
     # weight casts: 6 B x 603,979,776 = 3,623,878,656 B at 2 GB/s = 1811.94 ms
     f, b = tt_moe.routed_path_ms(_cb(TT02), N, COPIES, H, W)
