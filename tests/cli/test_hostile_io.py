@@ -431,7 +431,8 @@ def test_many_processes_on_one_sqlite_file(tmp_path):
     finally:
         sys.path.pop(0)
     r = bench.run(12, 2, "8b", "default", tmp_path)
-    assert r["exit_codes"] == {0: 12}, r
+    # the failing processes' error lines first: pytest cuts a long assertion message
+    assert r["exit_codes"] == {0: 12}, (r["errors"], r)
     assert r["complete"] == 24 and r["distinct_plans"] == 24, r
 
 

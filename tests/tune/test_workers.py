@@ -4,6 +4,7 @@ trial fails through the heartbeat and is run once more by another worker."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -482,3 +483,43 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path):
     trials = _trials(url)
     assert len(trials) < 800, len(trials)
     assert not [t.number for t in trials if t.state.name == "RUNNING"]
+
+
+def test_a_worker_whose_reads_straddle_another_workers_first_trial_is_not_refused(tmp_path, monkeypatch):
+    # CI, 12 processes on one fresh SQLite file: one exited 2. Worker B read the study's attrs before worker A
+    # wrote them, then counted trials after A had written its first one, and called the study foreign. Here B's
+    # first read of each (attrs, trials) returns what it held before A wrote; later reads see A's writes. B must
+    # read the trials first: A writes its attrs (autotune_schema last) before its first trial, so attrs read
+    # after an empty trial list decide nothing wrongly, and after a non-empty one they hold autotune_schema.
+    from fake_evaluator import FakeEvaluator
+    from test_tuner import CLUSTER, MODEL, W
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    a = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=0,
+              evaluator=FakeEvaluator(model=MODEL, cluster=CLUSTER, workload=W))
+    with contextlib.suppress(NoFeasiblePlanError):
+        a.optimize(1, show_progress_bar=False)
+    assert a.study.get_trials(deepcopy=False)
+    first = {"attrs": True, "trials": True}
+    real_attrs, real_trials = optuna.Study.user_attrs, optuna.Study.get_trials
+
+    def attrs(self):
+        if first["attrs"]:
+            first["attrs"] = False
+            return {}
+        return real_attrs.fget(self)
+
+    def trials(self, *args, **kw):
+        if first["trials"]:
+            first["trials"] = False
+            return []
+        return real_trials(self, *args, **kw)
+
+    monkeypatch.setattr(optuna.Study, "user_attrs", property(attrs))
+    monkeypatch.setattr(optuna.Study, "get_trials", trials)
+    b = Tuner(model=MODEL, cluster=CLUSTER, workload=W, space="small", storage=url, seed=1,
+              evaluator=FakeEvaluator(model=MODEL, cluster=CLUSTER, workload=W))
+    b.study  # noqa: B018 - raised ConfigError "was not made by autotune (it has 1 trial(s) ...)" before the fix
+    assert not first["attrs"] and not first["trials"]
+    monkeypatch.undo()
+    assert b.study.user_attrs["autotune_schema"] == 1
