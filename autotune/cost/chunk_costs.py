@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.cost import moe, moe_layer, overlap
+from autotune.cost import moe, moe_layer, offload, overlap
 from autotune.cost.op_costs import InTrainingCosts, OpCosts
 from autotune.cost.topology import place_group, place_pipeline_pair
 from autotune.spec.engines import EngineProfile, engine_for_plan
@@ -19,10 +19,9 @@ from autotune.spec.plan import Plan, Workload, fp8_gemm_dims, loss_chunk_tokens
 
 BF16 = 2  # bytes per element
 FP8_PARAM_BYTES = 1  # an FP8 parameter's element (Megatron-LM --fp8-param-gather)
-#: A compiled loss's forward + backward time over the eager loss's (``F.cross_entropy(logits.float())``,
-#: torchtitan's and the runtime's), measured on H200 (bench/loss_memory.py,
-#: docs/results/loss-memory-timing-h200x1-2026-12-01.json; [1 or 2, 8192, 128256] BF16 logits, torch
-#: 2.11): 2.805 / 13.627 ms and 5.334 / 26.934 ms, mean 0.202. Applied to the cross-entropy time of an
+#: A compiled loss's forward + backward time over the eager loss's (``F.cross_entropy(logits.float())``, torchtitan's
+#: and the runtime's), measured on H200 (bench/loss_memory.py, docs/results/loss-memory-timing-h200x1-2026-12-01.json;
+#: [1 or 2, 8192, 128256] BF16 logits, torch 2.11): 2.805 / 13.627 ms and 5.334 / 26.934 ms, mean 0.202. Applied to the cross-entropy time of an
 #: engine that compiles its loss (EngineProfile.compile_loss) under plan.compile; both kernels are
 #: memory-bound, so the ratio is used as such on other GPUs (an assumption).
 COMPILED_LOSS_TIME_RATIO = 0.202
@@ -30,8 +29,7 @@ COMPILED_LOSS_TIME_RATIO = 0.202
 #: gradient (2 in BF16 or 4 in FP32); write master, m, v (12) and the BF16 parameter copy (2, or none
 #: when the FP32 master is the parameter) = 28 either way.
 ADAM_BYTES_PER_PARAM = 28
-#: Bytes per gradient element in DP reductions: the engine's (EngineProfile.grad_reduce_bytes, FP32 in
-#: every engine; sources in autotune/engines/<engine>/facts.yaml).
+#: (DP reductions move EngineProfile.grad_reduce_bytes per gradient element: autotune/engines/*/facts.yaml.)
 #: Mixed precision with FP32 master weights, per parameter and micro-batch (memory-bound, bytes
 #: read + written): casting FP32 weights to BF16 for the forward or the BF16 weight gradient back to
 #: FP32 moves 4 + 2 = 6 bytes; adding a micro-batch's FP32 gradient into the accumulated one moves
@@ -533,6 +531,8 @@ class CostBuilder:
                 _add(cc.bwd_parts, k, v * rc_dense)
         if n_moe and n_rc > rc_dense:
             moe_layer.add_moe_recompute(self, cc, n_rc - rc_dense, partial=p.partial_recompute)
+        if p.cpu_offload_layers:           # copies to / from the host beside the layers (pp 1: one chunk)
+            offload.add_offload_costs(self, cc, n_dense, n_moe)
         # hidden TP / CP communication: each layer's forward and backward, and the forward re-run of the
         # fully recomputed layers
         cc.hidden_ms += rc_dense * sum(self.hidden_fwd.values())

@@ -32,7 +32,8 @@ from autotune.spec.plan import Plan, Workload
 #: activation), ``router_permute`` (router, token permutation) and ``exposed_ep_comm`` (token dispatch and
 #: combine) are 0 for a dense model (autotune/cost/moe.py); :data:`MOE_BREAKDOWN_KEYS`.
 BREAKDOWN_KEYS = ("compute", "expert_compute", "router_permute", "recompute", "exposed_tp_comm", "exposed_cp_comm",
-                  "exposed_ep_comm", "exposed_pp_comm", "exposed_dp_comm", "bubble", "optimizer", "reclaim")
+                  "exposed_ep_comm", "exposed_pp_comm", "exposed_dp_comm", "exposed_offload", "bubble", "optimizer",
+                  "reclaim")
 #: the breakdown keys only a mixture-of-experts model has
 MOE_BREAKDOWN_KEYS = ("expert_compute", "router_permute", "exposed_ep_comm")
 

@@ -392,6 +392,34 @@ def _moe_rank_params(model: ModelSpec, kinds: tuple[tuple[int, int], ...], p: in
     return tuple(rank_dense), tuple(expert_per_rank)
 
 
+def offload_layer_bytes(model: ModelSpec, plan: Plan, workload: Workload, engine: EngineProfile | str | None,
+                        dense_layer_bytes: int | None = None) -> tuple[int, ...]:
+    """Saved-activation bytes per micro-batch of each transformer layer of a one-stage plan (pp 1), in
+    model order: what CPU activation offloading (``Plan.cpu_offload_layers``) copies to the host for each
+    of the first N layers. A dense layer holds its no-recompute bytes (``dense_layer_bytes`` if given,
+    else :func:`_compiled_layer_bytes` of :func:`_layer_activation_terms`); an MoE model's dense and MoE
+    layers (:func:`autotune.cost.moe.is_moe_layer`) their own (:func:`moe_layer_bytes`). Shape:
+    (model.num_layers,), bytes."""
+    eng = engine_for_plan(engine, plan)
+    if dense_layer_bytes is None:
+        dense_layer_bytes = _compiled_layer_bytes(sum(_layer_activation_terms(model, plan, workload, eng).values()),
+                                                  plan, eng)
+    if not model.is_moe:
+        return (dense_layer_bytes,) * model.num_layers
+    dense_b, moe_b = moe_layer_bytes(model, plan, workload, eng)
+    return tuple(moe_b if moe.is_moe_layer(model, i) else dense_b for i in range(model.num_layers))
+
+
+def offload_kept_bytes(model: ModelSpec, plan: Plan, workload: Workload, engine: EngineProfile | str | None,
+                       dense_layer_bytes: int | None = None) -> int:
+    """Saved-activation bytes per micro-batch a one-stage plan keeps on the GPU at its peak under
+    ``Plan.cpu_offload_layers`` N: those of layers N..L-1 (:func:`offload_layer_bytes`; Transformer Engine's
+    schedule, transformer_engine/pytorch/cpu_offload.py ``_default_offload_sync_init``: peak (L - N) x T for
+    layers of T bytes each), bytes."""
+    per = offload_layer_bytes(model, plan, workload, engine, dense_layer_bytes)
+    return sum(per[plan.cpu_offload_layers:])
+
+
 def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Workload, *,
                     fragmentation: Mapping[str, float] | None = None,
                     engine: EngineProfile | str | None = "native") -> MemoryEstimate:
@@ -508,6 +536,15 @@ def estimate_memory(model: ModelSpec, plan: Plan, gpu: GPUSpec, workload: Worklo
         else:
             chunk_act = tuple(nd * dense_b + nm * moe_b for nd, nm in kinds)
         rank_dense, expert_per_rank = _moe_rank_params(model, kinds, p, t, plan.ep_degree * plan.etp_degree)
+    if plan.cpu_offload_layers:
+        # CPU activation offloading (Plan.cpu_offload_layers N, pp 1, recompute none): Transformer Engine's
+        # schedule frees layer i's saved tensors once its copy to the host is done, at the latest before the
+        # forward of layer L - N + i, and reloads it one layer's backward ahead, so the saved activations on
+        # the GPU peak at those of L - N layers (transformer_engine/pytorch/cpu_offload.py
+        # OffloadSynchronizer._default_offload_sync_init: "peak memory usage of saving activations is
+        # (num_layers - num_offloaded_layers) * T"); the first N layers are the offloaded ones
+        kept = offload_kept_bytes(model, plan, workload, eng, layer_act)
+        chunk_act = (kept,)
     embed_out = _block_input_bytes({"attn_norm_input": BF16_BYTES * s * b * h // (t if sp else 1)}, plan, eng)
     vocab_shard = _ceil_div(V, t)
     layer_params = _ceil_div(model.params_per_layer, t)

@@ -109,6 +109,10 @@ def plan_rows(plan: Plan, engine: str | None = None, *, moe: bool = False) -> li
         ("recompute", plan.recompute + (f" (first {plan.recompute_num_layers} layers of each chunk)"
                        if getattr(plan, "partial_recompute", False) else "")),
         ("ZeRO stage", str(plan.zero_stage)),
+    ]
+    if getattr(plan, "cpu_offload_layers", 0):
+        rows.append(("CPU offload", f"activations of the first {plan.cpu_offload_layers} layers to host memory"))
+    rows += [
         ("async collectives", _onoff(plan.async_collectives)),
         ("TP comm overlap", _onoff(plan.tp_comm_overlap)),
         ("DP grad-reduce overlap", _onoff(plan.dp_grad_reduce_overlap)),
@@ -441,6 +445,8 @@ def launch_hints(plan: Plan, model: ModelSpec, workload: Workload) -> str:
                    f"{p.recompute_num_layers}")
     elif p.recompute == "full":
         meg.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    if getattr(p, "cpu_offload_layers", 0):
+        meg.append(f"--cpu-offloading-num-layers {p.cpu_offload_layers}")
     meg_notes = []
     if p.zero_stage >= 1:
         meg.append("--use-distributed-optimizer")

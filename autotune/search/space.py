@@ -51,6 +51,7 @@ from typing import Any, Mapping
 
 from autotune.errors import ConfigError, PlanError
 from autotune.search import recompute_choice as rc
+from autotune.search.params import plan_params  # noqa: F401 - re-exported (moved there)
 from autotune.spec.models import ModelSpec
 from autotune.spec.moe_plan import validate_moe
 from autotune.spec.plan import (
@@ -72,7 +73,7 @@ LAYER_SPLITS = ("even", "ends")
 DERIVED_FIELDS = ("dp_degree", "num_micro_batches", "stage_layers")
 
 _INT_KNOBS = ("tp_degree", "pp_degree", "cp_degree", "vpp_degree", "micro_batch_size", "bucket_size_mib",
-              "ep_degree", "etp_degree")
+              "ep_degree", "etp_degree", "cpu_offload_layers")
 _BOOL_KNOBS = ("sequence_parallel", "async_collectives", "tp_comm_overlap", "dp_grad_reduce_overlap",
                "param_gather_overlap", "compile", "moe_a2a_overlap", "fp8_param_gather", "grad_reduce_in_bf16")
 _ENUM_KNOBS = {"pipeline_schedule": PIPELINE_SCHEDULES, "recompute": RECOMPUTE_MODES,
@@ -83,7 +84,7 @@ KNOBS = ("tp_degree", "pp_degree", "cp_degree", "pipeline_schedule", "vpp_degree
          "sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
          "dp_grad_reduce_overlap", "param_gather_overlap", "bucket_size_mib", "memory_reclaim", "precision",
          "compile", "loss_impl", "ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "fp8_param_gather",
-         "grad_reduce_in_bf16", "recompute_modules")
+         "grad_reduce_in_bf16", "recompute_modules", "cpu_offload_layers")
 #: the mixture-of-experts knobs: sampled only for an MoE model (a dense model's trials have none of them),
 #: and left out of the space fingerprint (a dense study cannot use them, so stored dense studies resume
 #: under a space that lists them; an MoE study's trials hold their own values)
@@ -91,10 +92,10 @@ MOE_KNOBS = ("ep_degree", "etp_degree", "moe_dispatcher", "moe_a2a_overlap", "re
 #: knobs left out of the fingerprint: the MoE knobs, and ``loss_impl`` (sampled only for the native engine at
 #: TP 1, PP 1; a stored study of another engine or layout never sampled it), so studies stored before these knobs
 #: were listed in the default space still resume
-_UNFINGERPRINTED = MOE_KNOBS + ("loss_impl",)
+_UNFINGERPRINTED = MOE_KNOBS + ("loss_impl", "cpu_offload_layers")
 #: knobs added after studies were first stored: left out of the fingerprint while fixed at the Plan
 #: default, so studies of a space that does not list them still resume
-_LATE_KNOBS = ("precision", "compile", "loss_impl", "fp8_param_gather", "grad_reduce_in_bf16")
+_LATE_KNOBS = ("precision", "compile", "loss_impl", "fp8_param_gather", "grad_reduce_in_bf16", "cpu_offload_layers")
 _PLAN_DEFAULTS = {f.name: f.default for f in fields(Plan)}
 
 
@@ -305,8 +306,9 @@ def _check_value(k: str, x: Any, where: str) -> None:
     if k == "recompute_modules":
         rc.check_value(x, where)
     elif k in _INT_KNOBS:
-        if not isinstance(x, int) or isinstance(x, bool) or not 1 <= x <= 2**20:
-            raise ConfigError(f"{where}: value {x!r} is not an integer >= 1 and <= 1,048,576")
+        lo = 0 if k == "cpu_offload_layers" else 1          # (0 = no offloading)
+        if not isinstance(x, int) or isinstance(x, bool) or not lo <= x <= 2**20:
+            raise ConfigError(f"{where}: value {x!r} is not an integer >= {lo} and <= 1,048,576")
     elif k in _BOOL_KNOBS:
         if not isinstance(x, bool):
             raise ConfigError(f"{where}: value {x!r} is not true or false")
@@ -417,6 +419,9 @@ class BoundSearchSpace:
                 return f"pp_degree={v} exceeds the {m.num_layers} layers"
             if knob == "cp_degree" and v > 1 and w.seq_len % (2 * v):
                 return f"seq_len={w.seq_len} is not a multiple of 2 x cp_degree={2 * v}"
+            if knob == "cpu_offload_layers" and v and (v >= m.num_layers or (self.engine and not self.engine.cpu_offload)):
+                return (f"cpu_offload_layers={v} is not less than the {m.num_layers} layers" if v >= m.num_layers
+                        else self.engine.cpu_offload_reason or f"engine {self.engine.name} has no CPU offloading")
             if knob == "micro_batch_size" and w.global_batch_size % v:
                 return f"micro_batch_size={v} does not divide the global batch of {w.global_batch_size} sequences"
             if knob == "vpp_degree" and v == 1:
@@ -601,13 +606,16 @@ class BoundSearchSpace:
             loss_impl = pick("loss_impl") if len(c["loss_impl"]) > 1 else c["loss_impl"][0]
         else:
             loss_impl = "full"
-        moe_kw: dict[str, Any] = {}
+        # CPU activation offloading: Megatron-Core's rules (Plan._check_cpu_offload): pp 1, no recompute
+        off = c["cpu_offload_layers"]
+        moe_kw: dict[str, Any] = {"cpu_offload_layers": (pick("cpu_offload_layers") if len(off) > 1 else off[0])
+                                  if pp == 1 and recompute == "none" else 0}
         if m.is_moe:
             ep = pick("ep_degree")
             etp = pick("etp_degree") if len(c["etp_degree"]) > 1 else c["etp_degree"][0]
             if (tp * cp * dp) % (ep * etp):
                 raise Pruned(f"ep x etp = {ep} x {etp} does not divide tp x cp x dp = {tp * cp * dp}")
-            moe_kw = {"ep_degree": ep, "etp_degree": etp,
+            moe_kw |= {"ep_degree": ep, "etp_degree": etp,
                       "moe_dispatcher": pick("moe_dispatcher") if ep * etp > 1 else "alltoall",
                       "moe_a2a_overlap": pick("moe_a2a_overlap") if ep > 1 and async_c else False}
             if recompute == "selective":
@@ -629,7 +637,7 @@ class BoundSearchSpace:
 
     #: the knobs :meth:`variant` re-derives from a plan of the same layout and settings
     VARIANT_KNOBS = ("precision", "recompute", "zero_stage", "param_gather_overlap", "bucket_size_mib",
-                     "fp8_param_gather", "grad_reduce_in_bf16")
+                     "fp8_param_gather", "grad_reduce_in_bf16", "cpu_offload_layers")
 
     def variant(self, base: Plan, params: Mapping[str, Any]) -> Plan:
         """``suggest`` of ``params`` (a value for every knob), derived from ``base``, the plan ``suggest``
@@ -643,7 +651,7 @@ class BoundSearchSpace:
         one. ``validate_plan`` reads these knobs only in its precision check (:func:`validate_precision`,
         run here when the precision changes; recompute_num_layers is 0 in every sampled plan), and Plan's own
         checks pass for choice values combined this way; so the plan is built without them, field for field
-        ``base``'s but those seven. tests/search/test_search_space.py compares it with ``suggest`` over every
+        ``base``'s but those eight. tests/search/test_search_space.py compares it with ``suggest`` over every
         combination of many layouts.
 
         Raises:
@@ -666,6 +674,9 @@ class BoundSearchSpace:
         bg = c["grad_reduce_in_bf16"]
         changes["grad_reduce_in_bf16"] = bool(params["grad_reduce_in_bf16"] if fp8 and g > 1 and len(bg) > 1
                                               else (bg[0] and g > 1))
+        off = c["cpu_offload_layers"]       # (pp 1 and no recompute only, as suggest)
+        changes["cpu_offload_layers"] = (params["cpu_offload_layers"] if len(off) > 1 else off[0]) \
+            if base.pp_degree == 1 and changes["recompute"] == "none" else 0
         if self.model.is_moe:
             rms = c["recompute_modules"]
             changes["recompute_modules"] = rc.decode(params["recompute_modules"] if len(rms) > 1 else rms[0]) \
@@ -740,56 +751,3 @@ class BoundSearchSpace:
         finally:
             optuna.logging.set_verbosity(prev)
         return out
-
-
-def plan_params(plan: Plan, *, moe: bool = False) -> dict[str, Any]:
-    """The Optuna params that :meth:`BoundSearchSpace.suggest` would sample for ``plan`` (``moe``: the plan is
-    of a mixture-of-experts model, whose trials also sample :data:`MOE_KNOBS`).
-
-    Only the knobs the conditional sampling reads for this plan are included (for ``enqueue_trial``).
-    """
-    g = plan.dp_degree * plan.cp_degree
-    p: dict[str, Any] = {"tp_degree": plan.tp_degree, "pp_degree": plan.pp_degree, "cp_degree": plan.cp_degree}
-    if plan.pp_degree > 1:
-        p["pipeline_schedule"] = plan.pipeline_schedule
-        if plan.pipeline_schedule == "interleaved_1f1b":
-            p["vpp_degree"] = plan.vpp_degree
-    p["micro_batch_size"] = plan.micro_batch_size
-    if plan.tp_degree > 1:
-        p["sequence_parallel"] = plan.sequence_parallel
-    p["recompute"] = plan.recompute
-    if g > 1:
-        p["zero_stage"] = plan.zero_stage
-    p["async_collectives"] = plan.async_collectives
-    if plan.tp_degree > 1 and plan.async_collectives:
-        p["tp_comm_overlap"] = plan.tp_comm_overlap
-    if g > 1 and plan.async_collectives:
-        p["dp_grad_reduce_overlap"] = plan.dp_grad_reduce_overlap
-        if plan.dp_grad_reduce_overlap and plan.zero_stage >= 1:
-            p["param_gather_overlap"] = plan.param_gather_overlap
-    if g > 1:
-        p["bucket_size_mib"] = plan.bucket_size_mib
-    p["memory_reclaim"] = plan.memory_reclaim
-    p["precision"] = plan.precision
-    p["compile"] = plan.compile
-    if plan.tp_degree == 1 and plan.pp_degree == 1:
-        p["loss_impl"] = plan.loss_impl
-    if plan.precision != "bf16":
-        p["fp8_param_gather"] = plan.fp8_param_gather
-        if g > 1:
-            p["grad_reduce_in_bf16"] = plan.grad_reduce_in_bf16
-    if moe:
-        p["ep_degree"] = plan.ep_degree
-        p["etp_degree"] = plan.etp_degree
-        if plan.ep_degree * plan.etp_degree > 1:
-            p["moe_dispatcher"] = plan.moe_dispatcher
-        if plan.ep_degree > 1 and plan.async_collectives:
-            p["moe_a2a_overlap"] = plan.moe_a2a_overlap
-        if plan.recompute == "selective":
-            p["recompute_modules"] = rc.encode(plan.recompute_modules)
-    return p
-
-
-__all__ = ["SearchSpace", "BoundSearchSpace", "Pruned", "KNOBS", "DERIVED_FIELDS", "derive_stage_layers",
-           "plan_params", "known_search_spaces", "search_space_dirs"]
-

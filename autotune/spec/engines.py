@@ -149,6 +149,9 @@ class EngineProfile:
             priced).
         mla_flex_attention: it runs multi-latent-attention models' core attention with FlexAttention (a Triton
             template kernel) instead of SDPA (:func:`autotune.cost.tt_moe.flex_attention_ms`).
+        cpu_offload: it offloads the saved activations of the first N layers to host memory
+            (``Plan.cpu_offload_layers``) on a side stream, on Transformer Engine's schedule
+            (:func:`autotune.cost.offload.offload_exposed_ms`); cpu_offload_reason: why not, where it cannot.
 
     Raises:
         ConfigError: a field missing or outside its valid values (names the engine and the field).
@@ -207,6 +210,8 @@ class EngineProfile:
     sac_recomputes_routed_experts: bool = False
     grad_clip_bytes_per_param: int = 0
     mla_flex_attention: bool = False
+    cpu_offload: bool = False
+    cpu_offload_reason: str = ""
     levers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -465,6 +470,11 @@ def check_plan_for_engine(plan: Any, engine: EngineProfile) -> None:
         raise PlanError(f"recompute_num_layers={rn} cannot run on engine {e.name}: "
                         f"{e.partial_recompute_reason or 'it recomputes every layer or none'}; "
                         f"use recompute_num_layers=0 (every layer)")
+    n_off = getattr(plan, "cpu_offload_layers", 0)
+    if n_off and not e.cpu_offload:
+        raise PlanError(f"cpu_offload_layers={n_off} cannot run on engine {e.name}: "
+                        f"{e.cpu_offload_reason or 'it has no layer-level CPU activation offloading'}; "
+                        "use cpu_offload_layers=0 or --engine megatron")
     if getattr(plan, "ep_degree", 1) > 1 or getattr(plan, "etp_degree", 1) > 1:
         if not e.moe_dispatchers:
             raise PlanError(f"ep_degree={plan.ep_degree}, etp_degree={plan.etp_degree} cannot run on engine {e.name}: "

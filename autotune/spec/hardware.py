@@ -63,6 +63,9 @@ class GPUSpec:
             power limit: GB200 from B200), scaled by :meth:`sustained_clock_ratio`.
         tdp_watts: maximum thermal design power of the module, W (datasheet; source per row in gpus.yaml), or
             None: the default power per GPU of ``autotune plan``'s energy estimate.
+        host_link_gbs: the GPU's link to its host CPU's memory, GB/s per direction (datasheet: PCIe Gen4 /
+            Gen5 / Gen6 x16, or NVLink-C2C on Grace-Blackwell; source per row in gpus.yaml), or None: not known.
+            What CPU activation offloading moves over (:mod:`autotune.cost.offload`).
     """
 
     name: str
@@ -79,6 +82,7 @@ class GPUSpec:
     fp8_gemm_reference: tuple[float, ...] | None = None
     gemm_reference_from: str | None = None
     tdp_watts: float | None = None
+    host_link_gbs: float | None = None
 
     def __post_init__(self) -> None:
         for f in ("bf16_gemm_reference", "fp8_gemm_reference"):

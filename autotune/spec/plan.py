@@ -68,9 +68,9 @@ FP8_PRECISIONS = PRECISIONS[1:]
 #: divisible by 16 (PyTorch aten/src/ATen/native/cuda/Blas.cpp, _scaled_mm_out_cuda checks; torchtitan's
 #: float8 converter skips nn.Linear layers with a dimension not divisible by 16 for this reason).
 FP8_GEMM_DIM_MULTIPLE = 16
-#: upper bound of ``Plan.recompute_num_layers`` (a bound on input only; a chunk's own layer count caps
-#: what recomputes, :meth:`Plan.recomputed_layers`)
-MAX_RECOMPUTE_NUM_LAYERS = 2**20
+#: input bounds of ``Plan.recompute_num_layers`` (a chunk's own layer count caps what recomputes,
+#: :meth:`Plan.recomputed_layers`) and ``Plan.cpu_offload_layers`` (:func:`validate_plan`: < the model's layers)
+MAX_RECOMPUTE_NUM_LAYERS = MAX_CPU_OFFLOAD_LAYERS = 2**20
 
 
 @dataclass(frozen=True)
@@ -210,6 +210,8 @@ class Plan:
             TP 1 and PP 1 only).
         fp8_bf16_linears: layer linears kept BF16 under FP8, one of :data:`FP8_BF16_LINEARS`.
         optimizer_impl: AdamW kernels, one of :data:`OPTIMIZER_IMPLS`.
+        cpu_offload_layers: CPU offloading of the first N layers' activations (Megatron-LM ``--cpu-offloading-num-layers``;
+            :mod:`autotune.cost.offload`); 0 = none. Megatron-Core (transformer_config.py): N < layers, pp 1, no recompute.
         (Engines without these levers refuse values other than the defaults:
         :func:`autotune.spec.engines.check_plan_for_engine`.)
 
@@ -251,6 +253,7 @@ class Plan:
     loss_impl: str = "full"
     fp8_bf16_linears: str = "none"
     optimizer_impl: str = "fused"
+    cpu_offload_layers: int = 0
 
     def __post_init__(self) -> None:
         # one C-level pass over the integer and boolean fields (a 405B x 1,024 B200 ranking built 17,495
@@ -272,6 +275,7 @@ class Plan:
             raise PlanError(f"recompute_num_layers={rn} needs recompute=full (Megatron-LM "
                             f"--recompute-method block is a full-recompute method), got "
                             f"recompute={self.recompute}; use recompute=full or recompute_num_layers=0")
+        self._check_cpu_offload()
         if self.zero_stage not in ZERO_STAGES or isinstance(self.zero_stage, bool):
             raise PlanError(f"zero_stage={self.zero_stage!r} is not valid; choose one of 0, 1, 2, 3")
         if self.param_gather_overlap and not self.dp_grad_reduce_overlap:
@@ -290,6 +294,20 @@ class Plan:
             if not isinstance(sl, tuple) or not sl or not set(map(type, sl)) <= {int} or min(sl) < 0:
                 raise PlanError(f"stage_layers must be a list of integers >= 0 (0 = a stage holding only "
                                 f"the embedding or the LM head), got {sl!r}")
+
+    def _check_cpu_offload(self) -> None:
+        """``cpu_offload_layers``: an integer in 0..:data:`MAX_CPU_OFFLOAD_LAYERS`, with N >= 1 pp 1 and no
+        recompute (megatron/core/transformer/transformer_config.py). Raises :class:`PlanError`."""
+        n = self.cpu_offload_layers
+        if type(n) is not int or not 0 <= n <= MAX_CPU_OFFLOAD_LAYERS:       # (type: no bool, no float)
+            raise PlanError(f"cpu_offload_layers must be an integer between 0 (no offloading) and "
+                            f"{MAX_CPU_OFFLOAD_LAYERS:,}, got {n!r}")
+        for bad, why in () if n == 0 else ((self.pp_degree > 1, f"pp_degree=1 (Megatron-Core has no CPU offloading with pipeline "
+                                              f"parallelism), got pp_degree={self.pp_degree}"),
+                         (self.recompute != "none", f"recompute=none (Megatron-Core's CPU offloading does not work "
+                                                    f"with recomputation), got recompute={self.recompute}")):
+            if bad:
+                raise PlanError(f"cpu_offload_layers={n} needs {why}; or use cpu_offload_layers=0")
 
     def _check_recompute_modules(self) -> None:
         """Normalise ``recompute_modules`` to a sorted tuple of :data:`RECOMPUTE_MODULES` and check it goes
@@ -536,6 +554,9 @@ def validate_plan(plan: Plan, model: ModelSpec, num_gpus: int, workload: Workloa
         raise PlanError(f"recompute_num_layers={rn} exceeds the {per} ({m.num_layers} layers over pp x vpp = "
                         f"{len(chunks)} chunk{'s' if len(chunks) > 1 else ''}); valid: 0 (every layer) or 1..{most} (the first N layers "
                         f"of each chunk, Megatron-LM --recompute-method block)")
+    if p.cpu_offload_layers >= m.num_layers:     # 3c. Megatron-Core refuses N >= num_layers (transformer_config.py)
+        raise PlanError(f"cpu_offload_layers={p.cpu_offload_layers} must be less than the model's {m.num_layers} "
+                        f"layers (Megatron-Core offloads layers 0..N-1 and keeps the last); valid: 0..{m.num_layers - 1}")
     # 4. global batch = micro-batch x count x DP
     if p.global_batch_size != w.global_batch_size:
         per = w.global_batch_size / (p.micro_batch_size * p.dp_degree)

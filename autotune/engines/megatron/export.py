@@ -309,6 +309,9 @@ def plan_args(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
               "--recompute-num-layers", str(p.recompute_num_layers)]
     elif p.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if p.cpu_offload_layers:
+        # activations only (cpu_offloading_activations defaults on, weights off: model_parallel_config.py)
+        a += ["--cpu-offloading-num-layers", str(p.cpu_offload_layers)]
     if p.zero_stage == 1:
         a.append("--use-distributed-optimizer")
     elif p.zero_stage in (2, 3):

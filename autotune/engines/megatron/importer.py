@@ -555,6 +555,9 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
     else:
         for o in ("--recompute-method", "--recompute-num-layers", "--recompute-modules"):
             r.ignore(o, "no effect without --recompute-granularity")
+    offload = r.value("--cpu-offloading-num-layers", 0)     # (arguments.py: N > 0 sets cpu_offloading)
+    if type(offload) is not int or offload < 0:
+        raise ConfigError(f"{src}: --cpu-offloading-num-layers {offload}: must be an integer >= 0 (0: no offloading)")
     # ---- ZeRO ----
     zero = 0
     if r.switch("--use-megatron-fsdp"):
@@ -705,7 +708,7 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
                     recompute=recompute, recompute_num_layers=rnl, zero_stage=zero, async_collectives=async_coll,
                     tp_comm_overlap=tpo, dp_grad_reduce_overlap=ogr, param_gather_overlap=opg,
                     bucket_size_mib=bucket, memory_reclaim=reclaim, stage_layers=stage_layers, precision=precision,
-                    grad_reduce_in_bf16=bf16_grads, fp8_param_gather=fp8_pg, recompute_modules=rmods, **moe)
+                    grad_reduce_in_bf16=bf16_grads, fp8_param_gather=fp8_pg, recompute_modules=rmods, cpu_offload_layers=offload, **moe)
         plan.layers_per_virtual_stage(L)
         validate_moe(plan, model)       # EP / ETP / dispatcher / overlap rules (Megatron-LM's, spec/moe_plan.py)
     except (ConfigError, PlanError) as e:
