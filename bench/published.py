@@ -177,6 +177,19 @@ def plan_for(run: dict[str, Any], engine: str, num_gpus: int, num_layers: int, v
 MB_RECIPE_RECOMPUTE_NUM_LAYERS = {
     ("llama3.1-8b", "h100", "fp8_tensorwise"): 5,
 }
+#: Megatron-Bridge v0.2.0 recipes (the 25.11 container's) that offload the activations of the first N layers
+#: to the host, by (model, gpu, precision), all Megatron-FSDP at pp 1: scripts/performance/configs/llama3/
+#: workload_base_configs.py LLAMA3_70B_GB200_BF16 (20), _GB200_FP8_CS (40), _GB300_BF16 (30), _GB300_FP8_CS
+#: (20), _B200_FP8_CS (5); configs/llama31/workload_base_configs.py LLAMA31_405B_GB200_FP8_CS (92),
+#: _GB300_BF16 (40), _GB300_FP8_CS (10) (cpu_offloading_num_layers; utils/helpers.py set_recompute_overrides
+#: sets cpu_offloading and cpu_offloading_weights=False): Plan(cpu_offload_layers=N). A row's own
+#: ``cpu_offload_layers`` (or ``cpu_offloading_num_layers``) comes first.
+MB_RECIPE_CPU_OFFLOAD_LAYERS = {
+    ("llama3.1-70b", "gb200", "bf16"): 20, ("llama3.1-70b", "gb200", "fp8_tensorwise"): 40,
+    ("llama3.1-70b", "gb300", "bf16"): 30, ("llama3.1-70b", "gb300", "fp8_tensorwise"): 20,
+    ("llama3.1-70b", "b200", "fp8_tensorwise"): 5, ("llama3.1-405b", "gb200", "fp8_tensorwise"): 92,
+    ("llama3.1-405b", "gb300", "bf16"): 40, ("llama3.1-405b", "gb300", "fp8_tensorwise"): 10,
+}
 # The 25.11 GB200 405B row (256 GPUs, tp 4 pp 16 vp 4, gbs 1536) is not a v0.2.x preset (v0.2.0-v0.2.2
 # have a 128-GPU, tp 2, Megatron-FSDP preset with cpu_offloading_num_layers=92); v0.3.0 has it:
 # scripts/performance/configs/llama/llama31_workload_base_configs.py
@@ -209,6 +222,13 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
         n_rc = MB_RECIPE_RECOMPUTE_NUM_LAYERS.get((run["model"], run.get("gpu"), run.get("precision", "bf16")))
         if n_rc:
             plan = plan.replace(recompute="full", recompute_num_layers=n_rc)
+        n_off = MB_RECIPE_CPU_OFFLOAD_LAYERS.get((run["model"], run.get("gpu"), run.get("precision", "bf16"))) \
+            if run.get("dp_mode") == "fsdp" and plan.pp_degree == 1 and plan.recompute == "none" else None
+        if n_off:
+            plan = plan.replace(cpu_offload_layers=n_off)
+    n_own = run.get("cpu_offload_layers", run.get("cpu_offloading_num_layers"))
+    if n_own:
+        plan = plan.replace(cpu_offload_layers=int(n_own))
         if run["model"] == "llama3.1-405b" and run.get("gpu") == "gb200" and plan.precision != "bf16":
             # Megatron-Bridge scripts/performance/perf_plugins.py _set_model_specific_environment_variables
             # (v0.2.0 and v0.3.0): llama31 405b on gb200 with fp8_cs / fp8_mx sets

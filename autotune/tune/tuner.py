@@ -162,10 +162,7 @@ class Tuner:
                         raise KeyboardInterrupt from None
                     raise storage_fault(e, self.storage) or StorageError(
                         f"cannot open study {self.name!r} in {user_url(self.storage)}: {e}") from None
-                # trials first, then the attrs: a worker writes the study's attrs before its first trial
-                # (autotune_schema last), so attrs read after a non-empty trial list hold autotune_schema. Read
-                # the other way round, another worker could write its attrs and first trial between the two
-                # reads, and this one would call the study foreign (exit 2; seen once in 12 processes in CI)
+                # trials, then attrs: a worker writes the attrs (schema last) before its first trial (race, CI)
                 trials = study.get_trials(deepcopy=False)
                 attrs = study.user_attrs
                 self._check_identity(attrs, lambda: len(trials))

@@ -125,6 +125,10 @@ def local_impl_refusal(plan: Plan) -> str | None:
     if plan.tp_comm_overlap and plan.tp_degree > 1 and plan.async_collectives:
         return ("tp_comm_overlap: Megatron-LM's --tp-comm-overlap is Transformer Engine's userbuffers, which is not "
                 "installed here")
+    if plan.cpu_offload_layers:
+        return (f"cpu_offload_layers={plan.cpu_offload_layers}: Megatron-LM's CPU offloading is Transformer Engine's "
+                "(get_cpu_offload_context; the local implementation asserts cpu_offloading is off), which is not "
+                "installed here")
     return None
 
 
