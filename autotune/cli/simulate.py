@@ -301,6 +301,11 @@ def simulate(plan_file, backend, interconnect, engine, trace_path, gantt_path, f
         then_txt = f"{float(then):,.1f} ms at the trial, " if isinstance(then, (int, float)) else ""
         click.echo(f"\nmeasured in the file (real): step {meas:,.1f} ms, MFU {100 * float(pred['mfu']):.1f}%; simulated: "
                    f"{then_txt}{result.step_time_ms:,.1f} ms now ({100 * (result.step_time_ms / meas - 1):+.1f}% vs measured)")
+    elif same is not None and pred.get("feasible") is False:
+        # a stored infeasible prediction has no step time (0): say what it said, and whether that still holds
+        now = "still does not fit" if not result.feasible else f"fits now (step {result.step_time_ms:,.1f} ms)"
+        click.echo(f"\nprediction stored in the file ({pred.get('backend', '?')}): did not fit "
+                   f"({pred.get('infeasible_reason') or 'no reason stored'}) -> {now}")
     elif same is not None:
         click.echo(f"\nprediction stored in the file ({pred.get('backend', '?')}): step {float(pred['step_time_ms']):,.1f} "
                    f"ms, MFU {100 * float(pred['mfu']):.1f}% -> " + ("same" if same else "DIFFERENT now"))

@@ -112,3 +112,22 @@ def test_a_plan_measured_at_fewer_layers_is_simulated_at_that_depth():
     # a real trial's stored figures are measured: said so, with the simulator's figure then and now beside them
     assert "measured in the file (real): step 282.7 ms" in r.output and "240.5 ms at the trial" in r.output, r.output
     assert f"{want:,.1f} ms now" in r.output and "DIFFERENT" not in r.output, r.output
+
+
+def test_a_stored_prediction_that_did_not_fit_is_reported_as_such(tmp_path):
+    # a plan saved while it did not fit has step 0 / MFU 0 in its prediction: simulate said "step 0.0 ms, MFU 0.0%
+    # -> DIFFERENT now" (QA of issue 40's CPU offloading); it now says it did not fit and whether it fits now.
+    # 70B at TP 4 on 64 GB200 without recompute: 184.5 GiB > 183.0 usable; offloading 20 layers' activations fits
+    f = tmp_path / "base.yaml"
+    r = CliRunner().invoke(main, ["simulate", "--size", "70b", "--gpu", "gb200", "--gpus", "64", "--tp", "4", "--pp",
+                                  "1", "--mbs", "1", "--recompute", "none", "--save-plan", str(f)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["simulate", str(f)])
+    assert r.exit_code == 0, r.output
+    assert "did not fit (out of memory" in r.output and "-> still does not fit" in r.output, r.output[-600:]
+    assert "step 0.0 ms" not in r.output
+    g = tmp_path / "off.yaml"
+    g.write_text(f.read_text().replace("cpu_offload_layers: 0", "cpu_offload_layers: 20"))
+    r = CliRunner().invoke(main, ["simulate", str(g)])
+    assert r.exit_code == 0, r.output
+    assert "-> fits now (step" in r.output and "CPU offload" in r.output, r.output[-600:]

@@ -150,3 +150,24 @@ def test_megatron_export_writes_the_flag_and_import_reads_it(tmp_path):
     f.write_text(" \\\n".join(args) + "\n")
     again = import_megatron_args(f, num_gpus=64)
     assert again.plan.cpu_offload_layers == 20 and again.plan == plan
+
+
+@pytest.mark.parametrize("extra,words", [
+    ("--cpu-offloading-num-layers -3", "must be an integer >= 0"),
+    # Megatron-Core's local implementation asserts cpu_offloading is off (transformer_block.py)
+    ("--cpu-offloading-num-layers 8 --transformer-impl local", "needs Transformer Engine"),
+    ("--cpu-offloading-num-layers 40", "less than the model's 32 layers"),
+])
+def test_megatron_import_refuses_offloading_it_cannot_run(tmp_path, extra, words):
+    from autotune.engines.megatron.importer import import_megatron_args
+
+    base = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+            "--group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 131072 "
+            "--position-embedding-type rope --rotary-base 500000 --use-rope-scaling --normalization RMSNorm --swiglu "
+            "--disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 "
+            "--vocab-size 128256 --bf16 --micro-batch-size 1 --global-batch-size 128 --cross-entropy-loss-fusion ")
+    f = tmp_path / "args.txt"
+    f.write_text(base + extra + "\n")
+    with pytest.raises((ConfigError, PlanError), match=words):
+        imp = import_megatron_args(f, num_gpus=8)
+        validate_plan(imp.plan, imp.model, 8, imp.workload)

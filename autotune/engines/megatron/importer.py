@@ -556,8 +556,9 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
         for o in ("--recompute-method", "--recompute-num-layers", "--recompute-modules"):
             r.ignore(o, "no effect without --recompute-granularity")
     offload = r.value("--cpu-offloading-num-layers", 0)     # (arguments.py: N > 0 sets cpu_offloading)
-    if type(offload) is not int or offload < 0:
-        raise ConfigError(f"{src}: --cpu-offloading-num-layers {offload}: must be an integer >= 0 (0: no offloading)")
+    if (bad := type(offload) is not int or offload < 0) or (offload and r.args.get("--transformer-impl", ("",))[0] == "local"):
+        raise ConfigError(f"{src}: --cpu-offloading-num-layers {offload}: " + ("must be an integer >= 0 (0: no offloading)" if bad
+                          else "needs Transformer Engine; --transformer-impl local refuses it (megatron/core/transformer/transformer_block.py)"))
     # ---- ZeRO ----
     zero = 0
     if r.switch("--use-megatron-fsdp"):
@@ -663,8 +664,7 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
                             "costed as empty_cache_per_step")
     # ---- engine-profile settings export writes ----
     if not r.switch("--cross-entropy-loss-fusion"):
-        r.approx.append("no --cross-entropy-loss-fusion: the loss is costed fused (the megatron engine profile), "
-                        "which export writes")
+        r.approx.append("no --cross-entropy-loss-fusion: the loss is costed fused (the megatron engine profile), which export writes")
     impl = r.value("--transformer-impl", "transformer_engine")
     if impl != "transformer_engine":
         r.demote("--transformer-impl")
