@@ -24,7 +24,7 @@ LAYOUT_FIELDS = ("tp_degree", "pp_degree", "cp_degree", "dp_degree", "pipeline_s
 #: setting fields, each its own group (recompute_num_layers moves with recompute)
 SETTING_FIELDS = ("sequence_parallel", "recompute", "zero_stage", "async_collectives", "tp_comm_overlap",
                   "dp_overlaps", "bucket_size_mib", "memory_reclaim", "precision", "fp8_param_gather",
-                  "grad_reduce_in_bf16", "compile")
+                  "grad_reduce_in_bf16", "compile", "cpu_offload_layers")
 #: groups of more than one field (the parameter-gather overlap needs the gradient-reduce overlap)
 GROUPED = {"recompute": ("recompute", "recompute_num_layers"),
            "dp_overlaps": ("dp_grad_reduce_overlap", "param_gather_overlap")}

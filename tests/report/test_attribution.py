@@ -52,3 +52,16 @@ def test_one_knob_alone_is_the_whole_change(ev):
     assert [g.knob for g in gains] == ["precision"]
     assert gains[0].gain_points == pytest.approx(100 * (ev.evaluate(tuned).mfu - ev.evaluate(base).mfu))
     assert rest == pytest.approx(0.0, abs=1e-9)
+
+
+def test_cpu_offloading_is_a_group_of_its_own(ev):
+    # 8B on 16 H100 (PCIe Gen5 host link), ZeRO-3, no recompute: offloading 8 of 32 layers changes nothing but
+    # the copies' waits and the slowdown beside them, so its group's gain is MFU(with it) - MFU(without) < 0,
+    # simulated directly here
+    base = Plan(dp_degree=16, micro_batch_size=1, num_micro_batches=16, recompute="none", zero_stage=3)
+    tuned = base.replace(cpu_offload_layers=8)
+    gains, _ = attribute(base, tuned, ev.evaluate)
+    g = {k.knob: k for k in gains}["cpu_offload_layers"]
+    assert g.change == "cpu_offload_layers 0 -> 8"
+    want = 100 * (ev.evaluate(tuned).mfu - ev.evaluate(base).mfu)
+    assert g.gain_points == pytest.approx(want) and want < 0
