@@ -59,7 +59,8 @@ def precision_class(precision: str) -> str:
 
 #: regime name -> words for the printed sentence
 REGIME_WORDS = {"gpu": "{} GPUs", "precision": "{} precision", "tp_overlap": "TP > 1 without TP comm overlap",
-                "small_tp": "small TP (<= 2) on a large model", "cp": "CP > 1", "fsdp": "FSDP (ZeRO >= 2)"}
+                "small_tp": "small TP (<= 2) on a large model", "cp": "CP > 1", "fsdp": "FSDP (ZeRO >= 2)",
+                "cpu_offload": "CPU activation offloading"}
 
 
 def plan_regimes(plan: Any, gpu: str | None, hidden_size: int | None = None) -> list[str]:
@@ -67,7 +68,9 @@ def plan_regimes(plan: Any, gpu: str | None, hidden_size: int | None = None) -> 
     ``gpu:<family>``, ``precision:<bf16|fp8|mxfp8>``, ``tp_overlap:off`` (TP > 1 without TP communication
     overlap, or without async collectives), ``small_tp`` (TP <= :data:`SMALL_TP_MAX_DEGREE` on a model of hidden
     size >= :data:`SMALL_TP_MIN_HIDDEN`), ``cp`` (CP > 1), ``fsdp`` (ZeRO stage >= 2: parameters or gradients
-    sharded, FSDP). ``plan``: a :class:`autotune.spec.plan.Plan` (or anything with its fields)."""
+    sharded, FSDP), ``cpu_offload`` (``cpu_offload_layers`` >= 1: no development run has it, so its plans get the
+    widest interval and rank last among equals). ``plan``: a :class:`autotune.spec.plan.Plan` (or anything with
+    its fields)."""
     from autotune.spec.hardware import gpu_family
 
     out = [f"gpu:{gpu_family(gpu) or gpu}", f"precision:{precision_class(getattr(plan, 'precision', 'bf16'))}"]
@@ -79,6 +82,8 @@ def plan_regimes(plan: Any, gpu: str | None, hidden_size: int | None = None) -> 
         out.append("cp")
     if plan.zero_stage >= 2 and plan.dp_degree * plan.cp_degree > 1:
         out.append("fsdp")
+    if getattr(plan, "cpu_offload_layers", 0):
+        out.append("cpu_offload")
     return out
 
 

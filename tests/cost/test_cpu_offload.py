@@ -171,3 +171,14 @@ def test_megatron_import_refuses_offloading_it_cannot_run(tmp_path, extra, words
     with pytest.raises((ConfigError, PlanError), match=words):
         imp = import_megatron_args(f, num_gpus=8)
         validate_plan(imp.plan, imp.model, 8, imp.workload)
+
+
+def test_offloading_plans_are_a_regime_without_published_runs():
+    # no development-set run offloads activations, so such a plan is in a regime the model has no held-out
+    # error for: plan_regimes names it and the interval row says it was widened (issue 40, item 1)
+    from autotune.spec.trust import plan_regimes, regime_words
+
+    p = Plan(cpu_offload_layers=20, **FSDP64)
+    assert "cpu_offload" in plan_regimes(p, "gb200", M70.hidden_size)
+    assert "cpu_offload" not in plan_regimes(p.replace(cpu_offload_layers=0), "gb200", M70.hidden_size)
+    assert regime_words("cpu_offload") == "CPU activation offloading"
