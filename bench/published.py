@@ -228,7 +228,7 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
             plan = plan.replace(cpu_offload_layers=n_off)
     n_own = run.get("cpu_offload_layers", run.get("cpu_offloading_num_layers"))
     if n_own:
-        plan = plan.replace(cpu_offload_layers=int(n_own))
+        plan = plan.replace(cpu_offload_layers=n_own)       # (Plan refuses a value that is not an integer)
         if run["model"] == "llama3.1-405b" and run.get("gpu") == "gb200" and plan.precision != "bf16":
             # Megatron-Bridge scripts/performance/perf_plugins.py _set_model_specific_environment_variables
             # (v0.2.0 and v0.3.0): llama31 405b on gb200 with fp8_cs / fp8_mx sets

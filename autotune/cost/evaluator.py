@@ -36,6 +36,9 @@ BREAKDOWN_KEYS = ("compute", "expert_compute", "router_permute", "recompute", "e
                   "reclaim")
 #: the breakdown keys only a mixture-of-experts model has
 MOE_BREAKDOWN_KEYS = ("expert_compute", "router_permute", "exposed_ep_comm")
+#: groups of breakdown keys that reports show only when one of them is non-zero (an MoE model's; CPU activation
+#: offloading's, ``exposed_offload``, 0 for a plan without ``cpu_offload_layers``)
+OPTIONAL_BREAKDOWN_GROUPS = (MOE_BREAKDOWN_KEYS, ("exposed_offload",))
 
 
 @dataclass(frozen=True)

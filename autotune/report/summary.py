@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from autotune.cost.evaluator import BREAKDOWN_KEYS, MOE_BREAKDOWN_KEYS, StepResult
+from autotune.cost.evaluator import BREAKDOWN_KEYS, OPTIONAL_BREAKDOWN_GROUPS, StepResult
 from autotune.spec.models import ModelSpec
 from autotune.spec.plan import Plan, Workload
 
@@ -201,11 +201,17 @@ def result_rows(result: StepResult, plan: Plan | None = None) -> list[tuple[str,
     return rows
 
 
+def _hidden_keys(results: list[StepResult]) -> set[str]:
+    """The keys of :data:`OPTIONAL_BREAKDOWN_GROUPS` whose group is 0 in every one of ``results`` (a dense model's
+    expert, router and dispatch time; offloading's waits without offloading): left out of the reports."""
+    return {k for g in OPTIONAL_BREAKDOWN_GROUPS if not any(r.breakdown_ms.get(x) for r in results for x in g)
+            for k in g}
+
+
 def breakdown_rows(result: StepResult) -> list[tuple[str, str]]:
     total = result.step_time_ms or 1.0
-    # a dense model's step has no expert, router or dispatch time: those rows are left out
-    moe = any(result.breakdown_ms.get(k) for k in MOE_BREAKDOWN_KEYS)
-    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms and (moe or k not in MOE_BREAKDOWN_KEYS)] + \
+    hidden = _hidden_keys([result])
+    keys = [k for k in BREAKDOWN_KEYS if k in result.breakdown_ms and k not in hidden] + \
         [k for k in result.breakdown_ms if k not in BREAKDOWN_KEYS]
     return [(f"  {k}", f"{result.breakdown_ms[k]:,.1f} ms ({100 * result.breakdown_ms[k] / total:.1f}%)")
             for k in keys]
@@ -316,9 +322,9 @@ def format_side_by_side(columns: Sequence[tuple[str, Plan, StepResult]], *, engi
     rows.append(["MFU (PaLM)"] + [f"{100 * r.mfu_palm:.1f}%" for _, _, r in columns])
     rows.append(["peak memory per GPU"] + [f"{r.peak_memory_bytes / GIB:.1f} GiB" for _, _, r in columns])
     keys = list(dict.fromkeys([k for k in BREAKDOWN_KEYS] + [k for _, _, r in columns for k in r.breakdown_ms]))
+    hidden = _hidden_keys([r for _, _, r in columns])
     for k in keys:
-        if any(k in r.breakdown_ms for _, _, r in columns) and (
-                k not in MOE_BREAKDOWN_KEYS or any(r.breakdown_ms.get(k) for _, _, r in columns)):
+        if any(k in r.breakdown_ms for _, _, r in columns) and k not in hidden:
             rows.append([f"  {k} ms"] + [f"{r.breakdown_ms.get(k, 0.0):,.1f}" for _, _, r in columns])
     foot = [f"({lab})" for lab in dict.fromkeys(provenance_label(r) for _, _, r in columns)]
     if engine and any(r.backend != "real" for _, _, r in columns):

@@ -59,6 +59,4 @@ def plan_params(plan: Plan, *, moe: bool = False) -> dict[str, Any]:
     return p
 
 
-__all__ = ["SearchSpace", "BoundSearchSpace", "Pruned", "KNOBS", "DERIVED_FIELDS", "derive_stage_layers",
-           "plan_params", "known_search_spaces", "search_space_dirs"]
-
+__all__ = ["plan_params"]

@@ -608,20 +608,20 @@ class BoundSearchSpace:
             loss_impl = "full"
         # CPU activation offloading: Megatron-Core's rules (Plan._check_cpu_offload): pp 1, no recompute
         off = c["cpu_offload_layers"]
-        moe_kw: dict[str, Any] = {"cpu_offload_layers": (pick("cpu_offload_layers") if len(off) > 1 else off[0])
-                                  if pp == 1 and recompute == "none" else 0}
+        extra_kw: dict[str, Any] = {"cpu_offload_layers": (pick("cpu_offload_layers") if len(off) > 1 else off[0])
+                                    if pp == 1 and recompute == "none" else 0}
         if m.is_moe:
             ep = pick("ep_degree")
             etp = pick("etp_degree") if len(c["etp_degree"]) > 1 else c["etp_degree"][0]
             if (tp * cp * dp) % (ep * etp):
                 raise Pruned(f"ep x etp = {ep} x {etp} does not divide tp x cp x dp = {tp * cp * dp}")
-            moe_kw |= {"ep_degree": ep, "etp_degree": etp,
-                      "moe_dispatcher": pick("moe_dispatcher") if ep * etp > 1 else "alltoall",
-                      "moe_a2a_overlap": pick("moe_a2a_overlap") if ep > 1 and async_c else False}
+            extra_kw |= {"ep_degree": ep, "etp_degree": etp,
+                         "moe_dispatcher": pick("moe_dispatcher") if ep * etp > 1 else "alltoall",
+                         "moe_a2a_overlap": pick("moe_a2a_overlap") if ep > 1 and async_c else False}
             if recompute == "selective":
                 # Megatron-LM --recompute-modules (search/recompute_choice.py): MoE models only
                 rms = c["recompute_modules"]
-                moe_kw["recompute_modules"] = rc.decode(pick("recompute_modules") if len(rms) > 1 else rms[0])
+                extra_kw["recompute_modules"] = rc.decode(pick("recompute_modules") if len(rms) > 1 else rms[0])
         try:
             plan = Plan(tp_degree=tp, pp_degree=pp, dp_degree=dp, cp_degree=cp, vpp_degree=vpp,
                         micro_batch_size=mbs, num_micro_batches=num_mb, pipeline_schedule=schedule,
@@ -629,7 +629,7 @@ class BoundSearchSpace:
                         tp_comm_overlap=tp_overlap, dp_grad_reduce_overlap=grad_overlap,
                         param_gather_overlap=gather_overlap, bucket_size_mib=bucket, memory_reclaim=reclaim,
                         stage_layers=stage_layers, precision=precision, compile=compiled,
-                        loss_impl=loss_impl, fp8_param_gather=fp8_pg, grad_reduce_in_bf16=bf16_grads, **moe_kw)
+                        loss_impl=loss_impl, fp8_param_gather=fp8_pg, grad_reduce_in_bf16=bf16_grads, **extra_kw)
             validate_plan(plan, m, n, w, gpu=self.gpu)
         except PlanError as e:
             raise Pruned(str(e)) from None
@@ -751,3 +751,7 @@ class BoundSearchSpace:
         finally:
             optuna.logging.set_verbosity(prev)
         return out
+
+
+__all__ = ["SearchSpace", "BoundSearchSpace", "Pruned", "KNOBS", "DERIVED_FIELDS", "derive_stage_layers",
+           "plan_params", "known_search_spaces", "search_space_dirs"]

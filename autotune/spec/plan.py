@@ -302,12 +302,11 @@ class Plan:
         if type(n) is not int or not 0 <= n <= MAX_CPU_OFFLOAD_LAYERS:       # (type: no bool, no float)
             raise PlanError(f"cpu_offload_layers must be an integer between 0 (no offloading) and "
                             f"{MAX_CPU_OFFLOAD_LAYERS:,}, got {n!r}")
-        for bad, why in () if n == 0 else ((self.pp_degree > 1, f"pp_degree=1 (Megatron-Core has no CPU offloading with pipeline "
-                                              f"parallelism), got pp_degree={self.pp_degree}"),
-                         (self.recompute != "none", f"recompute=none (Megatron-Core's CPU offloading does not work "
-                                                    f"with recomputation), got recompute={self.recompute}")):
-            if bad:
-                raise PlanError(f"cpu_offload_layers={n} needs {why}; or use cpu_offload_layers=0")
+        if n and (self.pp_degree > 1 or self.recompute != "none"):
+            why = (f"pp_degree=1 (Megatron-Core has no CPU offloading with pipeline parallelism), got pp_degree="
+                   f"{self.pp_degree}" if self.pp_degree > 1 else f"recompute=none (Megatron-Core's CPU offloading "
+                   f"does not work with recomputation), got recompute={self.recompute}")
+            raise PlanError(f"cpu_offload_layers={n} needs {why}; or use cpu_offload_layers=0")
 
     def _check_recompute_modules(self) -> None:
         """Normalise ``recompute_modules`` to a sorted tuple of :data:`RECOMPUTE_MODULES` and check it goes

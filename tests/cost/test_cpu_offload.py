@@ -112,7 +112,13 @@ def test_gb200_hides_the_copies_and_pcie_does_not():
     # Llama 3.1 70B, 64 GPUs, Megatron-FSDP (the Megatron-Bridge GB200 recipe's layout, BF16, offload 20 of 80
     # layers: llama3_70b_pretrain_64gpu_gb200_bf16_config, perf_recipes/llama/gb200/llama3.py): without
     # offloading it does not fit a GB200, with it it does; on GB200 (450 GB/s) the copies hide and cost only the
-    # slowdown beside them, on H100 (PCIe Gen5) the same plan waits for them
+    # slowdown beside them, on H100 (PCIe Gen5) the same plan waits for them. By hand from the model's own terms
+    # (offload_layer_bytes, the CostBuilder's layer times): a layer saves 2.25 GB. GB200: a copy takes 2.25e9 /
+    # (450 x 55/63 GB/s) = 5.7 ms, less than one layer's 11.7 ms forward, so no copy waits and only the slowdown
+    # is left: 0.055 x 20 x 5.7 ms x 2 passes x 4 micro-batches = 50 ms of a ~12.1 s step = 0.4% (< 1%).
+    # H100 at 60 layers: a copy takes 2.25e9 / 55e9 = 40.9 ms against a 23.5 ms forward; the 60 copies (2,455 ms
+    # after layer 0's 23.5 ms) must end before layer 79's forward, which starts at 79 x 23.5 = 1,856 ms at the
+    # earliest: >= 622 ms of waits per micro-batch, >= 2.49 s of a step the simulator puts at 27.7 s (9% > 5%)
     res = {}
     for gpu in ("gb200", "h100"):
         ev = make_evaluator("simulated", model=M70, cluster=make_cluster(gpu, 64), workload=W, engine="megatron")

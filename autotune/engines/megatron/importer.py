@@ -555,10 +555,8 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
     else:
         for o in ("--recompute-method", "--recompute-num-layers", "--recompute-modules"):
             r.ignore(o, "no effect without --recompute-granularity")
-    offload = r.value("--cpu-offloading-num-layers", 0)     # (arguments.py: N > 0 sets cpu_offloading)
-    if (bad := type(offload) is not int or offload < 0) or (offload and r.args.get("--transformer-impl", ("",))[0] == "local"):
-        raise ConfigError(f"{src}: --cpu-offloading-num-layers {offload}: " + ("must be an integer >= 0 (0: no offloading)" if bad
-                          else "needs Transformer Engine; --transformer-impl local refuses it (megatron/core/transformer/transformer_block.py)"))
+    if type(offload := r.value("--cpu-offloading-num-layers", 0)) is not int or offload < 0:  # N > 0 sets cpu_offloading
+        raise ConfigError(f"{src}: --cpu-offloading-num-layers {offload}: must be an integer >= 0 (0: no offloading)")
     # ---- ZeRO ----
     zero = 0
     if r.switch("--use-megatron-fsdp"):
@@ -667,6 +665,8 @@ def _plan_and_workload(r: _Reader, model, num_gpus: int):
         r.approx.append("no --cross-entropy-loss-fusion: the loss is costed fused (the megatron engine profile), which export writes")
     impl = r.value("--transformer-impl", "transformer_engine")
     if impl != "transformer_engine":
+        if offload:     # get_cpu_offload_context is Transformer Engine's (megatron/core/transformer/transformer_block.py)
+            raise ConfigError(f"{src}: --cpu-offloading-num-layers {offload} needs Transformer Engine; --transformer-impl {impl} refuses it")
         r.demote("--transformer-impl")
         r.approx.append(f"--transformer-impl {impl}: costed with Transformer Engine kernels (the megatron profile)")
     # ---- bucket ----
