@@ -229,11 +229,11 @@ def predict(run: dict[str, Any], engine: str, fabric: str, gpu: str, v: int | No
     n_own = run.get("cpu_offload_layers", run.get("cpu_offloading_num_layers"))
     if n_own:
         plan = plan.replace(cpu_offload_layers=n_own)       # (Plan refuses a value that is not an integer)
-        if run["model"] == "llama3.1-405b" and run.get("gpu") == "gb200" and plan.precision != "bf16":
-            # Megatron-Bridge scripts/performance/perf_plugins.py _set_model_specific_environment_variables
-            # (v0.2.0 and v0.3.0): llama31 405b on gb200 with fp8_cs / fp8_mx sets
-            # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-            plan = plan.replace(memory_reclaim="expandable_segments")
+    if run["model"] == "llama3.1-405b" and run.get("gpu") == "gb200" and plan.precision != "bf16":
+        # Megatron-Bridge scripts/performance/perf_plugins.py _set_model_specific_environment_variables
+        # (v0.2.0 and v0.3.0): llama31 405b on gb200 with fp8_cs / fp8_mx sets
+        # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+        plan = plan.replace(memory_reclaim="expandable_segments")
     w = Workload(seq_len=run["seq"], global_batch_size=plan.global_batch_size)
     eng = get_engine(engine)
     if engine == "torchtitan" and plan.precision == "fp8_tensorwise":

@@ -289,14 +289,17 @@ class CostBuilder:
                 ag = costs.placed_collective_ms("all_gather", nbytes, self.tp_place)
                 rs = costs.placed_collective_ms("reduce_scatter", nbytes, self.tp_place)
                 # forward all-gathers in FP8 where the engine quantizes before gathering (fp8_tp_all_gather)
-                ag_fwd = (costs.placed_collective_ms("all_gather", T * h, self.tp_place)
-                          if p.precision in self.engine.fp8_tp_all_gather else ag)
+                ag8 = costs.placed_collective_ms("all_gather", T * h, self.tp_place)
+                ag_fwd = ag8 if p.precision in self.engine.fp8_tp_all_gather else ag
+                # and the backward all-gathers of dY where it quantizes dY first (fp8_tp_grad_all_gather)
+                ag_bwd = ag8 if p.precision in self.engine.fp8_tp_grad_all_gather else ag
                 one = ag + rs
             else:
                 one = costs.placed_collective_ms("all_reduce", nbytes, self.tp_place)
             tp_fwd = tp_bwd = 2 * one
             if sp:
                 tp_fwd = 2 * (ag_fwd + rs)
+                tp_bwd = 2 * (ag_bwd + rs)
         # CP (ring attention; Liu et al. 2023; Megatron-LM context parallel): K and V of every other
         # CP rank pass through each rank in forward; backward passes K, V and dK, dV (2x).
         # The engine decides the exchange: an all-gather of every rank's K/V (torch context_parallel's
@@ -316,7 +319,7 @@ class CostBuilder:
         overlap_tp = bool(tp_fwd) and p.async_collectives and p.tp_comm_overlap and len(gemms) == 4
         if overlap_tp and sp:
             # the mechanism of the engine's overlap (autotune.cost.overlap): per-GEMM chunking and contention
-            fx, fe, bx, be = self._tp_overlap(gemms, gkw, ag_fwd, ag, rs, gemm_fwd, gemm_bwd)
+            fx, fe, bx, be = self._tp_overlap(gemms, gkw, ag_fwd, ag, rs, gemm_fwd, gemm_bwd, ag_bwd)
             _add(fwd, "compute", fx)
             _add(fwd, "exposed_tp_comm", fe)
             _add(bwd, "compute", bx)
@@ -399,13 +402,15 @@ class CostBuilder:
         return fwd, bwd, flops
 
     def _tp_overlap(self, gemms: list[tuple[int, int, int]], gkw: dict[str, Any], ag_fwd_ms: float, ag_ms: float,
-                    rs_ms: float, gemm_fwd: float, gemm_bwd: float) -> tuple[float, float, float, float]:
+                    rs_ms: float, gemm_fwd: float, gemm_bwd: float,
+                    ag_bwd_ms: float | None = None) -> tuple[float, float, float, float]:
         """One layer's TP GEMMs with their sequence-parallel collectives overlapped by the engine's mechanism
         (:attr:`EngineProfile.tp_overlap_mechanism`; the rules and their sources in :mod:`autotune.cost.overlap`).
 
         ``gemms``: (T, N, K) of qkv, proj, fc1, fc2 per rank; ``ag_ms`` / ``rs_ms``: one all-gather /
         reduce-scatter of the layer's T x h activation on the TP group; ``ag_fwd_ms``: the forward
-        all-gather (FP8 where :attr:`EngineProfile.fp8_tp_all_gather` says so). Forward: the all-gathers before qkv
+        all-gather (FP8 where :attr:`EngineProfile.fp8_tp_all_gather` says so); ``ag_bwd_ms``: the backward
+        all-gather of dY (FP8 where :attr:`EngineProfile.fp8_tp_grad_all_gather` says so; None: ``ag_ms``). Forward: the all-gathers before qkv
         and fc1, the reduce-scatters after proj and fc2. Backward: the all-gathers of dY before the proj and
         fc2 data gradients (their weight gradients consume the same chunks: Transformer Engine's
         ``external`` wgrad overlap), the reduce-scatters of the qkv and fc1 data gradients and, where the
@@ -424,6 +429,7 @@ class CostBuilder:
         """
         costs, e, n = self.costs, self.engine, self.p.tp_degree
         ce = costs.copy_engine_contention()
+        ag_dy = ag_ms if ag_bwd_ms is None else ag_bwd_ms
 
         def mm(m: float, nn: int, k: int, backward: bool = False) -> float:
             return costs.gemm_ms(max(1, int(m)), nn, k, backward=backward, **gkw)
@@ -448,7 +454,7 @@ class CostBuilder:
             for T, N, K in (proj, fc2):                     # backward all-gather of dY: ring exchange
                 chunk = costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw) + costs.gemm_ms(
                     K, N, max(1, T // n), backward=True, **gkw)
-                c, x = overlap.ring_exchange(chunk, n, ag_ms, slowdown=ce)
+                c, x = overlap.ring_exchange(chunk, n, ag_dy, slowdown=ce)
                 bx, be = bx + c, be + x
             for T, N, K in (qkv, fc1):                      # backward bulk: re-gather | data grad, RS | weight grad
                 if e.sp_regathers_input_for_wgrad:
@@ -466,7 +472,7 @@ class CostBuilder:
                 c, x = overlap.ring_exchange(mm(T / n, N, K), n, rs_ms, slowdown=ce, last_exposed=True)
                 fx, fe = fx + c, fe + x
             for T, N, K in (proj, fc2):                     # dY all-gather beside the data gradient
-                c, x = overlap.ring_exchange(costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw), n, ag_ms,
+                c, x = overlap.ring_exchange(costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw), n, ag_dy,
                                              slowdown=ce)
                 bx, be = bx + c + wgrad(T, N, K), be + x
             for T, N, K in (qkv, fc1):                      # data gradient's reduce-scatter

@@ -129,6 +129,9 @@ class EngineProfile:
             the backward), not bucket by bucket during it.
         fp8_tp_all_gather: FP8 precisions under which the forward all-gathers of sequence parallelism move
             FP8 (1-byte) activations: the input is quantized before it is gathered.
+        fp8_tp_grad_all_gather: FP8 precisions under which the backward all-gathers of sequence parallelism
+            (the output gradient dY of the row-parallel proj and fc2, gathered before their data gradients)
+            move FP8 (1-byte) gradients: dY is quantized before it is gathered.
         precisions: training precisions it runs; compile: whether torch.compile is a setting it has.
         levers: the kernel-level Plan fields (:data:`autotune.spec.levers.LEVER_FIELDS`: attention_backend,
             compile_mode, loss_impl, fp8_bf16_linears, optimizer_impl) -> the values it runs; a field not
@@ -197,6 +200,7 @@ class EngineProfile:
     tp_overlap_bulk_sms: int = 16
     sp_regathers_input_for_wgrad: bool = False
     fp8_tp_all_gather: tuple[str, ...] = ()
+    fp8_tp_grad_all_gather: tuple[str, ...] = ()
     grad_reduce_bf16: bool = False
     one_bucket_without_overlap: bool = False
     interleaved_chunk_sync: bool = False
@@ -268,7 +272,8 @@ class EngineProfile:
         if unknown:
             raise ConfigError(f"engine {name}: unknown field(s) {unknown}; valid: {sorted(known)}")
         kw = dict(d)
-        for f in ("zero_stages", "schedules", "fused_kernels", "precisions", "fp8_tp_all_gather", "moe_dispatchers"):
+        for f in ("zero_stages", "schedules", "fused_kernels", "precisions", "fp8_tp_all_gather",
+                  "fp8_tp_grad_all_gather", "moe_dispatchers"):
             if f in kw:
                 kw[f] = tuple(kw[f])
         if "levers" in kw:

@@ -381,3 +381,27 @@ def test_compiled_loss_time_ratio_comes_from_the_measurement():
     assert head_ms("native", True) - head_ms("torchtitan", True) == pytest.approx(ce * (1 - COMPILED_LOSS_TIME_RATIO))
     # eager: no difference
     assert head_ms("native", False) == pytest.approx(head_ms("torchtitan", False))
+
+
+def test_torchtitan_sequence_parallel_all_gathers_move_fp8_forward_and_backward():
+    # torchao torchao/float8/float8_tensor_parallel.py (torchtitan's float8 TP plan, tensorwise): the input
+    # is cast to float8 before the forward all-gather (Float8ColwiseParallel / PrepareFloat8ModuleInput) and
+    # dY is cast before the reduce-scatter's backward all-gather (_NoopFwToFloat8BwDynamic after the
+    # row-parallel output's redistribute). So without TP overlap one layer exposes, per micro-batch,
+    # forward 2 x (AG of T x h at 1 B + RS of T x h at 2 B) and backward the same; BF16 gathers 2 B both ways.
+    plan = Plan(tp_degree=8, sequence_parallel=True, precision="fp8_tensorwise", compile=True)
+    w = Workload(seq_len=8192, global_batch_size=1)
+    cb = CostBuilder(model=M8, plan=plan, cluster=make_cluster("h200", 8, "nvlink4"), workload=w, costs=H200,
+                     engine=get_engine("torchtitan"))
+    T, h = 8192, M8.hidden_size                      # SP: the whole sequence of the micro-batch per rank
+    ag8 = H200.placed_collective_ms("all_gather", T * h, cb.tp_place)
+    ag16 = H200.placed_collective_ms("all_gather", 2 * T * h, cb.tp_place)
+    rs16 = H200.placed_collective_ms("reduce_scatter", 2 * T * h, cb.tp_place)
+    fwd, bwd, _ = cb._layer
+    assert fwd["exposed_tp_comm"] == pytest.approx(2 * (ag8 + rs16))
+    assert bwd["exposed_tp_comm"] == pytest.approx(2 * (ag8 + rs16))
+    assert ag8 < ag16
+    # Megatron-LM (Transformer Engine) gathers FP8 forward only in this model: its backward dY gather stays BF16
+    mg = CostBuilder(model=M8, plan=plan.replace(compile=False), cluster=make_cluster("h200", 8, "nvlink4"),
+                     workload=w, costs=H200, engine=get_engine("megatron"))
+    assert mg._layer[1]["exposed_tp_comm"] == pytest.approx(2 * (ag16 + rs16))
