@@ -16,14 +16,20 @@ TFLOP/s per GPU is Megatron-Bridge's model-FLOP count (causal attention, the act
 ``num_floating_point_operations``), which ``autotune.cost.flops.model_flops_per_token`` follows; the published
 TFLOP/s / tok/s ratio checks that count row by row (``flops`` column).
 
-    python bench/published_moe.py [--runs FILE] [--tune 40] [--markdown docs/moe-fidelity.md]
+With ``--write-error-bands`` the rows' residuals become the ``interval_moe`` section of
+``autotune/data/error_bands.yaml``: the ``moe`` regime every MoE prediction's 80% interval includes
+(:func:`autotune.spec.trust.interval_for`), with its leave-one-source-out coverage (:func:`moe_interval`).
+
+    python bench/published_moe.py [--runs FILE] [--tune 40] [--markdown docs/moe-fidelity.md] [--write-error-bands]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import dataclasses
+import datetime
+import json
+import re
 import statistics
 import sys
 import time
@@ -217,6 +223,81 @@ def host_term_lines(rows: list[dict[str, Any]], measured: dict[str, Any]) -> lis
     return out
 
 
+def release(source: str) -> str:
+    """The source a row is held out with: the container release in its ``source`` (``26.04.01``, ``26.08``: one
+    performance table of one release, as ``megatron_bridge_25_11`` is for the dense set), else the source text's
+    first word (``NVIDIA/Megatron-LM``)."""
+    m = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", source or "")
+    return m.group(1) if m else ((source or "?").split() or ["?"])[0]
+
+
+def moe_interval(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``moe`` regime's interval data from the predicted rows (residual r = predicted / published tok/s - 1;
+    no constant of the model was chosen on them, so r is each row's held-out residual), and its
+    leave-one-source-out coverage: for each source (:func:`release`), the interval built from the other sources'
+    rows only (:func:`autotune.spec.trust.regime_table` / ``interval_from_table``: with fewer than
+    ``MIN_REGIME_ROWS`` rows the pooled percentiles of those rows), each of its rows covered when its residual
+    lies inside. Returns {"table", "covered", "rows", "median_width", "per_source", "lines"}."""
+    from autotune.spec.trust import interval_from_table, regime_table
+
+    res = [(r, release(r["source"]), r["err"]) for r in rows]
+    per_source: dict[str, list[int]] = {}
+    out = []
+    for src in sorted({s for _, s, _ in res}):
+        others = [(e, ["moe"]) for _, s, e in res if s != src]
+        if not others:
+            continue
+        iv = interval_from_table(regime_table(others), ["moe"])
+        for r, s, e in res:
+            if s == src:
+                ok = iv.low <= e <= iv.high
+                out.append((r, e, iv, ok))
+                c = per_source.setdefault(src, [0, 0])
+                c[0] += ok
+                c[1] += 1
+    covered = sum(ok for *_, ok in out)
+    med = statistics.median(iv.width for _, _, iv, _ in out) if out else float("nan")
+    lines = ["", "80% interval of MoE predictions (regime 'moe', autotune/spec/trust.py), leave-one-source-out:"]
+    for r, e, iv, ok in out:
+        lines.append(f"  {release(r['source']):10s} {r['id']:30s} r {100 * e:+6.1f}%  interval {100 * iv.low:+6.1f}.."
+                     f"{100 * iv.high:+6.1f}%  {'in' if ok else 'OUT'}")
+    lines.append(f"  coverage {covered}/{len(out)}; median width {100 * med:.1f}% of the prediction")
+    full = regime_table([(e, ["moe"]) for _, _, e in res]) if res else None
+    if full:
+        iv = interval_from_table(full, ["moe"])
+        lines.append(f"  shipped (all {len(res)} rows): {100 * iv.low:+.1f}..{100 * iv.high:+.1f}%, width "
+                     f"{100 * iv.width:.1f}% of the prediction")
+    return {"table": full, "covered": covered, "rows": len(out), "median_width": med,
+            "per_source": {k: {"covered": c, "rows": n} for k, (c, n) in per_source.items()}, "lines": lines}
+
+
+def write_error_bands(rows: list[dict[str, Any]], mi: dict[str, Any]) -> None:
+    """:func:`moe_interval`'s data as ``interval_moe`` in autotune/data/error_bands.yaml (the rest of the file,
+    written by bench/published.py, is kept)."""
+    from autotune.spec.trust import MIN_REGIME_ROWS, QUANTILES
+
+    path = ROOT / "autotune" / "data" / "error_bands.yaml"
+    doc = yaml.safe_load(path.read_text())
+    rnd = lambda v: round(float(v), 4)  # noqa: E731
+    t = mi["table"]
+    doc["interval_moe"] = {
+        "quantity": "residual r = predicted / published tokens/s per GPU - 1 (fractions) of the MoE development "
+                    "set; no model constant chosen on it, so each is held out",
+        "quantiles": list(QUANTILES), "min_regime_rows": MIN_REGIME_ROWS,
+        "pooled": {k: (rnd(v) if k != "num_runs" else v) for k, v in t["pooled"].items()},
+        "regimes": {g: {k: (rnd(v) if k != "num_runs" else v) for k, v in e.items()} for g, e in t["regimes"].items()},
+        "coverage": {"covered": mi["covered"], "rows": mi["rows"], "median_width": rnd(mi["median_width"]),
+                     "how": "each source's rows tested against the interval built without that source",
+                     "per_source": mi["per_source"]},
+        "source": "bench/published_moe.py --write-error-bands", "date": datetime.date.today().isoformat(),
+        "rows": [{"id": r["id"], "source": release(r["source"]), "gpu": r["gpu"], "gpus": r["gpus"],
+                  "precision": r["precision"], "residual": rnd(r["err"]), "regimes": ["moe"]} for r in rows],
+    }
+    head = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    path.write_text(head + yaml.safe_dump(doc, sort_keys=False))
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
 def short(p: Plan) -> str:
     s = f"TP{p.tp_degree} PP{p.pp_degree}"
     if p.effective_vpp > 1:
@@ -237,6 +318,8 @@ def main() -> int:
     ap.add_argument("--host-term", type=Path, default=None,
                     help="bench/moe_layer_host.py JSON: also print each row with the measured host time of an "
                          "eager MoE layer added (an analysis, not the shipped model; see host_term_ms)")
+    ap.add_argument("--write-error-bands", action="store_true",
+                    help="store the rows' residuals as the 'moe' interval regime in autotune/data/error_bands.yaml")
     args = ap.parse_args()
     if not args.runs.is_file():
         print(f"error: published MoE runs file {args.runs} not found; give --runs FILE", file=sys.stderr)
@@ -277,12 +360,21 @@ def main() -> int:
         lines += host_term_lines(rows, json.loads(args.host_term.read_text()))
     lines.append("leave-one-source-out: no constant of the model was chosen on these rows, so each source's "
                  "held-out error is its error above")
+    mi = moe_interval(rows) if rows else None
+    if mi:
+        lines += mi["lines"]
     for rid, why in refused:
         lines.append(f"refused {rid}: {why}")
     lines.append(f"(simulated, megatron engine, shipped calibration; {time.time() - t0:.1f} s)")
     print("\n".join(lines))
     if args.markdown:
         args.markdown.write_text("```\n" + "\n".join(lines) + "\n```\n")
+    if args.write_error_bands:
+        if refused or not mi:
+            print("error: --write-error-bands needs every row predicted (refused: "
+                  f"{', '.join(r for r, _ in refused) or 'no rows'})", file=sys.stderr)
+            return 2
+        write_error_bands(rows, mi)
     return 0
 
 

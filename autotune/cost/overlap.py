@@ -12,6 +12,8 @@ contention factors are measured (:meth:`OpCosts.sm_contention`, :meth:`OpCosts.c
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def ring_exchange(chunk_gemm_ms: float, num_chunks: int, comm_ms: float, *, slowdown: float = 1.0,
                   last_exposed: bool = False) -> tuple[float, float]:
@@ -107,3 +109,85 @@ def gathered_attention(first_step_attn_ms: float, gather_ms: float) -> tuple[flo
         (0.0, exposed_ms): the attention itself is not changed; exposed = max(0, gather - first step).
     """
     return 0.0, max(0.0, gather_ms - first_step_attn_ms)
+
+
+def tp_layer_overlap(cb: Any, gemms: list[tuple[int, int, int]], gkw: dict[str, Any], ag_fwd_ms: float,
+                     ag_ms: float, rs_ms: float, gemm_fwd: float, gemm_bwd: float,
+                     ag_bwd_ms: float | None = None) -> tuple[float, float, float, float]:
+    """One layer's TP GEMMs with their sequence-parallel collectives overlapped by the engine's mechanism
+    (:attr:`EngineProfile.tp_overlap_mechanism`; the rules and their sources above). ``cb``: the layer's
+    :class:`autotune.cost.chunk_costs.CostBuilder` (its ``costs``, ``engine``, ``p``).
+
+    ``gemms``: (T, N, K) of qkv, proj, fc1, fc2 per rank; ``ag_ms`` / ``rs_ms``: one all-gather /
+    reduce-scatter of the layer's T x h activation on the TP group; ``ag_fwd_ms``: the forward
+    all-gather (FP8 where :attr:`EngineProfile.fp8_tp_all_gather` says so); ``ag_bwd_ms``: the backward
+    all-gather of dY (FP8 where :attr:`EngineProfile.fp8_tp_grad_all_gather` says so; None: ``ag_ms``).
+    Forward: the all-gathers before qkv and fc1, the reduce-scatters after proj and fc2. Backward: the all-gathers of dY before the proj and
+    fc2 data gradients (their weight gradients consume the same chunks: Transformer Engine's
+    ``external`` wgrad overlap), the reduce-scatters of the qkv and fc1 data gradients and, where the
+    engine re-gathers a sequence-parallel input for the weight gradient, two more all-gathers.
+
+    * ``userbuffers`` (Transformer Engine): all-gather side ring exchange on the copy engine; forward
+      reduce-scatters pipelined on ``tp_overlap_pipeline_sms`` SMs; backward qkv/fc1 bulk overlap on
+      ``tp_overlap_bulk_sms`` SMs (re-gather beside the data-gradient GEMM, reduce-scatter beside the
+      weight-gradient GEMM).
+    * ``async_tp`` (torch micro-pipeline TP): every all-gather and reduce-scatter as ring steps beside
+      the GEMM's chunks (peer copies on the copy engine), forward and backward.
+
+    Returns:
+        (forward compute delta, forward exposed, backward compute delta, backward exposed), ms: the
+        compute deltas are added to the GEMM times already counted (chunking and contention).
+    """
+    costs, e, n = cb.costs, cb.engine, cb.p.tp_degree
+    ce = costs.copy_engine_contention()
+    ag_dy = ag_ms if ag_bwd_ms is None else ag_bwd_ms
+
+    def mm(m: float, nn: int, k: int, backward: bool = False) -> float:
+        return costs.gemm_ms(max(1, int(m)), nn, k, backward=backward, **gkw)
+
+    def dgrad(T: int, N: int, K: int) -> float:
+        return costs.gemm_ms(T, K, N, backward=True, **gkw)
+
+    def wgrad(T: int, N: int, K: int) -> float:
+        return costs.gemm_ms(K, N, T, backward=True, **gkw)
+
+    qkv, proj, fc1, fc2 = gemms
+    fx = fe = bx = be = 0.0
+    if e.tp_overlap_mechanism == "userbuffers":
+        sm_p = costs.sm_contention(e.tp_overlap_pipeline_sms)
+        sm_b = costs.sm_contention(e.tp_overlap_bulk_sms)
+        for T, N, K in (qkv, fc1):                      # forward all-gather: ring exchange
+            c, x = ring_exchange(mm(T / n, N, K), n, ag_fwd_ms, slowdown=ce)
+            fx, fe = fx + c, fe + x
+        for T, N, K in (proj, fc2):                     # forward reduce-scatter: pipelined
+            c, x = pipelined_reduce_scatter(mm(T, N, K), e.tp_overlap_pipeline_splits, rs_ms, slowdown=sm_p)
+            fx, fe = fx + c, fe + x
+        for T, N, K in (proj, fc2):                     # backward all-gather of dY: ring exchange
+            chunk = costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw) + costs.gemm_ms(
+                K, N, max(1, T // n), backward=True, **gkw)
+            c, x = ring_exchange(chunk, n, ag_dy, slowdown=ce)
+            bx, be = bx + c, be + x
+        for T, N, K in (qkv, fc1):                      # backward bulk: re-gather | data grad, RS | weight grad
+            if e.sp_regathers_input_for_wgrad:
+                c, x = bulk(dgrad(T, N, K), ag_ms, slowdown=sm_b)
+            else:
+                c, x = dgrad(T, N, K), 0.0
+            bx, be = bx + c, be + x
+            c, x = bulk(wgrad(T, N, K), rs_ms, slowdown=sm_b)
+            bx, be = bx + c, be + x
+    else:                                               # async_tp: ring steps everywhere
+        for T, N, K in (qkv, fc1):
+            c, x = ring_exchange(mm(T / n, N, K), n, ag_fwd_ms, slowdown=ce)
+            fx, fe = fx + c, fe + x
+        for T, N, K in (proj, fc2):
+            c, x = ring_exchange(mm(T / n, N, K), n, rs_ms, slowdown=ce, last_exposed=True)
+            fx, fe = fx + c, fe + x
+        for T, N, K in (proj, fc2):                     # dY all-gather beside the data gradient
+            c, x = ring_exchange(costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw), n, ag_dy,
+                                         slowdown=ce)
+            bx, be = bx + c + wgrad(T, N, K), be + x
+        for T, N, K in (qkv, fc1):                      # data gradient's reduce-scatter
+            c, x = ring_exchange(costs.gemm_ms(max(1, T // n), K, N, backward=True, **gkw), n, rs_ms,
+                                         slowdown=ce, last_exposed=True)
+            bx, be = bx + c + wgrad(T, N, K), be + x
+    return fx - gemm_fwd, fe, bx - gemm_bwd, be

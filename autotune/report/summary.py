@@ -263,11 +263,12 @@ def trust_rows(plan: Plan, result: StepResult, gpu: str | None, model: ModelSpec
 
     if not result.feasible:
         return []
-    iv = interval_for(plan, gpu, model.hidden_size if model is not None else None)
+    moe = bool(getattr(model, "is_moe", False))
+    iv = interval_for(plan, gpu, model.hidden_size if model is not None else None, moe)
     rows = [("80% interval", interval_sentence(iv, mfu=result.mfu, tokens_per_s=result.tokens_per_s_per_gpu,
                                                step_ms=result.step_time_ms) if iv is not None else
              "none: no interval data shipped (autotune/data/error_bands.yaml)")]
-    f = frontier_sentence(result.tflops_per_gpu, gpu, plan.precision, "dense")
+    f = frontier_sentence(result.tflops_per_gpu, gpu, plan.precision, "moe" if moe else "dense")
     if f:
         rows.append(("frontier", f"above the published frontier: {f}"))
     return rows
@@ -666,7 +667,8 @@ def _interval_entry(plan: Plan | None, result: StepResult, model: ModelSpec, gpu
 
     if plan is None or not result.feasible or result.backend == "real":
         return None, None
-    iv = interval_for(plan, gpu, model.hidden_size)
+    moe = bool(getattr(model, "is_moe", False))
+    iv = interval_for(plan, gpu, model.hidden_size, moe)
     ivd = None
     if iv is not None:
         m0, m1 = iv.throughput(result.mfu)
@@ -677,7 +679,7 @@ def _interval_entry(plan: Plan | None, result: StepResult, model: ModelSpec, gpu
         ivd = {**iv.to_dict(), "mfu": [m0, m1], "tokens_per_s_per_gpu": [t0, t1], "step_time_ms": [s0, s1],
                "text": interval_sentence(iv, mfu=result.mfu, tokens_per_s=result.tokens_per_s_per_gpu,
                                          step_ms=result.step_time_ms)}
-    f = frontier_for(gpu, plan.precision, "dense")
+    f = frontier_for(gpu, plan.precision, "moe" if moe else "dense")
     if f is not None:
         f = {**f, "above": result.tflops_per_gpu > float(f["tflops_per_gpu"])}
     return ivd, f

@@ -60,7 +60,7 @@ def precision_class(precision: str) -> str:
 #: regime name -> words for the printed sentence
 REGIME_WORDS = {"gpu": "{} GPUs", "precision": "{} precision", "tp_overlap": "TP > 1 without TP comm overlap",
                 "small_tp": "small TP (<= 2) on a large model", "cp": "CP > 1", "fsdp": "FSDP (ZeRO >= 2)",
-                "cpu_offload": "CPU activation offloading"}
+                "cpu_offload": "CPU activation offloading", "moe": "mixture-of-experts models"}
 
 
 def plan_regimes(plan: Any, gpu: str | None, hidden_size: int | None = None) -> list[str]:
@@ -223,21 +223,46 @@ def interval_data() -> dict[str, Any] | None:
     return _interval_data()
 
 
-def interval_for(plan: Any, gpu: str | None, hidden_size: int | None = None) -> Interval | None:
+@lru_cache(maxsize=None)
+def moe_interval_data() -> dict[str, Any] | None:
+    """The ``interval_moe`` section of ``autotune/data/error_bands.yaml`` (None when absent), written by
+    ``python bench/published_moe.py --write-error-bands`` from the MoE development set
+    (``shared/reference/published-moe-runs.yaml``): the same keys as :func:`interval_data`, one regime
+    (``moe``) over every MoE run. Kept apart from the dense table, so MoE residuals never widen a dense plan's
+    interval."""
+    from importlib import resources
+
+    import yaml
+
+    f = resources.files("autotune").joinpath("data", "error_bands.yaml")
+    if not f.is_file():
+        return None
+    return (yaml.safe_load(f.read_text()) or {}).get("interval_moe")
+
+
+def interval_for(plan: Any, gpu: str | None, hidden_size: int | None = None, moe: bool = False) -> Interval | None:
     """The shipped central 80% interval of a prediction for ``plan`` on ``gpu`` (module docstring), or None
-    when no interval data is shipped."""
+    when no interval data is shipped. ``moe``: the model is a mixture of experts; its interval is the union
+    of the dense regimes' and the ``moe`` regime of :func:`moe_interval_data` (the MoE development set's
+    residuals: the error of the MoE terms, which no dense run measures), and says which."""
     d = interval_data()
     if not d:
         return None
-    return interval_from_table(d, plan_regimes(plan, gpu, hidden_size))
+    iv = interval_from_table(d, plan_regimes(plan, gpu, hidden_size))
+    md = moe_interval_data() if moe else None
+    if not md:
+        return iv
+    mv = interval_from_table(md, ["moe"])
+    return Interval(low=min(iv.low, mv.low), high=max(iv.high, mv.high), regimes=iv.regimes + mv.regimes,
+                    num_pooled=iv.num_pooled)
 
 
 @lru_cache(maxsize=65536)
-def conservative_factor(plan: Any, gpu: str | None, hidden_size: int | None = None) -> float:
+def conservative_factor(plan: Any, gpu: str | None, hidden_size: int | None = None, moe: bool = False) -> float:
     """1 / (1 + high) of ``plan``'s interval (:func:`interval_for`; 1 without interval data): the factor that
     takes a predicted MFU to the low end of its interval, the conservative estimate candidates are ranked by
     (docs/search.md, "Ranking by the conservative estimate")."""
-    iv = interval_for(plan, gpu, hidden_size)
+    iv = interval_for(plan, gpu, hidden_size, moe)
     return 1.0 / (1.0 + iv.high) if iv is not None else 1.0
 
 
@@ -254,6 +279,10 @@ def interval_sentence(iv: Interval, *, mfu: float, tokens_per_s: float, step_ms:
     cov = d.get("coverage") or {}
     covtxt = (f"; it held {cov['covered']} of {cov['rows']} published runs with their source left out"
               if cov.get("rows") else "")
+    mcov = (moe_interval_data() or {}).get("coverage") or {}
+    if any(g == "moe" for g, _, _ in iv.regimes) and mcov.get("rows"):
+        covtxt += (f"; the MoE regime held {mcov['covered']} of {mcov['rows']} published MoE runs with their "
+                   "source left out")
     return (f"MFU {100 * m0:.1f}-{100 * m1:.1f}%, {t0:,.0f}-{t1:,.0f} tokens/s per GPU, step {s0:,.0f}-{s1:,.0f} ms{cap}: "
             f"80% of published runs measured within the model's held-out errors {100 * iv.low:+.1f}..{100 * iv.high:+.1f}% "
             f"(predicted / measured - 1; {iv.basis()}){covtxt}")
@@ -339,35 +368,43 @@ def published_plan(model: str, gpu: str | None, precision: str, num_gpus: int, g
     return None
 
 
-__all__ = ["Interval", "published_plan", "MIN_REGIME_ROWS", "RankBasis", "max_conservative_factor", "QUANTILES", "conservative_factor", "frontier_for", "frontier_sentence",
-           "interval_data", "interval_for", "interval_from_table", "interval_sentence", "percentile", "plan_regimes",
-           "precision_class", "regime_table"]
+__all__ = ["Interval", "MIN_REGIME_ROWS", "QUANTILES", "RankBasis", "conservative_factor", "frontier_for",
+           "frontier_sentence", "interval_data", "interval_for", "interval_from_table", "interval_sentence",
+           "max_conservative_factor", "moe_interval_data", "percentile", "plan_regimes", "precision_class",
+           "published_plan", "regime_table"]
 
 
-def max_conservative_factor() -> float:
+@lru_cache(maxsize=None)
+def max_conservative_factor(moe: bool = False) -> float:
     """The largest :func:`conservative_factor` any plan can get: 1 / (1 + the lowest high end a plan's interval
-    can have), the pooled or any regime's own 90th percentile; 1 without interval data. The convergence stop's
+    can have), the pooled or any regime's own 90th percentile (for ``moe``, no lower than the ``moe`` regime's
+    high end, which every MoE plan's interval includes); 1 without interval data. The convergence stop's
     bound on what an untried plan could reach (:mod:`autotune.search.convergence`)."""
     d = interval_data()
     if not d:
         return 1.0
     highs = [float(d["pooled"]["high"])] + [float(e["high"]) for e in (d.get("regimes") or {}).values()
                                             if "high" in e and int(e.get("num_runs", 0)) >= MIN_REGIME_ROWS]
-    return 1.0 / (1.0 + min(highs))
+    lowest = min(highs)
+    md = moe_interval_data() if moe else None
+    if md:
+        lowest = max(lowest, interval_from_table(md, ["moe"]).high)
+    return 1.0 / (1.0 + lowest)
 
 
 @dataclasses.dataclass(frozen=True)
 class RankBasis:
-    """What the conservative ranking of one target needs: its GPU and the model's hidden size
-    (:func:`plan_regimes`). ``factor(plan)`` = :func:`conservative_factor`; ``factor_max`` =
-    :func:`max_conservative_factor`."""
+    """What the conservative ranking of one target needs: its GPU, the model's hidden size
+    (:func:`plan_regimes`) and whether it is a mixture of experts (:func:`interval_for`). ``factor(plan)`` =
+    :func:`conservative_factor`; ``factor_max`` = :func:`max_conservative_factor`."""
 
     gpu: str | None
     hidden_size: int | None = None
+    moe: bool = False
 
     def factor(self, plan: Any) -> float:
-        return conservative_factor(plan, self.gpu, self.hidden_size)
+        return conservative_factor(plan, self.gpu, self.hidden_size, self.moe)
 
     @property
     def factor_max(self) -> float:
-        return max_conservative_factor()
+        return max_conservative_factor(self.moe)

@@ -97,7 +97,7 @@ def band_note(trials: Sequence[FrozenTrial], chosen: int, basis: "RankBasis | No
     d = 100 * (float(fastest.value) - float(pick.value))
     why = ""
     try:
-        iv = interval_for(trial_plan(fastest), basis.gpu, basis.hidden_size)
+        iv = interval_for(trial_plan(fastest), basis.gpu, basis.hidden_size, basis.moe)
         wide = [regime_words(g) for g, _, how in iv.regimes if how != "own"] if iv else []
         if wide:
             why = f" (its interval is wide: {', '.join(wide)})"
@@ -120,7 +120,8 @@ def rank_basis(info: "StudyInfo | None") -> "RankBasis | None":
 
     if not interval_data():
         return None
-    return RankBasis(gpu=info.gpu, hidden_size=getattr(info.model, "hidden_size", None))
+    return RankBasis(gpu=info.gpu, hidden_size=getattr(info.model, "hidden_size", None),
+                     moe=bool(getattr(info.model, "is_moe", False)))
 
 
 def best_trial(study: optuna.Study, basis: "RankBasis | None" = None) -> FrozenTrial | None:
