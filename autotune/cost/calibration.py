@@ -44,6 +44,10 @@ A *calibration profile* is a versioned YAML file of kernel and collective timing
         group_size: 2                           # group the curves were measured on
         measured: true|false
         all_reduce|all_gather|reduce_scatter|send_recv|all_to_all: [[bytes, busbw_gbs], ...]
+        group_curves:                           # optional: curves of the same tier measured on larger
+          4:                                    # groups (key: the group's size, > group_size), with
+            source: "..."                       # where they come from; a collective over n ranks uses
+            all_gather: [[bytes, busbw_gbs], ...]   # the largest measured group <= n that has its kind
     overlap: {compute_slowdown: 0.15}           # fractional GEMM slowdown while a collective runs
     in_training: {gemm_eager: 1.0, gemm_compiled: 1.06, attention_eager: 1.13, attention_compiled: 1.17,
                   memory_bound_eager: 1.65, memory_bound_compiled: 1.0}
@@ -95,6 +99,26 @@ DEFAULT_FRAGMENTATION = {"none": 0.10, "empty_cache_per_step": 0.07, "empty_cach
                          "expandable_segments": 0.03}
 
 
+def _parse_curves(td: Mapping[str, Any], where: str) -> dict[str, CollectiveCurve]:
+    """The ``[[bytes, busbw_gbs], ...]`` curves of ``td`` by collective kind (keys not a kind are left).
+
+    Raises:
+        ConfigError: a row that is not two numbers, or a bandwidth <= 0 (``where`` names the table)."""
+    curves = {}
+    for kind in COLLECTIVE_KINDS:
+        rows = td.get(kind)
+        if not rows:
+            continue
+        try:
+            rows = sorted((float(s), float(b)) for s, b in rows)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}.{kind} rows must be [bytes, busbw_gbs] pairs of numbers") from None
+        if any(b <= 0 for _, b in rows):
+            raise ConfigError(f"{where}.{kind} has a non-positive bandwidth")
+        curves[kind] = CollectiveCurve(tuple(r[0] for r in rows), tuple(r[1] for r in rows))
+    return curves
+
+
 @dataclass(frozen=True)
 class CollectiveCurve:
     """Bus bandwidth of one collective on one tier as a function of message size.
@@ -114,12 +138,33 @@ class CollectiveCurve:
 
 @dataclass(frozen=True)
 class TierCalibration:
-    """Collective curves measured on one interconnect tier (see module docstring)."""
+    """Collective curves measured on one interconnect tier (see module docstring).
+
+    ``curves`` were measured on ``group_size`` ranks; ``group_curves`` maps a larger group size to the curves
+    measured on that many ranks of the same tier (on an NVSwitch node a ring's bus bandwidth rises from 2 to 4
+    ranks and is flat beyond: waynehacking8/nccl-collectives-bench results/scaling_attributed/report.md,
+    8x H100 80GB HBM3, NCCL 2.29.2, ring all-reduce 348 / 365 / 367 GB/s at 2 / 4 / 6 GPUs; docs/fidelity.md).
+    """
 
     link_bandwidth_gbs: float
     group_size: int
     measured: bool
     curves: Mapping[str, CollectiveCurve]
+    group_curves: Mapping[int, Mapping[str, CollectiveCurve]] = field(default_factory=dict)
+
+    def curve_for(self, kind: str, group_size: int) -> tuple[CollectiveCurve, int]:
+        """The curve a collective of ``kind`` over ``group_size`` ranks is costed with, and the group size
+        it was measured on: the largest measured group <= ``group_size`` that has ``kind`` (``curves``
+        when none does); a kind without a curve anywhere uses the all-reduce curve of the same choice.
+        Assumption (named in docs/fidelity.md): a ring's bus bandwidth on groups larger than the largest
+        measured one is that group's (flat beyond 4 ranks on NVSwitch, the source above)."""
+        for want in (kind, "all_reduce"):
+            best = max((g for g, cs in self.group_curves.items() if g <= group_size and want in cs), default=None)
+            if best is not None:
+                return self.group_curves[best][want], best
+            if want in self.curves:
+                return self.curves[want], self.group_size
+        raise KeyError(kind)                         # unreachable: from_dict requires an all_reduce curve
 
 
 @dataclass(frozen=True)
@@ -195,20 +240,26 @@ class CalibrationProfile:
         for tier, td in (need("collectives") or {}).items():
             if tier not in TIERS:
                 raise ConfigError(f"{source}: collectives tier {tier!r} unknown; valid: {', '.join(TIERS)}")
-            curves = {}
-            for kind in COLLECTIVE_KINDS:
-                rows = td.get(kind)
-                if not rows:
-                    continue
-                rows = sorted((float(s), float(b)) for s, b in rows)
-                if any(b <= 0 for _, b in rows):
-                    raise ConfigError(f"{source}: collectives.{tier}.{kind} has a non-positive bandwidth")
-                curves[kind] = CollectiveCurve(tuple(r[0] for r in rows), tuple(r[1] for r in rows))
+            curves = _parse_curves(td, f"{source}: collectives.{tier}")
             if "all_reduce" not in curves:
                 raise ConfigError(f"{source}: collectives.{tier} needs at least an all_reduce curve")
+            base_group = int(td.get("group_size", 2))
+            group_curves: dict[int, dict[str, CollectiveCurve]] = {}
+            gc = td.get("group_curves") or {}
+            if not isinstance(gc, Mapping):
+                raise ConfigError(f"{source}: collectives.{tier}.group_curves must map a group size to curves, "
+                                  f"got {type(gc).__name__}")
+            for g, gd in gc.items():
+                if isinstance(g, bool) or not isinstance(g, int) or g <= base_group:
+                    raise ConfigError(f"{source}: collectives.{tier}.group_curves key {g!r} must be an integer "
+                                      f"group size > the tier's group_size {base_group}")
+                if not isinstance(gd, Mapping):
+                    raise ConfigError(f"{source}: collectives.{tier}.group_curves.{g} must be a mapping of curves")
+                group_curves[g] = _parse_curves(gd, f"{source}: collectives.{tier}.group_curves.{g}")
             tiers[tier] = TierCalibration(link_bandwidth_gbs=float(td["link_bandwidth_gbs"]),
-                                          group_size=int(td.get("group_size", 2)),
-                                          measured=bool(td.get("measured", False)), curves=curves)
+                                          group_size=base_group,
+                                          measured=bool(td.get("measured", False)), curves=curves,
+                                          group_curves=group_curves)
         if "nvlink" not in tiers:
             raise ConfigError(f"{source}: collectives must include the 'nvlink' tier")
         overlap = d.get("overlap") or {}
@@ -304,6 +355,13 @@ class CalibrationProfile:
                        "measured": tc.measured})
             for kind, c in tc.curves.items():
                 td[kind] = [[s, b] for s, b in zip(c.sizes_bytes, c.busbw_gbs)]
+            if tc.group_curves:
+                raw_gc = td.get("group_curves") or {}
+                td["group_curves"] = {g: {**{k: v for k, v in dict(raw_gc.get(g) or {}).items()
+                                             if k not in COLLECTIVE_KINDS},
+                                          **{k: [[s, b] for s, b in zip(c.sizes_bytes, c.busbw_gbs)]
+                                             for k, c in cs.items()}}
+                                      for g, cs in tc.group_curves.items()}
             cols[tier] = td
         d["collectives"] = cols
         d["overlap"] = {**dict(self.raw.get("overlap") or {}), "compute_slowdown": self.overlap_compute_slowdown}

@@ -56,11 +56,13 @@ class OpCosts(abc.ABC):
         """One collective of ``kind`` over ``group_size`` ranks that all talk over one ``link`` (one tier).
         The step graph asks :meth:`placed_collective_ms`, which calls this per tier."""
 
-    def busbw_gbs(self, kind: str, nbytes: float, link: LinkSpec) -> float:
+    def busbw_gbs(self, kind: str, nbytes: float, link: LinkSpec, group_size: int = 2) -> float:
         """Bus bandwidth (GB/s, nccl-tests' definition) of ``kind`` at buffer size ``nbytes`` on one
         ``link``, as the 2-rank measurement on that tier gives it: ``f(2) S / collective_ms(kind, S, 2,
         link)`` (:func:`collective_factors`; at n = 2 no latency is added to the measured curve, so this
-        is the curve's busbw, scaled to ``link``). ``inf`` when the collective is free."""
+        is the curve's busbw, scaled to ``link``). ``inf`` when the collective is free. ``group_size``:
+        the ranks of the group on that tier; an implementation with curves measured on larger groups
+        (:class:`CalibratedCosts`) uses the largest measured group <= it, this default the 2-rank one."""
         t = self.collective_ms(kind, nbytes, 2, link)
         if t <= 0:
             return math.inf
@@ -76,7 +78,8 @@ class OpCosts(abc.ABC):
         ``doc/PERFORMANCE.md``: "the bus bandwidth should reflect the speed of the hardware bottleneck:
         NVLink, PCI, QPI, or network"):
 
-        * intra-node phase (k > 1): ``B_intra = busbw(S)`` on the intra-node tier;
+        * intra-node phase (k > 1): ``B_intra = busbw(S)`` on the intra-node tier, from the curve of its k
+          members (:meth:`busbw_gbs` with ``group_size=k``);
         * inter-node phase: the group's k members of a node send through k member NIC shares
           (:class:`autotune.cost.topology.GroupPlacement`, ``nics_per_member`` NICs each; every group runs
           at once, so each member keeps one GPU's share), each carrying 1/k of the buffer:
@@ -108,7 +111,7 @@ class OpCosts(abc.ABC):
         n, k, N = placement.size, placement.members_per_node, placement.num_nodes
         intra, net = placement.intra_link, placement.member_inter_link
         b_inter = k * self.busbw_gbs(kind, nbytes / k, net)
-        b_intra = self.busbw_gbs(kind, nbytes, intra) if k > 1 else math.inf
+        b_intra = self.busbw_gbs(kind, nbytes, intra, group_size=k) if k > 1 else math.inf
         bw = min(b_intra, b_inter)
         if math.isinf(bw):
             return 0.0
@@ -416,15 +419,27 @@ class CalibratedCosts(OpCosts):
         v = self._cache.get(key)
         if v is None:
             tier = self.profile.collectives.get(link.calibration_tier) or self.profile.collectives["nvlink"]
-            curve = tier.curves.get(kind) or tier.curves["all_reduce"]
+            # the curve of the largest measured group <= n (TierCalibration.curve_for): on NVSwitch a
+            # ring's busbw rises from 2 to 4 ranks and is flat beyond (nccl-tests' busbw is meant to be
+            # independent of n; measured, it is so only from 4 ranks on), so t(n) = f(n) S / busbw(S)
+            # with that group's busbw; latency steps beyond the measured group are added.
+            curve, g0 = tier.curve_for(kind, group_size)
             busbw = curve.busbw(nbytes) * link.bandwidth_gbs / tier.link_bandwidth_gbs
             f, steps = collective_factors(kind, group_size)
-            _, steps0 = collective_factors(kind, max(tier.group_size, 2))
-            # busbw is independent of n for bandwidth-bound ring collectives (nccl-tests' definition),
-            # so t(n) = f(n) S / busbw; extra latency steps beyond the measured group are added.
+            _, steps0 = collective_factors(kind, max(g0, 2))
             v = nbytes * f / (busbw * 1e6) + max(0.0, steps - steps0) * link.latency_us / 1e3
             self._cache[key] = v
         return v
+
+    def busbw_gbs(self, kind: str, nbytes: float, link: LinkSpec, group_size: int = 2) -> float:
+        """:meth:`OpCosts.busbw_gbs` from the curve of the largest measured group <= ``group_size``
+        (:meth:`autotune.cost.calibration.TierCalibration.curve_for`), scaled to ``link``; no latency
+        is added to the measured curve."""
+        if nbytes <= 0:
+            return math.inf
+        tier = self.profile.collectives.get(link.calibration_tier) or self.profile.collectives["nvlink"]
+        curve, _ = tier.curve_for(kind, max(2, group_size))
+        return curve.busbw(nbytes) * link.bandwidth_gbs / tier.link_bandwidth_gbs
 
     def placed_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
         """:meth:`OpCosts.placed_collective_ms`, cached per (kind, size, placement)."""
@@ -590,8 +605,8 @@ class InTrainingCosts(OpCosts):
     def collective_ms(self, kind: str, nbytes: float, group_size: int, link: LinkSpec) -> float:
         return self.inner.collective_ms(kind, nbytes, group_size, link)
 
-    def busbw_gbs(self, kind: str, nbytes: float, link: LinkSpec) -> float:
-        return self.inner.busbw_gbs(kind, nbytes, link)
+    def busbw_gbs(self, kind: str, nbytes: float, link: LinkSpec, group_size: int = 2) -> float:
+        return self.inner.busbw_gbs(kind, nbytes, link, group_size=group_size)
 
     def placed_collective_ms(self, kind: str, nbytes: float, placement: "GroupPlacement") -> float:
         return self.inner.placed_collective_ms(kind, nbytes, placement)

@@ -360,6 +360,13 @@ class MeasuredCosts(OpCosts):
             groups = {g: pts for (t, kd, g), pts in self._coll.items() if t == tier and kd == used}
         if not groups:
             return self._note(key, "fallback", self.fallback.collective_ms(kind, nbytes, group_size, link))
+        fb_tier = getattr(self.fallback, "profile", None) and self.fallback.profile.collectives.get(tier)
+        if fb_tier is not None and max(groups) < group_size:
+            # the shipped calibration measured a larger group of this tier (<= n): its curve, since a
+            # ring's busbw rises with the group up to 4 NVSwitch ranks (TierCalibration.curve_for)
+            _, g_fb = fb_tier.curve_for(kind, group_size)
+            if g_fb > max(groups):
+                return self._note(key, "fallback", self.fallback.collective_ms(kind, nbytes, group_size, link))
         biggest = max(bb for pts in groups.values() for _, bb in pts.values())
         gpu = catalog_gpu(self.env.gpu_name) if self.env is not None else None
         scale = link.bandwidth_gbs / nominal_tier_bandwidth(tier, gpu or self.gpu.name, biggest)

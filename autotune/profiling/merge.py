@@ -11,7 +11,8 @@ part             keys (top level; ``measurements.*`` raw rows of the same part g
 ``kernels``      gemm, gemm_backward_factor, attention, memory_bound_bandwidth_gbs, memory_bound_ops,
                  memory_bound_ops_compiled, gemm_fp8, quantize; measurements gemm, attention,
                  memory_ops, gemm_fp8, quantize, block_ops
-``collectives``  collectives, overlap; measurements collectives, overlap
+``collectives``  collectives, overlap; measurements collectives, overlap (a base tier's
+                 ``group_curves``, curves of larger groups, stay when the new tier has none)
 ``reclaim``      reclaim; measurements reclaim
 ===============  =====================================================================================
 
@@ -84,6 +85,18 @@ def merge_profiles(new: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str,
             elif part == "kernels" and base_meas.get(k):
                 meas[k] = base_meas[k]
         parts_env[part] = _env_of(src, part)
+    if out.get("collectives") is not (base.get("collectives")):
+        # a tier's curves of larger groups (group_curves: published nccl-tests rows, not re-measured by a
+        # 2-GPU profile) stay with the tier when the new profile re-measured it without them
+        cols = {t: dict(td) for t, td in dict(out.get("collectives") or {}).items()}
+        for t, btd in dict(base.get("collectives") or {}).items():
+            bgc = dict((btd or {}).get("group_curves") or {})
+            if t in cols and bgc and not cols[t].get("group_curves"):
+                g0 = int(cols[t].get("group_size", 2))
+                kept = {g: v for g, v in bgc.items() if isinstance(g, int) and g > g0}
+                if kept:
+                    cols[t]["group_curves"] = kept
+        out["collectives"] = cols
     for k, v in new_meas.items():        # raw rows of any other kind the new profile has
         meas.setdefault(k, v)
     out["measurements"] = meas

@@ -132,6 +132,48 @@ def test_inside_one_node_is_the_single_tier_cost(flat):
     assert flat.placed_collective_ms("all_reduce", GIB, g) == flat.collective_ms("all_reduce", GIB, 8, c.fabric.intra_node)
 
 
+def test_larger_group_curves_cost_groups_of_their_size_and_above(tmp_path):
+    # nvlink tier: 2-rank curves flat at 270 GB/s, a 4-rank all-gather curve flat at 330 GB/s (group_curves)
+    d = dict(default_calibration().raw)
+    flat = lambda b: [[1, b], [2**40, b]]  # noqa: E731
+    d["collectives"] = {
+        "nvlink": {"link_bandwidth_gbs": 450, "group_size": 2, "measured": False,
+                   **{k: flat(270.0) for k in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")},
+                   "group_curves": {4: {"source": "test", "all_gather": flat(330.0)}}},
+        "network": {"link_bandwidth_gbs": 50, "group_size": 2, "measured": False, "all_reduce": flat(100.0),
+                    "all_gather": flat(100.0)},
+    }
+    prof = CalibrationProfile.from_dict(d, source="test")
+    assert CalibrationProfile.from_dict(prof.to_dict()) == prof                  # round-trips
+    costs = CalibratedCosts(profile=prof, gpu=get_gpu("h100"))
+    nv = get_fabric("nvlink4").intra_node                                         # 450 GB/s, 4 us
+    # 2 ranks: the 2-rank curve, (1/2) 2^30 / 270e9 s
+    assert costs.collective_ms("all_gather", GIB, 2, nv) == pytest.approx(0.5 * GIB / 270e6)
+    # 3 ranks: still the 2-rank curve (no measured group of 3 or 4 <= 3): (2/3) S / 270 + (2 - 1) x 4 us
+    assert costs.collective_ms("all_gather", GIB, 3, nv) == pytest.approx(2 / 3 * GIB / 270e6 + 4e-3)
+    # 4 ranks: the 4-rank curve, no latency beyond its own: (3/4) S / 330e9 s
+    assert costs.collective_ms("all_gather", GIB, 4, nv) == pytest.approx(0.75 * GIB / 330e6)
+    # 8 ranks: the 4-rank curve (largest measured <= 8) + (7 - 3) ring steps x 4 us
+    assert costs.collective_ms("all_gather", GIB, 8, nv) == pytest.approx(7 / 8 * GIB / 330e6 + 4 * 4e-3)
+    # a kind the 4-rank group did not measure keeps the 2-rank curve: all-reduce over 8,
+    # 2 x 7/8 x S / 270e9 s + (14 - 2) x 4 us
+    assert costs.collective_ms("all_reduce", GIB, 8, nv) == pytest.approx(1.75 * GIB / 270e6 + 12 * 4e-3)
+    # across nodes the intra-node phase of k = 4 members uses the 4-rank busbw (330, not 270); the network
+    # gives B_inter = k x busbw(S / k) = 4 x 100 = 400 GB/s, so NVLink bounds the ring at 330 GB/s:
+    # (7/8) S / 330e9 s + latency: n - 1 = 7 steps, N - 1 = 1 of them inter-node: 6 x 4 + 5 = 29 us, less the
+    # 2-rank measurement's 1 x 4 us on the bottleneck (NVLink) tier -> + 25 us
+    c = make_cluster("h100", 16, "nvlink4+ib-ndr400")
+    g = place_group(c, 8, 2)                  # stride 2: ranks 0, 2, 4, 6 | 8, ... -> k = 4, N = 2
+    assert (g.members_per_node, g.num_nodes) == (4, 2)
+    assert costs.placed_collective_ms("all_gather", GIB, g) == pytest.approx(7 / 8 * GIB / 330e6 + 25e-3)
+    assert costs.busbw_gbs("all_gather", GIB, nv, group_size=4) == pytest.approx(330.0)
+    assert costs.busbw_gbs("all_gather", GIB, nv) == pytest.approx(270.0)
+    # bad group_curves keys are refused by name
+    d["collectives"]["nvlink"]["group_curves"] = {2: {"all_gather": flat(1.0)}}
+    with pytest.raises(ConfigError, match="group_curves key 2 must be an integer group size > the tier's group_size 2"):
+        CalibrationProfile.from_dict(d, source="test")
+
+
 def test_two_node_costs_by_hand(flat):
     c = make_cluster("h100", 16, "nvlink4+ib-ndr400")
     dp = place_group(c, 4, 4)            # tp 4 dp 4: ranks 0, 4 | 8, 12 -> k = 2, N = 2

@@ -219,7 +219,12 @@ def test_merge_takes_each_part_from_where_it_was_measured():
     # a new profile that measured collectives wins that part
     new["measurements"]["collectives"] = [["nvlink", "all_reduce", 2, 1, 1.0, 1.0, 1]]
     m2 = merge_profiles(new, base)
-    assert m2["collectives"] == new["collectives"]
+    # ... except the base tier's curves of larger groups (published 4-rank rows no 2-GPU profile re-measures)
+    assert m2["collectives"] == {"nvlink": {**new["collectives"]["nvlink"],
+                                            "group_curves": base["collectives"]["nvlink"]["group_curves"]}}
+    new["collectives"]["nvlink"]["group_curves"] = {4: {"all_reduce": [[1, 2.0]]}}    # its own win
+    assert merge_profiles(new, base)["collectives"] == new["collectives"]
+    del new["collectives"]["nvlink"]["group_curves"]
     assert m2["environment"]["parts"]["collectives"]["date"] == "2027-01-01"
     with pytest.raises(ConfigError, match="new profile"):
         merge_profiles({"schema_version": 1}, base)
