@@ -62,12 +62,14 @@ def exhaustive_optimum():
 
 
 #: a target where the plan reported by the conservative estimate (the low end of each plan's 80% interval,
-#: autotune/spec/trust.py) is not the fastest: 70B on 32 H100 over NVLink 3 (found by trying five targets): the
-#: fastest plan of the small space is TP 1 ("small TP" on a model of hidden size 8192: no published run, so its
-#: interval is widened by the largest error seen), the conservative choice TP 8; on 8 B200 above they coincide
+#: autotune/spec/trust.py) is not the fastest: 70B on 64 H200 over NVLink 4, sequences of 4096 (found by listing
+#: the best simulated MFU per TP degree over the whole small space for ten targets, 2026-12-05): the fastest plan
+#: is TP 1 (MFU 0.634; "small TP" on a model of hidden size 8192: no published run, so its interval is widened by
+#: the largest error seen), the conservative choice TP 4 (0.566); on 8 B200 above they coincide. (Until the
+#: 4-rank NVLink curves of session 17, 70B on 32 H100 served; there TP 8 is now both the fastest and the pick.)
 BAND_MODEL = get_model("70b")
-BAND_CLUSTER = make_cluster("h100", 32, "nvlink3+ib-ndr400")
-BAND_W = Workload.from_tokens(seq_len=8192, global_batch_tokens=2**21)
+BAND_CLUSTER = make_cluster("h200", 64, "nvlink4+ib-ndr400")
+BAND_W = Workload.from_tokens(seq_len=4096, global_batch_tokens=2**22)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +173,7 @@ def test_stop_waits_for_the_plan_reported_by_the_conservative_estimate(tmp_path,
     t = Tuner(model=BAND_MODEL, cluster=BAND_CLUSTER, workload=BAND_W, space="small",
               storage=f"sqlite:///{tmp_path}/s.db", seed=seed)
     basis = rank_basis(t.info)
-    assert basis is not None and basis.gpu == "h100" and basis.hidden_size == BAND_MODEL.hidden_size
+    assert basis is not None and basis.gpu == "h200" and basis.hidden_size == BAND_MODEL.hidden_size
     s = t.optimize(200, show_progress_bar=False, stop_when_converged=True)
     assert s.stop_reason is not None and s.stop_reason.startswith("converged") and s.n_new_trials < 200
     items = list(enumerate(band_results))
